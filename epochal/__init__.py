@@ -1,0 +1,19 @@
+"""epochal: Flink-style exactly-once stream processing on Apache Spark.
+
+Stateful streaming dataflows written in Python run as long-running Spark tasks and are
+made fault tolerant by asynchronous epoch snapshots (Carbone et al.; see README).
+"""
+from epochal import sinks, sources, testing
+from epochal.config import ChannelConfig, CheckpointConfig, Guarantee, RestartStrategy
+from epochal.dataflow import Dataflow, KeyedStream, Stream
+from epochal.errors import (CheckpointStorageError, ConfigError, EpochalError, JobFailedError, OperatorError,
+                            PipelineDefinitionError)
+from epochal.operators.keyed import KeyedProcessFunction
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ChannelConfig", "CheckpointConfig", "CheckpointStorageError", "ConfigError", "Dataflow", "EpochalError",
+    "Guarantee", "JobFailedError", "KeyedProcessFunction", "KeyedStream", "OperatorError",
+    "PipelineDefinitionError", "RestartStrategy", "Stream", "sinks", "sources", "testing",
+]

@@ -1,0 +1,290 @@
+"""Keyed state of one physical task, snapshotted per epoch (seed 004 §4.1.4, §4.2, §4.5.1).
+
+A :class:`KeyedStateBackend` holds every keyed state of the operators chained into one
+task, for the key groups the task owns. An epoch snapshot has two parts (seed 004 §4.5.1,
+seed 001 "non-blocking checkpointing"):
+
+1. **synchronous** — :meth:`KeyedStateBackend.snapshot`, on the task thread at the
+   barrier, with exclusive access to the state: pins the state as of this instant
+   (copy-on-write freeze, RocksDB snapshot, ...) and returns quickly;
+2. **asynchronous** — :meth:`SnapshotJob.run`, on a background uploader thread while the
+   task keeps processing records: serializes the pinned state to bytes.
+
+In Table 4.1 terms the synchronous part is the backend's *pre-commit* and
+:meth:`SnapshotJob.release` its *abort* ("delete snapshot").
+
+Snapshot bytes (format version 1) are organised by key group so that a restore — possibly
+with a different key-group range after rescaling (§4.2.2) — unpickles only the groups it
+owns::
+
+    b"EPKS" | u16 version | u32 n | n × (u32 key group, u64 section length) | n sections
+    section = pickle((values, maps))
+    values  = {state: {key: value}}            # value state
+    maps    = {state: {key: {map_key: value}}} # map state
+
+Snapshots are read only from the job's own checkpoint storage (checksummed, see
+:mod:`epochal.backends.storage`); unpickling untrusted bytes is never done.
+"""
+from __future__ import annotations
+
+import enum
+import pickle
+import struct
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from epochal.errors import CheckpointStorageError, EpochalError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "KeyedStateBackend",
+    "SnapshotJob",
+    "SnapshotJobState",
+    "decode_snapshot",
+    "encode_snapshot",
+]
+
+MAGIC = b"EPKS"
+FORMAT_VERSION = 1
+_HEAD = struct.Struct(">4sHI")
+_INDEX = struct.Struct(">IQ")
+
+Section = tuple[Mapping[str, Mapping[Any, Any]], Mapping[str, Mapping[Any, Mapping[Any, Any]]]]
+
+
+def encode_snapshot(sections: Iterable[tuple[int, Section]]) -> bytes:
+    """Serialize ``(kg, (values, maps))`` pairs (any order, each kg at most once).
+
+    Empty sections are skipped. Runs on the uploader thread; never mutates its input.
+    """
+    index: list[bytes] = []
+    bodies: list[bytes] = []
+    for kg, (values, maps) in sorted(sections, key=lambda s: s[0]):
+        if not values and not maps:
+            continue
+        body = pickle.dumps((values, maps), protocol=pickle.HIGHEST_PROTOCOL)
+        index.append(_INDEX.pack(kg, len(body)))
+        bodies.append(body)
+    return b"".join([_HEAD.pack(MAGIC, FORMAT_VERSION, len(index)), *index, *bodies])
+
+
+def decode_snapshot(blob: bytes, key_groups: range | None = None) -> Iterator[tuple[int, Section]]:
+    """Yield ``(kg, (values, maps))`` for the key groups of ``blob`` inside ``key_groups``
+    (all when ``None``); sections outside are skipped without unpickling them.
+
+    Raises:
+        CheckpointStorageError: ``blob`` is not an epochal keyed-state snapshot, has an
+            unknown format version, or is truncated.
+    """
+    view = memoryview(blob)
+    if len(view) < _HEAD.size:
+        raise CheckpointStorageError(f"keyed-state snapshot truncated: {len(view)} bytes, no header")
+    magic, version, n = _HEAD.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise CheckpointStorageError(
+            f"not an epochal keyed-state snapshot: magic {bytes(magic)!r}, expected {MAGIC!r}"
+        )
+    if version != FORMAT_VERSION:
+        raise CheckpointStorageError(
+            f"keyed-state snapshot format version {version} is not supported "
+            f"(this epochal reads version {FORMAT_VERSION})"
+        )
+    offset = _HEAD.size + n * _INDEX.size
+    if len(view) < offset:
+        raise CheckpointStorageError("keyed-state snapshot truncated inside its key-group index")
+    for i in range(n):
+        kg, length = _INDEX.unpack_from(view, _HEAD.size + i * _INDEX.size)
+        end = offset + length
+        if end > len(view):
+            raise CheckpointStorageError(f"keyed-state snapshot truncated inside key group {kg}")
+        if key_groups is None or kg in key_groups:
+            yield kg, pickle.loads(view[offset:end])
+        offset = end
+
+
+class SnapshotJobState(enum.Enum):
+    """Lifecycle of a :class:`SnapshotJob`: PENDING → RUNNING → DONE | FAILED, or
+    PENDING → RELEASED (also RUNNING → RELEASED when released while running)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    RELEASED = "released"
+
+
+class SnapshotJob:
+    """The asynchronous part of one epoch's snapshot of one backend.
+
+    Created by :meth:`KeyedStateBackend.snapshot`; the uploader calls :meth:`run` exactly
+    once on its own thread, or :meth:`release` if the epoch is aborted before the upload.
+    Either way the backend's pinned resources are freed exactly once (``on_release``).
+
+    Args:
+        epoch: the epoch this snapshot belongs to.
+        produce: returns the snapshot bytes; runs on the uploader thread.
+        on_release: frees what the synchronous part pinned; called once, on the thread
+            that finishes the job (after ``produce`` returned or raised, or at release).
+    """
+
+    def __init__(
+        self,
+        epoch: int,
+        produce: Callable[[], bytes],
+        on_release: Callable[[], None] | None = None,
+    ):
+        self.epoch = epoch
+        self._produce: Callable[[], bytes] | None = produce
+        self._on_release = on_release
+        self._lock = threading.Lock()
+        self._state = SnapshotJobState.PENDING
+        self._release_requested = False
+
+    @property
+    def state(self) -> SnapshotJobState:
+        return self._state
+
+    def run(self) -> bytes:
+        """Serialize the state as it was at the :meth:`KeyedStateBackend.snapshot` call.
+
+        Thread: any (normally the uploader), concurrently with the task mutating state.
+        Not idempotent: a second call, or a call after :meth:`release`, raises.
+
+        Raises:
+            EpochalError: the job already ran or was released.
+        """
+        with self._lock:
+            if self._state is not SnapshotJobState.PENDING:
+                raise EpochalError(
+                    f"snapshot job of epoch {self.epoch} cannot run: it is {self._state.value}"
+                )
+            self._state = SnapshotJobState.RUNNING
+            produce, self._produce = self._produce, None
+        outcome = SnapshotJobState.FAILED
+        try:
+            data = produce()
+            outcome = SnapshotJobState.DONE
+            return data
+        finally:
+            with self._lock:
+                self._state = SnapshotJobState.RELEASED if self._release_requested else outcome
+            self._free()
+
+    def release(self) -> None:
+        """Give up the snapshot (epoch aborted / upload cancelled) and free its resources.
+
+        Idempotent; safe from any thread. While :meth:`run` executes, the resources are
+        freed when it returns (its bytes stay valid).
+        """
+        with self._lock:
+            if self._state is SnapshotJobState.RUNNING:
+                self._release_requested = True
+                return
+            if self._state is not SnapshotJobState.PENDING:
+                return
+            self._state = SnapshotJobState.RELEASED
+            self._produce = None
+        self._free()
+
+    def _free(self) -> None:
+        on_release, self._on_release = self._on_release, None
+        if on_release is not None:
+            on_release()
+
+    def __repr__(self) -> str:
+        return f"SnapshotJob(epoch={self.epoch}, state={self._state.value})"
+
+
+class KeyedStateBackend(ABC):
+    """Keyed state of one physical task, for the key groups ``key_groups`` it owns.
+
+    States are named ``"<operator>/<state>"`` (e.g. ``"count/sum"``); a name is used
+    either as a value state or as a map state. Every accessor takes the key's key group
+    ``kg`` (computed once per record by the caller with
+    :func:`epochal.backends.keygroups.key_group_for`); it must lie in ``key_groups``.
+
+    Threading: every method except :meth:`SnapshotJob.run` / ``release`` is called on the
+    task thread only. Values handed to :meth:`put` or returned by :meth:`get` belong to the
+    backend: after the next :meth:`snapshot`, mutate a value only after obtaining it again
+    with :meth:`get` / :meth:`map_get` (backends copy values shared with a pending snapshot).
+    """
+
+    def __init__(self, key_groups: range):
+        if not isinstance(key_groups, range) or key_groups.step != 1:
+            raise ValueError(f"key_groups must be a contiguous range, got {key_groups!r}")
+        self.key_groups = key_groups
+
+    # ----------------------------------------------------------------- value state
+    @abstractmethod
+    def get(self, state: str, kg: int, key, default=None):
+        """The value of ``key`` in ``state``, or ``default``. The returned value may be
+        mutated in place by the caller (then :meth:`put` it back)."""
+
+    @abstractmethod
+    def put(self, state: str, kg: int, key, value) -> None:
+        """Set the value of ``key`` in ``state``; idempotent."""
+
+    @abstractmethod
+    def delete(self, state: str, kg: int, key) -> None:
+        """Remove ``key`` from ``state``; idempotent (a missing key is not an error)."""
+
+    @abstractmethod
+    def contains(self, state: str, kg: int, key) -> bool:
+        """Whether ``key`` has a value in ``state``."""
+
+    # ------------------------------------------------------------------- map state
+    @abstractmethod
+    def map_get(self, state: str, kg: int, key, mk, default=None):
+        """The value under user map key ``mk`` of ``key``'s map, or ``default``."""
+
+    @abstractmethod
+    def map_put(self, state: str, kg: int, key, mk, value) -> None:
+        """Set ``mk`` → ``value`` in ``key``'s map; idempotent."""
+
+    @abstractmethod
+    def map_delete(self, state: str, kg: int, key, mk) -> None:
+        """Remove ``mk`` from ``key``'s map; idempotent."""
+
+    @abstractmethod
+    def map_contains(self, state: str, kg: int, key, mk) -> bool:
+        """Whether ``key``'s map has ``mk``."""
+
+    @abstractmethod
+    def map_items(self, state: str, kg: int, key) -> list[tuple[Any, Any]]:
+        """A list (a copy; safe to iterate while writing) of ``key``'s ``(mk, value)``."""
+
+    @abstractmethod
+    def map_clear(self, state: str, kg: int, key) -> None:
+        """Remove ``key``'s whole map; idempotent."""
+
+    # -------------------------------------------------------------- epoch snapshot
+    @abstractmethod
+    def snapshot(self, epoch: int) -> SnapshotJob:
+        """Pin the state as of now for epoch ``epoch`` (synchronous part, §4.5.1).
+
+        Called on the task thread at the barrier, after every record before the barrier
+        was applied and before any record after it. Must return quickly; the returned job's
+        :meth:`SnapshotJob.run` later yields bytes equal to the state at this call, however
+        the task mutates state meanwhile. Several snapshots may be pending at once.
+        """
+
+    @abstractmethod
+    def restore(self, blobs: Iterable[bytes]) -> None:
+        """Load snapshot ``blobs`` (from any tasks, any key-group ranges) before processing.
+
+        Called once on the task thread, on an empty backend, before the first record.
+        Keeps only entries whose key group is in ``key_groups`` (rescaling, §4.2.2).
+
+        Raises:
+            CheckpointStorageError: a blob is not a valid snapshot.
+        """
+
+    @abstractmethod
+    def entries(self) -> Iterator[tuple[str, str, int, Any, Any]]:
+        """Every entry as ``(kind, state, kg, key, value)``, ``kind`` being ``"value"`` or
+        ``"map"`` (then ``value`` is a ``{mk: v}`` dict copy). For tests and debugging."""
+
+    def close(self) -> None:
+        """Release the backend's resources; the backend is unusable afterwards."""

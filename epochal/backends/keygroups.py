@@ -1,0 +1,189 @@
+"""Key groups: the atomic unit of keyed-state allocation (seed 004 §4.2.1, §4.2.2).
+
+Keys are hashed into ``max_parallelism`` key groups, ``K* = {h(k) mod π-max}``; each
+physical task of a keyed operator owns one contiguous range of key groups. Records are
+routed and state is snapshotted, restored and re-allocated (rescaling) per key group, so
+the hash must be identical in every process of a job and across restarts. Python's
+``hash()`` is salted per process for ``str``/``bytes`` and is never used here.
+
+    >>> key_group_for("word", 128) == key_group_for("word", 128)
+    True
+    >>> [key_group_range(i, 3, 128) for i in range(3)]
+    [range(0, 43), range(43, 86), range(86, 128)]
+    >>> subtask_for_key_group(43, 3, 128)
+    1
+"""
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+
+from epochal.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_MAX_PARALLELISM",
+    "MAX_MAX_PARALLELISM",
+    "key_group_for",
+    "key_group_range",
+    "stable_hash",
+    "subtask_for_key_group",
+]
+
+DEFAULT_MAX_PARALLELISM = 128
+"""Key groups per keyed operator when the user sets none (π-max in seed 004 §4.2.1)."""
+
+MAX_MAX_PARALLELISM = 1 << 15
+"""Upper bound of ``max_parallelism`` (as in Flink): more key groups only add overhead."""
+
+_M64 = (1 << 64) - 1
+_M32 = (1 << 32) - 1
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+_UNSUPPORTED = (
+    "key of type {} is not supported by key_by: "
+    "use str/int/float/bytes/bool/None or tuples of them"
+)
+_LEN = struct.Struct(">I")
+_F64 = struct.Struct(">d")
+
+
+def _fmix64(k: int) -> int:
+    """MurmurHash3's 64-bit finalizer: every input bit affects every output bit."""
+    k ^= k >> 33
+    k = (k * 0xFF51AFD7ED558CCD) & _M64
+    k ^= k >> 33
+    k = (k * 0xC4CEB9FE1A85EC53) & _M64
+    return k ^ (k >> 33)
+
+
+def _fmix32(h: int) -> int:
+    """MurmurHash3's 32-bit finalizer (spreads CRC32's linear bits into the low bits)."""
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & _M32
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & _M32
+    return h ^ (h >> 16)
+
+
+def _encode(key) -> bytes:
+    """Canonical, type-tagged bytes of ``key``.
+
+    Consistent with ``==`` as dict keys are: ``True``, ``1`` and ``1.0`` encode alike
+    (they are the same dict key), ``1`` and ``"1"`` do not. Containers are length-prefixed
+    so ``("ab", "c")`` and ``("a", "bc")`` differ; frozensets sort their members' encodings.
+    """
+    if isinstance(key, str):
+        return b"s" + key.encode("utf-8", "surrogatepass")
+    if isinstance(key, int):  # includes bool and IntEnum
+        key = int(key)
+        return b"i" + key.to_bytes((key.bit_length() + 8) // 8, "big", signed=True)
+    if isinstance(key, float):
+        if math.isfinite(key) and key.is_integer():
+            return _encode(int(key))
+        if math.isnan(key):
+            return b"f" + _F64.pack(math.nan)
+        return b"f" + _F64.pack(key)
+    if isinstance(key, bytes):
+        return b"b" + key
+    if key is None:
+        return b"N"
+    if isinstance(key, tuple):
+        parts = [_encode(k) for k in key]
+        return b"t" + b"".join(_LEN.pack(len(p)) + p for p in parts)
+    if isinstance(key, frozenset):
+        parts = sorted(_encode(k) for k in key)
+        return b"z" + b"".join(_LEN.pack(len(p)) + p for p in parts)
+    raise TypeError(_UNSUPPORTED.format(type(key).__name__))
+
+
+def stable_hash(key) -> int:
+    """A non-negative hash of ``key`` that is the same in every process and every run.
+
+    Supported keys: ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes`` and
+    (nested) tuples / frozensets of them. Keys equal as dict keys hash equally
+    (``hash(1) == hash(True) == hash(1.0)`` holds here too); ``1`` and ``"1"`` differ.
+    64-bit ints take a fast path (MurmurHash3 finalizer); everything else is CRC32 over a
+    canonical type-tagged encoding followed by the 32-bit finalizer (CRC32 measured ~6x
+    faster than blake2b for short strings on this machine).
+
+    Raises:
+        TypeError: naming the key's type when it is not supported.
+    """
+    t = type(key)
+    if t is int or t is bool:
+        if _INT64_MIN <= key <= _INT64_MAX:
+            return _fmix64(key & _M64)
+    elif t is str:
+        return _fmix32(zlib.crc32(b"s" + key.encode("utf-8", "surrogatepass")))
+    elif t is float and math.isfinite(key) and key.is_integer():
+        return stable_hash(int(key))
+    elif isinstance(key, int) and not isinstance(key, bool):  # IntEnum and other subclasses
+        return stable_hash(int(key))
+    return _fmix32(zlib.crc32(_encode(key)))
+
+
+def _check_max_parallelism(max_parallelism: int) -> None:
+    if (
+        not isinstance(max_parallelism, int)
+        or isinstance(max_parallelism, bool)
+        or not 1 <= max_parallelism <= MAX_MAX_PARALLELISM
+    ):
+        raise ConfigError(
+            f"max_parallelism: must be an integer in [1, {MAX_MAX_PARALLELISM}], "
+            f"got {max_parallelism!r}"
+        )
+
+
+def _check_parallelism(parallelism: int, max_parallelism: int) -> None:
+    _check_max_parallelism(max_parallelism)
+    if not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 1:
+        raise ConfigError(f"parallelism: must be an integer >= 1, got {parallelism!r}")
+    if parallelism > max_parallelism:
+        raise ConfigError(
+            f"parallelism: {parallelism} exceeds max_parallelism {max_parallelism}; "
+            "a keyed operator cannot have more tasks than key groups — raise max_parallelism"
+        )
+
+
+def key_group_for(key, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> int:
+    """The key group of ``key``, in ``[0, max_parallelism)`` (seed 004 §4.2.1).
+
+    Raises:
+        TypeError: the key type is not supported (see :func:`stable_hash`).
+    """
+    return stable_hash(key) % max_parallelism
+
+
+def key_group_range(subtask: int, parallelism: int, max_parallelism: int) -> range:
+    """The contiguous key groups owned by ``subtask`` of ``parallelism`` (seed 004 §4.2.2).
+
+    ``[ceil(i·π-max/π), ceil((i+1)·π-max/π))`` — Flink's
+    ``KeyGroupRangeAssignment.computeKeyGroupRangeForOperatorIndex`` with an exclusive end.
+    The ranges of subtasks ``0..parallelism-1`` partition ``range(max_parallelism)``.
+
+    Raises:
+        ConfigError: ``parallelism`` is < 1 or > ``max_parallelism``, or ``subtask`` is
+            not in ``[0, parallelism)``.
+    """
+    _check_parallelism(parallelism, max_parallelism)
+    if not isinstance(subtask, int) or not 0 <= subtask < parallelism:
+        raise ConfigError(f"subtask: must be in [0, {parallelism}), got {subtask!r}")
+    start = (subtask * max_parallelism + parallelism - 1) // parallelism
+    end = ((subtask + 1) * max_parallelism + parallelism - 1) // parallelism
+    return range(start, end)
+
+
+def subtask_for_key_group(kg: int, parallelism: int, max_parallelism: int) -> int:
+    """The subtask whose :func:`key_group_range` contains key group ``kg``.
+
+    ``kg · π // π-max`` — the router uses this to send a record to the task that owns its
+    state.
+
+    Raises:
+        ConfigError: invalid parallelism, or ``kg`` not in ``[0, max_parallelism)``.
+    """
+    _check_parallelism(parallelism, max_parallelism)
+    if not 0 <= kg < max_parallelism:
+        raise ConfigError(f"key group {kg!r} is outside [0, {max_parallelism})")
+    return kg * parallelism // max_parallelism

@@ -1,0 +1,225 @@
+"""The pipeline author's API: :class:`Dataflow`, :class:`Stream`, :class:`KeyedStream`.
+
+Building a dataflow runs nothing and never touches Spark; it appends immutable
+:class:`~epochal.graph.Node` objects. Errors in the graph (duplicate names, a missing
+key function, a non-callable, a stream nobody consumes) are raised while building or,
+for whole-graph checks, by :meth:`Dataflow.plan`, which every run calls first.
+
+Example:
+    >>> import epochal as ep
+    >>> flow = ep.Dataflow("wordcount")
+    >>> words = flow.source("lines", ep.sources.CollectionSource(["a b", "b"])).flat_map("split", str.split)
+    >>> counts = words.map("one", lambda w: (w, 1)).key_by(lambda p: p[0]).reduce(
+    ...     "count", lambda a, b: (a[0], a[1] + b[1]))
+    >>> counts.sink("out", ep.sinks.FileSink("/tmp/out"))
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+from epochal.errors import PipelineDefinitionError
+from epochal.graph import FORWARD, Input, Node, NodeKind, PartitionKind, Partitioning
+
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_MISSING = object()
+
+
+class Dataflow:
+    """A named streaming dataflow.
+
+    Args:
+        name: job name; checkpoints live under ``<storage>/<name>/``.
+        parallelism: default parallelism of sources and multi-input operators.
+        max_parallelism: number of key groups (upper bound of any keyed operator's
+            parallelism; fixed for the life of the job's checkpoints, seed 004 §4.2.1).
+    """
+
+    def __init__(self, name: str, *, parallelism: int = 1, max_parallelism: int = 128):
+        _check_name(name, "dataflow")
+        _check_parallelism(parallelism, f"dataflow {name!r}")
+        _check_parallelism(max_parallelism, f"dataflow {name!r} max_parallelism")
+        self.name = name
+        self.parallelism = parallelism
+        self.max_parallelism = max_parallelism
+        self._nodes: dict[str, Node] = {}
+
+    @property
+    def nodes(self) -> dict[str, Node]:
+        return dict(self._nodes)
+
+    def source(self, name: str, source, *, parallelism: int | None = None) -> "Stream":
+        """Add a replayable source (an :class:`epochal.sources.Source`)."""
+        from epochal.sources.base import Source
+
+        if not isinstance(source, Source):
+            raise PipelineDefinitionError(
+                f"source {name!r}: expected an epochal.sources.Source, got {type(source).__name__}"
+            )
+        node = self._add(Node(name, NodeKind.SOURCE, (), parallelism or self.parallelism, source))
+        return Stream(self, (Input(node.name, FORWARD),))
+
+    def _add(self, node: Node) -> Node:
+        _check_name(node.name, "operator")
+        _check_parallelism(node.parallelism, f"operator {node.name!r}")
+        if node.name in self._nodes:
+            raise PipelineDefinitionError(
+                f"duplicate operator name {node.name!r} in dataflow {self.name!r}: names key the "
+                "operator's state and must be unique"
+            )
+        if node.is_keyed and node.parallelism > self.max_parallelism:
+            raise PipelineDefinitionError(
+                f"operator {node.name!r}: parallelism {node.parallelism} exceeds max_parallelism "
+                f"{self.max_parallelism} (the number of key groups)"
+            )
+        self._nodes[node.name] = node
+        return node
+
+    def plan(self, **kwargs):
+        """Validate the whole graph and compile it to the physical task graph."""
+        from epochal.plan import compile_plan
+
+        return compile_plan(self, **kwargs)
+
+    def start(self, **options):
+        """Start the job without waiting; returns a :class:`~epochal.runtime.job.JobHandle`
+        (``trigger_epoch()``, ``wait()``, ``cancel()``). Options as for :meth:`run`."""
+        from epochal.runtime.job import start_job
+
+        return start_job(self, **options)
+
+    def run(self, **options):
+        """Run the job to completion and return its :class:`~epochal.runtime.job.JobResult`.
+
+        Keyword options: ``guarantee`` ("exactly-once" default, or "at-least-once"),
+        ``checkpoint`` (:class:`~epochal.config.CheckpointConfig`), ``restart``
+        (:class:`~epochal.config.RestartStrategy`), ``channels``
+        (:class:`~epochal.config.ChannelConfig`), ``runtime`` ("spark" default, or
+        "local"), ``spark`` (a SparkSession to use), ``resume`` (continue from the
+        latest completed checkpoint in the storage), ``faults`` (see
+        :mod:`epochal.testing`).
+        """
+        return self.start(**options).wait()
+
+
+class Stream:
+    """A stream of records flowing out of one or more operators (several after ``union``)."""
+
+    def __init__(self, flow: Dataflow, ports: tuple[Input, ...]):
+        self._flow = flow
+        self._ports = ports
+
+    @property
+    def flow(self) -> Dataflow:
+        return self._flow
+
+    def _default_parallelism(self) -> int:
+        ps = {self._flow._nodes[p.node].parallelism for p in self._ports}
+        return ps.pop() if len(ps) == 1 else self._flow.parallelism
+
+    def _then(self, kind: NodeKind, name: str, payload, parallelism, key_fn=None, extra=()) -> Node:
+        return self._flow._add(
+            Node(name, kind, self._ports, parallelism or self._default_parallelism(), payload, key_fn, extra)
+        )
+
+    def map(self, name: str, fn: Callable, *, parallelism: int | None = None) -> "Stream":
+        """Emit ``fn(record)`` for every record."""
+        _check_callable(fn, name, "map")
+        return Stream(self._flow, (Input(self._then(NodeKind.MAP, name, fn, parallelism).name, FORWARD),))
+
+    def flat_map(self, name: str, fn: Callable, *, parallelism: int | None = None) -> "Stream":
+        """Emit every element of ``fn(record)`` (an iterable; ``None`` emits nothing)."""
+        _check_callable(fn, name, "flat_map")
+        return Stream(self._flow, (Input(self._then(NodeKind.FLAT_MAP, name, fn, parallelism).name, FORWARD),))
+
+    def filter(self, name: str, fn: Callable, *, parallelism: int | None = None) -> "Stream":
+        """Keep the records for which ``fn(record)`` is truthy."""
+        _check_callable(fn, name, "filter")
+        return Stream(self._flow, (Input(self._then(NodeKind.FILTER, name, fn, parallelism).name, FORWARD),))
+
+    def key_by(self, key_fn: Callable) -> "KeyedStream":
+        """Partition by ``key_fn(record)`` (hash of the key → key group → subtask).
+
+        ``key_fn`` must be deterministic; keys must be str/int/float/bytes/bool/None or
+        tuples of them (they are hashed identically in every process).
+        """
+        if key_fn is None or not callable(key_fn):
+            producers = ", ".join(repr(p.node) for p in self._ports)
+            raise PipelineDefinitionError(
+                f"key_by after {producers}: a key function is required (got {key_fn!r})"
+            )
+        return KeyedStream(self._flow, self._repartition(Partitioning(PartitionKind.HASH, key_fn)), key_fn)
+
+    def rebalance(self) -> "Stream":
+        """Distribute records round-robin over the next operator's subtasks."""
+        return Stream(self._flow, self._repartition(Partitioning(PartitionKind.REBALANCE)))
+
+    def broadcast(self) -> "Stream":
+        """Send every record to every subtask of the next operator."""
+        return Stream(self._flow, self._repartition(Partitioning(PartitionKind.BROADCAST)))
+
+    def _repartition(self, partitioning: Partitioning) -> tuple[Input, ...]:
+        return tuple(Input(p.node, partitioning) for p in self._ports)
+
+    def union(self, *others: "Stream") -> "Stream":
+        """Merge this stream with others (no operator: the next operator reads all inputs)."""
+        ports = list(self._ports)
+        for other in others:
+            if not isinstance(other, Stream) or other._flow is not self._flow:
+                raise PipelineDefinitionError("union: every stream must belong to the same Dataflow")
+            ports.extend(other._ports)
+        return Stream(self._flow, tuple(ports))
+
+    def sink(self, name: str, sink, *, parallelism: int | None = None) -> None:
+        """Write the stream to an :class:`epochal.sinks.Sink`."""
+        from epochal.sinks.base import Sink
+
+        if not isinstance(sink, Sink):
+            raise PipelineDefinitionError(f"sink {name!r}: expected an epochal.sinks.Sink, got {type(sink).__name__}")
+        self._then(NodeKind.SINK, name, sink, parallelism)
+
+
+class KeyedStream(Stream):
+    """A stream partitioned by key; keyed operators keep state per key."""
+
+    def __init__(self, flow: Dataflow, ports: tuple[Input, ...], key_fn: Callable):
+        super().__init__(flow, ports)
+        self._key_fn = key_fn
+
+    def reduce(self, name: str, fn: Callable, *, initial: Any = _MISSING, parallelism: int | None = None) -> Stream:
+        """Rolling reduce per key: ``acc = fn(acc, record)``; emits each new ``acc``.
+
+        Without ``initial`` the key's first record is its first accumulator.
+        """
+        _check_callable(fn, name, "reduce")
+        extra = () if initial is _MISSING else (initial,)
+        node = self._then(NodeKind.REDUCE, name, fn, parallelism, self._key_fn, extra)
+        return Stream(self._flow, (Input(node.name, FORWARD),))
+
+    def process(self, name: str, function, *, parallelism: int | None = None) -> Stream:
+        """Run a :class:`~epochal.operators.keyed.KeyedProcessFunction` with keyed state."""
+        from epochal.operators.keyed import KeyedProcessFunction
+
+        if not isinstance(function, KeyedProcessFunction):
+            raise PipelineDefinitionError(
+                f"process {name!r}: expected a KeyedProcessFunction instance, got {type(function).__name__}"
+            )
+        node = self._then(NodeKind.PROCESS, name, function, parallelism, self._key_fn)
+        return Stream(self._flow, (Input(node.name, FORWARD),))
+
+
+def _check_name(name, what: str) -> None:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise PipelineDefinitionError(
+            f"{what} name {name!r} is invalid: use letters, digits, '_', '-', '.'"
+        )
+
+
+def _check_parallelism(p, where: str) -> None:
+    if not isinstance(p, int) or isinstance(p, bool) or p < 1:
+        raise PipelineDefinitionError(f"{where}: parallelism must be an integer >= 1, got {p!r}")
+
+
+def _check_callable(fn, name, op: str) -> None:
+    if not callable(fn):
+        raise PipelineDefinitionError(f"{op} {name!r}: expected a function, got {fn!r}")

@@ -1,0 +1,52 @@
+"""Errors raised by epochal. Every message names what was wrong and where."""
+
+
+class EpochalError(Exception):
+    """Base class of all errors raised by epochal."""
+
+
+class PipelineDefinitionError(EpochalError, ValueError):
+    """The dataflow graph is invalid; raised while the graph is built, never during a run."""
+
+
+class ConfigError(EpochalError, ValueError):
+    """A run option is invalid; the message names the option (config key)."""
+
+
+class OperatorError(EpochalError):
+    """A user function raised while processing a record.
+
+    Carries the operator name, the physical task and a repr of the record so the job's
+    final error says exactly where processing failed.
+    """
+
+    def __init__(self, operator: str, task: str, record_repr: str, cause: str):
+        self.operator = operator
+        self.task = task
+        self.record_repr = record_repr
+        self.cause = cause
+        super().__init__(
+            f"operator {operator!r} (task {task}) failed on record {record_repr}: {cause}"
+        )
+
+    def __reduce__(self):
+        return (OperatorError, (self.operator, self.task, self.record_repr, self.cause))
+
+
+class CheckpointStorageError(EpochalError):
+    """Checkpoint storage could not be read or written (or a checksum did not match)."""
+
+
+class JobFailedError(EpochalError):
+    """The job failed and the restart strategy gave up; ``causes`` lists every attempt's cause."""
+
+    def __init__(self, message: str, causes: list[str] | None = None):
+        self.causes = list(causes or [])
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (JobFailedError, (self.args[0], self.causes))
+
+
+class InjectedFault(EpochalError):
+    """Raised by :mod:`epochal.testing` fault injection; never raised in production runs."""

@@ -1,0 +1,64 @@
+"""Logical graph value objects: nodes, inputs and partitioning. Pure, immutable, picklable."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+class PartitionKind(enum.Enum):
+    """How records of one edge are routed from producer subtasks to consumer subtasks."""
+
+    FORWARD = "forward"  # subtask i → subtask i (rebalance if parallelisms differ)
+    HASH = "hash"  # by key group of key_fn(record) (seed 004 §4.2.1)
+    REBALANCE = "rebalance"  # round-robin
+    BROADCAST = "broadcast"  # every consumer subtask
+
+
+@dataclass(frozen=True)
+class Partitioning:
+    kind: PartitionKind
+    key_fn: Callable | None = None
+
+
+FORWARD = Partitioning(PartitionKind.FORWARD)
+
+
+@dataclass(frozen=True)
+class Input:
+    """One input edge of a node: records of ``node`` routed by ``partitioning``."""
+
+    node: str
+    partitioning: Partitioning
+
+
+class NodeKind(enum.Enum):
+    SOURCE = "source"
+    MAP = "map"
+    FLAT_MAP = "flat_map"
+    FILTER = "filter"
+    REDUCE = "reduce"
+    PROCESS = "process"
+    SINK = "sink"
+
+
+@dataclass(frozen=True)
+class Node:
+    """A logical operator. ``name`` is stable and keys the operator's state.
+
+    ``payload`` is the user object: the Source, the function, the KeyedProcessFunction
+    or the Sink; ``key_fn`` is set for keyed operators (reduce, process); ``extra`` holds
+    operator options (e.g. the reduce's initial value).
+    """
+
+    name: str
+    kind: NodeKind
+    inputs: tuple[Input, ...]
+    parallelism: int
+    payload: Any
+    key_fn: Callable | None = None
+    extra: tuple = ()
+
+    @property
+    def is_keyed(self) -> bool:
+        return self.kind in (NodeKind.REDUCE, NodeKind.PROCESS)

@@ -1,0 +1,85 @@
+"""The runtime operator contract: what a task calls, when, and what it must never see.
+
+A physical task runs a *chain* of runtime operators (forward-connected operators with
+equal parallelism, DESIGN.md "graph"). Records travel through the chain a batch at a
+time: ``process_batch`` takes a list and returns the list of outputs, which keeps the
+per-record Python overhead to the user's function call itself.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from epochal.errors import OperatorError
+
+
+@dataclass(frozen=True)
+class OperatorContext:
+    """What an operator learns about where it runs.
+
+    Attributes:
+        operator: the operator's stable name (keys its state).
+        task: the physical task id, e.g. ``"count[1]"``.
+        subtask: index of this parallel instance, ``0 <= subtask < parallelism``.
+        parallelism: number of parallel instances of the operator.
+        generation: the job attempt (0 for the first run, +1 per restart).
+        job: the dataflow's name.
+        max_parallelism: number of key groups.
+        keyed_backend: the task's keyed state backend (``None`` for non-keyed operators).
+        key_groups: the key groups this subtask owns.
+        extras: launcher-provided objects (e.g. the sink mode), keyed by name.
+    """
+
+    operator: str
+    task: str
+    subtask: int
+    parallelism: int
+    generation: int
+    job: str
+    max_parallelism: int
+    keyed_backend: Any = None
+    key_groups: range = range(0)
+    extras: dict | None = None
+
+
+class RuntimeOperator(ABC):
+    """One operator instance inside a task; called only from the task's main thread.
+
+    Call order: ``restore(state)`` once (``state`` is ``None`` on a fresh start), then any
+    number of ``process_batch``; at each epoch barrier ``snapshot(epoch)`` after every
+    record of that epoch was processed and before any record of the next; at any time
+    later ``notify_epoch_complete(epoch)`` (possibly late, repeated, or skipped for
+    aborted epochs); ``close()`` once at a clean end. After a failure the instance is
+    discarded — it is never restored twice.
+    """
+
+    def __init__(self, ctx: OperatorContext):
+        self.ctx = ctx
+
+    def restore(self, state: Any) -> None:
+        """Load the operator state snapshotted at the restored epoch (``None``: fresh)."""
+
+    @abstractmethod
+    def process_batch(self, records: list) -> list:
+        """Process records in order and return the outputs in order."""
+
+    def snapshot(self, epoch: int) -> Any:
+        """Synchronous part of the snapshot of ``epoch``; returns picklable state or None.
+
+        Keyed state is snapshotted by the task's backend, not here.
+        """
+        return None
+
+    def notify_epoch_complete(self, epoch: int) -> None:
+        """Epoch ``epoch`` is durable (its checkpoint metadata is written)."""
+
+    def close(self) -> None:
+        """Clean end of input: flush and release resources."""
+
+    def fail(self, record: Any, exc: BaseException) -> OperatorError:
+        """Build the error that names this operator and the offending record."""
+        text = repr(record)
+        if len(text) > 200:
+            text = text[:197] + "..."
+        return OperatorError(self.ctx.operator, self.ctx.task, text, f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,42 @@
+"""The sink operator: feeds a :class:`~epochal.sinks.base.SinkWriter` and wires its
+two-phase commit into the task's epoch lifecycle (seed 004 §4.1.3)."""
+from __future__ import annotations
+
+from epochal.operators.base import OperatorContext, RuntimeOperator
+from epochal.sinks.base import SinkContext
+
+
+class SinkOperator(RuntimeOperator):
+    """Writes every record; pre-commits at the barrier (as part of the task's snapshot)
+    and commits when the coordinator reports the epoch complete."""
+
+    def __init__(self, ctx: OperatorContext, sink):
+        super().__init__(ctx)
+        self.writer = sink.create_writer(
+            SinkContext(
+                sink_name=ctx.operator,
+                subtask=ctx.subtask,
+                parallelism=ctx.parallelism,
+                job=ctx.job,
+                generation=ctx.generation,
+                mode=ctx.extras["sink_mode"],
+            )
+        )
+
+    def restore(self, state) -> None:
+        self.writer.restore(state)
+
+    def process_batch(self, records: list) -> list:
+        write = self.writer.write
+        for record in records:
+            write(record)  # SinkWriteError already names the sink and the record
+        return []
+
+    def snapshot(self, epoch: int):
+        return self.writer.snapshot(epoch)
+
+    def notify_epoch_complete(self, epoch: int) -> None:
+        self.writer.notify_epoch_complete(epoch)
+
+    def close(self) -> None:
+        self.writer.close()

@@ -1,0 +1,67 @@
+"""Stateless record-at-a-time operators: map, flat_map, filter."""
+from __future__ import annotations
+
+from epochal.operators.base import RuntimeOperator
+
+
+class MapOperator(RuntimeOperator):
+    """``fn(record) -> record``."""
+
+    def __init__(self, ctx, fn):
+        super().__init__(ctx)
+        self.fn = fn
+
+    def process_batch(self, records: list) -> list:
+        fn = self.fn
+        out = []
+        append = out.append
+        record = None
+        try:
+            for record in records:
+                append(fn(record))
+        except Exception as exc:
+            raise self.fail(record, exc) from exc
+        return out
+
+
+class FlatMapOperator(RuntimeOperator):
+    """``fn(record) -> iterable of records`` (``None`` counts as empty)."""
+
+    def __init__(self, ctx, fn):
+        super().__init__(ctx)
+        self.fn = fn
+
+    def process_batch(self, records: list) -> list:
+        fn = self.fn
+        out = []
+        extend = out.extend
+        record = None
+        try:
+            for record in records:
+                produced = fn(record)
+                if produced is not None:
+                    extend(produced)
+        except Exception as exc:
+            raise self.fail(record, exc) from exc
+        return out
+
+
+class FilterOperator(RuntimeOperator):
+    """Keeps records for which ``fn(record)`` is truthy."""
+
+    def __init__(self, ctx, fn):
+        super().__init__(ctx)
+        self.fn = fn
+
+    def process_batch(self, records: list) -> list:
+        fn = self.fn
+        out = []
+        append = out.append
+        record = None
+        try:
+            for record in records:
+                if fn(record):
+                    append(record)
+        except Exception as exc:
+            raise self.fail(record, exc) from exc
+        return out

@@ -1,0 +1,181 @@
+"""Logical graph → physical task graph (DESIGN.md "graph" layer).
+
+Chaining: an operator joins its producer's task when it has exactly one input, that input
+is FORWARD with equal parallelism, and the producer feeds nothing else. Every other edge
+becomes channels between tasks: FORWARD i→i (REBALANCE when parallelisms differ), HASH
+by key group, REBALANCE round-robin, BROADCAST to all.
+
+Task ids (``"<head operator>[<subtask>]"``) and channel ids are deterministic functions
+of the graph, so every attempt and every process computes the same plan.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from epochal.backends.keygroups import key_group_range
+from epochal.errors import PipelineDefinitionError
+from epochal.graph import Node, NodeKind, PartitionKind, Partitioning
+
+
+@dataclass(frozen=True)
+class OutputGate:
+    """The channels one task uses for one consumer edge.
+
+    ``channels[j]`` is the channel to consumer subtask ``j`` (a single channel for
+    FORWARD). ``partitioning`` decides which ones a record goes to.
+    """
+
+    consumer: str
+    partitioning: Partitioning
+    channels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One physical task: a chain of operators at one subtask index."""
+
+    id: str
+    index: int
+    chain: tuple[str, ...]
+    subtask: int
+    parallelism: int
+    inputs: tuple[str, ...]  # channel ids; position = barrier-handler channel index
+    outputs: tuple[OutputGate, ...]
+    source_splits: tuple = ()
+    key_groups: range = range(0)
+    is_source: bool = False
+
+
+@dataclass(frozen=True)
+class Channel:
+    id: str
+    producer: str
+    consumer: str
+
+
+@dataclass(frozen=True)
+class PhysicalPlan:
+    job: str
+    max_parallelism: int
+    nodes: dict
+    tasks: tuple[TaskSpec, ...]
+    channels: dict = field(default_factory=dict)
+
+    def task(self, task_id: str) -> TaskSpec:
+        for t in self.tasks:
+            if t.id == task_id:
+                return t
+        raise KeyError(task_id)
+
+    @property
+    def source_tasks(self) -> list[str]:
+        return [t.id for t in self.tasks if t.is_source]
+
+    def fingerprint(self) -> dict:
+        """Operator names, kinds and parallelism — checked when restoring a checkpoint."""
+        return {n.name: {"kind": n.kind.value, "parallelism": n.parallelism} for n in self.nodes.values()}
+
+
+def compile_plan(flow) -> PhysicalPlan:
+    """Validate ``flow`` and build its physical plan.
+
+    Raises:
+        PipelineDefinitionError: empty graph, a stream nobody consumes, a source-less graph.
+    """
+    nodes: dict[str, Node] = flow.nodes
+    if not nodes:
+        raise PipelineDefinitionError(f"dataflow {flow.name!r} has no operators")
+    consumers: dict[str, list[tuple[str, int]]] = {n: [] for n in nodes}
+    for node in nodes.values():
+        for i, inp in enumerate(node.inputs):
+            consumers[inp.node].append((node.name, i))
+    dangling = [n.name for n in nodes.values() if n.kind != NodeKind.SINK and not consumers[n.name]]
+    if dangling:
+        raise PipelineDefinitionError(
+            f"dataflow {flow.name!r}: the output of {', '.join(map(repr, dangling))} is not consumed by any "
+            "operator or sink (add a .sink(...) or remove the operator)"
+        )
+    if not any(n.kind == NodeKind.SINK for n in nodes.values()):
+        raise PipelineDefinitionError(f"dataflow {flow.name!r} has no sink")
+
+    # Chains: follow chainable forward edges from each chain head.
+    def chains_into_producer(node: Node) -> bool:
+        if len(node.inputs) != 1 or node.kind == NodeKind.SOURCE:
+            return False
+        inp = node.inputs[0]
+        producer = nodes[inp.node]
+        return (
+            inp.partitioning.kind == PartitionKind.FORWARD
+            and producer.parallelism == node.parallelism
+            and len(consumers[producer.name]) == 1
+        )
+
+    heads = [n for n in nodes.values() if not chains_into_producer(n)]
+    chain_of: dict[str, tuple[str, ...]] = {}
+    for head in heads:
+        chain = [head.name]
+        while len(consumers[chain[-1]]) == 1 and chains_into_producer(nodes[consumers[chain[-1]][0][0]]):
+            chain.append(consumers[chain[-1]][0][0])
+        for name in chain:
+            chain_of[name] = tuple(chain)
+
+    def task_id(head: str, subtask: int) -> str:
+        return f"{head}[{subtask}]"
+
+    # Channels per (consumer node, input index).
+    inputs_of: dict[str, list[str]] = {}
+    gates_of: dict[str, list[OutputGate]] = {}
+    channels: dict[str, Channel] = {}
+    for node in nodes.values():
+        for i, inp in enumerate(node.inputs):
+            producer = nodes[inp.node]
+            if chain_of[node.name] == chain_of[producer.name]:
+                continue  # chained
+            kind = inp.partitioning.kind
+            if kind == PartitionKind.FORWARD and producer.parallelism != node.parallelism:
+                partitioning = Partitioning(PartitionKind.REBALANCE)
+            else:
+                partitioning = inp.partitioning
+            p_head = chain_of[producer.name][0]
+            c_head = chain_of[node.name][0]
+            for up in range(producer.parallelism):
+                if partitioning.kind == PartitionKind.FORWARD:
+                    targets = [up]
+                else:
+                    targets = list(range(node.parallelism))
+                gate_channels = []
+                for down in targets:
+                    cid = f"{producer.name}>{node.name}.{i}:{up}>{down}"
+                    channels[cid] = Channel(cid, task_id(p_head, up), task_id(c_head, down))
+                    inputs_of.setdefault(task_id(c_head, down), []).append(cid)
+                    gate_channels.append(cid)
+                gates_of.setdefault(task_id(p_head, up), []).append(
+                    OutputGate(node.name, partitioning, tuple(gate_channels))
+                )
+
+    tasks = []
+    for head in heads:
+        chain = chain_of[head.name]
+        for s in range(head.parallelism):
+            tid = task_id(head.name, s)
+            splits = ()
+            if head.kind == NodeKind.SOURCE:
+                all_splits = list(head.payload.splits())
+                splits = tuple(sp for k, sp in enumerate(all_splits) if k % head.parallelism == s)
+            keyed = any(nodes[n].is_keyed for n in chain)
+            kgs = key_group_range(s, head.parallelism, flow.max_parallelism) if keyed else range(0)
+            tasks.append(
+                TaskSpec(
+                    id=tid,
+                    index=len(tasks),
+                    chain=chain,
+                    subtask=s,
+                    parallelism=head.parallelism,
+                    inputs=tuple(inputs_of.get(tid, ())),
+                    outputs=tuple(gates_of.get(tid, ())),
+                    source_splits=splits,
+                    key_groups=kgs,
+                    is_source=head.kind == NodeKind.SOURCE,
+                )
+            )
+    return PhysicalPlan(flow.name, flow.max_parallelism, nodes, tuple(tasks), channels)

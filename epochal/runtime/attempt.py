@@ -1,0 +1,36 @@
+"""What every task of one job attempt receives (pickled once per attempt by the driver)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from epochal.alignment.factory import GuaranteeComponents
+from epochal.config import ChannelConfig
+from epochal.plan import PhysicalPlan
+
+
+@dataclass(frozen=True)
+class RestorePoint:
+    """The completed checkpoint an attempt restores from: its epoch and its ``_metadata``."""
+
+    epoch: int
+    metadata: dict
+
+
+@dataclass(frozen=True)
+class AttemptSpec:
+    """One attempt (generation) of a job, as shipped to every task.
+
+    ``key`` is the per-attempt connection key (:func:`epochal.runtime.wire.derive_key`);
+    it travels inside the task closure through the launcher (Spark's own task channel or
+    a local process pipe), never over epochal's data connections.
+    """
+
+    plan: PhysicalPlan
+    generation: int
+    key: bytes
+    coordinator: tuple[str, int]
+    components: GuaranteeComponents
+    channels: ChannelConfig
+    storage_url: str
+    faults: tuple = ()
+    bind_host: str = "127.0.0.1"

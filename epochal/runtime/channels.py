@@ -1,0 +1,158 @@
+"""Data channels between tasks: batches, FIFO per channel, credit-based flow control.
+
+A channel is one authenticated TCP connection from a producer task to a consumer task.
+The producer sends ``("B", records)`` batches, ``("E", epoch, ts)`` barriers and a final
+``("X",)``; the consumer grants credit with ``("C", n)``. A data batch costs one credit;
+the consumer starts the producer with ``credits`` and returns one credit each time its
+task thread *consumes* a batch, so at most ``credits`` batches per channel are ever
+buffered at the receiver. A consumer that stops reading a channel (alignment, a slow
+operator) therefore stops its producer — back-pressure instead of unbounded memory
+(seed 004 §3.4.4.3). Barriers and end-of-stream need no credit (they are small and
+bounded by the number of epochs), but they stay in FIFO order behind the data.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+from epochal.runtime.wire import Connection, ConnectionClosed
+
+DATA, BARRIER, END, CREDIT = "B", "E", "X", "C"
+
+
+class ChannelFailure(Exception):
+    """A peer disappeared without a clean end of stream (it crashed or was cancelled)."""
+
+
+class InputGate:
+    """The receiving side of all input channels of one task.
+
+    Reader threads append messages to per-channel queues and notify ``cv``; the task
+    thread takes them with :meth:`poll`, skipping blocked channels.
+    """
+
+    def __init__(self, channel_ids: tuple[str, ...], credits: int, cv: threading.Condition):
+        self.channel_ids = channel_ids
+        self.index = {cid: i for i, cid in enumerate(channel_ids)}
+        self.credits = credits
+        self.cv = cv
+        self.queues = [collections.deque() for _ in channel_ids]
+        self.conns: list[Connection | None] = [None] * len(channel_ids)
+        self.ended = [False] * len(channel_ids)
+        self._owed = [0] * len(channel_ids)
+        self._next = 0
+        self.buffered_batches_max = 0
+
+    @property
+    def all_connected(self) -> bool:
+        return all(c is not None for c in self.conns)
+
+    def attach(self, conn: Connection) -> None:
+        """Called by the data server for each authenticated producer connection."""
+        cid = conn.peer_hello.get("channel")
+        if cid not in self.index:
+            conn.close()
+            return
+        i = self.index[cid]
+        with self.cv:
+            if self.conns[i] is not None:  # a duplicate (zombie) producer: keep the first
+                conn.close()
+                return
+            self.conns[i] = conn
+            self.cv.notify_all()
+        conn.send((CREDIT, self.credits))
+        threading.Thread(target=self._read, args=(i, conn), name=f"epochal-in-{cid}", daemon=True).start()
+
+    def _read(self, i: int, conn: Connection) -> None:
+        q = self.queues[i]
+        try:
+            while True:
+                msg = conn.recv()
+                with self.cv:
+                    q.append(msg)
+                    if len(q) > self.buffered_batches_max:
+                        self.buffered_batches_max = len(q)
+                    self.cv.notify_all()
+                if msg[0] == END:
+                    return
+        except (ConnectionClosed, EOFError, OSError) as exc:
+            with self.cv:
+                q.append(("!", f"input channel {self.channel_ids[i]} broke: {exc}"))
+                self.cv.notify_all()
+
+    def poll(self, blocked) -> tuple[int, tuple] | None:
+        """Next message from a non-blocked channel, round-robin; ``None`` if none is ready.
+
+        Call with ``cv`` held or not; queue appends/pops are atomic.
+        """
+        n = len(self.queues)
+        for k in range(n):
+            i = (self._next + k) % n
+            if self.queues[i] and i not in blocked:
+                self._next = (i + 1) % n
+                msg = self.queues[i].popleft()
+                if msg[0] == DATA:
+                    self._owed[i] += 1
+                    if self._owed[i] * 2 >= self.credits:
+                        self.conns[i].send((CREDIT, self._owed[i]))
+                        self._owed[i] = 0
+                return i, msg
+        return None
+
+    def close(self) -> None:
+        for c in self.conns:
+            if c is not None:
+                c.close()
+
+
+class OutputChannel:
+    """The sending side of one channel; used only by the task thread (plus its credit reader)."""
+
+    def __init__(self, cid: str, conn: Connection, cv: threading.Condition):
+        self.cid = cid
+        self.conn = conn
+        self.cv = cv
+        self.credits = 0
+        self.broken: str | None = None
+        self.blocked_seconds = 0.0
+        threading.Thread(target=self._read_credits, name=f"epochal-out-{cid}", daemon=True).start()
+
+    def _read_credits(self) -> None:
+        try:
+            while True:
+                msg = self.conn.recv()
+                if msg[0] == CREDIT:
+                    with self.cv:
+                        self.credits += msg[1]
+                        self.cv.notify_all()
+        except (ConnectionClosed, EOFError, OSError) as exc:
+            with self.cv:
+                self.broken = f"output channel {self.cid} broke: {exc}"
+                self.cv.notify_all()
+
+    def send_batch(self, records: list, should_stop) -> None:
+        """Send one batch, blocking while the consumer has granted no credit.
+
+        ``should_stop()`` is checked while waiting (cancellation); raises ChannelFailure
+        if the consumer went away.
+        """
+        with self.cv:
+            if self.credits <= 0:
+                t0 = time.monotonic()
+                while self.credits <= 0:
+                    if self.broken:
+                        raise ChannelFailure(self.broken)
+                    should_stop()
+                    self.cv.wait(0.1)
+                self.blocked_seconds += time.monotonic() - t0
+            self.credits -= 1
+        self.conn.send((DATA, records))
+
+    def send_event(self, message: tuple) -> None:
+        if self.broken and message[0] != END:
+            raise ChannelFailure(self.broken)
+        self.conn.send(message)
+
+    def close(self) -> None:
+        self.conn.close()

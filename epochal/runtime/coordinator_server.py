@@ -1,0 +1,253 @@
+"""The coordinator's network side, in the driver: one attempt's control plane.
+
+Wraps the pure :class:`~epochal.epochs.coordinator.EpochCoordinator` with sockets and
+storage. Protocol per attempt (task → coordinator / coordinator → task):
+
+1. every task connects (authenticated with the attempt key) and says
+   ``("hello", task, data_address)``; once all did, each gets
+   ``("start", addresses, restore_metadata)``;
+2. sources receive ``("trigger", epoch, ts)`` (Alg. 5); every task acknowledges with
+   ``("ack", epoch, payload)`` after its snapshot is durable, or ``("decline", ...)``;
+3. when all acked, the coordinator writes ``chk-n/_metadata`` (last: the checkpoint is
+   complete only once it exists) and then sends ``("complete", n)`` — the commit phase of
+   the epoch commit (seed 004 §4.1.3);
+4. sources report ``("exhausted", task)``; when all are, a FINAL epoch runs; after it
+   completed every task receives ``("finish",)`` and answers ``("finished", task, metrics)``;
+5. a ``("failed", task, cause)`` message or a lost connection fails the attempt; every
+   task then gets ``("cancel", cause)``.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from epochal.epochs.coordinator import EpochCoordinator
+from epochal.epochs.pending import TriggerReason
+from epochal.runtime import wire
+
+TICK = 0.005
+
+
+@dataclass
+class AttemptOutcome:
+    """How an attempt ended: ``ok`` or the ``cause`` of its failure."""
+
+    ok: bool
+    cause: str = ""
+    task_metrics: dict = field(default_factory=dict)
+
+
+class CoordinatorServer:
+    """Serves one attempt. ``outcome`` is set once; :meth:`wait` blocks for it."""
+
+    def __init__(self, plan, generation: int, key: bytes, storage, config, restore: dict | None,
+                 first_epoch: int, bind_host: str, log):
+        self.plan = plan
+        self.generation = generation
+        self.storage = storage
+        self.config = config
+        self.restore = restore
+        self.log = log
+        self.tasks = [t.id for t in plan.tasks]
+        self.sources = set(plan.source_tasks)
+        self.coordinator = EpochCoordinator(config, self.tasks, first_epoch=first_epoch)
+        self.conns: dict[str, wire.Connection] = {}
+        self.addresses: dict[str, tuple] = {}
+        self.started = False
+        self.exhausted: set[str] = set()
+        self.finished: dict[str, dict] = {}
+        self.completed: list[dict] = []
+        self.aborted: list[dict] = []
+        self.highest_triggered = first_epoch - 1
+        self.inbox: queue.Queue = queue.Queue()
+        self.outcome: AttemptOutcome | None = None
+        self._done = threading.Event()
+        self.server = wire.Server(key, self._on_connection, host=bind_host, name="coordinator")
+        self.address = (bind_host, self.server.address[1])
+        self._thread = threading.Thread(target=self._loop, name="epochal-coordinator", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ public
+    def trigger_epoch(self) -> None:
+        """Manual trigger from the API (thread-safe)."""
+        self.inbox.put(("manual",))
+
+    def fail(self, cause: str) -> None:
+        """Fail the attempt from outside (e.g. the launcher saw a task die)."""
+        self.inbox.put(("external_failure", cause))
+
+    def wait(self, timeout: float | None = None) -> AttemptOutcome | None:
+        self._done.wait(timeout)
+        return self.outcome
+
+    def close(self) -> None:
+        self.server.close()
+        for conn in list(self.conns.values()):
+            conn.close()
+
+    # ------------------------------------------------------------------ connections
+    def _on_connection(self, conn: wire.Connection) -> None:
+        try:
+            hello = conn.recv()
+        except Exception:
+            conn.close()
+            return
+        if hello[0] != "hello" or hello[1] not in self.tasks:
+            conn.close()
+            return
+        self.inbox.put(("hello", hello[1], hello[2], conn))
+        try:
+            while True:
+                self.inbox.put(conn.recv())
+        except Exception as exc:
+            self.inbox.put(("lost", hello[1], str(exc)))
+
+    def _send(self, task: str, message: tuple) -> None:
+        conn = self.conns.get(task)
+        if conn is None:
+            return
+        try:
+            conn.send(message)
+        except Exception as exc:
+            self.inbox.put(("lost", task, f"send failed: {exc}"))
+
+    def _broadcast(self, message: tuple) -> None:
+        for task in self.tasks:
+            self._send(task, message)
+
+    # ------------------------------------------------------------------ loop
+    def _loop(self) -> None:
+        while self.outcome is None:
+            try:
+                msg = self.inbox.get(timeout=TICK)
+            except queue.Empty:
+                msg = None
+            try:
+                if msg is not None:
+                    self._handle(msg)
+                    while self.outcome is None:
+                        try:
+                            self._handle(self.inbox.get_nowait())
+                        except queue.Empty:
+                            break
+                if self.outcome is None and self.started:
+                    self._tick(time.monotonic())
+            except Exception as exc:  # a coordinator bug or storage failure fails the attempt
+                import traceback
+
+                self._finish_attempt(False, f"coordinator: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}")
+        self._done.set()
+
+    def _tick(self, now: float) -> None:
+        self._apply(self.coordinator.check_timeouts(now))
+        if self.coordinator.failure_budget_exceeded:
+            last = self.aborted[-1]["detail"] if self.aborted else ""
+            self._finish_attempt(False, f"more than {self.config.tolerable_failures} consecutive failed "
+                                        f"checkpoints (checkpoint.tolerable_failures); last: {last}")
+            return
+        pending = self.coordinator.maybe_trigger(now)
+        if pending is not None:
+            self.highest_triggered = pending.epoch
+            ts = time.time()
+            for task in self.sources:
+                self._send(task, ("trigger", pending.epoch, ts))
+
+    def _handle(self, msg: tuple) -> None:
+        kind = msg[0]
+        now = time.monotonic()
+        if kind == "hello":
+            _, task, address, conn = msg
+            self.conns[task] = conn
+            if address is not None:
+                self.addresses[task] = address
+            if len(self.conns) == len(self.tasks) and not self.started:
+                self.started = True
+                for t in self.tasks:
+                    self._send(t, ("start", self.addresses, self.restore))
+        elif kind == "running":
+            pass
+        elif kind == "ack":
+            _, epoch, payload = msg
+            self._apply(self.coordinator.acknowledge(payload["task"], epoch, payload, now))
+        elif kind == "decline":
+            _, epoch, task, reason = msg
+            self._apply(self.coordinator.decline(task, epoch, reason, now))
+        elif kind == "request_epoch":
+            self.coordinator.request_trigger(TriggerReason.SOURCE_REQUEST, now)
+        elif kind == "manual":
+            self.coordinator.request_trigger(TriggerReason.MANUAL, now)
+        elif kind == "exhausted":
+            self.exhausted.add(msg[1])
+            if self.exhausted >= self.sources:
+                self.coordinator.request_final(now)
+        elif kind == "finished":
+            self.finished[msg[1]] = msg[2]
+            if len(self.finished) == len(self.tasks):
+                self._finish_attempt(True)
+        elif kind == "failed":
+            self._finish_attempt(False, msg[2])
+        elif kind == "lost":
+            if msg[1] not in self.finished:
+                self._finish_attempt(False, f"task {msg[1]} disconnected without finishing "
+                                            f"(process crashed or was killed): {msg[2]}")
+        elif kind == "external_failure":
+            self._finish_attempt(False, msg[1])
+
+    def _apply(self, progress) -> None:
+        for aborted in progress.aborted:
+            self.aborted.append({"epoch": aborted.epoch, "reason": aborted.reason.value, "detail": aborted.detail})
+            self.log(f"epoch {aborted.epoch} aborted ({aborted.reason.value}): {aborted.detail}")
+            self._broadcast(("abort", aborted.epoch))
+            try:
+                self.storage.discard(aborted.epoch)
+            except Exception as exc:
+                self.log(f"could not delete aborted checkpoint {aborted.epoch}: {exc}")
+            if aborted.trigger_reason is TriggerReason.FINAL:
+                self.coordinator.request_final(time.monotonic())
+        for completed in progress.completed:
+            self._complete(completed)
+
+    def _complete(self, completed) -> None:
+        """Step 3 of the epoch commit: metadata last, then notify (seed 004 §4.1.3)."""
+        tasks = {}
+        for task_id, payload in completed.acks.items():
+            spec = self.plan.task(task_id)
+            tasks[task_id] = {"handle": dict(payload["handle"]), "chain": list(spec.chain),
+                              "subtask": spec.subtask, "parallelism": spec.parallelism}
+        meta = {
+            "epoch": completed.epoch,
+            "job": self.plan.job,
+            "generation": self.generation,
+            "reason": completed.reason.value,
+            "plan": self.plan.fingerprint(),
+            "max_parallelism": self.plan.max_parallelism,
+            "tasks": tasks,
+            "wall_time": time.time(),
+        }
+        # Step 1: the metadata makes the checkpoint complete — written after all state files.
+        self.storage.write_metadata(completed.epoch, meta)
+        # Step 2: commit phase — tasks (sinks) publish everything up to this epoch.
+        self._broadcast(("complete", completed.epoch))
+        # Step 3: retention.
+        self.storage.retain(self.config.retained)
+        metrics = [dict(p.get("metrics", {})) for p in completed.acks.values()]
+        self.completed.append({
+            "epoch": completed.epoch,
+            "reason": completed.reason.value,
+            "duration_s": completed.duration,
+            "bytes": sum(m.get("bytes", 0) for m in metrics),
+            "max_alignment_s": max((m.get("alignment_s", 0.0) for m in metrics), default=0.0),
+            "max_sync_s": max((m.get("sync_s", 0.0) for m in metrics), default=0.0),
+            "max_upload_s": max((m.get("upload_s", 0.0) for m in metrics), default=0.0),
+        })
+        if completed.is_final:
+            self._broadcast(("finish",))
+
+    def _finish_attempt(self, ok: bool, cause: str = "") -> None:
+        if self.outcome is not None:
+            return
+        if not ok:
+            self._broadcast(("cancel", cause[:2000]))
+        self.outcome = AttemptOutcome(ok, cause, dict(self.finished))

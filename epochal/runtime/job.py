@@ -1,0 +1,213 @@
+"""The driver: runs a job attempt after attempt under the restart strategy.
+
+Spark never retries a failed barrier ResultStage and exposes no attempt number to
+Python (DESIGN.md "Facts"), so the driver owns the restart loop: every attempt gets a
+*generation* (0, 1, ...), a fresh connection key derived from it (older generations
+cannot talk to the new one) and restores from the latest completed checkpoint (seed 004
+§4.1.3.1). After ``restart.max_attempts`` failed restarts the job fails with every cause.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+import cloudpickle
+
+from epochal.alignment.factory import components_for
+from epochal.backends.storage import CheckpointStorage
+from epochal.config import ChannelConfig, CheckpointConfig, RestartStrategy
+from epochal.errors import ConfigError, EpochalError, JobFailedError
+from epochal.runtime import wire
+from epochal.runtime.attempt import AttemptSpec
+from epochal.runtime.coordinator_server import AttemptOutcome, CoordinatorServer
+
+log = logging.getLogger("epochal")
+
+
+@dataclass
+class JobResult:
+    """What a finished job did: attempts, failures survived, epochs, per-task metrics."""
+
+    job: str
+    guarantee: str
+    runtime: str
+    attempts: int
+    failures: list[str]
+    completed_epochs: list[dict]
+    aborted_epochs: list[dict]
+    task_metrics: dict
+    duration_s: float
+    checkpoint_root: str
+    restored_from: list = field(default_factory=list)
+
+    @property
+    def records_in(self) -> int:
+        """Records read by the sources in the final (successful) attempt."""
+        return sum(m["records_in"] for t, m in self.task_metrics.items() if m.get("source"))
+
+
+class JobHandle:
+    """A running job: :meth:`wait` for its result, :meth:`trigger_epoch`, :meth:`cancel`."""
+
+    def __init__(self, driver: "_Driver"):
+        self._driver = driver
+
+    def trigger_epoch(self) -> None:
+        """Ask for an epoch now (manual trigger; honours max_concurrent and min_pause)."""
+        server = self._driver.server
+        if server is not None:
+            server.trigger_epoch()
+
+    def cancel(self) -> None:
+        self._driver.cancel()
+
+    def wait(self, timeout: float | None = None) -> JobResult:
+        self._driver.thread.join(timeout)
+        if self._driver.thread.is_alive():
+            raise TimeoutError(f"job {self._driver.plan.job!r} still running after {timeout} s")
+        if self._driver.error is not None:
+            raise self._driver.error
+        return self._driver.result
+
+    @property
+    def completed_epochs(self) -> list[dict]:
+        server = self._driver.server
+        return list(server.completed) if server is not None else []
+
+
+def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | None = None,
+              restart: RestartStrategy | None = None, channels: ChannelConfig | None = None,
+              runtime: str = "spark", spark=None, resume: bool = False, faults=()) -> JobHandle:
+    """Validate everything that can be validated before any task starts, then start."""
+    components = components_for(guarantee)
+    checkpoint = checkpoint or CheckpointConfig()
+    restart = restart or RestartStrategy()
+    channels = channels or ChannelConfig()
+    for name, value, cls in (("checkpoint", checkpoint, CheckpointConfig), ("restart", restart, RestartStrategy),
+                             ("channels", channels, ChannelConfig)):
+        if not isinstance(value, cls):
+            raise ConfigError(f"{name}: expected {cls.__name__}, got {type(value).__name__}")
+    plan = flow.plan()
+    if runtime == "spark":
+        from epochal.runtime.spark import SparkLauncher
+
+        launcher = SparkLauncher(spark, len(plan.tasks))
+    elif runtime == "local":
+        from epochal.runtime.launcher import LocalLauncher
+
+        launcher = LocalLauncher()
+    else:
+        raise ConfigError(f"runtime: expected 'spark' or 'local', got {runtime!r}")
+    url = checkpoint.storage or "file://" + tempfile.mkdtemp(prefix=f"epochal-{flow.name}-")
+    storage = CheckpointStorage(url, flow.name)
+    if storage.has_checkpoints() and not resume:
+        latest = storage.latest_completed()
+        raise ConfigError(
+            f"checkpoint.storage: {url}/{flow.name} already holds checkpoints"
+            + (f" (latest completed epoch {latest[0]})" if latest else "")
+            + "; pass resume=True to continue from it, or use another storage location"
+        )
+    driver = _Driver(plan, components, checkpoint, restart, channels, launcher, storage, url, runtime,
+                     tuple(faults))
+    driver.thread.start()
+    return JobHandle(driver)
+
+
+class _Driver:
+    def __init__(self, plan, components, checkpoint, restart, channels, launcher, storage, url, runtime, faults):
+        self.plan, self.components, self.checkpoint = plan, components, checkpoint
+        self.restart, self.channels, self.launcher = restart, channels, launcher
+        self.storage, self.url, self.runtime, self.faults = storage, url, runtime, faults
+        self.secret = os.urandom(32)
+        self.server: CoordinatorServer | None = None
+        self.result: JobResult | None = None
+        self.error: BaseException | None = None
+        self._cancelled = False
+        self.thread = threading.Thread(target=self._run_guarded, name=f"epochal-driver-{plan.job}", daemon=True)
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        if self.server is not None:
+            self.server.fail("cancelled by the user")
+
+    def _run_guarded(self) -> None:
+        try:
+            self.result = self._run()
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.launcher.close()
+
+    def _run(self) -> JobResult:
+        t0 = time.monotonic()
+        failures: list[str] = []
+        restored_from: list = []
+        highest = max(self.storage._list_epochs(), default=0)  # includes incomplete epochs: never reuse an id
+        for generation in range(self.restart.max_attempts + 1):
+            latest = self.storage.latest_completed()
+            restore = None
+            if latest is not None:
+                epoch, meta = latest
+                restore = {"epoch": epoch, "tasks": meta["tasks"]}
+                highest = max(highest, epoch)
+            restored_from.append(restore["epoch"] if restore else None)
+            outcome, server = self._attempt(generation, restore, highest + 1)
+            highest = max(highest, server.highest_triggered)
+            if outcome.ok:
+                return JobResult(
+                    job=self.plan.job, guarantee=self.components.guarantee.value, runtime=self.runtime,
+                    attempts=generation + 1, failures=failures, completed_epochs=server.completed,
+                    aborted_epochs=server.aborted, task_metrics=outcome.task_metrics,
+                    duration_s=time.monotonic() - t0, checkpoint_root=f"{self.url}/{self.plan.job}",
+                    restored_from=restored_from,
+                )
+            failures.append(outcome.cause)
+            log.warning("job %s attempt %d failed: %s", self.plan.job, generation, outcome.cause.splitlines()[0]
+                        if outcome.cause else "")
+            if self._cancelled:
+                raise JobFailedError(f"job {self.plan.job!r} was cancelled", failures)
+            if generation < self.restart.max_attempts:
+                time.sleep(self.restart.delay)
+        raise JobFailedError(
+            f"job {self.plan.job!r} failed after {len(failures)} attempt(s) "
+            f"(restart.max_attempts={self.restart.max_attempts}); last cause: {failures[-1]}",
+            failures,
+        )
+
+    def _attempt(self, generation: int, restore: dict | None, first_epoch: int):
+        key = wire.derive_key(self.secret, self.plan.job, generation)
+        bind = self.launcher.bind_host
+        server = CoordinatorServer(self.plan, generation, key, self.storage, self.checkpoint, restore,
+                                   first_epoch, bind, lambda m: log.info("job %s: %s", self.plan.job, m))
+        self.server = server
+        attempt = AttemptSpec(self.plan, generation, key, server.address, self.components, self.channels,
+                              self.url, self.faults, bind)
+        try:
+            payload = cloudpickle.dumps(attempt)
+        except Exception as exc:
+            server.close()
+            raise EpochalError(f"job {self.plan.job!r}: the dataflow cannot be shipped to tasks "
+                               f"(a function or object is not picklable): {exc}") from exc
+
+        exited = threading.Event()
+
+        def on_exit(ok: bool, cause: str) -> None:
+            exited.set()
+            if not ok:
+                server.fail(cause)
+            elif server.outcome is None:
+                # all tasks returned: give the coordinator a moment to read their goodbyes
+                if server.wait(5.0) is None:
+                    server.fail("all tasks exited but the coordinator did not see the job finish")
+
+        self.launcher.launch(payload, len(self.plan.tasks), on_exit)
+        outcome: AttemptOutcome = server.wait()
+        if outcome.ok:
+            exited.wait(30.0)  # tasks said goodbye; let them exit on their own
+        self.launcher.cancel()  # stops whatever still runs (every task, after a failure)
+        server.close()
+        return outcome, server

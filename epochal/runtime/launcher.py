@@ -1,0 +1,108 @@
+"""Launchers start the tasks of one attempt somewhere: local processes or Spark.
+
+Both run the same task code (:func:`epochal.runtime.worker.run_task`); a launcher only
+decides where the processes live and how to stop them.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from abc import ABC, abstractmethod
+from typing import Callable
+
+OnExit = Callable[[bool, str], None]
+
+
+class Launcher(ABC):
+    """Starts and stops the tasks of one attempt at a time."""
+
+    #: the address tasks bind to and the coordinator listens on
+    bind_host: str = "127.0.0.1"
+
+    @abstractmethod
+    def launch(self, attempt: bytes, num_tasks: int, on_exit: OnExit) -> None:
+        """Start ``num_tasks`` tasks (index 0..n-1) without blocking; call ``on_exit(ok,
+        cause)`` once when they all ended (ok) or one of them failed."""
+
+    @abstractmethod
+    def cancel(self) -> None:
+        """Stop every task of the current attempt; returns once they are gone."""
+
+    def close(self) -> None:
+        """Release launcher resources at the end of the job."""
+
+
+class LocalLauncher(Launcher):
+    """Runs each task as a local process forked from a pre-imported zygote
+    (:mod:`epochal.runtime.zygote`): same task code as on Spark, fast start.
+
+    Used by most tests; the product path is :class:`~epochal.runtime.spark.SparkLauncher`.
+    """
+
+    def __init__(self):
+        from epochal.runtime import zygote
+
+        self._zygote_mod = zygote
+        self._proc = subprocess.Popen([sys.executable, "-m", "epochal.runtime.zygote"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self._lock = threading.Lock()
+        self._running: dict[int, int] = {}  # pid -> task index
+        self._attempt = 0
+        self._on_exit: OnExit | None = None
+        self._failed = False
+        self._expected = 0
+        self._all_gone = threading.Event()
+        threading.Thread(target=self._read, name="epochal-zygote-reader", daemon=True).start()
+
+    def _read(self) -> None:
+        fd = self._proc.stdout.fileno()
+        while True:
+            msg = self._zygote_mod.read_message(fd)
+            if msg is None:
+                return
+            with self._lock:
+                if msg[0] == "pid":
+                    self._running[msg[2]] = msg[1]
+                    continue
+                pid, code = msg[1], msg[2]
+                index = self._running.pop(pid, None)
+                self._expected -= 1
+                on_exit = self._on_exit
+                report = None
+                if code != 0 and not self._failed:
+                    self._failed = True
+                    report = (False, f"task process {index} exited with code {code}")
+                elif self._expected == 0 and not self._failed:
+                    report = (True, "")
+                if self._expected == 0:
+                    self._all_gone.set()
+            if report and on_exit:
+                on_exit(*report)
+
+    def launch(self, attempt: bytes, num_tasks: int, on_exit: OnExit) -> None:
+        with self._lock:
+            self._on_exit = on_exit
+            self._failed = False
+            self._expected = num_tasks
+            self._all_gone.clear()
+        for index in range(num_tasks):
+            self._zygote_mod.write_message(self._proc.stdin.fileno(), ("run", index, attempt))
+
+    def cancel(self) -> None:
+        with self._lock:
+            pids = list(self._running)
+        for pid in pids:
+            self._zygote_mod.write_message(self._proc.stdin.fileno(), ("kill", pid))
+        self._all_gone.wait(10)
+
+    def close(self) -> None:
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()

@@ -1,0 +1,94 @@
+"""The asynchronous part of a task snapshot (seed 004 §4.5.1, seed 001).
+
+At the barrier the task thread takes the *synchronous* part only — operator and source
+state (small), sink pre-commits, and the keyed backend's copy-on-write freeze — and hands
+a :class:`PendingUpload` to this uploader. The uploader serialises the keyed state,
+writes the task's state file to checkpoint storage and only then acknowledges the epoch
+to the coordinator, while the task thread keeps processing records.
+"""
+from __future__ import annotations
+
+import pickle
+import queue
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+STATE_FORMAT = 1
+
+
+@dataclass
+class PendingUpload:
+    epoch: int
+    operators: dict
+    source: Any
+    keyed_job: Any  # backend SnapshotJob or None
+    metrics: dict = field(default_factory=dict)
+
+
+def state_file_name(task_id: str) -> str:
+    """``"count[1]"`` → ``"count-1.state"`` (storage names avoid brackets)."""
+    return task_id.replace("[", "-").replace("]", "") + ".state"
+
+
+def encode_task_state(operators: dict, source, keyed: bytes | None) -> bytes:
+    return pickle.dumps({"format": STATE_FORMAT, "operators": operators, "source": source, "keyed": keyed},
+                        protocol=5)
+
+
+def decode_task_state(blob: bytes, where: str) -> dict:
+    state = pickle.loads(blob)
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise ValueError(f"{where}: not an epochal task state (format {state.get('format') if isinstance(state, dict) else '?'})")
+    return state
+
+
+class Uploader:
+    """One background thread per task; uploads in submission (= epoch) order, so the
+    task's acknowledgements reach the coordinator in epoch order."""
+
+    def __init__(self, task_id: str, storage, send: Callable[[tuple], None], faults):
+        self.task_id = task_id
+        self.storage = storage
+        self.send = send
+        self.faults = faults
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name=f"epochal-upload-{task_id}", daemon=True)
+        self._thread.start()
+        self.failed: BaseException | None = None
+
+    def submit(self, upload: PendingUpload) -> None:
+        self._queue.put(upload)
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while True:
+            upload = self._queue.get()
+            if upload is None:
+                return
+            t0 = time.monotonic()
+            try:
+                keyed = upload.keyed_job.run() if upload.keyed_job is not None else None
+                blob = encode_task_state(upload.operators, upload.source, keyed)
+                self.faults.on_upload(upload.epoch)
+                handle = self.storage.write_state(upload.epoch, state_file_name(self.task_id), blob)
+            except Exception as exc:  # storage errors decline the epoch; the task keeps running
+                if upload.keyed_job is not None:
+                    upload.keyed_job.release()
+                reason = f"{type(exc).__name__}: {exc}"
+                try:
+                    self.send(("decline", upload.epoch, self.task_id, f"task {self.task_id}: snapshot upload failed: {reason}"))
+                except Exception:
+                    self.failed = exc
+                    return
+                continue
+            metrics = dict(upload.metrics, upload_s=time.monotonic() - t0, bytes=handle.size)
+            try:
+                self.send(("ack", upload.epoch, {"task": self.task_id, "handle": asdict(handle), "metrics": metrics}))
+            except Exception as exc:
+                self.failed = exc
+                return

@@ -1,0 +1,312 @@
+"""The physical task: one long-running process, one mailbox thread.
+
+The task thread is the only thread that touches operators, state and the source reader.
+Helper threads only move bytes: input readers fill per-channel queues, credit readers
+update credits, the control reader queues coordinator messages, the uploader writes
+snapshots. They all wake the task thread through one condition variable ``cv``.
+
+Per step the task thread (1) handles coordinator messages, (2) a source polls its reader
+or a regular task takes the next message from a non-blocked input channel, (3) flushes
+batches that lingered. Barriers go to the barrier handler picked by the guarantee
+factory (aligned: seed 004 Alg. 6; tracker: §4.5.4); sources inject barriers when the
+coordinator triggers an epoch (Alg. 5).
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import traceback
+
+from epochal.backends.heap import HeapStateBackend
+from epochal.backends.storage import CheckpointStorage, StateHandle
+from epochal.epochs.barrier import Barrier
+from epochal.errors import EpochalError, OperatorError
+from epochal.operators.base import OperatorContext
+from epochal.operators.factory import create_operator
+from epochal.runtime import wire
+from epochal.runtime.attempt import AttemptSpec
+from epochal.runtime.channels import BARRIER, DATA, END, ChannelFailure, InputGate, OutputChannel
+from epochal.runtime.restore import RestoredState, load_restored_state
+from epochal.runtime.router import Router
+from epochal.runtime.snapshots import PendingUpload, Uploader
+from epochal.testing import FaultInjector
+
+
+class TaskCancelled(EpochalError):
+    """The coordinator cancelled this attempt (another task failed) or went away."""
+
+
+class Task:
+    """Runs task ``index`` of an attempt until the coordinator says ``finish``."""
+
+    def __init__(self, attempt: AttemptSpec, index: int):
+        self.attempt = attempt
+        self.plan = attempt.plan
+        self.spec = attempt.plan.tasks[index]
+        self.cv = threading.Condition()
+        self.control: collections.deque = collections.deque()
+        self.cancelled: str | None = None
+        self.finished = False
+        self.exhausted = False
+        self.reader = None
+        self.coordinator: wire.Connection | None = None
+        self.server: wire.Server | None = None
+        self.outputs: dict[str, OutputChannel] = {}
+        self.uploader: Uploader | None = None
+        self.faults = FaultInjector(attempt.faults, self.spec.chain, self.spec.subtask, attempt.generation)
+        self.gate = InputGate(self.spec.inputs, attempt.channels.credits, self.cv)
+        self.handler = attempt.components.barrier_handler(len(self.spec.inputs))
+        self.metrics = {"task": self.spec.id, "source": self.spec.is_source, "records_in": 0, "snapshots": 0, "alignment_s": [], "sync_s": []}
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self) -> dict:
+        try:
+            start = self._connect()
+            self._setup(start)
+            self._loop()
+            return self._final_metrics()
+        except BaseException as exc:
+            self._report_failure(exc)
+            raise
+        finally:
+            self._teardown()
+
+    def _connect(self) -> tuple:
+        key = self.attempt.key
+        if self.spec.inputs:
+            self.server = wire.Server(key, self.gate.attach, host=self.attempt.bind_host, name=self.spec.id)
+            address = (self.attempt.bind_host, self.server.address[1])
+        else:
+            address = None
+        self.coordinator = wire.connect(
+            self.attempt.coordinator, key, {"task": self.spec.id, "generation": self.attempt.generation}
+        )
+        self.coordinator.send(("hello", self.spec.id, address))
+        start = self.coordinator.recv()
+        if start[0] != "start":
+            raise TaskCancelled(f"task {self.spec.id}: coordinator sent {start[0]!r} instead of start")
+        threading.Thread(target=self._read_control, name=f"epochal-control-{self.spec.id}", daemon=True).start()
+        return start
+
+    def _read_control(self) -> None:
+        try:
+            while True:
+                msg = self.coordinator.recv()
+                with self.cv:
+                    self.control.append(msg)
+                    self.cv.notify_all()
+        except Exception as exc:
+            with self.cv:
+                self.control.append(("lost", str(exc)))
+                self.cv.notify_all()
+
+    def _setup(self, start) -> None:
+        _, addresses, restore = start
+        key = self.attempt.key
+        for gate in self.spec.outputs:
+            for cid in gate.channels:
+                consumer = self.plan.channels[cid].consumer
+                conn = wire.connect(tuple(addresses[consumer]), key, {"channel": cid})
+                self.outputs[cid] = OutputChannel(cid, conn, self.cv)
+        ch = self.attempt.channels
+        self.router = Router(self.spec.outputs, self.outputs, ch.batch_size, ch.linger,
+                             self.plan.max_parallelism, self.spec.id, self._check_cancelled)
+        storage = CheckpointStorage(self.attempt.storage_url, self.plan.job)
+        self.uploader = Uploader(self.spec.id, storage, self._send, self.faults)
+        restored: RestoredState = load_restored_state(self.plan, self.spec, restore, storage)
+
+        self.backend = None
+        if len(self.spec.key_groups):
+            self.backend = HeapStateBackend(self.spec.key_groups)
+            if restored.keyed:
+                self.backend.restore(restored.keyed)
+        nodes = self.plan.nodes
+        op_names = self.spec.chain[1:] if self.spec.is_source else self.spec.chain
+        self.operators = []
+        for name in op_names:
+            ctx = OperatorContext(
+                operator=name, task=self.spec.id, subtask=self.spec.subtask, parallelism=self.spec.parallelism,
+                generation=self.attempt.generation, job=self.plan.job, max_parallelism=self.plan.max_parallelism,
+                keyed_backend=self.backend, key_groups=self.spec.key_groups,
+                extras={"sink_mode": self.attempt.components.sink_mode},
+            )
+            op = self.faults.wrap(name, create_operator(nodes[name], ctx))
+            op.restore(restored.operators.get(name))
+            self.operators.append(op)
+        if self.spec.is_source:
+            source = nodes[self.spec.chain[0]].payload
+            self.reader = source.create_reader(
+                list(self.spec.source_splits), restored.source,
+                subtask=self.spec.subtask, parallelism=self.spec.parallelism,
+            )
+        self._send(("running", self.spec.id))
+
+    def _teardown(self) -> None:
+        if self.uploader:
+            self.uploader.close()
+        for out in self.outputs.values():
+            out.close()
+        self.gate.close()
+        if self.server:
+            self.server.close()
+        if self.reader is not None:
+            try:
+                self.reader.close()
+            except Exception:
+                pass
+        if self.coordinator:
+            self.coordinator.close()
+
+    def _send(self, message: tuple) -> None:
+        self.coordinator.send(message)
+
+    def _report_failure(self, exc: BaseException) -> None:
+        if self.coordinator is None or isinstance(exc, TaskCancelled):
+            return
+        if isinstance(exc, (OperatorError, EpochalError)):
+            cause = str(exc)
+        else:
+            cause = f"task {self.spec.id}: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
+        try:
+            self._send(("failed", self.spec.id, cause))
+        except Exception:
+            pass
+
+    def _check_cancelled(self) -> None:
+        """Raise if the coordinator cancelled the attempt (checked while blocked on credit)."""
+        for msg in list(self.control):
+            if msg[0] in ("cancel", "lost"):
+                raise TaskCancelled(f"task {self.spec.id}: {msg[0]}: {msg[1] if len(msg) > 1 else ''}")
+
+    # ------------------------------------------------------------------ main loop
+    def _loop(self) -> None:
+        linger = self.attempt.channels.linger
+        while not self.finished:
+            self._drain_control()
+            if self.finished:
+                return
+            progressed = self._step_source() if self.spec.is_source else self._step_inputs()
+            self.router.flush_if_lingering(time.monotonic())
+            if not progressed:
+                with self.cv:
+                    if self.control or self._input_ready():
+                        continue
+                    timeout = linger if self.router.oldest_unsent is not None else 0.05
+                    if self.spec.is_source and not self.exhausted:
+                        timeout = min(timeout, 0.002)
+                    self.cv.wait(timeout)
+
+    def _input_ready(self) -> bool:
+        blocked = self.handler.blocked_channels
+        return any(q and i not in blocked for i, q in enumerate(self.gate.queues))
+
+    def _step_source(self) -> bool:
+        if self.exhausted:
+            return False
+        poll = self.reader.poll(self.attempt.channels.batch_size)
+        if poll.records:
+            self.metrics["records_in"] += len(poll.records)
+            self._process(poll.records)
+        if poll.request_epoch:
+            self._send(("request_epoch", self.spec.id))
+        if poll.finished:
+            self.exhausted = True
+            self.router.flush()
+            self._send(("exhausted", self.spec.id))
+        return bool(poll.records) or not poll.idle
+
+    def _step_inputs(self) -> bool:
+        item = self.gate.poll(self.handler.blocked_channels)
+        if item is None:
+            return False
+        channel, msg = item
+        kind = msg[0]
+        if kind == DATA:
+            self.metrics["records_in"] += len(msg[1])
+            self._process(msg[1])
+        elif kind == BARRIER:
+            self._on_barrier(channel, Barrier(msg[1], msg[2]))
+        elif kind == END:
+            self.gate.ended[channel] = True
+        else:  # "!" — the producer vanished without an end of stream
+            raise ChannelFailure(f"task {self.spec.id}: {msg[1]}")
+        return True
+
+    def _process(self, records: list) -> None:
+        for op in self.operators:
+            records = op.process_batch(records)
+            if not records:
+                return
+        self.router.route(records)
+
+    # ------------------------------------------------------------------ epochs
+    def _on_barrier(self, channel: int, barrier: Barrier) -> None:
+        result = self.handler.on_barrier(channel, barrier)
+        for epoch in result.aborted_epochs:
+            self._send(("decline", epoch, self.spec.id, f"task {self.spec.id}: barrier handler gave up epoch {epoch}"))
+        if result.snapshot_epoch is None:
+            if self.handler.pending_epoch == barrier.epoch:
+                self.faults.on_alignment(barrier.epoch)
+            return
+        self.metrics["alignment_s"].append(self.handler.last_alignment_duration)
+        self._snapshot_and_forward(result.snapshot_epoch, barrier.timestamp)
+
+    def _snapshot_and_forward(self, epoch: int, timestamp: float) -> None:
+        """Synchronous part of the snapshot of ``epoch``, then forward the barrier.
+
+        Everything processed so far belongs to epochs ≤ ``epoch`` and nothing after;
+        buffered output is flushed before the barrier so it precedes it on every channel.
+        """
+        t0 = time.monotonic()
+        self.router.flush()
+        operators = {}
+        for op in self.operators:
+            state = op.snapshot(epoch)  # sinks pre-commit here (seed 004 §4.1.3, prepare)
+            if state is not None:
+                operators[op.ctx.operator] = state
+        source = self.reader.snapshot() if self.reader is not None else None
+        keyed_job = self.backend.snapshot(epoch) if self.backend is not None else None
+        self.router.broadcast((BARRIER, epoch, timestamp))
+        sync = time.monotonic() - t0
+        self.metrics["sync_s"].append(sync)
+        self.metrics["snapshots"] += 1
+        self.uploader.submit(PendingUpload(epoch, operators, source, keyed_job,
+                                           {"sync_s": sync, "alignment_s": self.handler.last_alignment_duration
+                                            if self.spec.inputs else 0.0}))
+
+    def _drain_control(self) -> None:
+        while self.control:
+            msg = self.control.popleft()
+            kind = msg[0]
+            if kind == "trigger":
+                if self.spec.is_source:
+                    self._snapshot_and_forward(msg[1], msg[2])
+            elif kind == "complete":
+                self.faults.on_epoch_complete(msg[1])
+                for op in self.operators:
+                    self.faults.on_commit(op.ctx.operator, msg[1])
+                    op.notify_epoch_complete(msg[1])
+            elif kind == "abort":
+                result = self.handler.abort_epoch(msg[1])
+                del result
+            elif kind == "finish":
+                self._finish()
+                return
+            elif kind in ("cancel", "lost"):
+                raise TaskCancelled(f"task {self.spec.id}: {kind}: {msg[1] if len(msg) > 1 else ''}")
+
+    def _finish(self) -> None:
+        """Clean end: the final epoch completed, so nothing is in flight anywhere."""
+        for op in self.operators:
+            op.close()
+        self.router.broadcast((END,))
+        self.finished = True
+        self._send(("finished", self.spec.id, self._final_metrics()))
+
+    def _final_metrics(self) -> dict:
+        m = dict(self.metrics)
+        m["records_out"] = self.router.records_out
+        m["backpressure_s"] = sum(o.blocked_seconds for o in self.outputs.values())
+        m["max_buffered_batches"] = self.gate.buffered_batches_max
+        return m

@@ -1,0 +1,193 @@
+"""Authenticated, framed TCP connections between tasks and to the coordinator.
+
+Every connection starts with a mutual HMAC-SHA256 challenge-response over the job key
+(derived from the job's random secret and the attempt's generation, so a zombie task
+of an older generation cannot even connect). Until both sides proved the key, only
+fixed-size nonces, MACs and a small JSON hello cross the wire — nothing is unpickled.
+After the handshake, frames (4-byte length + payload) carry pickled messages between
+peers of the same job and generation.
+
+Integrity/confidentiality of the frames after the handshake is not protected (no TLS):
+run clusters on a trusted network.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import pickle
+import socket
+import struct
+import threading
+
+from epochal.errors import EpochalError
+
+MAGIC = b"EPOCHAL1"
+NONCE = 32
+MAC = 32
+MAX_FRAME = 1 << 30
+HANDSHAKE_TIMEOUT = 10.0
+_LEN = struct.Struct("!I")
+
+
+class AuthenticationError(EpochalError):
+    """A peer failed the handshake (wrong job, older generation, or not epochal)."""
+
+
+class ConnectionClosed(EpochalError):
+    """The peer closed the connection (or it broke) while we were reading."""
+
+
+def derive_key(secret: bytes, job: str, generation: int) -> bytes:
+    """Per-attempt key: peers of another job or generation cannot authenticate."""
+    return hmac.new(secret, f"epochal:{job}:{generation}".encode(), hashlib.sha256).digest()
+
+
+def _mac(key: bytes, *parts: bytes) -> bytes:
+    return hmac.new(key, b"|".join(parts), hashlib.sha256).digest()
+
+
+class Connection:
+    """A framed message connection over an authenticated socket.
+
+    ``send`` may be called from several threads (it is locked); ``recv`` from one.
+    """
+
+    def __init__(self, sock: socket.socket, peer_hello: dict | None = None):
+        self.sock = sock
+        self.peer_hello = peer_hello or {}
+        self._send_lock = threading.Lock()
+        self._closed = False
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def send_bytes(self, payload: bytes) -> None:
+        header = _LEN.pack(len(payload))
+        with self._send_lock:
+            if len(payload) < 65536:  # one syscall for small frames
+                self.sock.sendall(header + payload)
+            else:  # avoid copying large payloads
+                self.sock.sendall(header)
+                self.sock.sendall(payload)
+
+    def send(self, message) -> None:
+        self.send_bytes(pickle.dumps(message, protocol=5))
+
+    def recv_bytes(self) -> bytes:
+        (n,) = _LEN.unpack(_recv_exact(self.sock, 4))
+        if n > MAX_FRAME:
+            raise ConnectionClosed(f"frame of {n} bytes exceeds the {MAX_FRAME} byte limit")
+        return _recv_exact(self.sock, n)
+
+    def recv(self):
+        return pickle.loads(self.recv_bytes())
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        try:
+            k = sock.recv_into(view[got:], n - got)
+        except OSError as exc:
+            raise ConnectionClosed(str(exc)) from exc
+        if k == 0:
+            raise ConnectionClosed("connection closed by peer")
+        got += k
+    return bytes(buf)
+
+
+def connect(address: tuple[str, int], key: bytes, hello: dict, timeout: float = HANDSHAKE_TIMEOUT) -> Connection:
+    """Client side: connect, prove the key, check the server proves it too, send ``hello``."""
+    sock = socket.create_connection(address, timeout=timeout)
+    try:
+        sock.settimeout(timeout)
+        head = _recv_exact(sock, len(MAGIC) + NONCE)
+        if head[: len(MAGIC)] != MAGIC:
+            raise AuthenticationError(f"{address}: not an epochal endpoint")
+        server_nonce = head[len(MAGIC):]
+        client_nonce = os.urandom(NONCE)
+        hello_bytes = json.dumps(hello).encode()
+        sock.sendall(client_nonce + _mac(key, b"client", server_nonce, client_nonce, hello_bytes)
+                     + _LEN.pack(len(hello_bytes)) + hello_bytes)
+        proof = _recv_exact(sock, MAC)
+        if not hmac.compare_digest(proof, _mac(key, b"server", client_nonce, server_nonce)):
+            raise AuthenticationError(f"{address}: server failed authentication (another job or generation)")
+        return Connection(sock)
+    except BaseException:
+        sock.close()
+        raise
+
+
+def accept_handshake(sock: socket.socket, key: bytes, timeout: float = HANDSHAKE_TIMEOUT) -> Connection:
+    """Server side of :func:`connect`; raises AuthenticationError for a wrong key."""
+    sock.settimeout(timeout)
+    server_nonce = os.urandom(NONCE)
+    sock.sendall(MAGIC + server_nonce)
+    client_nonce = _recv_exact(sock, NONCE)
+    mac = _recv_exact(sock, MAC)
+    (n,) = _LEN.unpack(_recv_exact(sock, 4))
+    if n > 4096:
+        raise AuthenticationError("hello too large")
+    hello_bytes = _recv_exact(sock, n)
+    if not hmac.compare_digest(mac, _mac(key, b"client", server_nonce, client_nonce, hello_bytes)):
+        raise AuthenticationError("client failed authentication (another job or generation)")
+    sock.sendall(_mac(key, b"server", client_nonce, server_nonce))
+    return Connection(sock, json.loads(hello_bytes))
+
+
+class Server:
+    """A listening socket whose accept loop authenticates peers and hands connections on.
+
+    Peers that fail the handshake are dropped (and counted in ``rejected``); they never
+    reach ``on_connection``.
+    """
+
+    def __init__(self, key: bytes, on_connection, host: str = "127.0.0.1", name: str = "server"):
+        self.key = key
+        self.on_connection = on_connection
+        self.rejected = 0
+        self._sock = socket.create_server((host, 0), backlog=128)
+        self.address = self._sock.getsockname()[:2]
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name=f"epochal-{name}-accept", daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        while not self._stopped:
+            try:
+                sock, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handshake, args=(sock,), daemon=True).start()
+
+    def _handshake(self, sock):
+        try:
+            conn = accept_handshake(sock, self.key)
+        except (AuthenticationError, ConnectionClosed, OSError, ValueError):
+            self.rejected += 1
+            sock.close()
+            return
+        if self._stopped:
+            conn.close()
+            return
+        self.on_connection(conn)
+
+    def close(self):
+        self._stopped = True
+        try:
+            self._sock.close()
+        except OSError:
+            pass

@@ -1,0 +1,13 @@
+"""Replayable sources: offsets snapshotted at every epoch barrier (seed 004 Alg. 5, §4.1.3.1)."""
+from epochal.sources.base import Poll, Source, SourceReader
+from epochal.sources.collection import CollectionSource, GeneratorSource
+from epochal.sources.files import DirectorySource
+
+__all__ = [
+    "CollectionSource",
+    "DirectorySource",
+    "GeneratorSource",
+    "Poll",
+    "Source",
+    "SourceReader",
+]

@@ -1,0 +1,33 @@
+"""Shared fixtures: one embedded local Spark session for the whole test run."""
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+logging.getLogger("py4j").setLevel(logging.WARNING)
+
+SPARK_SLOTS = 16
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A local SparkSession with enough slots for every test's task count."""
+    from epochal.runtime.spark import _local_session
+
+    return _local_session(SPARK_SLOTS)
+
+
+def pytest_configure(config):
+    # Test helper modules are not installed in task processes: ship their functions and
+    # classes by value, as users' __main__ code is.
+    import sys
+
+    import cloudpickle
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    import pipelines
+
+    cloudpickle.register_pickle_by_value(pipelines)

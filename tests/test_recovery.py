@@ -1,0 +1,116 @@
+"""Golden-run tests: the same pipeline with and without injected faults.
+
+Exactly-once output must equal the failure-free output as a multiset; at-least-once
+output must contain every golden record. Each fault fires in the first attempt only,
+so the job recovers from the latest completed epoch and finishes.
+"""
+from __future__ import annotations
+
+import pytest
+
+import epochal as ep
+from epochal.testing import CrashAtRecord, CrashDuringAlignment, CrashDuringCommit, CrashDuringSnapshotUpload
+
+from pipelines import contains_all, join, output, unique_dir, wordcount
+
+CKPT = dict(interval=0.05)
+RESTART = ep.RestartStrategy(max_attempts=3, delay=0)
+# Small batches and a throttle keep several epochs inside each run, so faults land
+# between checkpoints and recovery really restores state (asserted below).
+CHANNELS = ep.ChannelConfig(batch_size=32, linger="2ms")
+
+
+def _run(flow, tmp_path, runtime, spark=None, guarantee="exactly-once", faults=(), **ckpt):
+    cfg = ep.CheckpointConfig(storage="file://" + unique_dir(tmp_path, "ckpt"), **{**CKPT, **ckpt})
+    return flow.run(guarantee=guarantee, checkpoint=cfg, restart=RESTART, channels=CHANNELS,
+                    runtime=runtime, spark=spark, faults=faults)
+
+
+@pytest.fixture(scope="module")
+def golden_wordcount(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("golden")
+    out = str(tmp / "out")
+    _run(wordcount("wc", out), tmp, "local")
+    return output(out)
+
+
+@pytest.fixture(scope="module")
+def golden_join(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("golden-join")
+    out = str(tmp / "out")
+    _run(join("join", out), tmp, "local")
+    return output(out)
+
+
+FAULTS = {
+    "reduce-raises-at-record": [CrashAtRecord("count", record=1500, subtask=1, after_epoch=2)],
+    "split-process-exits": [CrashAtRecord("split", record=300, how="exit", after_epoch=2)],
+    "crash-during-alignment": [CrashDuringAlignment("bucket", epoch=3, subtask=0)],
+    "process-dies-during-upload": [CrashDuringSnapshotUpload("count", epoch=3, how="exit")],
+    "sink-crashes-during-commit": [CrashDuringCommit("out", epoch=3, subtask=1)],
+    "two-faults-two-attempts": [CrashAtRecord("count", record=900, after_epoch=2),
+                                CrashAtRecord("bucket", record=300, generation=1, how="exit", after_epoch=1)],
+}
+
+
+def _assert_recovered_from_checkpoint(result, faults):
+    """The faulty run really restored state: every restart began from a completed epoch."""
+    assert result.attempts == 1 + len({f.generation for f in faults}), result.failures
+    assert all(e is not None for e in result.restored_from[1:]), result.restored_from
+
+
+@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_wordcount_recovers_local(tmp_path, golden_wordcount, fault, guarantee):
+    out = unique_dir(tmp_path, "out")
+    result = _run(wordcount("wc", out), tmp_path, "local", guarantee=guarantee, faults=FAULTS[fault])
+    _assert_recovered_from_checkpoint(result, FAULTS[fault])
+    got = output(out)
+    if guarantee == "exactly-once":
+        assert got == golden_wordcount
+    else:
+        assert contains_all(got, golden_wordcount)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("fault", ["reduce-raises-at-record", "split-process-exits", "crash-during-alignment",
+                                   "process-dies-during-upload"])
+def test_wordcount_recovers_on_spark(tmp_path, spark, golden_wordcount, fault):
+    out = unique_dir(tmp_path, "out")
+    result = _run(wordcount("wc", out), tmp_path, "spark", spark=spark, faults=FAULTS[fault])
+    assert result.runtime == "spark"
+    _assert_recovered_from_checkpoint(result, FAULTS[fault])
+    assert output(out) == golden_wordcount
+
+
+@pytest.mark.spark
+def test_wordcount_golden_on_spark_equals_local(tmp_path, spark, golden_wordcount):
+    out = unique_dir(tmp_path, "out")
+    _run(wordcount("wc", out), tmp_path, "spark", spark=spark)
+    assert output(out) == golden_wordcount
+
+
+@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
+@pytest.mark.parametrize("faults", [
+    [CrashAtRecord("join", record=300, subtask=2, after_epoch=2)],
+    [CrashAtRecord("paid", record=1, how="exit", after_epoch=1),
+     CrashDuringAlignment("join", epoch=2, subtask=1, generation=1)],
+], ids=["join-raises", "source-exits-then-alignment-crash"])
+def test_join_of_two_sources_recovers_local(tmp_path, golden_join, faults, guarantee):
+    out = unique_dir(tmp_path, "out")
+    result = _run(join("join", out), tmp_path, "local", guarantee=guarantee, faults=faults)
+    _assert_recovered_from_checkpoint(result, faults)
+    got = output(out)
+    if guarantee == "exactly-once":
+        assert got == golden_join
+    else:
+        assert contains_all(got, golden_join)
+
+
+@pytest.mark.spark
+def test_join_recovers_on_spark(tmp_path, spark, golden_join):
+    out = unique_dir(tmp_path, "out")
+    result = _run(join("join", out), tmp_path, "spark", spark=spark,
+                  faults=[CrashAtRecord("join", record=300, subtask=1, how="exit", after_epoch=2)])
+    assert result.attempts == 2 and result.restored_from[1] is not None, result.failures
+    assert output(out) == golden_join
