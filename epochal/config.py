@@ -6,6 +6,7 @@ validation error names the offending config key.
 from __future__ import annotations
 
 import enum
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -15,14 +16,17 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")
 _UNIT = {None: 1.0, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
-def parse_duration(value, key: str) -> float | None:
-    """Seconds from ``1.5``, ``"200ms"``, ``"1s"``, ``"2min"``; ``None`` stays ``None``.
+def parse_duration(value, key: str, *, optional: bool = False) -> float | None:
+    """Seconds from ``1.5``, ``"200ms"``, ``"1s"``, ``"2min"``; ``None`` only if ``optional``.
 
     Raises:
-        ConfigError: naming ``key`` when the value is negative or unparseable.
+        ConfigError: naming ``key`` when the value is missing, negative, not finite or
+            unparseable.
     """
     if value is None:
-        return None
+        if optional:
+            return None
+        raise ConfigError(f"{key}: a duration is required, got None")
     if isinstance(value, bool):
         raise ConfigError(f"{key}: expected a duration, got {value!r}")
     if isinstance(value, (int, float)):
@@ -32,8 +36,8 @@ def parse_duration(value, key: str) -> float | None:
         if not m:
             raise ConfigError(f"{key}: cannot parse duration {value!r} (use e.g. 0.5, '200ms', '1s', '2min')")
         seconds = float(m.group(1)) * _UNIT[m.group(2)]
-    if seconds < 0:
-        raise ConfigError(f"{key}: duration must be >= 0, got {value!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigError(f"{key}: duration must be finite and >= 0, got {value!r}")
     return seconds
 
 
@@ -82,7 +86,7 @@ class CheckpointConfig:
     retained: int = 2
 
     def __post_init__(self):
-        object.__setattr__(self, "interval", parse_duration(self.interval, "checkpoint.interval"))
+        object.__setattr__(self, "interval", parse_duration(self.interval, "checkpoint.interval", optional=True))
         if self.interval is not None and self.interval <= 0:
             raise ConfigError("checkpoint.interval: must be > 0 (or None to disable periodic epochs)")
         object.__setattr__(self, "timeout", parse_duration(self.timeout, "checkpoint.timeout"))

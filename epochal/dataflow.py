@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
+from epochal.backends.keygroups import MAX_MAX_PARALLELISM
 from epochal.errors import PipelineDefinitionError
 from epochal.graph import FORWARD, Input, Node, NodeKind, PartitionKind, Partitioning
 
@@ -39,6 +40,10 @@ class Dataflow:
         _check_name(name, "dataflow")
         _check_parallelism(parallelism, f"dataflow {name!r}")
         _check_parallelism(max_parallelism, f"dataflow {name!r} max_parallelism")
+        if max_parallelism > MAX_MAX_PARALLELISM:
+            raise PipelineDefinitionError(
+                f"dataflow {name!r}: max_parallelism {max_parallelism} exceeds the limit {MAX_MAX_PARALLELISM}"
+            )
         self.name = name
         self.parallelism = parallelism
         self.max_parallelism = max_parallelism
@@ -56,7 +61,8 @@ class Dataflow:
             raise PipelineDefinitionError(
                 f"source {name!r}: expected an epochal.sources.Source, got {type(source).__name__}"
             )
-        node = self._add(Node(name, NodeKind.SOURCE, (), parallelism or self.parallelism, source))
+        node = self._add(Node(name, NodeKind.SOURCE, (), self.parallelism if parallelism is None else parallelism,
+                              source))
         return Stream(self, (Input(node.name, FORWARD),))
 
     def _add(self, node: Node) -> Node:
@@ -119,7 +125,8 @@ class Stream:
 
     def _then(self, kind: NodeKind, name: str, payload, parallelism, key_fn=None, extra=()) -> Node:
         return self._flow._add(
-            Node(name, kind, self._ports, parallelism or self._default_parallelism(), payload, key_fn, extra)
+            Node(name, kind, self._ports, self._default_parallelism() if parallelism is None else parallelism,
+                 payload, key_fn, extra)
         )
 
     def map(self, name: str, fn: Callable, *, parallelism: int | None = None) -> "Stream":
@@ -209,7 +216,7 @@ class KeyedStream(Stream):
 
 
 def _check_name(name, what: str) -> None:
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise PipelineDefinitionError(
             f"{what} name {name!r} is invalid: use letters, digits, '_', '-', '.'"
         )

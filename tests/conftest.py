@@ -12,6 +12,14 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 SPARK_SLOTS = 16
 
 
+@pytest.fixture(autouse=True)
+def _ship_test_module_by_value(request):
+    """Task processes cannot import test modules: pickle their functions by value."""
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(request.module)
+
+
 @pytest.fixture(scope="session")
 def spark():
     """A local SparkSession with enough slots for every test's task count."""

@@ -5,7 +5,6 @@ from dataclasses import dataclass
 
 from epochal.alignment.factory import GuaranteeComponents
 from epochal.config import ChannelConfig
-from epochal.plan import PhysicalPlan
 
 
 @dataclass(frozen=True)
@@ -20,12 +19,16 @@ class RestorePoint:
 class AttemptSpec:
     """One attempt (generation) of a job, as shipped to every task.
 
+    The spec itself holds only epochal and standard types; the user's code travels in
+    ``plan_blob`` so a task that cannot load it (a module missing on the worker) can still
+    reach the coordinator and report why.
+
     ``key`` is the per-attempt connection key (:func:`epochal.runtime.wire.derive_key`);
     it travels inside the task closure through the launcher (Spark's own task channel or
     a local process pipe), never over epochal's data connections.
     """
 
-    plan: PhysicalPlan
+    plan_blob: bytes  # cloudpickled PhysicalPlan: user code, loaded inside the task
     generation: int
     key: bytes
     coordinator: tuple[str, int]

@@ -41,6 +41,7 @@ class InputGate:
         self.conns: list[Connection | None] = [None] * len(channel_ids)
         self.ended = [False] * len(channel_ids)
         self._owed = [0] * len(channel_ids)
+        self._data_buffered = [0] * len(channel_ids)  # data batches queued (bounded by credits)
         self._next = 0
         self.buffered_batches_max = 0
 
@@ -71,8 +72,10 @@ class InputGate:
                 msg = conn.recv()
                 with self.cv:
                     q.append(msg)
-                    if len(q) > self.buffered_batches_max:
-                        self.buffered_batches_max = len(q)
+                    if msg[0] == DATA:
+                        self._data_buffered[i] += 1
+                        if self._data_buffered[i] > self.buffered_batches_max:
+                            self.buffered_batches_max = self._data_buffered[i]
                     self.cv.notify_all()
                 if msg[0] == END:
                     return
@@ -93,9 +96,14 @@ class InputGate:
                 self._next = (i + 1) % n
                 msg = self.queues[i].popleft()
                 if msg[0] == DATA:
+                    with self.cv:
+                        self._data_buffered[i] -= 1
                     self._owed[i] += 1
                     if self._owed[i] * 2 >= self.credits:
-                        self.conns[i].send((CREDIT, self._owed[i]))
+                        try:
+                            self.conns[i].send((CREDIT, self._owed[i]))
+                        except OSError as exc:
+                            raise ChannelFailure(f"input channel {self.channel_ids[i]} broke: {exc}") from exc
                         self._owed[i] = 0
                 return i, msg
         return None
@@ -147,12 +155,18 @@ class OutputChannel:
                     self.cv.wait(0.1)
                 self.blocked_seconds += time.monotonic() - t0
             self.credits -= 1
-        self.conn.send((DATA, records))
+        self._send((DATA, records))
+
+    def _send(self, message: tuple) -> None:
+        try:
+            self.conn.send(message)
+        except OSError as exc:
+            raise ChannelFailure(f"output channel {self.cid} broke: {exc}") from exc
 
     def send_event(self, message: tuple) -> None:
         if self.broken and message[0] != END:
             raise ChannelFailure(self.broken)
-        self.conn.send(message)
+        self._send(message)
 
     def close(self) -> None:
         self.conn.close()

@@ -28,6 +28,9 @@ from epochal.epochs.pending import TriggerReason
 from epochal.runtime import wire
 
 TICK = 0.005
+#: how long a secondary failure (a broken channel, usually the echo of another task's
+#: failure) waits for the primary cause before it ends the attempt itself
+SECONDARY_GRACE = 0.5
 
 
 @dataclass
@@ -36,6 +39,7 @@ class AttemptOutcome:
 
     ok: bool
     cause: str = ""
+    fatal: bool = False  # retrying cannot help (the tasks cannot even load the dataflow)
     task_metrics: dict = field(default_factory=dict)
 
 
@@ -62,6 +66,8 @@ class CoordinatorServer:
         self.aborted: list[dict] = []
         self.highest_triggered = first_epoch - 1
         self.inbox: queue.Queue = queue.Queue()
+        self._secondary: tuple[float, str] | None = None
+        self._reported: set[str] = set()  # tasks that sent their own failure report
         self.outcome: AttemptOutcome | None = None
         self._done = threading.Event()
         self.server = wire.Server(key, self._on_connection, host=bind_host, name="coordinator")
@@ -74,9 +80,11 @@ class CoordinatorServer:
         """Manual trigger from the API (thread-safe)."""
         self.inbox.put(("manual",))
 
-    def fail(self, cause: str) -> None:
-        """Fail the attempt from outside (e.g. the launcher saw a task die)."""
-        self.inbox.put(("external_failure", cause))
+    def fail(self, cause: str, secondary: bool = False) -> None:
+        """Fail the attempt from outside: the user cancelled, or (``secondary``) the launcher
+        saw a task process die — the task's own report, if it arrives within the grace
+        period, is the better cause."""
+        self.inbox.put(("failed", "driver", cause, {"secondary": secondary}))
 
     def wait(self, timeout: float | None = None) -> AttemptOutcome | None:
         self._done.wait(timeout)
@@ -92,6 +100,10 @@ class CoordinatorServer:
         try:
             hello = conn.recv()
         except Exception:
+            conn.close()
+            return
+        if hello[0] == "setup_failed":
+            self.inbox.put(("failed", f"#{hello[1]}", hello[2], {"fatal": True}))
             conn.close()
             return
         if hello[0] != "hello" or hello[1] not in self.tasks:
@@ -132,6 +144,8 @@ class CoordinatorServer:
                             self._handle(self.inbox.get_nowait())
                         except queue.Empty:
                             break
+                if self._secondary is not None and time.monotonic() >= self._secondary[0]:
+                    self._finish_attempt(False, self._secondary[1])
                 if self.outcome is None and self.started:
                     self._tick(time.monotonic())
             except Exception as exc:  # a coordinator bug or storage failure fails the attempt
@@ -187,13 +201,17 @@ class CoordinatorServer:
             if len(self.finished) == len(self.tasks):
                 self._finish_attempt(True)
         elif kind == "failed":
-            self._finish_attempt(False, msg[2])
+            self._reported.add(msg[1])
+            flags = msg[3] if len(msg) > 3 else {}
+            if flags.get("secondary"):
+                if self._secondary is None:
+                    self._secondary = (now + SECONDARY_GRACE, msg[2])
+            else:
+                self._finish_attempt(False, msg[2], fatal=flags.get("fatal", False))
         elif kind == "lost":
-            if msg[1] not in self.finished:
+            if msg[1] not in self.finished and msg[1] not in self._reported:
                 self._finish_attempt(False, f"task {msg[1]} disconnected without finishing "
                                             f"(process crashed or was killed): {msg[2]}")
-        elif kind == "external_failure":
-            self._finish_attempt(False, msg[1])
 
     def _apply(self, progress) -> None:
         for aborted in progress.aborted:
@@ -245,9 +263,9 @@ class CoordinatorServer:
         if completed.is_final:
             self._broadcast(("finish",))
 
-    def _finish_attempt(self, ok: bool, cause: str = "") -> None:
+    def _finish_attempt(self, ok: bool, cause: str = "", fatal: bool = False) -> None:
         if self.outcome is not None:
             return
         if not ok:
             self._broadcast(("cancel", cause[:2000]))
-        self.outcome = AttemptOutcome(ok, cause, dict(self.finished))
+        self.outcome = AttemptOutcome(ok, cause, fatal=fatal, task_metrics=dict(self.finished))

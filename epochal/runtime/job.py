@@ -92,15 +92,8 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
         if not isinstance(value, cls):
             raise ConfigError(f"{name}: expected {cls.__name__}, got {type(value).__name__}")
     plan = flow.plan()
-    if runtime == "spark":
-        from epochal.runtime.spark import SparkLauncher
-
-        launcher = SparkLauncher(spark, len(plan.tasks))
-    elif runtime == "local":
-        from epochal.runtime.launcher import LocalLauncher
-
-        launcher = LocalLauncher()
-    else:
+    plan_blob = _ship(plan)
+    if runtime not in ("spark", "local"):
         raise ConfigError(f"runtime: expected 'spark' or 'local', got {runtime!r}")
     url = checkpoint.storage or "file://" + tempfile.mkdtemp(prefix=f"epochal-{flow.name}-")
     storage = CheckpointStorage(url, flow.name)
@@ -111,15 +104,41 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
             + (f" (latest completed epoch {latest[0]})" if latest else "")
             + "; pass resume=True to continue from it, or use another storage location"
         )
-    driver = _Driver(plan, components, checkpoint, restart, channels, launcher, storage, url, runtime,
+    if runtime == "spark":
+        from epochal.runtime.spark import SparkLauncher
+
+        launcher = SparkLauncher(spark, len(plan.tasks))
+    elif runtime == "local":
+        from epochal.runtime.launcher import LocalLauncher
+
+        launcher = LocalLauncher()
+    driver = _Driver(plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime,
                      tuple(faults))
     driver.thread.start()
     return JobHandle(driver)
 
 
+def _ship(plan) -> bytes:
+    """Pickle the plan for the tasks; name the operator whose code cannot be shipped."""
+    try:
+        return cloudpickle.dumps(plan)
+    except Exception:
+        for node in plan.nodes.values():
+            for part, obj in (("function or object", node.payload), ("key function", node.key_fn)):
+                try:
+                    cloudpickle.dumps(obj)
+                except Exception as exc:
+                    raise EpochalError(
+                        f"job {plan.job!r}: the {part} of operator {node.name!r} cannot be shipped to the "
+                        f"tasks (not picklable): {type(exc).__name__}: {exc}"
+                    ) from exc
+        raise
+
+
 class _Driver:
-    def __init__(self, plan, components, checkpoint, restart, channels, launcher, storage, url, runtime, faults):
-        self.plan, self.components, self.checkpoint = plan, components, checkpoint
+    def __init__(self, plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime,
+                 faults):
+        self.plan, self.plan_blob, self.components, self.checkpoint = plan, plan_blob, components, checkpoint
         self.restart, self.channels, self.launcher = restart, channels, launcher
         self.storage, self.url, self.runtime, self.faults = storage, url, runtime, faults
         self.secret = os.urandom(32)
@@ -170,6 +189,8 @@ class _Driver:
                         if outcome.cause else "")
             if self._cancelled:
                 raise JobFailedError(f"job {self.plan.job!r} was cancelled", failures)
+            if outcome.fatal:
+                raise JobFailedError(f"job {self.plan.job!r} cannot run (not retried): {outcome.cause}", failures)
             if generation < self.restart.max_attempts:
                 time.sleep(self.restart.delay)
         raise JobFailedError(
@@ -184,21 +205,16 @@ class _Driver:
         server = CoordinatorServer(self.plan, generation, key, self.storage, self.checkpoint, restore,
                                    first_epoch, bind, lambda m: log.info("job %s: %s", self.plan.job, m))
         self.server = server
-        attempt = AttemptSpec(self.plan, generation, key, server.address, self.components, self.channels,
+        attempt = AttemptSpec(self.plan_blob, generation, key, server.address, self.components, self.channels,
                               self.url, self.faults, bind)
-        try:
-            payload = cloudpickle.dumps(attempt)
-        except Exception as exc:
-            server.close()
-            raise EpochalError(f"job {self.plan.job!r}: the dataflow cannot be shipped to tasks "
-                               f"(a function or object is not picklable): {exc}") from exc
+        payload = cloudpickle.dumps(attempt)
 
         exited = threading.Event()
 
         def on_exit(ok: bool, cause: str) -> None:
             exited.set()
             if not ok:
-                server.fail(cause)
+                server.fail(cause, secondary=True)
             elif server.outcome is None:
                 # all tasks returned: give the coordinator a moment to read their goodbyes
                 if server.wait(5.0) is None:

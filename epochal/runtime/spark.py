@@ -25,12 +25,16 @@ def _local_session(num_tasks: int):
     global _owned_session
     from pyspark.sql import SparkSession
 
+    from epochal.runtime.java import ensure_java
+
+    ensure_java()
     slots = max(num_tasks, os.cpu_count() or 2)
     if _owned_session is not None:
         if _owned_session.sparkContext.defaultParallelism >= num_tasks:
             return _owned_session
         _owned_session.stop()
         _owned_session = None
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # embedded local Spark stays on loopback
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     _owned_session = (
@@ -44,7 +48,9 @@ def _local_session(num_tasks: int):
         .config("spark.driver.host", "127.0.0.1")
         .getOrCreate()
     )
-    _owned_session.sparkContext.setLogLevel("ERROR")
+    # epochal reports task failures (with their cause) itself; Spark would add a JVM stack
+    # trace per expected, recovered failure
+    _owned_session.sparkContext.setLogLevel("FATAL")
     return _owned_session
 
 

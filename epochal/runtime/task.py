@@ -40,10 +40,10 @@ class TaskCancelled(EpochalError):
 class Task:
     """Runs task ``index`` of an attempt until the coordinator says ``finish``."""
 
-    def __init__(self, attempt: AttemptSpec, index: int):
+    def __init__(self, attempt: AttemptSpec, plan, index: int):
         self.attempt = attempt
-        self.plan = attempt.plan
-        self.spec = attempt.plan.tasks[index]
+        self.plan = plan
+        self.spec = plan.tasks[index]
         self.cv = threading.Condition()
         self.control: collections.deque = collections.deque()
         self.cancelled: str | None = None
@@ -168,8 +168,11 @@ class Task:
             cause = str(exc)
         else:
             cause = f"task {self.spec.id}: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
+        # A broken channel is usually the echo of another task's failure: the coordinator
+        # prefers a primary cause that arrives shortly after.
+        secondary = isinstance(exc, ChannelFailure)
         try:
-            self._send(("failed", self.spec.id, cause))
+            self._send(("failed", self.spec.id, cause, {"secondary": secondary}))
         except Exception:
             pass
 

@@ -20,6 +20,7 @@ import pickle
 import socket
 import struct
 import threading
+import time
 
 from epochal.errors import EpochalError
 
@@ -94,11 +95,16 @@ class Connection:
         self.sock.close()
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
     while got < n:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ConnectionClosed("handshake timed out")
+            sock.settimeout(remaining)
         try:
             k = sock.recv_into(view[got:], n - got)
         except OSError as exc:
@@ -122,7 +128,11 @@ def connect(address: tuple[str, int], key: bytes, hello: dict, timeout: float = 
         hello_bytes = json.dumps(hello).encode()
         sock.sendall(client_nonce + _mac(key, b"client", server_nonce, client_nonce, hello_bytes)
                      + _LEN.pack(len(hello_bytes)) + hello_bytes)
-        proof = _recv_exact(sock, MAC)
+        try:
+            proof = _recv_exact(sock, MAC)
+        except ConnectionClosed:
+            raise AuthenticationError(f"{address}: the server closed the connection during the handshake "
+                                      "(wrong key: another job or generation?)") from None
         if not hmac.compare_digest(proof, _mac(key, b"server", client_nonce, server_nonce)):
             raise AuthenticationError(f"{address}: server failed authentication (another job or generation)")
         return Connection(sock)
@@ -133,15 +143,16 @@ def connect(address: tuple[str, int], key: bytes, hello: dict, timeout: float = 
 
 def accept_handshake(sock: socket.socket, key: bytes, timeout: float = HANDSHAKE_TIMEOUT) -> Connection:
     """Server side of :func:`connect`; raises AuthenticationError for a wrong key."""
+    deadline = time.monotonic() + timeout  # for the whole handshake, not per read
     sock.settimeout(timeout)
     server_nonce = os.urandom(NONCE)
     sock.sendall(MAGIC + server_nonce)
-    client_nonce = _recv_exact(sock, NONCE)
-    mac = _recv_exact(sock, MAC)
-    (n,) = _LEN.unpack(_recv_exact(sock, 4))
+    client_nonce = _recv_exact(sock, NONCE, deadline)
+    mac = _recv_exact(sock, MAC, deadline)
+    (n,) = _LEN.unpack(_recv_exact(sock, 4, deadline))
     if n > 4096:
         raise AuthenticationError("hello too large")
-    hello_bytes = _recv_exact(sock, n)
+    hello_bytes = _recv_exact(sock, n, deadline)
     if not hmac.compare_digest(mac, _mac(key, b"client", server_nonce, client_nonce, hello_bytes)):
         raise AuthenticationError("client failed authentication (another job or generation)")
     sock.sendall(_mac(key, b"server", client_nonce, server_nonce))
@@ -188,6 +199,12 @@ class Server:
     def close(self):
         self._stopped = True
         try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+        except OSError:
+            pass
+        try:
             self._sock.close()
         except OSError:
             pass
+        if threading.current_thread() is not self._thread:
+            self._thread.join(5)

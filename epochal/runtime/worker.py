@@ -10,10 +10,23 @@ def run_task(attempt_bytes: bytes, index: int) -> dict:
 
     Returns the task's metrics when the job finished cleanly; raises when it failed.
     """
+    from epochal.runtime import wire
     from epochal.runtime.task import Task
 
     attempt = pickle.loads(attempt_bytes)
-    return Task(attempt, index).run()
+    try:
+        plan = pickle.loads(attempt.plan_blob)
+    except Exception as exc:
+        cause = (f"task #{index} cannot load the dataflow: {type(exc).__name__}: {exc} — functions and "
+                 "classes used by the pipeline must be importable on the workers or defined in the "
+                 "driver's __main__ script")
+        try:
+            conn = wire.connect(attempt.coordinator, attempt.key, {"task_index": index})
+            conn.send(("setup_failed", index, cause))
+            conn.close()
+        finally:
+            raise RuntimeError(cause) from exc
+    return Task(attempt, plan, index).run()
 
 
 def main() -> None:

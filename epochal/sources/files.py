@@ -75,7 +75,7 @@ class DirectorySource(Source):
                 "use an ASCII-compatible encoding such as utf-8 or latin-1")
         self._encoding = encoding
         self._epoch_per_file = bool(epoch_per_file)
-        self._monitor_interval = parse_duration(monitor_interval, "monitor_interval")
+        self._monitor_interval = parse_duration(monitor_interval, "monitor_interval", optional=True)
         if self._monitor_interval is not None and self._monitor_interval <= 0:
             raise PipelineDefinitionError(f"{self.name}: monitor_interval must be > 0 (or None), "
                                           f"got {monitor_interval!r}")

@@ -1,0 +1,180 @@
+"""Helpers shared by the epochal benchmarks: machine description, statistics, output.
+
+Nothing here is shipped to tasks (pipeline functions live in each benchmark script, which
+runs as ``__main__`` and is therefore pickled by value).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict:
+    """Where the numbers came from: cores, memory, load, versions, git state."""
+    info = {
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "memory_total_gb": _mem_total_gb(),
+        "loadavg_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "python": sys.version.split()[0],
+        "python_executable": sys.executable,
+        "pyspark": _version("pyspark"),
+        "epochal": _version("epochal"),
+        "java": _java_version(),
+    }
+    info.update(git_state())
+    return info
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None for no values. With few samples a
+    high percentile is simply the maximum — read p99 as "worst observed"."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def summary(values: list[float]) -> dict:
+    """``{"median", "min", "max", "raw"}`` of a list of measurements."""
+    return {"median": median(values), "min": min(values, default=None), "max": max(values, default=None),
+            "raw": list(values)}
+
+
+def write_json(path: Path, data: dict) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def fmt(value, spec: str = ",.0f", missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    line = lambda cells: "  ".join(str(c).rjust(w) if i else str(c).ljust(w)  # noqa: E731
+                                   for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([line(header), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
+
+
+def _cpu_model() -> str | None:
+    try:
+        for row in Path("/proc/cpuinfo").read_text().splitlines():
+            if row.startswith("model name"):
+                return row.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _mem_total_gb() -> float | None:
+    try:
+        for row in Path("/proc/meminfo").read_text().splitlines():
+            if row.startswith("MemTotal:"):
+                return round(int(row.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _java_version() -> str | None:
+    try:
+        out = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    first = (out.stderr or out.stdout).strip().splitlines()
+    return first[0] if first else None
+
+
+def git_state() -> dict:
+    """Commit, dirtiness, modified files and a digest of the uncommitted diff — compare the
+    digest at start and end to see whether the code changed while the benchmark ran."""
+    def run(*args):
+        try:
+            out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout if out.returncode == 0 else None
+
+    status = run("status", "--porcelain")
+    diff = run("diff", "HEAD")
+    commit = run("rev-parse", "HEAD")
+    return {
+        "git_commit": commit.strip() if commit else None,
+        "git_dirty": bool(status.strip()) if status is not None else None,
+        # other work in progress changes what was measured: name the modified files
+        "git_modified": [r[3:] for r in status.splitlines() if r.strip()] if status else [],
+        "git_diff_sha1": hashlib.sha1(diff.encode()).hexdigest() if diff is not None else None,
+    }
+
+
+def tree_cpu_seconds() -> float | None:
+    """CPU seconds (user + system) used so far by this process and all its descendants.
+
+    Counts live descendants from ``/proc`` (with the time of the children they reaped)
+    plus this process and the children it reaped. Take the difference around a run: on a
+    shared machine CPU time per record is far less sensitive to other tenants than wall
+    time. On Spark this covers the JVM, the Python daemon and its reused workers; with the
+    local runtime the zygote and its forked tasks. ``None`` where ``/proc`` is missing.
+    """
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    times: dict[int, float] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # exited meanwhile
+            continue
+        rest = stat[stat.rindex(")") + 2:].split()
+        pid, ppid = int(entry.name), int(rest[1])
+        children.setdefault(ppid, []).append(pid)
+        times[pid] = sum(int(v) for v in rest[11:15]) / tick  # utime stime cutime cstime
+    own = os.times()
+    total = own.user + own.system + own.children_user + own.children_system
+    stack = list(children.get(os.getpid(), []))
+    while stack:
+        pid = stack.pop()
+        total += times.get(pid, 0.0)
+        stack.extend(children.get(pid, []))
+    return total
