@@ -88,20 +88,30 @@ class SparkLauncher(Launcher):
         self._group = group
 
         def task_fn(iterator):
+            # A task failure is reported to the coordinator, which restarts the attempt; the
+            # Spark task itself returns normally so Spark keeps its Python worker for the
+            # next attempt (a failed or killed task costs a fresh worker: seconds per task).
             from epochal.runtime.worker import run_task
 
             for index in iterator:
-                yield run_task(attempt, index)
+                try:
+                    yield {"ok": True, "metrics": run_task(attempt, index)}
+                except Exception as exc:
+                    yield {"ok": False, "task": index, "cause": f"{type(exc).__name__}: {exc}"[:1500]}
 
         def run():
             sc.setJobGroup(group, "epochal dataflow attempt", interruptOnCancel=True)
             try:
-                sc.parallelize(range(num_tasks), num_tasks).barrier().mapPartitions(task_fn).collect()
-            except Exception as exc:  # the coordinator usually knows the precise cause already
+                results = sc.parallelize(range(num_tasks), num_tasks).barrier().mapPartitions(task_fn).collect()
+            except Exception as exc:  # a crashed worker or a cancelled job
                 text = str(exc)
                 on_exit(False, f"spark job failed: {text[:1500]}")
                 return
-            on_exit(True, "")
+            failed = [r for r in results if not r["ok"]]
+            if failed:
+                on_exit(False, f"task #{failed[0]['task']} failed: {failed[0]['cause']}")
+            else:
+                on_exit(True, "")
 
         self._thread = threading.Thread(target=run, name="epochal-spark-launcher", daemon=True)
         self._thread.start()
