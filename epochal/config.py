@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from epochal.errors import ConfigError
 

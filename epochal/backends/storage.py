@@ -14,6 +14,17 @@ file is published atomically — on local disks by writing a hidden temp file, f
 no reader ever sees a partial file under its final name. State files are checksummed
 (size + SHA-256 in their :class:`StateHandle`) and verified on read.
 
+Restore picks :meth:`CheckpointStorage.latest_restorable`: the newest completed checkpoint
+whose every state file is present and matches its checksum; a corrupted or partly
+deleted newer checkpoint is skipped with a WARNING on the ``epochal`` logger.
+
+Object stores: file-system options (endpoint, credentials) come from ``storage_options``
+or, when not given, from the driver's standard configuration — for ``s3://`` botocore
+reads ``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``), ``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION`` and ``~/.aws``; fsspec reads
+``FSSPEC_S3_<OPTION>``. Task processes construct their own storage from the URL alone,
+so use the environment (which they inherit) for settings they need too.
+
     >>> s = CheckpointStorage("memory://doc-example", "wordcount")
     >>> h = s.write_state(1, "count-0", b"state")
     >>> s.write_metadata(1, {"tasks": {"count-0": [h]}})
@@ -25,10 +36,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
 import fsspec
@@ -38,11 +50,14 @@ from epochal.errors import CheckpointStorageError, ConfigError
 
 __all__ = ["CheckpointStorage", "StateHandle", "METADATA_FILE"]
 
+log = logging.getLogger("epochal")
+
 METADATA_FILE = "_metadata"
 _FORMAT = "epochal-checkpoint"
 _FORMAT_VERSION = 1
 _CHK = re.compile(r"^chk-(\d{10,})$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$")
+_HASH_CHUNK = 8 << 20  # bytes read at a time when verifying a state file
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,39 @@ class StateHandle:
         return cls(path=str(d["path"]), size=int(d["size"]), sha256=str(d["sha256"]))
 
 
+def _mismatch(handle: StateHandle, size: int, digest: Callable[[], str] | None) -> str:
+    """How a file of ``size`` bytes (and SHA-256 ``digest()``, if given) differs from
+    ``handle``; ``""`` if it does not. The digest is computed only when sizes match."""
+    if size != handle.size:
+        return f"size mismatch, expected {handle.size} bytes, found {size}"
+    if digest is not None:
+        found = digest()
+        if found != handle.sha256:
+            return f"sha256 mismatch, expected {handle.sha256}, found {found}"
+    return ""
+
+
+def _corrupt(problem: str) -> str:
+    return f"corrupt: {problem}" if problem else ""
+
+
+def _state_handles(meta) -> list[StateHandle]:
+    """Every state file referenced anywhere in checkpoint metadata: each mapping with
+    exactly the :class:`StateHandle` fields (how :meth:`StateHandle.to_dict` writes one)."""
+    found: list[StateHandle] = []
+    stack = [meta]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            if set(item) == {"path", "size", "sha256"}:
+                found.append(StateHandle.from_dict(item))
+            else:
+                stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return sorted(set(found), key=lambda h: h.path)
+
+
 def _json_default(obj):
     if isinstance(obj, StateHandle):
         return obj.to_dict()
@@ -72,6 +120,13 @@ def _json_default(obj):
 class CheckpointStorage:
     """The checkpoints of job ``job`` under fsspec URL ``url``.
 
+    Args:
+        url: checkpoint root (``file:///...``, a plain path, ``memory://...``, ``s3://...``).
+        job: job name; its checkpoints live under ``<url>/<job>/``.
+        storage_options: keyword arguments for the fsspec file system (e.g. for s3fs
+            ``{"endpoint_url": ..., "key": ..., "secret": ...}``); ``None`` uses the
+            environment's configuration (see the module docstring).
+
     Thread-safety: methods may be called from several threads (task uploaders write state
     files concurrently; the coordinator writes metadata and applies retention); distinct
     files never conflict.
@@ -80,22 +135,30 @@ class CheckpointStorage:
     directory when the file system fails.
     """
 
-    def __init__(self, url: str, job: str):
+    def __init__(self, url: str, job: str, storage_options: Mapping | None = None):
         if not isinstance(job, str) or not _NAME.match(job):
             raise ConfigError(
                 f"job name {job!r} cannot name a checkpoint directory: use letters, digits "
                 "and . _ = + - (not starting with . _ + = or -)"
             )
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise ConfigError(
+                f"checkpoint storage options: expected a dict of file-system arguments, "
+                f"got {type(storage_options).__name__}"
+            )
         try:
-            self.fs, base = fsspec.core.url_to_fs(url)
-        except Exception as e:  # unknown protocol, missing driver (s3fs), bad URL
+            self.fs, base = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+        except Exception as e:  # unknown protocol, missing driver (s3fs), bad URL or option
             raise CheckpointStorageError(
                 f"checkpoint storage {url!r} cannot be opened: {type(e).__name__}: {e}"
             ) from e
         self.url = url
         self.job = job
+        self.storage_options = dict(storage_options or {})
         self.root = f"{base.rstrip('/')}/{job}"
         self._local = isinstance(self.fs, LocalFileSystem)
+        # epoch -> reason, found by latest_restorable(); retain() does not count these
+        self.unrestorable: dict[int, str] = {}
 
     def __repr__(self) -> str:
         return f"CheckpointStorage({self._display(self.root)!r})"
@@ -161,24 +224,27 @@ class CheckpointStorage:
 
     def _load_metadata(self, epoch: int) -> dict | None:
         """The parsed ``_metadata`` document, or ``None`` if missing or not valid."""
+        return self._inspect_metadata(epoch)[0]
+
+    def _inspect_metadata(self, epoch: int) -> tuple[dict | None, str]:
+        """``(document, "")``, or ``(None, why it is missing or not valid)``."""
         path = f"{self.epoch_dir(epoch)}/{METADATA_FILE}"
         with self._io("read", path):
             try:
                 raw = self.fs.cat_file(path)
             except FileNotFoundError:
-                return None
+                return None, "missing"
         try:
             doc = json.loads(raw)
-        except ValueError:
-            return None
-        if (
-            not isinstance(doc, dict)
-            or doc.get("format") != _FORMAT
-            or doc.get("epoch") != epoch
-            or not isinstance(doc.get("meta"), dict)
-        ):
-            return None
-        return doc
+        except ValueError as e:
+            return None, f"not valid JSON ({e})"
+        if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
+            return None, f"not an {_FORMAT} document"
+        if doc.get("epoch") != epoch:
+            return None, f"written for epoch {doc.get('epoch')!r}, not {epoch}"
+        if not isinstance(doc.get("meta"), dict):
+            return None, "has no meta object"
+        return doc, ""
 
     # ------------------------------------------------------------- state files
     def write_state(self, epoch: int, name: str, data: bytes) -> StateHandle:
@@ -219,18 +285,33 @@ class CheckpointStorage:
                 raise CheckpointStorageError(
                     f"state file {self._display(path)} is missing (referenced by the checkpoint's _metadata)"
                 ) from None
-        if len(data) != handle.size:
-            raise CheckpointStorageError(
-                f"state file {self._display(path)} is corrupt: size mismatch, "
-                f"expected {handle.size} bytes, found {len(data)}"
-            )
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != handle.sha256:
-            raise CheckpointStorageError(
-                f"state file {self._display(path)} is corrupt: sha256 mismatch, "
-                f"expected {handle.sha256}, found {digest}"
-            )
+        problem = _mismatch(handle, len(data), lambda: hashlib.sha256(data).hexdigest())
+        if problem:
+            raise CheckpointStorageError(f"state file {self._display(path)} is corrupt: {problem}")
         return data
+
+    def _check_state_file(self, handle: StateHandle, verify: bool) -> str:
+        """``""`` if the file matches ``handle`` (size; with ``verify`` also SHA-256, read
+        in chunks), else why not: ``"missing"`` or ``"corrupt: ..."``.
+
+        Raises:
+            CheckpointStorageError: the file system failed otherwise (not a verdict on the
+                checkpoint: the caller must not fall back to an older one because of it).
+        """
+        path = f"{self.root}/{handle.path}"
+        with self._io("read", path):
+            try:
+                if not verify:
+                    self.fs.invalidate_cache(path.rsplit("/", 1)[0])
+                    return _corrupt(_mismatch(handle, int(self.fs.size(path)), None))
+                digest, size = hashlib.sha256(), 0
+                with self.fs.open(path, "rb") as f:
+                    while chunk := f.read(_HASH_CHUNK):
+                        digest.update(chunk)
+                        size += len(chunk)
+            except FileNotFoundError:
+                return "missing"
+        return _corrupt(_mismatch(handle, size, digest.hexdigest))
 
     # ---------------------------------------------------------------- metadata
     def write_metadata(self, epoch: int, meta: dict) -> None:
@@ -278,6 +359,73 @@ class CheckpointStorage:
                 return epoch, doc["meta"]
         return None
 
+    def latest_restorable(self, verify: bool = True) -> tuple[int, dict] | None:
+        """``(epoch, meta)`` of the newest completed checkpoint whose state files are all
+        intact, or ``None`` if no checkpoint ever completed. What the driver restores from.
+
+        Walks completed checkpoints newest → oldest. A checkpoint is skipped when its
+        ``_metadata`` exists but is not valid, or a state file it references (every
+        ``{"path", "size", "sha256"}`` mapping in ``meta``, i.e. a :class:`StateHandle`)
+        is missing, has another size or (``verify=True``: the file is read and hashed;
+        ``verify=False``: sizes only, one metadata request per file) another SHA-256.
+        Each skip logs a WARNING naming the checkpoint, the file and the reason, and is
+        remembered in :attr:`unrestorable` so :meth:`retain` does not count it. Directories
+        without ``_metadata`` (epochs that never completed) are not candidates.
+
+        Falling back past a checkpoint whose epoch completed means its sinks' commits
+        already happened: the restored job replays those records, so transactional sinks
+        publish them again (at-least-once for the skipped epochs). The WARNING says so.
+
+        Raises:
+            CheckpointStorageError: checkpoints completed but none is restorable (the
+                message lists why; delete them or use another storage location to start
+                from scratch), or the file system failed while checking — a read error
+                is no proof of corruption, so it never causes a fallback.
+        """
+        skipped: list[tuple[int, str]] = []
+        for epoch in reversed(self._list_epochs()):
+            doc, why = self._inspect_metadata(epoch)
+            if doc is None and why == "missing":
+                continue  # never completed: not a checkpoint
+            if doc is None:
+                why = f"{METADATA_FILE} is {why}"
+            else:
+                why = self._first_bad_file(doc["meta"], verify)
+            if not why:
+                if skipped:
+                    log.warning(
+                        "job %s restores from checkpoint %s, not from the newer %s; output the "
+                        "skipped epochs already committed may be published again",
+                        self.job, self._chk_name(epoch), ", ".join(self._chk_name(e) for e, _ in skipped),
+                    )
+                return epoch, doc["meta"]
+            self.unrestorable[epoch] = why
+            skipped.append((epoch, why))
+            log.warning("checkpoint %s is not restorable, trying an older one: %s",
+                        self._display(self.epoch_dir(epoch)), why)
+        if skipped:
+            raise CheckpointStorageError(
+                f"no restorable checkpoint under {self._display(self.root)}: "
+                + "; ".join(f"{self._chk_name(e)}: {why}" for e, why in skipped)
+                + " — delete these checkpoints or use another checkpoint.storage to start from scratch"
+            )
+        return None
+
+    def _first_bad_file(self, meta: dict, verify: bool) -> str:
+        """Why the first damaged state file referenced by ``meta`` is damaged, or ``""``."""
+        try:
+            handles = _state_handles(meta)
+        except (TypeError, ValueError) as e:
+            return f"{METADATA_FILE} holds a malformed state handle ({e})"
+        for handle in handles:
+            problem = self._check_state_file(handle, verify)
+            if problem:
+                return f"state file {handle.path.rsplit('/', 1)[-1]} is {problem}"
+        return ""
+
+    def _chk_name(self, epoch: int) -> str:
+        return self.epoch_dir(epoch).rsplit("/", 1)[-1]
+
     def has_checkpoints(self) -> bool:
         """Whether any completed checkpoint exists (a restart restores from it)."""
         return self.latest_completed() is not None
@@ -302,19 +450,27 @@ class CheckpointStorage:
         in flight and are kept. Never deletes the newest completed checkpoint; with no
         completed checkpoint nothing is deleted.
 
+        Checkpoints this instance's :meth:`latest_restorable` found damaged do not count
+        as completed here: they never displace a restorable fallback, and are deleted like
+        abandoned ones once a newer checkpoint completed. The coordinator calls this right
+        after each completion, when the new checkpoint was written but never read back:
+        with ``n == 1`` no fallback survives that moment, so keep ``n >= 2`` (the default
+        ``checkpoint.retained``) for a damaged newest checkpoint to have one.
+
         Raises:
             ConfigError: ``n`` < 1.
         """
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ConfigError(f"checkpoint.retained: must be an integer >= 1, got {n!r}")
         epochs = self._list_epochs()
-        complete = [e for e in epochs if self._load_metadata(e) is not None]
+        complete = [e for e in epochs if e not in self.unrestorable and self._load_metadata(e) is not None]
         if not complete:
             return []
         keep, newest, done = set(complete[-n:]), complete[-1], set(complete)
         deleted = [e for e in epochs if e not in keep and (e in done or e < newest)]
         for e in deleted:
-            self._delete_dir(e, complete=e in done)
+            self._delete_dir(e, complete=e in done or e in self.unrestorable)
+            self.unrestorable.pop(e, None)
         return deleted
 
     def discard(self, epoch: int) -> None:

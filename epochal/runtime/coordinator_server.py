@@ -21,6 +21,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 
 from epochal.epochs.coordinator import EpochCoordinator
@@ -149,8 +150,6 @@ class CoordinatorServer:
                 if self.outcome is None and self.started:
                     self._tick(time.monotonic())
             except Exception as exc:  # a coordinator bug or storage failure fails the attempt
-                import traceback
-
                 self._finish_attempt(False, f"coordinator: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}")
         self._done.set()
 

@@ -5,7 +5,6 @@ decides where the processes live and how to stop them.
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading

@@ -12,7 +12,6 @@ import pickle
 import queue
 import threading
 import time
-import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 

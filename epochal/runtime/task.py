@@ -19,7 +19,7 @@ import time
 import traceback
 
 from epochal.backends.heap import HeapStateBackend
-from epochal.backends.storage import CheckpointStorage, StateHandle
+from epochal.backends.storage import CheckpointStorage
 from epochal.epochs.barrier import Barrier
 from epochal.errors import EpochalError, OperatorError
 from epochal.operators.base import OperatorContext
@@ -290,9 +290,8 @@ class Task:
                 for op in self.operators:
                     self.faults.on_commit(op.ctx.operator, msg[1])
                     op.notify_epoch_complete(msg[1])
-            elif kind == "abort":
-                result = self.handler.abort_epoch(msg[1])
-                del result
+            elif kind == "abort":  # coordinator gave up the epoch: release any alignment on it
+                self.handler.abort_epoch(msg[1])
             elif kind == "finish":
                 self._finish()
                 return
