@@ -103,7 +103,8 @@ class Dataflow:
         (:class:`~epochal.config.ChannelConfig`), ``runtime`` ("spark" default, or
         "local"), ``spark`` (a SparkSession to use), ``resume`` (continue from the
         latest completed checkpoint in the storage), ``faults`` (see
-        :mod:`epochal.testing`).
+        :mod:`epochal.testing`), ``backend`` ("heap" default, "rocksdb", or a
+        :class:`~epochal.backends.choice.BackendSpec`).
         """
         return self.start(**options).wait()
 

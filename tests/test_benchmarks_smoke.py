@@ -29,3 +29,19 @@ def test_throughput_smoke(tmp_path):
     assert {r["records_in"] for r in full} == {doc["config"]["records"]}
     assert len({r["sink_records_in"] for r in full}) == 1  # same pipeline, same output in every mode
     assert doc["machine"]["cpu_count"] >= 1
+
+
+def test_latency_smoke(tmp_path):
+    """benchmarks/latency.py --smoke runs end to end (so the script cannot rot)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "latency.json"
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "latency.py"
+    subprocess.run([sys.executable, str(script), "--smoke", "--runtime", "local", "--out", str(out)],
+                   check=True, timeout=240, capture_output=True)
+    runs = json.loads(out.read_text())["runs"]
+    assert {r["guarantee"] for r in runs} == {"exactly-once", "at-least-once"}
+    assert all(r["records"] == r["expected"] and r["latency_s"]["p50"] is not None for r in runs)

@@ -20,10 +20,10 @@ RESTART = ep.RestartStrategy(max_attempts=3, delay=0)
 CHANNELS = ep.ChannelConfig(batch_size=32, linger="2ms")
 
 
-def _run(flow, tmp_path, runtime, spark=None, guarantee="exactly-once", faults=(), **ckpt):
+def _run(flow, tmp_path, runtime, spark=None, guarantee="exactly-once", faults=(), backend="heap", **ckpt):
     cfg = ep.CheckpointConfig(storage="file://" + unique_dir(tmp_path, "ckpt"), **{**CKPT, **ckpt})
     return flow.run(guarantee=guarantee, checkpoint=cfg, restart=RESTART, channels=CHANNELS,
-                    runtime=runtime, spark=spark, faults=faults)
+                    runtime=runtime, spark=spark, faults=faults, backend=backend)
 
 
 @pytest.fixture(scope="module")
@@ -112,5 +112,24 @@ def test_join_recovers_on_spark(tmp_path, spark, golden_join):
     out = unique_dir(tmp_path, "out")
     result = _run(join("join", out), tmp_path, "spark", spark=spark,
                   faults=[CrashAtRecord("join", record=300, subtask=1, how="exit", after_epoch=2)])
+    assert result.attempts == 2 and result.restored_from[1] is not None, result.failures
+    assert output(out) == golden_join
+
+
+@pytest.mark.parametrize("fault", ["reduce-raises-at-record", "split-process-exits", "crash-during-alignment",
+                                   "process-dies-during-upload", "two-faults-two-attempts"])
+def test_wordcount_recovers_local_rocksdb(tmp_path, golden_wordcount, fault):
+    """The same golden-run equality with keyed state in RocksDB (one instance per task)."""
+    out = unique_dir(tmp_path, "out")
+    result = _run(wordcount("wc", out), tmp_path, "local", faults=FAULTS[fault], backend="rocksdb")
+    _assert_recovered_from_checkpoint(result, FAULTS[fault])
+    assert output(out) == golden_wordcount
+
+
+@pytest.mark.spark
+def test_join_recovers_on_spark_rocksdb(tmp_path, spark, golden_join):
+    out = unique_dir(tmp_path, "out")
+    result = _run(join("join", out), tmp_path, "spark", spark=spark, backend="rocksdb",
+                  faults=[CrashAtRecord("join", record=300, subtask=0, after_epoch=2)])
     assert result.attempts == 2 and result.restored_from[1] is not None, result.failures
     assert output(out) == golden_join

@@ -30,3 +30,15 @@ __all__ = [
     "stable_hash",
     "subtask_for_key_group",
 ]
+
+__all__.append("RocksDBStateBackend")
+
+
+def __getattr__(name: str):
+    """``RocksDBStateBackend`` is imported on first use: it needs rocksdict, which a
+    heap-only deployment need not install."""
+    if name == "RocksDBStateBackend":
+        from epochal.backends.rocksdb import RocksDBStateBackend
+
+        return RocksDBStateBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from epochal.alignment.factory import GuaranteeComponents
+from epochal.backends.choice import BackendSpec
 from epochal.config import ChannelConfig
 
 
@@ -37,3 +38,4 @@ class AttemptSpec:
     storage_url: str
     faults: tuple = ()
     bind_host: str = "127.0.0.1"
+    backend: BackendSpec = BackendSpec()

@@ -48,7 +48,7 @@ class CoordinatorServer:
     """Serves one attempt. ``outcome`` is set once; :meth:`wait` blocks for it."""
 
     def __init__(self, plan, generation: int, key: bytes, storage, config, restore: dict | None,
-                 first_epoch: int, bind_host: str, log):
+                 first_epoch: int, bind_host: str, log, startup_timeout: float = 300.0):
         self.plan = plan
         self.generation = generation
         self.storage = storage
@@ -68,6 +68,7 @@ class CoordinatorServer:
         self.highest_triggered = first_epoch - 1
         self.inbox: queue.Queue = queue.Queue()
         self._secondary: tuple[float, str] | None = None
+        self._startup_deadline = time.monotonic() + startup_timeout
         self._reported: set[str] = set()  # tasks that sent their own failure report
         self.outcome: AttemptOutcome | None = None
         self._done = threading.Event()
@@ -149,6 +150,11 @@ class CoordinatorServer:
                     self._finish_attempt(False, self._secondary[1])
                 if self.outcome is None and self.started:
                     self._tick(time.monotonic())
+                elif self.outcome is None and time.monotonic() > self._startup_deadline:
+                    missing = sorted(set(self.tasks) - set(self.conns))
+                    self._finish_attempt(False, f"tasks {', '.join(missing)} did not start within the start-up "
+                                                "timeout (not enough executor slots, or the workers cannot "
+                                                "reach the driver?)")
             except Exception as exc:  # a coordinator bug or storage failure fails the attempt
                 self._finish_attempt(False, f"coordinator: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}")
         self._done.set()

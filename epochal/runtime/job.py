@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import cloudpickle
 
 from epochal.alignment.factory import components_for
+from epochal.backends.choice import backend_spec
 from epochal.backends.storage import CheckpointStorage
 from epochal.config import ChannelConfig, CheckpointConfig, RestartStrategy
 from epochal.errors import ConfigError, EpochalError, JobFailedError
@@ -81,9 +82,11 @@ class JobHandle:
 
 def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | None = None,
               restart: RestartStrategy | None = None, channels: ChannelConfig | None = None,
-              runtime: str = "spark", spark=None, resume: bool = False, faults=()) -> JobHandle:
+              runtime: str = "spark", spark=None, resume: bool = False, faults=(),
+              backend="heap") -> JobHandle:
     """Validate everything that can be validated before any task starts, then start."""
     components = components_for(guarantee)
+    backend = backend_spec(backend)
     checkpoint = checkpoint or CheckpointConfig()
     restart = restart or RestartStrategy()
     channels = channels or ChannelConfig()
@@ -113,7 +116,7 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
 
         launcher = LocalLauncher()
     driver = _Driver(plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime,
-                     tuple(faults))
+                     tuple(faults), backend)
     driver.thread.start()
     return JobHandle(driver)
 
@@ -137,7 +140,8 @@ def _ship(plan) -> bytes:
 
 class _Driver:
     def __init__(self, plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime,
-                 faults):
+                 faults, backend):
+        self.backend = backend
         self.plan, self.plan_blob, self.components, self.checkpoint = plan, plan_blob, components, checkpoint
         self.restart, self.channels, self.launcher = restart, channels, launcher
         self.storage, self.url, self.runtime, self.faults = storage, url, runtime, faults
@@ -203,10 +207,11 @@ class _Driver:
         key = wire.derive_key(self.secret, self.plan.job, generation)
         bind = self.launcher.bind_host
         server = CoordinatorServer(self.plan, generation, key, self.storage, self.checkpoint, restore,
-                                   first_epoch, bind, lambda m: log.info("job %s: %s", self.plan.job, m))
+                                   first_epoch, bind, lambda m: log.info("job %s: %s", self.plan.job, m),
+                                   startup_timeout=self.launcher.startup_timeout)
         self.server = server
         attempt = AttemptSpec(self.plan_blob, generation, key, server.address, self.components, self.channels,
-                              self.url, self.faults, bind)
+                              self.url, self.faults, bind, self.backend)
         payload = cloudpickle.dumps(attempt)
 
         exited = threading.Event()

@@ -19,6 +19,8 @@ class Launcher(ABC):
 
     #: the address tasks bind to and the coordinator listens on
     bind_host: str = "127.0.0.1"
+    #: seconds for every task of an attempt to start and connect to the coordinator
+    startup_timeout: float = 60.0
 
     @abstractmethod
     def launch(self, attempt: bytes, num_tasks: int, on_exit: OnExit) -> None:

@@ -80,6 +80,7 @@ class SparkLauncher(Launcher):
         master = sc.master
         self.bind_host = "127.0.0.1" if master.startswith("local") else sc.getConf().get("spark.driver.host")
         self._group: str | None = None
+        self.startup_timeout = 300.0  # a cold Spark starts one Python worker per task
         self._thread: threading.Thread | None = None
 
     def launch(self, attempt: bytes, num_tasks: int, on_exit: OnExit) -> None:

@@ -18,7 +18,6 @@ import threading
 import time
 import traceback
 
-from epochal.backends.heap import HeapStateBackend
 from epochal.backends.storage import CheckpointStorage
 from epochal.epochs.barrier import Barrier
 from epochal.errors import EpochalError, OperatorError
@@ -118,7 +117,7 @@ class Task:
 
         self.backend = None
         if len(self.spec.key_groups):
-            self.backend = HeapStateBackend(self.spec.key_groups)
+            self.backend = self.attempt.backend.create(self.spec.key_groups)
             if restored.keyed:
                 self.backend.restore(restored.keyed)
         nodes = self.plan.nodes
@@ -150,6 +149,8 @@ class Task:
         self.gate.close()
         if self.server:
             self.server.close()
+        if getattr(self, "backend", None) is not None:
+            self.backend.close()
         if self.reader is not None:
             try:
                 self.reader.close()

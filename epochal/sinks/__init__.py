@@ -26,3 +26,7 @@ __all__ = [
     "TwoPhaseCommitState",
     "read_committed",
 ]
+
+from epochal.sinks.log import LogSink, LogSinkWriter, LogTransaction, ProducerFencedError, TransactionalLog
+
+__all__ += ["LogSink", "LogSinkWriter", "LogTransaction", "ProducerFencedError", "TransactionalLog"]

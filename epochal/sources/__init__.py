@@ -11,3 +11,14 @@ __all__ = [
     "Source",
     "SourceReader",
 ]
+
+from epochal.sources.log import (
+    CommittedBatch,
+    LogReader,
+    LogSource,
+    TransactionalLog,
+    UnknownTopicError,
+    read_committed_log,
+)
+
+__all__ += ["CommittedBatch", "LogReader", "LogSource", "TransactionalLog", "UnknownTopicError", "read_committed_log"]
