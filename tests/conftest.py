@@ -12,12 +12,13 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 SPARK_SLOTS = 16
 
 
-@pytest.fixture(autouse=True)
-def _ship_test_module_by_value(request):
-    """Task processes cannot import test modules: pickle their functions by value."""
+def pytest_collection_modifyitems(session, config, items):
+    """Task processes cannot import test modules: pickle their functions by value (done at
+    collection, so module-scoped fixtures that run jobs work too)."""
     import cloudpickle
 
-    cloudpickle.register_pickle_by_value(request.module)
+    for module in {item.module for item in items if getattr(item, "module", None) is not None}:
+        cloudpickle.register_pickle_by_value(module)
 
 
 @pytest.fixture(scope="session")

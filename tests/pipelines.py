@@ -30,8 +30,8 @@ def lines_from(split: int, offset: int):
         i += 1
 
 
-def wordcount(name: str, out: str, n_lines: int = 3000, parallelism: int = 2, source_splits: int = 4,
-              rate: float | None = 1500.0) -> ep.Dataflow:
+def wordcount(name: str, out: str, n_lines: int = 4000, parallelism: int = 2, source_splits: int = 4,
+              rate: float | None = 1000.0) -> ep.Dataflow:
     """Keyed word count with two shuffles: words → (word, n) → count per n-bucket.
 
     The source is throttled (``rate`` lines/s per split) so runs span several epochs.
@@ -88,9 +88,9 @@ def join(name: str, out: str, n: int = 2000, parallelism: int = 2) -> ep.Dataflo
     """Two sources (orders, payments) unioned and joined by id with keyed map state."""
     flow = ep.Dataflow(name, parallelism=parallelism)
     orders = flow.source("orders", ep.sources.GeneratorSource(
-        _orders, num_splits=3, limit=n // 3, records_per_second=2000.0))
+        _orders, num_splits=3, limit=n // 3, records_per_second=1000.0))
     payments = flow.source("payments", ep.sources.GeneratorSource(
-        _payments, num_splits=2, limit=n // 4, records_per_second=2000.0), parallelism=1)
+        _payments, num_splits=2, limit=n // 4, records_per_second=1000.0), parallelism=1)
     joined = orders.union(payments).key_by(lambda r: r[1]).process("join", Join(), parallelism=3)
     joined.filter("paid", lambda r: r["payment"] is not None).sink("out", FileSink(out))
     return flow

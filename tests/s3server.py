@@ -1,9 +1,8 @@
 """A real S3-compatible server on loopback for tests: moto in server mode.
 
-Import the fixtures into a test module (or list this module in conftest's
-``pytest_plugins``)::
+Load it as a plugin from a test module (or from the root conftest)::
 
-    from s3server import s3_env, s3_server  # noqa: F401
+    pytest_plugins = ["s3server"]
 
 * ``s3_server`` (session): starts ``moto.server.ThreadedMotoServer`` on 127.0.0.1 with a
   free port, creates one bucket and yields an :class:`S3Server` — its ``url`` is an
@@ -53,6 +52,19 @@ class S3Server:
         return {"endpoint_url": self.endpoint_url, "key": KEY, "secret": SECRET,
                 "client_kwargs": {"region_name": REGION}}
 
+    def client(self):
+        """A boto3 S3 client of the server: inspect what s3fs wrote, independently of it."""
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint_url, aws_access_key_id=KEY,
+                            aws_secret_access_key=SECRET, region_name=REGION)
+
+    def keys(self, url: str) -> list[str]:
+        """Object keys under ``url`` (an ``s3://bucket/...`` URL), relative to it."""
+        prefix = url.removeprefix(f"s3://{self.bucket}/")
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        return [o["Key"][len(prefix):] for page in pages for o in page.get("Contents", [])]
+
     @property
     def env(self) -> dict:
         """Standard AWS variables that point botocore (and so s3fs) at the server."""
@@ -69,7 +81,6 @@ def s3_server(tmp_path_factory):
     """Start moto's S3 on loopback, create the bucket; stop the server at session end."""
     pytest.importorskip("s3fs", reason="s3fs is needed for s3:// checkpoint storage")
     server_mod = pytest.importorskip("moto.server", reason="install the 'test' extra: moto[server]")
-    boto3 = pytest.importorskip("boto3")
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request otherwise
 
     server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -77,9 +88,7 @@ def s3_server(tmp_path_factory):
     try:
         host, port = server.get_host_and_port()
         info = S3Server(endpoint_url=f"http://{host}:{port}", bucket=BUCKET, prefix="checkpoints")
-        client = boto3.client("s3", endpoint_url=info.endpoint_url, aws_access_key_id=KEY,
-                              aws_secret_access_key=SECRET, region_name=REGION)
-        client.create_bucket(Bucket=BUCKET)
+        info.client().create_bucket(Bucket=BUCKET)
         yield info
     finally:
         server.stop()

@@ -5,7 +5,8 @@
 * ``latest_restorable``: a damaged newest checkpoint falls back to the previous one with
   a WARNING, on every storage (s3, file, memory);
 * golden runs with S3 checkpoints: faulty runs (crash after epoch 2, process exit,
-  failed upload) end with exactly the failure-free output.
+  failed upload within and beyond ``tolerable_failures``) end with exactly the
+  failure-free output; a damaged newest checkpoint makes the restart fall back.
 """
 from __future__ import annotations
 
@@ -14,25 +15,15 @@ import logging
 import uuid
 
 import pytest
+import test_checkpoint_storage as fs_independent_suite
+from pipelines import output, unique_dir, wordcount
 
 import epochal as ep
-import test_checkpoint_storage as fs_independent_suite
 from epochal.backends import CheckpointStorage
 from epochal.errors import CheckpointStorageError, ConfigError
 from epochal.testing import CrashAtRecord, CrashDuringSnapshotUpload
-from pipelines import output, unique_dir, wordcount
-from s3server import s3_env, s3_server  # noqa: F401  (fixtures)
 
-
-def _objects(server, url: str) -> list[str]:
-    """Keys under ``url`` as the S3 server itself lists them (not through s3fs)."""
-    import boto3
-
-    prefix = url.removeprefix(f"s3://{server.bucket}/")
-    client = boto3.client("s3", **{"endpoint_url": server.endpoint_url, "aws_access_key_id": "testing",
-                                   "aws_secret_access_key": "testing", "region_name": "us-east-1"})
-    pages = client.get_paginator("list_objects_v2").paginate(Bucket=server.bucket, Prefix=prefix)
-    return [o["Key"][len(prefix):] for page in pages for o in page.get("Contents", [])]
+pytest_plugins = ["s3server"]  # fixtures s3_server, s3_env
 
 
 # --------------------------------------------------------------- the shared suite on S3
@@ -55,7 +46,7 @@ def test_environment_alone_reaches_the_server(s3_env):
     s = CheckpointStorage(url, "j")
     h = s.write_state(1, "t", b"payload")
     s.write_metadata(1, {"tasks": {"t": [h]}})
-    assert sorted(_objects(s3_env, url)) == ["/j/chk-0000000001/_metadata", "/j/chk-0000000001/t"]
+    assert sorted(s3_env.keys(url)) == ["/j/chk-0000000001/_metadata", "/j/chk-0000000001/t"]
     assert repr(s) == f"CheckpointStorage('{url}/j')"
 
 
@@ -71,7 +62,7 @@ def test_storage_options_reach_the_server_without_environment(s3_server, monkeyp
     assert s.storage_options["endpoint_url"] == s3_server.endpoint_url
     s.write_metadata(4, {"tasks": {"t": [s.write_state(4, "t", b"x")]}})
     assert s.latest_restorable()[0] == 4
-    assert "/j/chk-0000000004/_metadata" in _objects(s3_server, url)
+    assert "/j/chk-0000000004/_metadata" in s3_server.keys(url)
 
 
 def test_storage_options_must_be_a_mapping():
@@ -186,11 +177,16 @@ class TestLatestRestorable:
         engine_checkpoint(any_storage, 1)
         engine_checkpoint(any_storage, 2)
 
-        def refuse(*args, **kwargs):
-            raise PermissionError(13, "Access Denied")
+        real_open = any_storage.fs.open
 
-        monkeypatch.setattr(any_storage.fs, "open", refuse)
-        with pytest.raises(CheckpointStorageError, match=r"cannot read .*chk-0000000002/count-0.state: PermissionError"):
+        def refuse_state_files(path, *args, **kwargs):
+            if str(path).endswith(".state"):
+                raise PermissionError(13, "Access Denied")
+            return real_open(path, *args, **kwargs)
+
+        monkeypatch.setattr(any_storage.fs, "open", refuse_state_files)
+        with pytest.raises(CheckpointStorageError,
+                           match=r"cannot read .*chk-0000000002/count-0.state: PermissionError"):
             any_storage.latest_restorable()
         assert any_storage.unrestorable == {}
 
@@ -213,7 +209,7 @@ class TestLatestRestorable:
 
 
 # --------------------------------------------------------------- golden runs on S3
-CKPT = dict(interval=0.05)
+CKPT = {"interval": 0.05}
 RESTART = ep.RestartStrategy(max_attempts=3, delay=0)
 CHANNELS = ep.ChannelConfig(batch_size=32, linger="2ms")
 # Each task process pays ~1 CPU-second on its first S3 use (importing s3fs/botocore, the
@@ -246,7 +242,7 @@ def test_failure_free_run_on_s3_equals_golden(tmp_path, s3_env, golden):
     result = _run(s3_wordcount(out), url)
     assert result.attempts == 1 and result.checkpoint_root == f"{url}/wc"
     assert output(out) == golden
-    keys = _objects(s3_env, url)
+    keys = s3_env.keys(url)
     assert any(k.endswith("/_metadata") for k in keys) and any(k.endswith(".state") for k in keys), keys
 
 

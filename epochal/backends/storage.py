@@ -48,7 +48,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from epochal.errors import CheckpointStorageError, ConfigError
 
-__all__ = ["CheckpointStorage", "StateHandle", "METADATA_FILE"]
+__all__ = ["METADATA_FILE", "CheckpointStorage", "StateHandle"]
 
 log = logging.getLogger("epochal")
 
