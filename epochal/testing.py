@@ -67,7 +67,8 @@ class CrashDuringAlignment(Fault):
 @dataclass(frozen=True)
 class CrashDuringSnapshotUpload(Fault):
     """Fail inside the asynchronous upload of ``operator``'s task snapshot for epoch
-    ``epoch`` (or the first after it), after part of the state file was written.
+    ``epoch`` (or the first after it), after the state was serialised and before the state
+    file is written.
 
     ``how="exit"`` crashes the process mid-upload; ``how="raise"`` is a storage error:
     the task declines the epoch and keeps running (the coordinator's tolerable-failure

@@ -207,6 +207,27 @@ class CheckpointStorage:
                     os.unlink(tmp)
                 raise
 
+    def all_epochs(self) -> list[int]:
+        """Every ``chk-*`` epoch present, complete or not (ascending): ids a driver must never
+        reuse, since a zombie task of an older attempt may still write there."""
+        return self._list_epochs()
+
+    def next_generation(self) -> int:
+        """Claim the next attempt generation of this job (0 for its first attempt ever).
+
+        Persisted in ``<root>/_generation`` so generations keep increasing across drivers
+        (``resume=True``): names derived from them (sink staging files, producer epochs)
+        never collide with those of a previous driver's zombie tasks. Only the job's single
+        driver calls this.
+        """
+        path = f"{self.root}/_generation"
+        current = -1
+        with self._io("read", path):
+            if self.fs.exists(path):
+                current = int(self.fs.cat_file(path).decode().strip() or -1)
+        self._put(path, str(current + 1).encode())
+        return current + 1
+
     def _list_epochs(self) -> list[int]:
         """Epochs with a ``chk-*`` directory (complete or not), ascending."""
         with self._io("list", self.root):

@@ -169,9 +169,12 @@ class _Driver:
         t0 = time.monotonic()
         failures: list[str] = []
         restored_from: list = []
-        highest = max(self.storage._list_epochs(), default=0)  # includes incomplete epochs: never reuse an id
-        for generation in range(self.restart.max_attempts + 1):
-            latest = self.storage.latest_completed()
+        highest = max(self.storage.all_epochs(), default=0)  # includes incomplete epochs: never reuse an id
+        for attempt in range(self.restart.max_attempts + 1):
+            generation = self.storage.next_generation()
+            # the newest checkpoint whose files all verify; a damaged one is skipped with a
+            # WARNING (falling back past a committed epoch can repeat its sink output)
+            latest = self.storage.latest_restorable()
             restore = None
             if latest is not None:
                 epoch, meta = latest
@@ -183,19 +186,19 @@ class _Driver:
             if outcome.ok:
                 return JobResult(
                     job=self.plan.job, guarantee=self.components.guarantee.value, runtime=self.runtime,
-                    attempts=generation + 1, failures=failures, completed_epochs=server.completed,
+                    attempts=attempt + 1, failures=failures, completed_epochs=server.completed,
                     aborted_epochs=server.aborted, task_metrics=outcome.task_metrics,
                     duration_s=time.monotonic() - t0, checkpoint_root=f"{self.url}/{self.plan.job}",
                     restored_from=restored_from,
                 )
             failures.append(outcome.cause)
-            log.warning("job %s attempt %d failed: %s", self.plan.job, generation, outcome.cause.splitlines()[0]
-                        if outcome.cause else "")
+            log.warning("job %s attempt %d (generation %d) failed: %s", self.plan.job, attempt, generation,
+                        outcome.cause.splitlines()[0] if outcome.cause else "")
             if self._cancelled:
                 raise JobFailedError(f"job {self.plan.job!r} was cancelled", failures)
             if outcome.fatal:
                 raise JobFailedError(f"job {self.plan.job!r} cannot run (not retried): {outcome.cause}", failures)
-            if generation < self.restart.max_attempts:
+            if attempt < self.restart.max_attempts:
                 time.sleep(self.restart.delay)
         raise JobFailedError(
             f"job {self.plan.job!r} failed after {len(failures)} attempt(s) "
