@@ -100,17 +100,32 @@ def strongly_connected(vertices, edges_of) -> list[list]:
 
 
 def detect_back_edges(plan) -> set[str]:
-    """Channels of the physical graph that close a cycle into a Loop Head task."""
-    out_of: dict[str, list[tuple[str, str]]] = {t.id: [] for t in plan.tasks}
-    for ch in plan.channels.values():
-        out_of[ch.producer].append((ch.id, ch.consumer))
-    comp_of = {}
-    for k, comp in enumerate(strongly_connected([t.id for t in plan.tasks], lambda v: [c for _, c in out_of[v]])):
-        for v in comp:
-            comp_of[v] = k
+    """Back-edges of the physical task graph, outermost loops first (seed 004 §3.4.4.4).
+
+    Each non-trivial strongly connected component is a loop; its entry tasks are the Loop
+    Heads that receive input from outside the component (the seed's "entry task": the one
+    with edges external to the loop); the channels from inside the component into an entry
+    are back-edges. Removing them exposes nested loops, handled the same way until no
+    cycle is left.
+    """
     heads = set(plan.loop_head_tasks)
-    return {ch.id for ch in plan.channels.values()
-            if ch.consumer in heads and comp_of[ch.producer] == comp_of[ch.consumer]}
+    found: set[str] = set()
+    while True:
+        live = [c for c in plan.channels.values() if c.id not in found]
+        out_of: dict[str, list[str]] = {t.id: [] for t in plan.tasks}
+        for ch in live:
+            out_of[ch.producer].append(ch.consumer)
+        new = set()
+        for comp in strongly_connected([t.id for t in plan.tasks], lambda v: out_of[v]):
+            inside = set(comp)
+            if len(comp) == 1 and comp[0] not in out_of[comp[0]]:
+                continue  # not a loop
+            entered = {c.consumer for c in live if c.consumer in inside and c.producer not in inside}
+            entries = (entered & heads) or entered or (inside & heads)
+            new |= {c.id for c in live if c.producer in inside and c.consumer in entries}
+        if not new:
+            return found
+        found |= new
 
 
 def check_loop_expansion(plan) -> None:
