@@ -296,3 +296,56 @@ def nested_golden(n: int, rounds: int = 3) -> collections.Counter:
             r = (r[0], r[1] + c[2], r[2] + 1)
         out.append(list(r))
     return canon(out)
+
+
+class Visits(ep.KeyedProcessFunction):
+    """Counts a record's passes through the loop in keyed state: (n, c, k, r) → (n, c, visits, r)."""
+
+    def open(self, ctx):
+        self.visits = ctx.value_state("visits", default=0)
+
+    def process(self, key, r):
+        v = self.visits.value() + 1
+        self.visits.update(v)
+        yield (r[0], r[1], v, r[3])
+
+
+def _step_only(r):
+    return r if r[1] == 1 else (r[0], collatz_step(r[:3])[1], r[2] + 1, r[3])
+
+
+def random_loop(name: str, out: str, topo: dict, n: int = 120) -> ep.Dataflow:
+    """A loop-containing topology drawn by the Hypothesis test (see test_loops_hypothesis).
+
+    Records are (n, current, steps, round). ``topo``: head parallelism, body stages
+    (``("map"|"keyed", parallelism)``; keyed stages count visits in keyed state), feedback
+    partitioning (``"hash" | "rebalance" | "forward"``), ``nested`` (an outer loop runs the
+    loop twice, the second time from n + steps). Output is a deterministic multiset.
+    """
+    flow = ep.Dataflow(name, parallelism=2)
+    src = flow.source("numbers", ep.sources.GeneratorSource(_numbers, num_splits=2, limit=n // 2,
+                                                            records_per_second=400.0))
+
+    def body(s):
+        for k, (kind, p) in enumerate(topo["stages"]):
+            if kind == "map":
+                s = s.map(f"stage{k}", _step_only, parallelism=p)
+            else:
+                s = s.key_by(lambda r: (r[0], r[3])).process(f"stage{k}", Visits(), parallelism=p)
+        if not any(kind == "map" for kind, _ in topo["stages"]):
+            s = s.map("stepx", _step_only)
+        more = s.filter("more", lambda r: r[1] != 1)
+        fb = topo["feedback"]
+        more = more.key_by(lambda r: r[0]) if fb == "hash" else more.rebalance() if fb == "rebalance" else more
+        return more, s.filter("done", lambda r: r[1] == 1)
+
+    def inner(s):
+        return s.iterate("loop", body, parallelism=topo["head_parallelism"])
+
+    def outer(s):
+        nxt = inner(s).map("round", lambda r: (r[0], r[0] + r[2], r[2], r[3] + 1))
+        return nxt.filter("again", lambda r: r[3] < 2).rebalance(), nxt.filter("last", lambda r: r[3] >= 2)
+
+    start = src.map("init", lambda x: (x, x, 0, 0))
+    (start.iterate("outer", outer) if topo["nested"] else inner(start)).sink("out", FileSink(out))
+    return flow
