@@ -168,9 +168,10 @@ def test_coordinator_continue_final_runs_another_final_epoch():
     e = c.maybe_trigger(0.0)
     c.acknowledge("a", e.epoch, {}, 0.1)
     assert c.is_finished
-    c.continue_final(0.2)
+    c.continue_final(0.2, delay=0.5)
     assert not c.is_finished
-    e2 = c.maybe_trigger(0.3)
+    assert c.maybe_trigger(0.6) is None                  # paused: the loop gets time to progress
+    e2 = c.maybe_trigger(0.7)
     assert e2.epoch == e.epoch + 1 and e2.reason.value == "final"
     c.acknowledge("a", e2.epoch, {}, 0.4)
     assert c.is_finished
@@ -273,3 +274,19 @@ def test_collatz_recovers_on_spark(tmp_path, spark, golden_collatz):
     assert result.runtime == "spark"
     _recovered(result)
     assert output(out) == golden_collatz
+
+
+def test_loops_benchmark_smoke(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "loops.py"
+    out = tmp_path / "loops.json"
+    proc = subprocess.run([sys.executable, str(script), "--smoke", "--out", str(out), "--tmp", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["errors"] == [] and [r["in_flight"] for r in doc["runs"]] == [40, 400]
+    assert all(r["iterations_per_s"] > 0 and r["completed_epochs"] >= 1 for r in doc["runs"])

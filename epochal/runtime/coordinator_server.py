@@ -31,6 +31,8 @@ from epochal.loops.termination import in_flight_at_cut
 from epochal.runtime import wire
 
 TICK = 0.005
+#: pause between FINAL epochs while a loop is still busy (at most the checkpoint interval)
+FINAL_ROUND_PAUSE = 0.2
 #: how long a secondary failure (a broken channel, usually the echo of another task's
 #: failure) waits for the primary cause before it ends the attempt itself
 SECONDARY_GRACE = 0.5
@@ -264,11 +266,13 @@ class CoordinatorServer:
             "max_alignment_s": max((m.get("alignment_s", 0.0) for m in metrics), default=0.0),
             "max_sync_s": max((m.get("sync_s", 0.0) for m in metrics), default=0.0),
             "max_upload_s": max((m.get("upload_s", 0.0) for m in metrics), default=0.0),
+            "loop_logged": sum(m.get("loop_logged", 0) for m in metrics),
         })
         if completed.is_final:
             in_flight = in_flight_at_cut(completed.acks, self.loop_heads)
             if in_flight:  # a loop was still busy at the cut: go round again (epochal.loops.termination)
-                self.coordinator.continue_final(time.monotonic())
+                self.coordinator.continue_final(time.monotonic(), FINAL_ROUND_PAUSE if self.config.interval is None
+                                                else min(self.config.interval, FINAL_ROUND_PAUSE))
                 self.final_rounds += 1
             else:
                 self._broadcast(("finish",))
