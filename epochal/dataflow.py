@@ -67,6 +67,13 @@ class Dataflow:
 
     def _add(self, node: Node) -> Node:
         _check_name(node.name, "operator")
+        for inp in node.inputs:
+            if inp.node not in self._nodes:
+                raise PipelineDefinitionError(
+                    f"operator {node.name!r} reads from {inp.node!r}, which is not (yet) an operator of dataflow "
+                    f"{self.name!r}: a stream can only read operators defined before it, so the graph stays "
+                    "acyclic; build feedback loops with Stream.iterate(name, body)"
+                )
         _check_parallelism(node.parallelism, f"operator {node.name!r}")
         if node.name in self._nodes:
             raise PipelineDefinitionError(
@@ -177,6 +184,34 @@ class Stream:
                 raise PipelineDefinitionError("union: every stream must belong to the same Dataflow")
             ports.extend(other._ports)
         return Stream(self._flow, tuple(ports))
+
+    def iterate(self, name: str, body: Callable, *, parallelism: int | None = None,
+                log_memory_records: int = 100_000) -> "Stream":
+        """A feedback loop: ``body(loop_input)`` returns ``(feedback, output)``.
+
+        Records of this stream enter the loop; ``feedback`` records go back to the loop's
+        input (the loop head, ``name``) and ``output`` leaves the loop. Loops may nest
+        (call ``iterate`` inside a body). Exactly-once and at-least-once both hold for
+        records in flight inside the loop: the head logs records arriving on the feedback
+        edge while an epoch's barrier circulates (seed 004 Alg. 7) and replays the log
+        on restore (§4.1.3.1). The in-memory log is bounded by ``log_memory_records``
+        per epoch; beyond it the log spills to local disk and is uploaded in segments.
+
+        Example (Collatz step counts; each record loops until it reaches 1)::
+
+            def body(s):
+                step = s.map("step", lambda r: r if r[1] == 1 else
+                             (r[0], r[1] // 2 if r[1] % 2 == 0 else 3 * r[1] + 1, r[2] + 1))
+                return step.filter("more", lambda r: r[1] != 1), step.filter("done", lambda r: r[1] == 1)
+            steps = numbers.map("init", lambda n: (n, n, 0)).iterate("collatz", body)
+
+        Raises:
+            PipelineDefinitionError: ``body`` does not return two streams of this dataflow,
+                ``feedback`` does not depend on the loop's input, or is the input unchanged.
+        """
+        from epochal.loops.api import build_loop
+
+        return build_loop(self, name, body, parallelism, log_memory_records)
 
     def sink(self, name: str, sink, *, parallelism: int | None = None) -> None:
         """Write the stream to an :class:`epochal.sinks.Sink`."""

@@ -30,6 +30,9 @@ class Input:
 
     node: str
     partitioning: Partitioning
+    #: a back-edge of a loop (``Stream.iterate``): records flow from the loop's tail back
+    #: to its head. The only way a cycle may appear in the graph (seed 004 §3.4.4.4).
+    feedback: bool = False
 
 
 class NodeKind(enum.Enum):
@@ -40,6 +43,7 @@ class NodeKind(enum.Enum):
     REDUCE = "reduce"
     PROCESS = "process"
     SINK = "sink"
+    LOOP_HEAD = "loop_head"  # entry of a loop (Stream.iterate); see epochal/loops
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from epochal.backends.keygroups import key_group_range
 from epochal.errors import PipelineDefinitionError
 from epochal.graph import Node, NodeKind, PartitionKind, Partitioning
+from epochal.loops.backedges import check_acyclic, check_loop_expansion
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,18 @@ class TaskSpec:
     source_splits: tuple = ()
     key_groups: range = range(0)
     is_source: bool = False
+    #: loop heads only: the feedback (phantom) channels, the last entries of ``inputs``;
+    #: they are never aligned (seed 004 Alg. 7) and get unbounded credit
+    feedback_inputs: tuple[str, ...] = ()
+
+    @property
+    def is_loop_head(self) -> bool:
+        return bool(self.feedback_inputs)
+
+    @property
+    def aligned_inputs(self) -> int:
+        """How many input channels the barrier handler sees (all but the feedback ones)."""
+        return len(self.inputs) - len(self.feedback_inputs)
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,7 @@ class Channel:
     id: str
     producer: str
     consumer: str
+    feedback: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,10 @@ class PhysicalPlan:
     @property
     def source_tasks(self) -> list[str]:
         return [t.id for t in self.tasks if t.is_source]
+
+    @property
+    def loop_head_tasks(self) -> list[str]:
+        return [t.id for t in self.tasks if t.is_loop_head]
 
     def fingerprint(self) -> dict:
         """Operator names, kinds and parallelism — checked when restoring a checkpoint."""
@@ -98,9 +116,11 @@ def compile_plan(flow) -> PhysicalPlan:
     if not any(n.kind == NodeKind.SINK for n in nodes.values()):
         raise PipelineDefinitionError(f"dataflow {flow.name!r} has no sink")
 
+    check_acyclic(nodes)
+
     # Chains: follow chainable forward edges from each chain head.
     def chains_into_producer(node: Node) -> bool:
-        if len(node.inputs) != 1 or node.kind == NodeKind.SOURCE:
+        if len(node.inputs) != 1 or node.kind in (NodeKind.SOURCE, NodeKind.LOOP_HEAD):
             return False
         inp = node.inputs[0]
         producer = nodes[inp.node]
@@ -129,8 +149,8 @@ def compile_plan(flow) -> PhysicalPlan:
     for node in nodes.values():
         for i, inp in enumerate(node.inputs):
             producer = nodes[inp.node]
-            if chain_of[node.name] == chain_of[producer.name]:
-                continue  # chained
+            if chain_of[node.name] == chain_of[producer.name] and not inp.feedback:
+                continue  # chained (a feedback edge is always a channel, even to its own task)
             kind = inp.partitioning.kind
             if kind == PartitionKind.FORWARD and producer.parallelism != node.parallelism:
                 partitioning = Partitioning(PartitionKind.REBALANCE)
@@ -146,7 +166,7 @@ def compile_plan(flow) -> PhysicalPlan:
                 gate_channels = []
                 for down in targets:
                     cid = f"{producer.name}>{node.name}.{i}:{up}>{down}"
-                    channels[cid] = Channel(cid, task_id(p_head, up), task_id(c_head, down))
+                    channels[cid] = Channel(cid, task_id(p_head, up), task_id(c_head, down), inp.feedback)
                     inputs_of.setdefault(task_id(c_head, down), []).append(cid)
                     gate_channels.append(cid)
                 gates_of.setdefault(task_id(p_head, up), []).append(
@@ -164,6 +184,8 @@ def compile_plan(flow) -> PhysicalPlan:
                 splits = tuple(sp for k, sp in enumerate(all_splits) if k % head.parallelism == s)
             keyed = any(nodes[n].is_keyed for n in chain)
             kgs = key_group_range(s, head.parallelism, flow.max_parallelism) if keyed else range(0)
+            ins = inputs_of.get(tid, [])
+            feedback = tuple(c for c in ins if channels[c].feedback)
             tasks.append(
                 TaskSpec(
                     id=tid,
@@ -171,11 +193,14 @@ def compile_plan(flow) -> PhysicalPlan:
                     chain=chain,
                     subtask=s,
                     parallelism=head.parallelism,
-                    inputs=tuple(inputs_of.get(tid, ())),
+                    inputs=tuple(c for c in ins if not channels[c].feedback) + feedback,
+                    feedback_inputs=feedback,
                     outputs=tuple(gates_of.get(tid, ())),
                     source_splits=splits,
                     key_groups=kgs,
                     is_source=head.kind == NodeKind.SOURCE,
                 )
             )
-    return PhysicalPlan(flow.name, flow.max_parallelism, nodes, tuple(tasks), channels)
+    plan = PhysicalPlan(flow.name, flow.max_parallelism, nodes, tuple(tasks), channels)
+    check_loop_expansion(plan)
+    return plan

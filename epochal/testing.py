@@ -87,6 +87,22 @@ class CrashDuringCommit(Fault):
     epoch: int = 1
 
 
+@dataclass(frozen=True)
+class CrashWhileLogging(Fault):
+    """Fail when the loop head ``operator`` logs feedback records for epoch ``epoch`` (or
+    the first after it): barrier ``epoch`` was forwarded into the loop and has not come
+    back yet (seed 004 Alg. 7, lines 12-13)."""
+
+    epoch: int = 1
+
+
+@dataclass(frozen=True)
+class DisableLoopLog(Fault):
+    """TEST ONLY: loop head ``operator`` keeps no in-transit log, in every attempt and
+    subtask. Proves the log matters: with it disabled, records in flight inside the loop
+    at the restored cut are lost."""
+
+
 class FaultInjector:
     """The faults of one task in one attempt; the runtime calls its hooks.
 
@@ -98,6 +114,8 @@ class FaultInjector:
             f for f in (faults or ())
             if f.operator in operators and f.subtask == subtask and f.generation == generation
         ]
+        self.loop_log_enabled = not any(isinstance(f, DisableLoopLog) and f.operator in operators
+                                        for f in (faults or ()))
 
         self.completed = 0
 
@@ -130,6 +148,11 @@ class FaultInjector:
         f = self._take(CrashDuringSnapshotUpload, epoch)
         if f:
             f.fire(f"uploading snapshot of epoch {epoch}")
+
+    def on_loop_log(self, epoch: int) -> None:
+        f = self._take(CrashWhileLogging, epoch)
+        if f:
+            f.fire(f"logging in-transit records of epoch {epoch}")
 
     def on_commit(self, operator: str, epoch: int) -> None:
         for f in self._faults:

@@ -128,3 +128,224 @@ def unique_dir(tmp_path, name: str) -> str:
 def contains_all(big: collections.Counter, small: collections.Counter) -> bool:
     """At-least-once: every golden record appears at least as often as in the golden run."""
     return all(big[k] >= v for k, v in small.items())
+
+
+# ---------------------------------------------------------------------------------- loops
+def collatz_step(r):
+    """(n, current, steps) → one Collatz step (1 stays 1)."""
+    n, c, k = r
+    if c == 1:
+        return r
+    return (n, c // 2 if c % 2 == 0 else 3 * c + 1, k + 1)
+
+
+def _numbers(split: int, offset: int, splits: int = 2):
+    i = offset
+    while True:
+        yield 1 + split + splits * i
+        i += 1
+
+
+def collatz(name: str, out: str, n: int = 300, parallelism: int = 2, body_parallelism: int = 2,
+            rate: float | None = 400.0, log_memory_records: int = 100_000) -> ep.Dataflow:
+    """Collatz step counts: each number loops a data-dependent number of times.
+
+    The body's step runs with ``body_parallelism``; the feedback is key-partitioned by the
+    number. Output: (n, 1, steps) per number.
+    """
+    flow = ep.Dataflow(name, parallelism=parallelism)
+    src = flow.source("numbers", ep.sources.GeneratorSource(_numbers, num_splits=2, limit=n // 2,
+                                                            records_per_second=rate))
+
+    def body(s):
+        step = s.map("step", collatz_step, parallelism=body_parallelism)
+        return (step.filter("more", lambda r: r[1] != 1).key_by(lambda r: r[0]),
+                step.filter("done", lambda r: r[1] == 1))
+
+    (src.map("init", lambda x: (x, x, 0))
+        .iterate("collatz", body, log_memory_records=log_memory_records)
+        .sink("out", FileSink(out)))
+    return flow
+
+
+def collatz_golden(n: int) -> collections.Counter:
+    out = []
+    for x in range(1, 2 * (n // 2) + 1):
+        r = (x, x, 0)
+        while r[1] != 1:
+            r = collatz_step(r)
+        out.append(list(r))
+    return canon(out)
+
+
+class Components(ep.KeyedProcessFunction):
+    """Label propagation: a vertex keeps its neighbours and the smallest label seen; an
+    improvement is emitted ("label", v, l) and sent to every neighbour ("msg", w, l)."""
+
+    def open(self, ctx):
+        self.label = ctx.value_state("label", default=None)
+        self.nbrs = ctx.map_state("nbrs")
+
+    def process(self, key, rec):
+        lab = self.label.value()
+        if lab is None:
+            lab = key
+            self.label.update(lab)
+            yield ("label", key, lab)
+        if rec[0] == "edge":
+            other = rec[2]
+            if other not in self.nbrs:
+                self.nbrs.put(other, True)
+                yield ("msg", other, lab)
+        elif rec[2] < lab:
+            lab = rec[2]
+            self.label.update(lab)
+            yield ("label", key, lab)
+            for w in self.nbrs.keys():
+                yield ("msg", w, lab)
+
+
+def random_edges(vertices: int, edges: int, seed: int = 7) -> list:
+    import random
+
+    rnd = random.Random(seed)
+    return [(rnd.randrange(vertices), rnd.randrange(vertices)) for _ in range(edges)]
+
+
+def components(name: str, out: str, edges: list, parallelism: int = 2, rate: float | None = 300.0) -> ep.Dataflow:
+    """Connected components by label propagation over ``edges`` (keyed state in the loop)."""
+    flow = ep.Dataflow(name, parallelism=parallelism)
+    src = flow.source("edges", ep.sources.GeneratorSource(_edge_gen(edges), num_splits=2, limit=len(edges) // 2,
+                                                          records_per_second=rate))
+
+    def body(s):
+        labels = s.key_by(lambda r: r[1]).process("cc", Components())
+        return (labels.filter("msgs", lambda r: r[0] == "msg").key_by(lambda r: r[1]),
+                labels.filter("labels", lambda r: r[0] == "label"))
+
+    (src.flat_map("both", lambda e: [("edge", e[0], e[1]), ("edge", e[1], e[0])])
+        .iterate("propagate", body)
+        .sink("out", FileSink(out)))
+    return flow
+
+
+def _edge_gen(edges):
+    def gen(split: int, offset: int):
+        i = offset
+        while 2 * i + split < len(edges):
+            yield edges[2 * i + split]
+            i += 1
+    return gen
+
+
+def components_golden(edges: list) -> dict:
+    """Final label (smallest vertex id of its component) of every vertex with an edge."""
+    parent: dict = {}
+
+    def find(x):
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for u, v in edges[: 2 * (len(edges) // 2)]:
+        a, b = find(u), find(v)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    return {v: find(v) for v in list(parent)}
+
+
+def final_labels(records) -> dict:
+    labels: dict = {}
+    for _, v, lab in records:
+        labels[v] = min(lab, labels.get(v, lab))
+    return labels
+
+
+def nested(name: str, out: str, n: int = 120, rounds: int = 3, parallelism: int = 2,
+           rate: float | None = 300.0) -> ep.Dataflow:
+    """Nested loops: an outer loop runs ``rounds`` rounds; each round runs the inner
+    Collatz loop on (n + sum of previous step counts)."""
+    flow = ep.Dataflow(name, parallelism=parallelism)
+    src = flow.source("numbers", ep.sources.GeneratorSource(_numbers, num_splits=2, limit=n // 2,
+                                                            records_per_second=rate))
+
+    def inner_body(s):
+        step = s.map("istep", lambda r: (r[0], *collatz_step((0, r[1], r[2]))[1:]))
+        return (step.filter("imore", lambda r: r[1] != 1).key_by(lambda r: r[0][0]),
+                step.filter("idone", lambda r: r[1] == 1))
+
+    def outer_body(s):
+        done = s.map("prep", lambda r: (r, r[1], 0)).iterate("inner", inner_body)
+        nxt = done.map("advance", lambda r: (r[0][0], r[0][1] + r[2], r[0][2] + 1))
+        return (nxt.filter("again", lambda r: r[2] < rounds).rebalance(),
+                nxt.filter("finished", lambda r: r[2] >= rounds))
+
+    src.map("init", lambda x: (x, x, 0)).iterate("outer", outer_body).sink("out", FileSink(out))
+    return flow
+
+
+def nested_golden(n: int, rounds: int = 3) -> collections.Counter:
+    out = []
+    for x in range(1, 2 * (n // 2) + 1):
+        r = (x, x, 0)
+        while r[2] < rounds:
+            c = (0, r[1], 0)
+            while c[1] != 1:
+                c = collatz_step(c)
+            r = (r[0], r[1] + c[2], r[2] + 1)
+        out.append(list(r))
+    return canon(out)
+
+
+class Visits(ep.KeyedProcessFunction):
+    """Counts a record's passes through the loop in keyed state: (n, c, k, r) → (n, c, visits, r)."""
+
+    def open(self, ctx):
+        self.visits = ctx.value_state("visits", default=0)
+
+    def process(self, key, r):
+        v = self.visits.value() + 1
+        self.visits.update(v)
+        yield (r[0], r[1], v, r[3])
+
+
+def _step_only(r):
+    return r if r[1] == 1 else (r[0], collatz_step(r[:3])[1], r[2] + 1, r[3])
+
+
+def random_loop(name: str, out: str, topo: dict, n: int = 120) -> ep.Dataflow:
+    """A loop-containing topology drawn by the Hypothesis test (see test_loops_hypothesis).
+
+    Records are (n, current, steps, round). ``topo``: head parallelism, body stages
+    (``("map"|"keyed", parallelism)``; keyed stages count visits in keyed state), feedback
+    partitioning (``"hash" | "rebalance" | "forward"``), ``nested`` (an outer loop runs the
+    loop twice, the second time from n + steps). Output is a deterministic multiset.
+    """
+    flow = ep.Dataflow(name, parallelism=2)
+    src = flow.source("numbers", ep.sources.GeneratorSource(_numbers, num_splits=2, limit=n // 2,
+                                                            records_per_second=400.0))
+
+    def body(s):
+        for k, (kind, p) in enumerate(topo["stages"]):
+            if kind == "map":
+                s = s.map(f"stage{k}", _step_only, parallelism=p)
+            else:
+                s = s.key_by(lambda r: (r[0], r[3])).process(f"stage{k}", Visits(), parallelism=p)
+        if not any(kind == "map" for kind, _ in topo["stages"]):
+            s = s.map("stepx", _step_only)
+        more = s.filter("more", lambda r: r[1] != 1)
+        fb = topo["feedback"]
+        more = more.key_by(lambda r: r[0]) if fb == "hash" else more.rebalance() if fb == "rebalance" else more
+        return more, s.filter("done", lambda r: r[1] == 1)
+
+    def inner(s):
+        return s.iterate("loop", body, parallelism=topo["head_parallelism"])
+
+    def outer(s):
+        nxt = inner(s).map("round", lambda r: (r[0], r[0] + r[2], r[2], r[3] + 1))
+        return nxt.filter("again", lambda r: r[3] < 2).rebalance(), nxt.filter("last", lambda r: r[3] >= 2)
+
+    start = src.map("init", lambda x: (x, x, 0, 0))
+    (start.iterate("outer", outer) if topo["nested"] else inner(start)).sink("out", FileSink(out))
+    return flow

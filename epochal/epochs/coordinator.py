@@ -27,7 +27,9 @@ an ad-hoc user request):
   other epoch is triggered; the final epoch is triggered by :meth:`maybe_trigger` as soon
   as no epoch is pending, ignoring interval and min_pause, so it is the job's last epoch
   and it covers all queued requests. If it is aborted, it is re-requested. Its completion
-  sets :attr:`is_finished`.
+  sets :attr:`is_finished` — unless the driver finds that a loop was not quiescent at the
+  cut (a loop head logged records in flight, seed 004 Alg. 7) and calls
+  :meth:`continue_final`, which asks for one more FINAL epoch.
 
 Every trigger except FINAL waits until fewer than ``config.max_concurrent`` epochs are
 pending and ``config.min_pause`` seconds have passed since the latest completion.
@@ -126,6 +128,7 @@ class EpochCoordinator:
         self._pending: dict[int, PendingEpoch] = {}       # insertion order == epoch order
         self._requests: list[tuple[TriggerReason, float]] = []
         self._final_requested = False
+        self._final_not_before = 0.0
         self._finished = False
         self._clock_start: float | None = None
         self._last_trigger: float | None = None
@@ -207,6 +210,22 @@ class EpochCoordinator:
         if not self._finished:
             self._final_requested = True
 
+    def continue_final(self, now: float, delay: float = 0.0) -> None:
+        """The FINAL epoch that just completed did not prove quiescence (records were in
+        flight inside a loop at its cut): un-finish and request another FINAL epoch, to
+        be triggered no earlier than ``now + delay`` (so a long-running loop is not
+        snapshotted back to back).
+
+        Raises:
+            ValueError: if the job is not finished by a completed FINAL epoch.
+        """
+        self._observe(now)
+        if not self._finished:
+            raise ValueError("continue_final: no FINAL epoch has completed")
+        self._finished = False
+        self._final_requested = True
+        self._final_not_before = now + delay
+
     def maybe_trigger(self, now: float) -> PendingEpoch | None:
         """Trigger the next epoch if one is due and allowed; else return None.
 
@@ -219,7 +238,7 @@ class EpochCoordinator:
         if self._finished:
             return None
         if self._final_requested:
-            if self._pending:
+            if self._pending or now < self._final_not_before:
                 return None
             self._requests.clear()                      # the final epoch serves them
             return self._trigger(TriggerReason.FINAL, now)

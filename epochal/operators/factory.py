@@ -23,4 +23,8 @@ def create_operator(node: Node, ctx: OperatorContext) -> RuntimeOperator:
         return KeyedProcessOperator(ctx, node.key_fn, node.payload)
     if kind is NodeKind.SINK:
         return SinkOperator(ctx, node.payload)
+    if kind is NodeKind.LOOP_HEAD:
+        from epochal.loops.head import LoopHeadOperator
+
+        return LoopHeadOperator(ctx)
     raise ValueError(f"operator {node.name!r}: kind {kind} has no runtime operator")

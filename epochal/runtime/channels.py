@@ -19,6 +19,9 @@ import time
 from epochal.runtime.wire import Connection, ConnectionClosed
 
 DATA, BARRIER, END, CREDIT = "B", "E", "X", "C"
+#: credit granted on a loop's feedback channels: the Loop Tail must never block, or the
+#: cycle of credits could deadlock (epochal.loops)
+UNBOUNDED_CREDIT = 1 << 60
 
 
 class ChannelFailure(Exception):
@@ -32,10 +35,12 @@ class InputGate:
     thread takes them with :meth:`poll`, skipping blocked channels.
     """
 
-    def __init__(self, channel_ids: tuple[str, ...], credits: int, cv: threading.Condition):
+    def __init__(self, channel_ids: tuple[str, ...], credits: int, cv: threading.Condition,
+                 unbounded: frozenset[int] = frozenset()):
         self.channel_ids = channel_ids
         self.index = {cid: i for i, cid in enumerate(channel_ids)}
         self.credits = credits
+        self.credits_of = [UNBOUNDED_CREDIT if i in unbounded else credits for i in range(len(channel_ids))]
         self.cv = cv
         self.queues = [collections.deque() for _ in channel_ids]
         self.conns: list[Connection | None] = [None] * len(channel_ids)
@@ -62,7 +67,7 @@ class InputGate:
                 return
             self.conns[i] = conn
             self.cv.notify_all()
-        conn.send((CREDIT, self.credits))
+        conn.send((CREDIT, self.credits_of[i]))
         threading.Thread(target=self._read, args=(i, conn), name=f"epochal-in-{cid}", daemon=True).start()
 
     def _read(self, i: int, conn: Connection) -> None:
@@ -99,7 +104,7 @@ class InputGate:
                     with self.cv:
                         self._data_buffered[i] -= 1
                     self._owed[i] += 1
-                    if self._owed[i] * 2 >= self.credits:
+                    if self._owed[i] * 2 >= self.credits_of[i]:
                         try:
                             self.conns[i].send((CREDIT, self._owed[i]))
                         except OSError as exc:

@@ -12,7 +12,9 @@ storage. Protocol per attempt (task → coordinator / coordinator → task):
    complete only once it exists) and then sends ``("complete", n)`` — the commit phase of
    the epoch commit (seed 004 §4.1.3);
 4. sources report ``("exhausted", task)``; when all are, a FINAL epoch runs; after it
-   completed every task receives ``("finish",)`` and answers ``("finished", task, metrics)``;
+   completed — and, with loops, only once its loop heads logged nothing (quiescence,
+   :mod:`epochal.loops.termination`; else another FINAL epoch runs) — every task receives
+   ``("finish",)`` and answers ``("finished", task, metrics)``;
 5. a ``("failed", task, cause)`` message or a lost connection fails the attempt; every
    task then gets ``("cancel", cause)``.
 """
@@ -26,9 +28,12 @@ from dataclasses import dataclass, field
 
 from epochal.epochs.coordinator import EpochCoordinator
 from epochal.epochs.pending import TriggerReason
+from epochal.loops.termination import in_flight_at_cut
 from epochal.runtime import wire
 
 TICK = 0.005
+#: pause between FINAL epochs while a loop is still busy (at most the checkpoint interval)
+FINAL_ROUND_PAUSE = 0.2
 #: how long a secondary failure (a broken channel, usually the echo of another task's
 #: failure) waits for the primary cause before it ends the attempt itself
 SECONDARY_GRACE = 0.5
@@ -57,6 +62,8 @@ class CoordinatorServer:
         self.log = log
         self.tasks = [t.id for t in plan.tasks]
         self.sources = set(plan.source_tasks)
+        self.loop_heads = plan.loop_head_tasks
+        self.final_rounds = 0
         self.coordinator = EpochCoordinator(config, self.tasks, first_epoch=first_epoch)
         self.conns: dict[str, wire.Connection] = {}
         self.addresses: dict[str, tuple] = {}
@@ -264,9 +271,16 @@ class CoordinatorServer:
             "max_alignment_s": max((m.get("alignment_s", 0.0) for m in metrics), default=0.0),
             "max_sync_s": max((m.get("sync_s", 0.0) for m in metrics), default=0.0),
             "max_upload_s": max((m.get("upload_s", 0.0) for m in metrics), default=0.0),
+            "loop_logged": sum(m.get("loop_logged", 0) for m in metrics),
         })
         if completed.is_final:
-            self._broadcast(("finish",))
+            in_flight = in_flight_at_cut(completed.acks, self.loop_heads)
+            if in_flight:  # a loop was still busy at the cut: go round again (epochal.loops.termination)
+                self.coordinator.continue_final(time.monotonic(), FINAL_ROUND_PAUSE if self.config.interval is None
+                                                else min(self.config.interval, FINAL_ROUND_PAUSE))
+                self.final_rounds += 1
+            else:
+                self._broadcast(("finish",))
 
     def _finish_attempt(self, ok: bool, cause: str = "", fatal: bool = False) -> None:
         if self.outcome is not None:

@@ -9,7 +9,11 @@ subtask. A new task takes:
 * the keyed state blobs of every old task that ran one of its keyed operators (the
   backend keeps only its own key groups, seed 004 §4.2 — so keyed operators rescale);
 * for a source, the offsets of every old subtask merged (they are keyed by split, and
-  the reader keeps the entries of its own splits — so sources rescale too).
+  the reader keeps the entries of its own splits — so sources rescale too);
+* for a loop head, the in-transit logs to replay before anything else (seed 004
+  §4.1.3.1): its own subtask's log, or, after a rescale, old subtask ``k``'s log goes to
+  new subtask ``k % parallelism`` (the head routes replayed records like any other, so
+  any head subtask may replay any logged record).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from dataclasses import dataclass, field
 
 from epochal.backends.storage import StateHandle
 from epochal.errors import ConfigError
+from epochal.graph import NodeKind
 from epochal.runtime.snapshots import decode_task_state
 
 
@@ -25,6 +30,7 @@ class RestoredState:
     operators: dict = field(default_factory=dict)
     source: dict | None = None
     keyed: list = field(default_factory=list)
+    loop_logs: list = field(default_factory=list)  # InTransitLog descriptors, replay order
 
 
 def merge_offsets(states: list[dict]) -> dict | None:
@@ -63,6 +69,12 @@ def load_restored_state(plan, spec, restore: dict | None, storage) -> RestoredSt
         if not holders:
             continue  # a new operator: starts empty
         old_p = relevant[holders[0]]["parallelism"]
+        if nodes[name].kind is NodeKind.LOOP_HEAD:
+            for t in sorted(holders, key=lambda t: relevant[t]["subtask"]):
+                log = blobs[t].get("loop")
+                if log and relevant[t]["subtask"] % spec.parallelism == spec.subtask:
+                    result.loop_logs.append(log)
+            continue
         if nodes[name].is_keyed:
             result.keyed.extend(blobs[t]["keyed"] for t in holders if blobs[t]["keyed"] is not None)
             continue

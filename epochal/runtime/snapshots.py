@@ -25,6 +25,7 @@ class PendingUpload:
     source: Any
     keyed_job: Any  # backend SnapshotJob or None
     metrics: dict = field(default_factory=dict)
+    loop_log: Any = None  # loop heads: the epoch's InTransitLog (epochal.loops.log)
 
 
 def state_file_name(task_id: str) -> str:
@@ -32,9 +33,9 @@ def state_file_name(task_id: str) -> str:
     return task_id.replace("[", "-").replace("]", "") + ".state"
 
 
-def encode_task_state(operators: dict, source, keyed: bytes | None) -> bytes:
-    return pickle.dumps({"format": STATE_FORMAT, "operators": operators, "source": source, "keyed": keyed},
-                        protocol=5)
+def encode_task_state(operators: dict, source, keyed: bytes | None, loop: dict | None = None) -> bytes:
+    return pickle.dumps({"format": STATE_FORMAT, "operators": operators, "source": source, "keyed": keyed,
+                         "loop": loop}, protocol=5)
 
 
 def decode_task_state(blob: bytes, where: str) -> dict:
@@ -72,12 +73,17 @@ class Uploader:
             t0 = time.monotonic()
             try:
                 keyed = upload.keyed_job.run() if upload.keyed_job is not None else None
-                blob = encode_task_state(upload.operators, upload.source, keyed)
+                loop = None
+                if upload.loop_log is not None:
+                    loop = upload.loop_log.persist(self.storage, upload.epoch, state_file_name(self.task_id))
+                blob = encode_task_state(upload.operators, upload.source, keyed, loop)
                 self.faults.on_upload(upload.epoch)
                 handle = self.storage.write_state(upload.epoch, state_file_name(self.task_id), blob)
             except Exception as exc:  # storage errors decline the epoch; the task keeps running
                 if upload.keyed_job is not None:
                     upload.keyed_job.release()
+                if upload.loop_log is not None:
+                    upload.loop_log.close()
                 reason = f"{type(exc).__name__}: {exc}"
                 try:
                     self.send(("decline", upload.epoch, self.task_id, f"task {self.task_id}: snapshot upload failed: {reason}"))
@@ -85,6 +91,8 @@ class Uploader:
                     self.failed = exc
                     return
                 continue
+            if upload.loop_log is not None:
+                upload.loop_log.close()
             metrics = dict(upload.metrics, upload_s=time.monotonic() - t0, bytes=handle.size)
             try:
                 self.send(("ack", upload.epoch, {"task": self.task_id, "handle": asdict(handle), "metrics": metrics}))

@@ -26,6 +26,8 @@ from epochal.operators.factory import create_operator
 from epochal.runtime import wire
 from epochal.runtime.attempt import AttemptSpec
 from epochal.runtime.channels import BARRIER, DATA, END, ChannelFailure, InputGate, OutputChannel
+from epochal.loops.head import LoopHeadProtocol
+from epochal.loops.log import replay
 from epochal.runtime.restore import RestoredState, load_restored_state
 from epochal.runtime.router import Router
 from epochal.runtime.snapshots import PendingUpload, Uploader
@@ -54,9 +56,18 @@ class Task:
         self.outputs: dict[str, OutputChannel] = {}
         self.uploader: Uploader | None = None
         self.faults = FaultInjector(attempt.faults, self.spec.chain, self.spec.subtask, attempt.generation)
-        self.gate = InputGate(self.spec.inputs, attempt.channels.credits, self.cv)
-        self.handler = attempt.components.barrier_handler(len(self.spec.inputs))
-        self.metrics = {"task": self.spec.id, "source": self.spec.is_source, "records_in": 0, "snapshots": 0, "alignment_s": [], "sync_s": []}
+        # A loop head's feedback channels come last: unbounded credit, never aligned (epochal.loops).
+        self.n_aligned = self.spec.aligned_inputs
+        self.gate = InputGate(self.spec.inputs, attempt.channels.credits, self.cv,
+                              unbounded=frozenset(range(self.n_aligned, len(self.spec.inputs))))
+        self.handler = attempt.components.barrier_handler(self.n_aligned)
+        self.loop: LoopHeadProtocol | None = None
+        if self.spec.is_loop_head:
+            options = plan.nodes[self.spec.chain[0]].payload
+            self.loop = LoopHeadProtocol(range(self.n_aligned, len(self.spec.inputs)), options.log_memory_records,
+                                         logging=self.faults.loop_log_enabled)
+        self.metrics = {"task": self.spec.id, "source": self.spec.is_source, "records_in": 0, "snapshots": 0,
+                        "alignment_s": [], "sync_s": [], "loop_replayed": 0}
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> dict:
@@ -140,8 +151,15 @@ class Task:
                 subtask=self.spec.subtask, parallelism=self.spec.parallelism,
             )
         self._send(("running", self.spec.id))
+        if restored.loop_logs:  # seed 004 §4.1.3.1: a loop head replays its log before anything else
+            for records in replay(restored.loop_logs, storage):
+                self.metrics["loop_replayed"] += len(records)
+                self._process(records)
+            self.router.flush()
 
     def _teardown(self) -> None:
+        if self.loop is not None:
+            self.loop.close()
         if self.uploader:
             self.uploader.close()
         for out in self.outputs.values():
@@ -201,8 +219,13 @@ class Task:
                         timeout = min(timeout, 0.002)
                     self.cv.wait(timeout)
 
+    def _blocked(self) -> frozenset[int]:
+        if self.loop is None:
+            return self.handler.blocked_channels
+        return self.handler.blocked_channels | self.loop.blocked_channels
+
     def _input_ready(self) -> bool:
-        blocked = self.handler.blocked_channels
+        blocked = self._blocked()
         return any(q and i not in blocked for i, q in enumerate(self.gate.queues))
 
     def _step_source(self) -> bool:
@@ -221,10 +244,13 @@ class Task:
         return bool(poll.records) or not poll.idle
 
     def _step_inputs(self) -> bool:
-        item = self.gate.poll(self.handler.blocked_channels)
+        item = self.gate.poll(self._blocked())
         if item is None:
             return False
         channel, msg = item
+        if channel >= self.n_aligned:
+            self._on_feedback(channel, msg)
+            return True
         kind = msg[0]
         if kind == DATA:
             self.metrics["records_in"] += len(msg[1])
@@ -243,6 +269,29 @@ class Task:
             if not records:
                 return
         self.router.route(records)
+
+    def _on_feedback(self, channel: int, msg: tuple) -> None:
+        """A loop head's phantom channel (seed 004 Alg. 7 lines 9-13)."""
+        kind = msg[0]
+        if kind == DATA:
+            self.metrics["records_in"] += len(msg[1])
+            logged = self.loop.on_records(channel, msg[1])
+            if logged:
+                self.faults.on_loop_log(logged[-1])
+            self._process(msg[1])
+        elif kind == BARRIER:
+            self._apply_loop_events(self.loop.on_barrier(channel, msg[1]))
+        elif kind == END:
+            self.gate.ended[channel] = True
+        else:
+            raise ChannelFailure(f"task {self.spec.id}: {msg[1]}")
+
+    def _apply_loop_events(self, events) -> None:
+        for epoch in events.declined:
+            self._send(("decline", epoch, self.spec.id,
+                        f"loop head {self.spec.id}: barrier {epoch} did not come back around the loop"))
+        for upload in events.ready:
+            self.uploader.submit(upload)
 
     # ------------------------------------------------------------------ epochs
     def _on_barrier(self, channel: int, barrier: Barrier) -> None:
@@ -275,9 +324,13 @@ class Task:
         sync = time.monotonic() - t0
         self.metrics["sync_s"].append(sync)
         self.metrics["snapshots"] += 1
-        self.uploader.submit(PendingUpload(epoch, operators, source, keyed_job,
-                                           {"sync_s": sync, "alignment_s": self.handler.last_alignment_duration
-                                            if self.spec.inputs else 0.0}))
+        upload = PendingUpload(epoch, operators, source, keyed_job,
+                               {"sync_s": sync, "alignment_s": self.handler.last_alignment_duration
+                                if self.spec.inputs else 0.0})
+        if self.loop is not None:  # held until barrier `epoch` came back around the loop (Alg. 7)
+            self._apply_loop_events(self.loop.start(epoch, upload))
+        else:
+            self.uploader.submit(upload)
 
     def _drain_control(self) -> None:
         while self.control:
@@ -291,8 +344,10 @@ class Task:
                 for op in self.operators:
                     self.faults.on_commit(op.ctx.operator, msg[1])
                     op.notify_epoch_complete(msg[1])
-            elif kind == "abort":  # coordinator gave up the epoch: release any alignment on it
+            elif kind == "abort":  # coordinator gave up the epoch: release alignment and loop logging
                 self.handler.abort_epoch(msg[1])
+                if self.loop is not None:
+                    self.loop.abort(msg[1])
             elif kind == "finish":
                 self._finish()
                 return
