@@ -193,7 +193,14 @@ class Task:
         try:
             self._send(("failed", self.spec.id, cause, {"secondary": secondary}))
         except Exception:
-            pass
+            return
+        # Wait (briefly) for the coordinator's answer: closing the socket while its "cancel"
+        # sits unread would reset the connection, and a reset may destroy our report in
+        # the coordinator's receive buffer — the job would then blame the wrong task.
+        deadline = time.monotonic() + 2.0
+        with self.cv:
+            while not any(m[0] in ("cancel", "lost") for m in self.control) and time.monotonic() < deadline:
+                self.cv.wait(0.05)
 
     def _check_cancelled(self) -> None:
         """Raise if the coordinator cancelled the attempt (checked while blocked on credit)."""

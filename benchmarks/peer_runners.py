@@ -1,0 +1,335 @@
+"""One keyed word count per engine, run in its own process by ``benchmarks/peers.py``.
+
+    python benchmarks/peer_runners.py ENGINE --lines N --splits 4 --parallelism 2 --work DIR --out RESULT.json
+
+Every engine counts the words of the same lines — ``line(split, i)`` for every split and
+``i < lines / splits``, a copy of ``tests/pipelines.py`` ``line`` (tests/test_bench_cli.py
+checks the copy) — with a 1 s checkpoint / trigger interval, writes its running counts to
+a sink, and reports ``seconds`` (engine start → all input processed and the sink closed)
+plus whether the final count per word equals a plain-Python count.
+
+This module imports only the standard library at the top: each engine imports its own
+package inside its function, so the PyFlink runner works in a separate virtualenv
+(apache-flink pins py4j / cloudpickle versions that conflict with pyspark 4 and epochal).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import os
+import sys
+import time
+import traceback
+
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda"]
+LINES_PER_FILE = 10_000   # Spark file-source input: files of this many lines ...
+FILES_PER_TRIGGER = 2     # ... at most this many files per micro-batch
+
+
+def line(split: int, i: int) -> str:
+    """Line ``i`` of split ``split``: 1–6 words (copy of tests/pipelines.py ``line``)."""
+    x = (split * 1_000_003 + i * 7919 + 12345) * 1103515245 % (1 << 31)
+    k = 1 + x % 6
+    return " ".join(WORDS[(x >> (3 + j)) % len(WORDS)] for j in range(k))
+
+
+def expected_counts(lines: int, splits: int) -> dict[str, int]:
+    c = collections.Counter()
+    for s in range(splits):
+        for i in range(lines // splits):
+            c.update(line(s, i).split())
+    return dict(c)
+
+
+def final_counts(pairs) -> dict[str, int]:
+    """Running (word, count) updates → the last (largest) count per word."""
+    out: dict[str, int] = {}
+    for w, n in pairs:
+        out[w] = max(out.get(w, 0), int(n))
+    return out
+
+
+# ---------------------------------------------------------------------- epochal
+def run_epochal(args) -> dict:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import epochal as ep
+    from epochal.runtime.spark import _local_session
+    from epochal.sinks import FileSink, read_committed
+
+    class WordCount(ep.KeyedProcessFunction):
+        def open(self, ctx):
+            self.count = ctx.value_state("count", default=0)
+
+        def process(self, word, value):
+            n = self.count.value() + 1
+            self.count.update(n)
+            yield [word, n]
+
+    def lines_from(split, offset):
+        i = offset
+        while True:
+            yield line(split, i)
+            i += 1
+
+    out = os.path.join(args.work, "out")
+    t0 = time.monotonic()
+    spark = _local_session(2 * args.parallelism + 1)
+    flow = ep.Dataflow("peers-wordcount", parallelism=args.parallelism)
+    (flow.source("lines", ep.sources.GeneratorSource(lines_from, num_splits=args.splits,
+                                                     limit=args.lines // args.splits))
+         .flat_map("split", str.split)
+         .key_by(lambda w: w)
+         .process("count", WordCount())
+         .sink("out", FileSink(out, format="jsonl")))
+    result = flow.run(guarantee="exactly-once", runtime="spark", spark=spark,
+                      checkpoint=ep.CheckpointConfig(interval=1.0, storage="file://" + os.path.join(args.work, "ck")))
+    seconds = time.monotonic() - t0
+    return {"seconds": seconds, "counts": final_counts(read_committed(out)),
+            "completed_epochs": len(result.completed_epochs), "tasks": len(flow.plan().tasks)}
+
+
+# ---------------------------------------------------------------------- Spark Structured Streaming
+def write_input_files(args) -> str:
+    """The input lines, written upfront (not timed) as text files of LINES_PER_FILE lines."""
+    d = os.path.join(args.work, "in")
+    os.makedirs(d, exist_ok=True)
+    rows = [line(s, i) for s in range(args.splits) for i in range(args.lines // args.splits)]
+    for k in range(0, len(rows), LINES_PER_FILE):
+        with open(os.path.join(d, f"lines-{k // LINES_PER_FILE:05d}.txt"), "w") as f:
+            f.write("\n".join(rows[k:k + LINES_PER_FILE]) + "\n")
+    return d
+
+
+def _spark(args, extra: dict | None = None):
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    b = (SparkSession.builder.master(f"local[{args.parallelism}]").appName("peers")
+         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", str(args.parallelism))
+         .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1"))
+    for k, v in (extra or {}).items():
+        b = b.config(k, v)
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def run_spark_ss(args, python_udf: bool) -> dict:
+    indir = write_input_files(args)
+    t0 = time.monotonic()
+    spark = _spark(args)
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, StringType
+
+    lines = spark.readStream.option("maxFilesPerTrigger", FILES_PER_TRIGGER).text(indir)
+    if python_udf:
+        split = F.udf(lambda s: s.split(), ArrayType(StringType()))
+        words = lines.select(F.explode(split("value")).alias("word"))
+    else:
+        words = lines.select(F.explode(F.split("value", " ")).alias("word"))
+    query = (words.groupBy("word").count().writeStream.outputMode("update").format("memory")
+             .queryName("counts").option("checkpointLocation", os.path.join(args.work, "ck"))
+             .trigger(processingTime="1 second").start())
+    query.processAllAvailable()
+    seconds = time.monotonic() - t0
+    batches = len(query.recentProgress)
+    query.stop()
+    counts = final_counts((r["word"], r["count"]) for r in spark.sql("select word, count from counts").collect())
+    spark.stop()
+    return {"seconds": seconds, "counts": counts, "micro_batches": batches}
+
+
+def run_spark_continuous(args) -> dict:
+    """Continuous trigger (1 s epochs) on the stateless part only: rate source → line (SQL) → words.
+
+    The line is computed with SQL expressions (the same formula as ``line``), so no Python
+    runs in the query; the variant with a Python UDF is attempted first and its error kept.
+    """
+    spark = _spark(args)
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, StringType
+
+    attempts = {}
+    rate = max(1000, args.lines // 10)
+
+    def start(words, name):
+        return (words.writeStream.format("memory").queryName(name)
+                .option("checkpointLocation", os.path.join(args.work, "ck-" + name))
+                .trigger(continuous="1 second").start())
+
+    src = spark.readStream.format("rate").option("rowsPerSecond", rate).option("numPartitions", args.parallelism).load()
+    # 1. Python UDF for splitting
+    try:
+        split = F.udf(lambda s: s.split(), ArrayType(StringType()))
+        q = start(src.select(F.explode(split(F.col("value").cast("string"))).alias("word")), "pyudf")
+        time.sleep(5)
+        q.stop()
+        attempts["python_udf"] = "ran"
+        if q.exception() is not None:
+            attempts["python_udf"] = f"{type(q.exception()).__name__}: {q.exception()}"
+    except Exception as exc:  # noqa: BLE001 — the error text is the result
+        attempts["python_udf"] = f"{type(exc).__name__}: {exc}"
+    # 2. built-in expressions: the line formula in SQL, split + explode
+    split_i = "value % {s}, value div {s}".format(s=args.splits)
+    x = (f"pmod(pmod(({split_i.split(',')[0]}) * 1000003 + ({split_i.split(',')[1]}) * 7919 + 12345, 2147483648)"
+         f" * 1103515245, 2147483648)")
+    words_arr = "array(" + ",".join(f"'{w}'" for w in WORDS) + ")"
+    line_sql = (f"array_join(slice(transform(sequence(0, 5), j -> element_at({words_arr}, "
+                f"cast(pmod(shiftright({x}, 3 + j), {len(WORDS)}) + 1 as int))), 1, cast(1 + pmod({x}, 6) as int)), ' ')")
+    for name, words in (("explode", src.select(F.explode(F.split(F.expr(line_sql), " ")).alias("word"))),
+                        ("split_only", src.select(F.split(F.expr(line_sql), " ").alias("words")))):
+        try:
+            q = start(words, name)
+            time.sleep(args.continuous_seconds)
+            n = spark.sql(f"select count(*) from {name}").collect()[0][0]
+            exc = q.exception()
+            q.stop()
+            attempts[name] = f"ran: {n} rows in {args.continuous_seconds} s at an offered {rate} lines/s" \
+                if exc is None else f"{type(exc).__name__}: {exc}"
+            if exc is None:
+                attempts[name + "_rows_per_s"] = n / args.continuous_seconds
+        except Exception as exc:  # noqa: BLE001
+            attempts[name] = f"{type(exc).__name__}: {exc}"
+    spark.stop()
+    ran = [k for k in ("explode", "split_only") if str(attempts.get(k, "")).startswith("ran")]
+    return {"attempts": attempts, "ran": ran, "offered_lines_per_s": rate}
+
+
+# ---------------------------------------------------------------------- PyFlink
+def run_pyflink(args) -> dict:
+    from pyflink.common import Types, WatermarkStrategy
+    from pyflink.common.serialization import Encoder
+    from pyflink.datastream import CheckpointingMode, StreamExecutionEnvironment
+    from pyflink.datastream.connectors.file_system import FileSink
+    from pyflink.datastream.connectors.number_seq import NumberSequenceSource
+
+    splits, per_split = args.splits, args.lines // args.splits
+    out = os.path.join(args.work, "out")
+    t0 = time.monotonic()
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.set_parallelism(args.parallelism)
+    env.enable_checkpointing(1000, CheckpointingMode.EXACTLY_ONCE)
+    n = splits * per_split
+    lines = env.from_source(NumberSequenceSource(0, n - 1), WatermarkStrategy.no_watermarks(), "numbers") \
+        .map(lambda k: line(k % splits, k // splits), output_type=Types.STRING())
+    counts = (lines.flat_map(lambda s: [(w, 1) for w in s.split()],
+                             output_type=Types.TUPLE([Types.STRING(), Types.INT()]))
+              .key_by(lambda p: p[0], key_type=Types.STRING())
+              .reduce(lambda a, b: (a[0], a[1] + b[1])))
+    counts.map(lambda p: f"{p[0]} {p[1]}", output_type=Types.STRING()) \
+        .sink_to(FileSink.for_row_format(out, Encoder.simple_string_encoder()).build())
+    env.execute("peers-wordcount")
+    seconds = time.monotonic() - t0
+    pairs = []
+    for f in glob.glob(os.path.join(out, "**", "*"), recursive=True):
+        if os.path.isfile(f) and not os.path.basename(f).startswith("."):  # in-progress files are hidden
+            with open(f) as fh:
+                pairs += [r.split() for r in fh if r.strip()]
+    return {"seconds": seconds, "counts": final_counts(pairs)}
+
+
+# ---------------------------------------------------------------------- Bytewax
+def run_bytewax(args) -> dict:
+    from datetime import timedelta
+    from pathlib import Path
+
+    import bytewax.operators as op
+    from bytewax.connectors.files import DirSink
+    from bytewax.dataflow import Dataflow
+    from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
+    from bytewax.recovery import RecoveryConfig, init_db_dir
+    from bytewax.testing import cluster_main
+
+    per_split = args.lines // args.splits
+
+    class Lines(StatefulSourcePartition):
+        def __init__(self, split, resume):
+            self.split, self.i = split, resume or 0
+
+        def next_batch(self):
+            if self.i >= per_split:
+                raise StopIteration()
+            end = min(per_split, self.i + 1000)
+            batch = [line(self.split, j) for j in range(self.i, end)]
+            self.i = end
+            return batch
+
+        def snapshot(self):
+            return self.i
+
+    class LinesSource(FixedPartitionedSource):
+        def list_parts(self):
+            return [str(s) for s in range(args.splits)]
+
+        def build_part(self, step_id, for_part, resume_state):
+            return Lines(int(for_part), resume_state)
+
+    def count(state, _word):
+        n = (state or 0) + 1
+        return n, n
+
+    out, db = Path(args.work) / "out", Path(args.work) / "recovery"
+    out.mkdir(parents=True)
+    db.mkdir(parents=True)
+    init_db_dir(db, args.parallelism)
+    t0 = time.monotonic()
+    flow = Dataflow("peers_wordcount")
+    words = op.flat_map("split", op.input("lines", flow, LinesSource()), str.split)
+    counts = op.stateful_map("count", op.key_on("key", words, lambda w: w), count)
+    op.output("out", op.map("fmt", counts, lambda kv: (kv[0], f"{kv[0]} {kv[1]}")),
+              DirSink(out, file_count=args.parallelism))
+    cluster_main(flow, [], 0, epoch_interval=timedelta(seconds=1),
+                 recovery_config=RecoveryConfig(str(db)), worker_count_per_proc=args.parallelism)
+    seconds = time.monotonic() - t0
+    pairs = []
+    for f in out.iterdir():
+        pairs += [r.split() for r in f.read_text().splitlines() if r.strip()]
+    return {"seconds": seconds, "counts": final_counts(pairs)}
+
+
+ENGINES = {
+    "epochal": run_epochal,
+    "spark-ss-builtin": lambda a: run_spark_ss(a, python_udf=False),
+    "spark-ss-python-udf": lambda a: run_spark_ss(a, python_udf=True),
+    "spark-continuous": run_spark_continuous,
+    "pyflink": run_pyflink,
+    "bytewax": run_bytewax,
+}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("engine", choices=sorted(ENGINES))
+    p.add_argument("--lines", type=int, required=True)
+    p.add_argument("--splits", type=int, default=4)
+    p.add_argument("--parallelism", type=int, default=2)
+    p.add_argument("--continuous-seconds", type=float, default=10.0)
+    p.add_argument("--work", required=True)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    os.makedirs(args.work, exist_ok=True)
+    try:
+        res = ENGINES[args.engine](args)
+        if "counts" in res:
+            counts = res.pop("counts")
+            expected = expected_counts(args.lines, args.splits)
+            res["counts_verified"] = counts == expected
+            if counts != expected:
+                res["counts_mismatch"] = {w: [counts.get(w), expected.get(w)] for w in set(counts) | set(expected)
+                                          if counts.get(w) != expected.get(w)}
+        res["lines"] = (args.lines // args.splits) * args.splits
+        if "seconds" in res:
+            res["lines_per_s"] = res["lines"] / res["seconds"]
+        res["status"] = "ok"
+    except BaseException as exc:  # noqa: BLE001 — the exact error is the result
+        res = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=2)
+    return 0 if res["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
