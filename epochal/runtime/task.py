@@ -47,7 +47,6 @@ class Task:
         self.spec = plan.tasks[index]
         self.cv = threading.Condition()
         self.control: collections.deque = collections.deque()
-        self.cancelled: str | None = None
         self.finished = False
         self.exhausted = False
         self.reader = None

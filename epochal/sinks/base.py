@@ -18,8 +18,9 @@ The guarantee never reaches a sink: the runtime passes :class:`SinkContext.mode`
 from __future__ import annotations
 
 import enum
+import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, final
 
 from epochal.alignment.factory import SinkMode
@@ -181,6 +182,7 @@ class _Txn:
     epoch: int  # begin epoch until the barrier, then the checkpoint it belongs to
     handle: Any
     state: TransactionState = TransactionState.OPEN
+    started: float = field(default_factory=time.monotonic)
 
 
 class _CommitOnCompletion:
@@ -190,6 +192,8 @@ class _CommitOnCompletion:
     def at_barrier(self, w: TwoPhaseCommitSink, txn: _Txn) -> None:
         w._advance(txn, TransactionState.PRE_COMMITTED, w.pre_commit)
         w._pending.append(txn)
+
+    publishes_between_barriers = False
 
     def on_complete(self, w: TwoPhaseCommitSink, epoch: int) -> None:
         while w._pending and w._pending[0].epoch <= epoch:
@@ -206,9 +210,18 @@ class _PublishAtBarrier:
     m, records of epochs > m that were already published are written again (duplicates).
     Assumes the runtime replays every record after m (no loss)."""
 
+    publishes_between_barriers = True
+
     def at_barrier(self, w: TwoPhaseCommitSink, txn: _Txn) -> None:
         w._advance(txn, TransactionState.PRE_COMMITTED, w.pre_commit)
         w._advance(txn, TransactionState.COMMITTED, w.commit)
+
+    def after_write(self, w: TwoPhaseCommitSink, txn: _Txn) -> None:
+        """Lower latency than the epoch: publish the open transaction once it is older than
+        ``w.direct_publish_interval`` and continue the epoch in a new one."""
+        if time.monotonic() - txn.started >= w.direct_publish_interval:
+            self.at_barrier(w, txn)
+            w._open = _Txn(txn.epoch, w._call(w.begin_transaction, txn.epoch))
 
     def on_complete(self, w: TwoPhaseCommitSink, epoch: int) -> None:
         pass  # already published at the barrier
@@ -230,12 +243,19 @@ class TwoPhaseCommitSink(SinkWriter):
 
     In ``SinkMode.TRANSACTIONAL`` one transaction per epoch is pre-committed at its barrier
     and committed when its checkpoint completes. In ``SinkMode.DIRECT`` the same hooks run
-    but each transaction is committed right at its barrier (at-least-once; see
-    ``_PublishAtBarrier``). The strategy is chosen once, from ``ctx.mode``, in ``__init__``.
+    but each transaction is committed right at its barrier, and also as soon as it is older
+    than ``direct_publish_interval`` (a new transaction of the same epoch continues), so
+    at-least-once output is visible sooner than the checkpoint interval (see
+    ``_PublishAtBarrier``). ``begin_transaction`` may therefore be called several times
+    for one epoch in DIRECT mode and must return distinct transactions. The strategy is
+    chosen once, from ``ctx.mode``, in ``__init__``.
 
     Any exception from a hook moves its transaction to FAILED and makes the writer unusable:
     further calls raise :class:`TransactionStateError` until the runtime restores a new one.
     """
+
+    #: DIRECT mode publishes an open transaction once it is this many seconds old
+    direct_publish_interval: float = 0.05
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -247,6 +267,7 @@ class TwoPhaseCommitSink(SinkWriter):
     def __init__(self, ctx: SinkContext):
         try:
             self._protocol = _PROTOCOLS[ctx.mode]
+            self._publishes_between_barriers = self._protocol.publishes_between_barriers
         except KeyError:
             raise ConfigError(f"sink {ctx.sink_name!r}: unknown sink mode {ctx.mode!r}") from None
         self.ctx = ctx
@@ -323,6 +344,8 @@ class TwoPhaseCommitSink(SinkWriter):
         except BaseException as exc:
             self._fail(txn, "write_to", exc)
             raise
+        if self._publishes_between_barriers:
+            self._protocol.after_write(self, txn)
 
     @final
     def snapshot(self, epoch: int) -> TwoPhaseCommitState:

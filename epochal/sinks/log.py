@@ -170,7 +170,8 @@ class LogSinkWriter(TwoPhaseCommitSink):
         return self._epoch_of_producer
 
     def begin_transaction(self, epoch: int) -> LogTransaction:
-        name = f"e{epoch:010d}-g{self.ctx.generation:06d}-pe{self.producer_epoch:06d}"
+        self._txn_seq = getattr(self, "_txn_seq", -1) + 1  # DIRECT mode begins several per epoch
+        name = f"e{epoch:010d}-g{self.ctx.generation:06d}-pe{self.producer_epoch:06d}-t{self._txn_seq:06d}"
         return LogTransaction(self.txid, name, epoch, self.producer_epoch)
 
     def write_to(self, txn: LogTransaction, record: Any) -> None:
