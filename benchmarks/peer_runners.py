@@ -201,6 +201,7 @@ def run_spark_continuous(args) -> dict:
 # ---------------------------------------------------------------------- PyFlink
 def run_pyflink(args) -> dict:
     from pyflink.common import Types, WatermarkStrategy
+    from pyflink.common import Configuration
     from pyflink.common.serialization import Encoder
     from pyflink.datastream import CheckpointingMode, StreamExecutionEnvironment
     from pyflink.datastream.connectors.file_system import FileSink
@@ -209,7 +210,10 @@ def run_pyflink(args) -> dict:
     splits, per_split = args.splits, args.lines // args.splits
     out = os.path.join(args.work, "out")
     t0 = time.monotonic()
-    env = StreamExecutionEnvironment.get_execution_environment()
+    conf = Configuration()
+    conf.set_string("python.executable", sys.executable)  # Flink's Python workers otherwise run `python` from PATH
+    conf.set_string("restart-strategy.type", "none")  # with checkpointing the default retries forever
+    env = StreamExecutionEnvironment.get_execution_environment(conf)
     env.set_parallelism(args.parallelism)
     env.enable_checkpointing(1000, CheckpointingMode.EXACTLY_ONCE)
     n = splits * per_split
