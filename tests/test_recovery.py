@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 import epochal as ep
+from epochal.backends.choice import BackendSpec
 from epochal.testing import CrashAtRecord, CrashDuringAlignment, CrashDuringCommit, CrashDuringSnapshotUpload
 
 from pipelines import contains_all, join, output, unique_dir, wordcount
@@ -133,3 +134,25 @@ def test_join_recovers_on_spark_rocksdb(tmp_path, spark, golden_join):
                   faults=[CrashAtRecord("join", record=300, subtask=0, after_epoch=2)])
     assert result.attempts == 2 and result.restored_from[1] is not None, result.failures
     assert output(out) == golden_join
+
+
+INCREMENTAL = BackendSpec("rocksdb", {"incremental": True, "full_every": 3})
+
+
+@pytest.mark.parametrize("fault", ["reduce-raises-at-record", "split-process-exits", "process-dies-during-upload",
+                                   "two-faults-two-attempts"])
+def test_wordcount_recovers_local_rocksdb_incremental(tmp_path, golden_wordcount, fault):
+    """Incremental RocksDB snapshots (shared SST files, restore by download): golden output."""
+    out = unique_dir(tmp_path, "out")
+    result = _run(wordcount("wc", out), tmp_path, "local", faults=FAULTS[fault], backend=INCREMENTAL)
+    _assert_recovered_from_checkpoint(result, FAULTS[fault])
+    assert output(out) == golden_wordcount
+
+
+@pytest.mark.spark
+def test_wordcount_recovers_on_spark_rocksdb_incremental(tmp_path, spark, golden_wordcount):
+    out = unique_dir(tmp_path, "out")
+    faults = FAULTS["process-dies-during-upload"]
+    result = _run(wordcount("wc", out), tmp_path, "spark", spark=spark, faults=faults, backend=INCREMENTAL)
+    _assert_recovered_from_checkpoint(result, faults)
+    assert output(out) == golden_wordcount

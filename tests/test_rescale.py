@@ -8,6 +8,7 @@ import time
 import pytest
 
 import epochal as ep
+from epochal.backends.choice import BackendSpec
 from epochal.sinks import FileSink
 
 from pipelines import BucketCount, lines_from, output, unique_dir
@@ -30,7 +31,7 @@ def _pair(n):
     return n
 
 
-def _run_until_checkpoints(flow, url, epochs: int, resume: bool, backend: str):
+def _run_until_checkpoints(flow, url, epochs: int, resume: bool, backend):
     handle = flow.start(runtime="local", resume=resume, backend=backend,
                         checkpoint=ep.CheckpointConfig(interval=0.05, storage=url))
     deadline = time.monotonic() + 60
@@ -42,7 +43,8 @@ def _run_until_checkpoints(flow, url, epochs: int, resume: bool, backend: str):
         handle.wait(60)
 
 
-@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+@pytest.mark.parametrize("backend", ["heap", "rocksdb", BackendSpec("rocksdb", {"incremental": True})],
+                         ids=["heap", "rocksdb", "rocksdb-incremental"])
 def test_rescale_2_to_3_to_1_equals_golden(tmp_path, backend):
     golden_out = unique_dir(tmp_path, "golden")
     _flow(golden_out, 2, None).run(runtime="local", checkpoint=ep.CheckpointConfig(

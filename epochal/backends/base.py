@@ -127,17 +127,23 @@ class SnapshotJob:
         produce: returns the snapshot bytes; runs on the uploader thread.
         on_release: frees what the synchronous part pinned; called once, on the thread
             that finishes the job (after ``produce`` returned or raised, or at release).
+        uses_storage: ``produce`` uploads files itself: it is called as
+            ``produce(storage, owner)`` (see :meth:`run`) and returns a small picklable
+            dict describing what it uploaded (an incremental snapshot, seed 004 §4.5.2)
+            instead of the snapshot bytes.
     """
 
     def __init__(
         self,
         epoch: int,
-        produce: Callable[[], bytes],
+        produce: Callable[..., Any],
         on_release: Callable[[], None] | None = None,
+        uses_storage: bool = False,
     ):
         self.epoch = epoch
-        self._produce: Callable[[], bytes] | None = produce
+        self._produce: Callable[..., Any] | None = produce
         self._on_release = on_release
+        self.uses_storage = uses_storage
         self._lock = threading.Lock()
         self._state = SnapshotJobState.PENDING
         self._release_requested = False
@@ -146,11 +152,17 @@ class SnapshotJob:
     def state(self) -> SnapshotJobState:
         return self._state
 
-    def run(self) -> bytes:
+    def run(self, storage=None, owner: str | None = None) -> bytes | dict:
         """Serialize the state as it was at the :meth:`KeyedStateBackend.snapshot` call.
 
         Thread: any (normally the uploader), concurrently with the task mutating state.
         Not idempotent: a second call, or a call after :meth:`release`, raises.
+
+        Args:
+            storage: the task's :class:`~epochal.backends.storage.CheckpointStorage`;
+                only jobs with ``uses_storage`` need it (they upload their files there
+                and return a descriptor dict instead of bytes).
+            owner: storage-safe name of the task (its private shared-file area).
 
         Raises:
             EpochalError: the job already ran or was released.
@@ -164,7 +176,7 @@ class SnapshotJob:
             produce, self._produce = self._produce, None
         outcome = SnapshotJobState.FAILED
         try:
-            data = produce()
+            data = produce(storage, owner) if self.uses_storage else produce()
             outcome = SnapshotJobState.DONE
             return data
         finally:
@@ -285,6 +297,30 @@ class KeyedStateBackend(ABC):
     def entries(self) -> Iterator[tuple[str, str, int, Any, Any]]:
         """Every entry as ``(kind, state, kg, key, value)``, ``kind`` being ``"value"`` or
         ``"map"`` (then ``value`` is a ``{mk: v}`` dict copy). For tests and debugging."""
+
+    def restore_from(self, items: Iterable[bytes | Mapping], storage) -> None:
+        """Restore from what old tasks' snapshots produced: portable snapshot bytes and/or
+        incremental RocksDB descriptors (dicts, :mod:`epochal.backends.incremental`).
+
+        The default downloads each descriptor's files from ``storage``, reads that
+        database key group by key group into the portable format and calls
+        :meth:`restore` — so any backend restores any backend's snapshots.
+        """
+        blobs = []
+        for item in items:
+            if isinstance(item, Mapping):
+                from epochal.backends.incremental import to_portable
+
+                item = to_portable(item, storage, self.key_groups)
+            blobs.append(item)
+        self.restore(blobs)
+
+    def notify_epoch_complete(self, epoch: int) -> None:
+        """Epoch ``epoch`` completed (its ``_metadata`` is written). Task thread. Backends
+        with incremental snapshots move their base to that epoch's files; default: no-op."""
+
+    def notify_epoch_aborted(self, epoch: int) -> None:
+        """Epoch ``epoch`` was aborted by the coordinator. Task thread; default: no-op."""
 
     def close(self) -> None:
         """Release the backend's resources; the backend is unusable afterwards."""

@@ -123,6 +123,13 @@ class RocksDBStateBackend(KeyedStateBackend):
         path: parent directory on local disk for the backend's private working directory
             (a fresh ``rocksdb-*`` subdirectory, removed by :meth:`close`); the system
             temp directory when ``None``.
+        incremental: snapshots upload only SST files not in the base (the newest
+            completed epoch's files) to the shared area of checkpoint storage, and the
+            state file holds a descriptor of the files instead of the portable bytes
+            (seed 004 §4.5.2, :mod:`~epochal.backends.incremental`). Default off.
+        full_every: with ``incremental``, every ``full_every``-th snapshot uploads every
+            file anew (bounds the chain of old files a checkpoint references); ``None``
+            or 0: only the first snapshot of a fresh backend is full.
 
     Keys and map keys must be ``str/int/float/bytes/bool/None`` or tuples/frozensets of
     them (:func:`~epochal.backends.keygroups.stable_hash`'s domain); values anything
@@ -134,8 +141,16 @@ class RocksDBStateBackend(KeyedStateBackend):
     flushing 1M small entries took ~290-390 ms with a 64 MB memtable, ~140 ms with 16 MB,
     ~25-60 ms with 4 MB (2 loaded cores); put throughput did not change (Python-bound)."""
 
-    def __init__(self, key_groups: range, *, path: str | None = None):
+    def __init__(self, key_groups: range, *, path: str | None = None, incremental: bool = False,
+                 full_every: int | None = None):
         super().__init__(key_groups)
+        if full_every is not None and (not isinstance(full_every, int) or full_every < 0):
+            raise ValueError(f"full_every must be an integer >= 0 or None, got {full_every!r}")
+        self.incremental = bool(incremental)
+        self.full_every = full_every or 0
+        self._snapshots = 0  # snapshots taken; the full_every-th is full
+        self._base: dict[str, dict] = {}  # local SST name -> handle, newest completed epoch
+        self._uploaded: dict[int, dict[str, dict]] = {}  # epoch -> its SSTs, until completed
         if key_groups.stop > 1 << 15:
             raise ValueError(f"key_groups {key_groups!r} exceed the 2**15 key groups limit")
         if path is not None:
@@ -256,9 +271,44 @@ class RocksDBStateBackend(KeyedStateBackend):
         serializes the checkpoint, ``release`` deletes it. See
         :meth:`KeyedStateBackend.snapshot`."""
         path = self._create_checkpoint(epoch)
+        if self.incremental:
+            full = self.full_every > 0 and self._snapshots % self.full_every == 0
+            self._snapshots += 1
+            return SnapshotJob(epoch, lambda storage, owner: self._upload(path, epoch, full, storage, owner),
+                               lambda: self.discard_checkpoint(path), uses_storage=True)
         return SnapshotJob(
             epoch, lambda: self._serialize(path), lambda: self.discard_checkpoint(path)
         )
+
+    def _upload(self, path: str, epoch: int, full: bool, storage, owner: str) -> dict:
+        """Incremental snapshot of checkpoint ``path`` (uploader thread): reuse the base's
+        files unless ``full``. Only a completed epoch's files become the base, so every
+        reused file is referenced by a retained checkpoint (see storage retention)."""
+        from epochal.backends.incremental import upload_checkpoint
+
+        if storage is None or owner is None:
+            raise ValueError("an incremental RocksDB snapshot needs the checkpoint storage to upload to")
+        with self._lock:
+            base = {} if full else dict(self._base)
+        desc, ssts = upload_checkpoint(path, epoch, base, storage, owner, self.key_groups)
+        with self._lock:
+            self._uploaded[epoch] = ssts
+        return desc
+
+    def notify_epoch_complete(self, epoch: int) -> None:
+        """The files of ``epoch`` (if this backend uploaded it) become the base."""
+        with self._lock:
+            if epoch in self._uploaded:
+                self._base = self._uploaded[epoch]
+            for e in [e for e in self._uploaded if e <= epoch]:
+                del self._uploaded[e]
+
+    def notify_epoch_aborted(self, epoch: int) -> None:
+        """Forget ``epoch``'s files, and the base: the coordinator also aborts an epoch
+        whose reused file retention deleted meanwhile, so the next snapshot is full."""
+        with self._lock:
+            self._uploaded.pop(epoch, None)
+            self._base = {}
 
     def checkpoint_files(self, epoch: int) -> tuple[str, list[str]]:
         """The raw material of an incremental snapshot (seed 004 §4.5.2; not uploaded here).
@@ -277,9 +327,10 @@ class RocksDBStateBackend(KeyedStateBackend):
         return path, sorted(f for f in os.listdir(path) if f.endswith(".sst"))
 
     @staticmethod
-    def _serialize(path: str) -> bytes:
+    def _serialize(path: str, key_groups: range | None = None) -> bytes:
         """Read the checkpoint at ``path`` read-only, key group by key group, into the
-        portable snapshot format. Runs on the uploader thread."""
+        portable snapshot format (only ``key_groups``, all when ``None``). Runs on the
+        uploader thread (or at restore, on a downloaded incremental snapshot)."""
         db = Rdict(path, Options(raw_mode=True), access_type=AccessType.read_only(False))
         try:
             names: dict[bytes, tuple[str, str]] = {}
@@ -290,7 +341,9 @@ class RocksDBStateBackend(KeyedStateBackend):
             kg = -1
             values: dict = {}
             maps: dict = {}
-            for k, raw in _scan(db, b"", _META):
+            lo, hi = (b"", _META) if key_groups is None else (
+                _U16.pack(key_groups.start), _U16.pack(key_groups.stop))
+            for k, raw in _scan(db, lo, hi):
                 if _U16.unpack_from(k)[0] != kg:
                     if values or maps:
                         sections.append((kg, (values, maps)))
@@ -335,6 +388,37 @@ class RocksDBStateBackend(KeyedStateBackend):
                             batch = WriteBatch(raw_mode=True)
         if len(batch):
             self._db.write(batch)
+
+    def restore_from(self, items, storage) -> None:
+        """See :meth:`KeyedStateBackend.restore_from`. Fast path: a single incremental
+        snapshot of exactly this key-group range (parallelism unchanged) is downloaded
+        and opened as this backend's database; its files become the base, so the next
+        snapshot is incremental again. Otherwise (rescaling, portable bytes) entries are
+        re-inserted key group by key group."""
+        from epochal.backends.incremental import download, is_descriptor
+
+        items = list(items)
+        mine = [self.key_groups.start, self.key_groups.stop]
+        if len(items) == 1 and is_descriptor(items[0]) and list(items[0]["key_groups"]) == mine \
+                and not self._sids:
+            desc = items[0]
+            db_path = os.path.join(self.directory, "db")
+            self._db.close()
+            shutil.rmtree(db_path, ignore_errors=True)
+            download(desc, storage, db_path)
+            self._db = Rdict(db_path, _options(self.WRITE_BUFFER_SIZE))
+            write_opts = WriteOptions()
+            write_opts.disable_wal = True
+            self._db.set_write_options(write_opts)
+            for k, raw in self._db.items(from_key=_META):
+                text = raw.decode("utf-8", "surrogatepass")
+                self._sids[(text[0], text[1:])] = _U16.unpack_from(k, 2)[0]
+            if self.incremental:
+                with self._lock:
+                    self._base = {n: dict(h) for n, h in desc["files"] if n.endswith(".sst")}
+                self._snapshots = 1  # the restored files are a base: next snapshot incremental
+            return
+        super().restore_from(items, storage)
 
     def entries(self) -> Iterator[tuple[str, str, int, Any, Any]]:
         """See :meth:`KeyedStateBackend.entries`; in key order (by key group first)."""

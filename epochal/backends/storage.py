@@ -6,6 +6,15 @@ Layout under ``<url>/<job>/``::
     chk-0000000007/
         <task state files>      written by tasks' uploaders (write_state)
         _metadata               JSON, written LAST by the coordinator (write_metadata)
+    shared/<task>/
+        e<epoch>-<name>-<hash>.sst   incremental RocksDB snapshots' SST files (write_shared),
+                                     referenced by the _metadata of one or more checkpoints
+
+Shared files are garbage-collected by :meth:`CheckpointStorage.retain` by reachability:
+the set referenced by the retained checkpoints' ``_metadata`` is computed afresh each
+time and every other shared file (first uploaded at an epoch not newer than the newest
+completed one, i.e. not possibly in flight) is deleted. No reference counters: a crash
+anywhere leaves at worst unreferenced files, which the next retention deletes.
 
 A checkpoint is *complete* iff its ``_metadata`` exists and parses: state files without
 it are an incomplete (in-flight or abandoned) epoch and are never restored from. Every
@@ -56,6 +65,8 @@ METADATA_FILE = "_metadata"
 _FORMAT = "epochal-checkpoint"
 _FORMAT_VERSION = 1
 _CHK = re.compile(r"^chk-(\d{10,})$")
+_SHARED = "shared"
+_SHARED_EPOCH = re.compile(r"^e(\d{10,})-")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$")
 _HASH_CHUNK = 8 << 20  # bytes read at a time when verifying a state file
 
@@ -159,6 +170,9 @@ class CheckpointStorage:
         self._local = isinstance(self.fs, LocalFileSystem)
         # epoch -> reason, found by latest_restorable(); retain() does not count these
         self.unrestorable: dict[int, str] = {}
+        # shared files retain() deleted (relative paths): a checkpoint still referencing
+        # one (a task with a stale base) must not complete
+        self.deleted_shared: set[str] = set()
 
     def __repr__(self) -> str:
         return f"CheckpointStorage({self._display(self.root)!r})"
@@ -288,6 +302,46 @@ class CheckpointStorage:
         rel = f"chk-{epoch:010d}/{name}"
         self._put(f"{self.root}/{rel}", data)
         return StateHandle(rel, len(data), hashlib.sha256(data).hexdigest())
+
+    def write_shared(self, owner: str, name: str, data: bytes, sha256: str | None = None) -> StateHandle:
+        """Write a file several checkpoints may reference, ``shared/<owner>/<name>``.
+
+        ``name`` must start with ``e<epoch, 10 digits>-`` — the epoch of its first upload:
+        :meth:`retain` never deletes a shared file of an epoch newer than the newest
+        completed one (it may belong to an epoch in flight). Rewriting a name replaces
+        the file atomically; names should embed a content hash so that equal names mean
+        equal bytes.
+
+        Raises:
+            ValueError: ``owner`` or ``name`` is not a valid file name.
+            CheckpointStorageError: the write failed.
+        """
+        for what, value in (("owner", owner), ("shared file name", name)):
+            if not isinstance(value, str) or not _NAME.match(value):
+                raise ValueError(f"{what} {value!r} is invalid: use letters, digits and . _ = + -")
+        if not _SHARED_EPOCH.match(name):
+            raise ValueError(f"shared file name {name!r} must start with e<epoch, 10 digits>-")
+        data = bytes(data)
+        rel = f"{_SHARED}/{owner}/{name}"
+        self._put(f"{self.root}/{rel}", data)
+        return StateHandle(rel, len(data), sha256 or hashlib.sha256(data).hexdigest())
+
+    def shared_files(self) -> list[str]:
+        """Relative paths of every shared file present (temp files excluded), sorted."""
+        base = f"{self.root}/{_SHARED}"
+        with self._io("list", base):
+            self.fs.invalidate_cache(base)
+            try:
+                found = self.fs.find(base)
+            except FileNotFoundError:
+                return []
+        prefix = self.root.rstrip("/") + "/"
+        rel = []
+        for p in found:
+            p = p[p.index(prefix) + len(prefix):] if prefix in p else p
+            if not p.rsplit("/", 1)[-1].startswith("."):
+                rel.append(p)
+        return sorted(rel)
 
     def read_state(self, handle: StateHandle | Mapping) -> bytes:
         """The bytes of a state file, verified against the handle's size and SHA-256.
@@ -462,8 +516,13 @@ class CheckpointStorage:
                 self.fs.rm(directory, recursive=True)
             self.fs.invalidate_cache(self.root)
 
-    def retain(self, n: int) -> list[int]:
+    def retain(self, n: int, protect=()) -> list[int]:
         """Keep the newest ``n`` completed checkpoints; return the epochs deleted.
+
+        Then garbage-collect shared files (see the module docstring): delete every one
+        that no retained checkpoint's ``_metadata`` and no path in ``protect`` (the
+        coordinator passes files named by acknowledgements of epochs still in flight)
+        references, unless its epoch is newer than the newest completed one.
 
         Deletes older completed checkpoints and incomplete ``chk-*`` directories below the
         newest completed epoch (abandoned: the coordinator aborts older pending epochs when
@@ -492,7 +551,27 @@ class CheckpointStorage:
         for e in deleted:
             self._delete_dir(e, complete=e in done or e in self.unrestorable)
             self.unrestorable.pop(e, None)
+        self._collect_shared([e for e in complete if e in keep], newest, set(protect))
         return deleted
+
+    def _collect_shared(self, kept: list[int], newest: int, referenced: set[str]) -> None:
+        """Delete shared files unreachable from checkpoints ``kept`` and ``referenced``."""
+        files = self.shared_files()
+        if not files:
+            return
+        for epoch in kept:
+            doc = self._load_metadata(epoch)
+            if doc is None:  # vanished meanwhile: be safe, delete nothing this time
+                return
+            referenced.update(h.path for h in _state_handles(doc["meta"]))
+        for rel in files:
+            m = _SHARED_EPOCH.match(rel.rsplit("/", 1)[-1])
+            if rel in referenced or m is None or int(m.group(1)) > newest:
+                continue
+            path = f"{self.root}/{rel}"
+            self.deleted_shared.add(rel)
+            with self._io("delete", path), contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(path)
 
     def discard(self, epoch: int) -> None:
         """Delete aborted epoch ``epoch``'s directory; idempotent.

@@ -196,7 +196,13 @@ class CoordinatorServer:
             pass
         elif kind == "ack":
             _, epoch, payload = msg
-            self._apply(self.coordinator.acknowledge(payload["task"], epoch, payload, now))
+            gone = [h["path"] for h in payload.get("shared", ()) if h["path"] in self.storage.deleted_shared]
+            if gone:  # a task with a stale base reused a file retention already deleted
+                self._apply(self.coordinator.decline(
+                    payload["task"], epoch, f"task {payload['task']}: snapshot references {gone[0]}, "
+                    "deleted by retention; the next snapshot uploads its files anew", now))
+            else:
+                self._apply(self.coordinator.acknowledge(payload["task"], epoch, payload, now))
         elif kind == "decline":
             _, epoch, task, reason = msg
             self._apply(self.coordinator.decline(task, epoch, reason, now))
@@ -246,6 +252,8 @@ class CoordinatorServer:
             spec = self.plan.task(task_id)
             tasks[task_id] = {"handle": dict(payload["handle"]), "chain": list(spec.chain),
                               "subtask": spec.subtask, "parallelism": spec.parallelism}
+            if payload.get("shared"):  # incremental snapshot: files retention must keep
+                tasks[task_id]["shared"] = [dict(h) for h in payload["shared"]]
         meta = {
             "epoch": completed.epoch,
             "job": self.plan.job,
@@ -261,13 +269,16 @@ class CoordinatorServer:
         # Step 2: commit phase — tasks (sinks) publish everything up to this epoch.
         self._broadcast(("complete", completed.epoch))
         # Step 3: retention.
-        self.storage.retain(self.config.retained)
+        in_flight_files = {h["path"] for p in self.coordinator.pending for a in p.acks.values() if a
+                           for h in a.get("shared", ())}
+        self.storage.retain(self.config.retained, protect=in_flight_files)
         metrics = [dict(p.get("metrics", {})) for p in completed.acks.values()]
         self.completed.append({
             "epoch": completed.epoch,
             "reason": completed.reason.value,
             "duration_s": completed.duration,
-            "bytes": sum(m.get("bytes", 0) for m in metrics),
+            "bytes": sum(m.get("bytes", 0) for m in metrics),  # uploaded for this epoch
+            "state_bytes": sum(m.get("state_bytes", m.get("bytes", 0)) for m in metrics),
             "max_alignment_s": max((m.get("alignment_s", 0.0) for m in metrics), default=0.0),
             "max_sync_s": max((m.get("sync_s", 0.0) for m in metrics), default=0.0),
             "max_upload_s": max((m.get("upload_s", 0.0) for m in metrics), default=0.0),

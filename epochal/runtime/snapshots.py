@@ -72,7 +72,9 @@ class Uploader:
                 return
             t0 = time.monotonic()
             try:
-                keyed = upload.keyed_job.run() if upload.keyed_job is not None else None
+                keyed = None
+                if upload.keyed_job is not None:  # an incremental job uploads its files here
+                    keyed = upload.keyed_job.run(self.storage, state_file_name(self.task_id)[:-len(".state")])
                 loop = None
                 if upload.loop_log is not None:
                     loop = upload.loop_log.persist(self.storage, upload.epoch, state_file_name(self.task_id))
@@ -93,9 +95,16 @@ class Uploader:
                 continue
             if upload.loop_log is not None:
                 upload.loop_log.close()
-            metrics = dict(upload.metrics, upload_s=time.monotonic() - t0, bytes=handle.size)
+            # bytes: uploaded for this epoch; state_bytes: everything the checkpoint references
+            shared, uploaded, total = [], handle.size, handle.size
+            if isinstance(keyed, dict):
+                shared = [h for _name, h in keyed["files"]]
+                uploaded += keyed["uploaded_bytes"]
+                total += keyed["state_bytes"]
+            metrics = dict(upload.metrics, upload_s=time.monotonic() - t0, bytes=uploaded, state_bytes=total)
             try:
-                self.send(("ack", upload.epoch, {"task": self.task_id, "handle": asdict(handle), "metrics": metrics}))
+                self.send(("ack", upload.epoch, {"task": self.task_id, "handle": asdict(handle), "metrics": metrics,
+                                                 "shared": shared}))
             except Exception as exc:
                 self.failed = exc
                 return

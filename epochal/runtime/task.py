@@ -129,7 +129,7 @@ class Task:
         if len(self.spec.key_groups):
             self.backend = self.attempt.backend.create(self.spec.key_groups)
             if restored.keyed:
-                self.backend.restore(restored.keyed)
+                self.backend.restore_from(restored.keyed, storage)
         nodes = self.plan.nodes
         op_names = self.spec.chain[1:] if self.spec.is_source else self.spec.chain
         self.operators = []
@@ -350,10 +350,14 @@ class Task:
                 for op in self.operators:
                     self.faults.on_commit(op.ctx.operator, msg[1])
                     op.notify_epoch_complete(msg[1])
+                if self.backend is not None:
+                    self.backend.notify_epoch_complete(msg[1])
             elif kind == "abort":  # coordinator gave up the epoch: release alignment and loop logging
                 self.handler.abort_epoch(msg[1])
                 if self.loop is not None:
                     self.loop.abort(msg[1])
+                if self.backend is not None:
+                    self.backend.notify_epoch_aborted(msg[1])
             elif kind == "finish":
                 self._finish()
                 return
