@@ -209,6 +209,8 @@ def parse_args(argv=None):
                    help="records per run are sized so a baseline run lasts about this long (default 6)")
     p.add_argument("--max-records", type=int, default=None, help="cap on records per run (default 3M; 20k with --smoke)")
     p.add_argument("--stamp-every", type=int, default=None, help="stamp every k-th record (default records/400)")
+    p.add_argument("--repetitions", type=int, default=1,
+                   help="times every block runs (interleaved, rotated order); cells report the median")
     p.add_argument("--runtime", choices=("spark", "local"), default="spark")
     p.add_argument("--run-timeout", type=float, default=180.0, help="s before a run is cancelled as hung")
     p.add_argument("--smoke", action="store_true", help="tiny: N = 1 2, one interval, JSON + PNG in a temp dir")
@@ -261,7 +263,7 @@ def main(argv=None) -> int:
                "baseline": "exactly-once components, CheckpointConfig(interval=None): only the final epoch",
                "steady_rate": f"records between the {STEADY_WINDOW[0]:.0%} and {STEADY_WINDOW[1]:.0%} "
                               "wall-clock stamps of the last map / time between them",
-               "ratio": "median rate of a cell / median of the block's two baseline runs (start and end of block)",
+               "ratio": "median rate of a cell / median of the block's baseline runs (start and end of every block)",
            },
            "calibration": [], "runs": []}
     t_start = time.monotonic()
@@ -269,20 +271,27 @@ def main(argv=None) -> int:
         # warm-up (discarded): the first job on Spark forks the Python workers for the widest layout
         warm = run_once(max(args.ops), args.layouts[-1], "no-checkpoint", None, 2_000, _with_stamp(args, 2_000), spark)
         print(f"warm-up: {harness.fmt(warm.get('duration_s'), '.1f')} s {warm.get('error', '')}", flush=True)
-        for b, (n_ops, layout) in enumerate([(n, lay) for n in args.ops for lay in args.layouts]):
-            records, probe = calibrate(n_ops, layout, args, spark)
-            doc["calibration"].append({"n_ops": n_ops, "layout": layout, "records": records,
-                                       "probe_steady_records_per_s": probe.get("steady_records_per_s"),
-                                       "error": probe.get("error")})
-            for mode, interval in block_schedule(args.intervals, b):
-                r = run_once(n_ops, layout, mode, interval, records, _with_stamp(args, records), spark)
-                doc["runs"].append(r)
-                print(f"[{time.monotonic() - t_start:6.0f} s] N={n_ops} {layout:9s} {mode:13s} "
-                      f"{harness.fmt(interval, 'g'):>4s}  "
-                      + (f"steady {harness.fmt(r.get('steady_records_per_s')):>9s} rec/s  "
-                         f"whole {harness.fmt(r.get('records_per_s')):>9s} rec/s  epochs {r.get('periodic_epochs')}  "
-                         f"load {r['loadavg_1m_before']:.1f}" if "error" not in r else f"ERROR {r['error']}"),
-                      flush=True)
+        blocks = [(n, lay) for n in args.ops for lay in args.layouts]
+        sizes = {}
+        for rep in range(args.repetitions):
+            for b, (n_ops, layout) in enumerate(blocks):
+                if (n_ops, layout) not in sizes:
+                    records, probe = calibrate(n_ops, layout, args, spark)
+                    sizes[(n_ops, layout)] = records
+                    doc["calibration"].append({"n_ops": n_ops, "layout": layout, "records": records,
+                                               "probe_steady_records_per_s": probe.get("steady_records_per_s"),
+                                               "error": probe.get("error")})
+                records = sizes[(n_ops, layout)]
+                for mode, interval in block_schedule(args.intervals, b + rep):
+                    r = run_once(n_ops, layout, mode, interval, records, _with_stamp(args, records), spark)
+                    r["repetition"] = rep
+                    doc["runs"].append(r)
+                    print(f"[{time.monotonic() - t_start:6.0f} s] N={n_ops} {layout:9s} {mode:13s} "
+                          f"{harness.fmt(interval, 'g'):>4s}  "
+                          + (f"steady {harness.fmt(r.get('steady_records_per_s')):>9s} rec/s  "
+                             f"whole {harness.fmt(r.get('records_per_s')):>9s} rec/s  epochs {r.get('periodic_epochs')}  "
+                             f"load {r['loadavg_1m_before']:.1f}" if "error" not in r else f"ERROR {r['error']}"),
+                          flush=True)
     finally:
         doc["finished_at"] = harness.now_iso()
         doc["loadavg_at_end"] = list(os.getloadavg())

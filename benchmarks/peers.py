@@ -1,0 +1,257 @@
+"""The same keyed word count on epochal and on the engines users would pick instead — in one run.
+
+Every engine counts the words of the same generated lines (``tests/pipelines.py``
+``line(split, i)``, 4 splits) with parallelism 2 and a 1 s checkpoint / trigger interval,
+on this machine, one after the other, each in its own process (``benchmarks/peer_runners.py``)
+with a timeout. Each engine runs twice, on ``--small-lines`` and ``--large-lines``:
+
+* **whole** lines/s = large lines / T_large, where T runs from engine start-up (Spark
+  session, Flink mini-cluster, Bytewax workers) until all input is processed;
+* **marginal** lines/s = (large − small) / (T_large − T_small): start-up cancels.
+
+The final count per word is checked against a plain-Python count. An engine that cannot
+be installed or run is recorded with the exact error text instead of failing the benchmark.
+The JSON documents every engine's fault-tolerance settings and caveats (``SETTINGS``).
+
+    python benchmarks/peers.py                                  # all engines (~10 min)
+    python benchmarks/peers.py --engines epochal bytewax --small-lines 5000 --large-lines 50000
+    python benchmarks/peers.py --flink-python /path/to/venv/bin/python
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+RUNNER = Path(__file__).resolve().parent / "peer_runners.py"
+DEFAULT_FLINK_PYTHON = "/work/venv-flink/bin/python"
+
+SETTINGS = {
+    "epochal": {
+        "engine": "epochal on embedded Spark (local mode)",
+        "guarantee_short": "exactly-once, 1 s epochs",
+        "settings": "guarantee='exactly-once', CheckpointConfig(interval=1.0, storage=file://), heap backend; "
+                    "GeneratorSource (4 splits) → flat_map(split) → key_by(word) → KeyedProcessFunction running "
+                    "count → transactional jsonl FileSink (published at epoch completion); 5 tasks, parallelism 2",
+        "exactly_once": "end to end: aligned barriers + two-phase-commit file sink; a restart replays from the "
+                        "last completed epoch and the committed output equals a failure-free run",
+    },
+    "spark-ss-builtin": {
+        "engine": "Spark Structured Streaming, micro-batch, built-in expressions",
+        "guarantee_short": "micro-batch, checkpointLocation, 1 s trigger",
+        "settings": "readStream.text(dir) of files written upfront (10k lines each, maxFilesPerTrigger=2) → "
+                    "explode(split(value, ' ')) → groupBy(word).count() → outputMode('update') memory sink; "
+                    "trigger(processingTime='1 second'), checkpointLocation on local disk, "
+                    "spark.sql.shuffle.partitions=2, local[2]; timed until processAllAvailable() returns. "
+                    "Output volume differs: update mode writes one row per word changed in a micro-batch "
+                    "(at most 11 per batch), the other engines one running count per input word",
+        "exactly_once": "offsets + state checkpointed per micro-batch (write-ahead log), so state is exactly-once; "
+                        "the memory sink is not idempotent/transactional, so output after a driver restart is "
+                        "at-least-once (exactly-once needs an idempotent sink such as the file sink in append "
+                        "mode, which cannot take update-mode aggregations). Checkpoints are per micro-batch, "
+                        "synchronous with processing: latency ≥ batch duration",
+    },
+    "spark-ss-python-udf": {
+        "engine": "Spark Structured Streaming, micro-batch, Python UDF for splitting",
+        "guarantee_short": "micro-batch, checkpointLocation, 1 s trigger",
+        "settings": "as spark-ss-builtin, but explode(udf(lambda s: s.split())) — a row-at-a-time Python UDF "
+                    "(Arrow optimisation off: pandas is not installed)",
+        "exactly_once": "as spark-ss-builtin",
+    },
+    "spark-continuous-builtin": {
+        "engine": "Spark continuous processing (trigger continuous='1 second'), stateless half only",
+        "guarantee_short": "continuous, at-least-once",
+        "settings": "rate source (the only bundled continuous source besides Kafka) at an offered rate; the line "
+                    "formula in SQL; split + explode → memory sink; local[4]",
+        "exactly_once": "no: continuous processing is at-least-once and supports no aggregation (no keyed count)",
+    },
+    "spark-continuous-python-udf": {
+        "engine": "Spark continuous processing, Python UDF for splitting, stateless half only",
+        "guarantee_short": "continuous, at-least-once",
+        "settings": "as spark-continuous-builtin with a Python UDF",
+        "exactly_once": "no (as spark-continuous-builtin)",
+    },
+    "pyflink": {
+        "engine": "Apache Flink (PyFlink DataStream API, local mini-cluster)",
+        "guarantee_short": "exactly-once checkpoints, 1 s",
+        "settings": "enable_checkpointing(1000, CheckpointingMode.EXACTLY_ONCE), parallelism 2, default "
+                    "hashmap state backend; NumberSequenceSource → map(line) → flat_map(split) → key_by(word) → "
+                    "reduce (running count) → FileSink row format (commits part files on checkpoints); "
+                    "restart-strategy none; Python functions run in Flink's Beam Python workers",
+        "exactly_once": "end to end with FileSink (two-phase commit on checkpoint completion)",
+    },
+    "bytewax": {
+        "engine": "Bytewax (Rust/Timely dataflow, Python operators)",
+        "guarantee_short": "recovery on, 1 s epochs",
+        "settings": "cluster_main(worker_count_per_proc=2, epoch_interval=1 s, RecoveryConfig(db_dir) with 2 "
+                    "partitions initialised by init_db_dir); partitioned resumable source (4 splits) → flat_map "
+                    "→ key_on → stateful_map count → DirSink (2 files)",
+        "exactly_once": "state and source offsets snapshotted per epoch; DirSink truncates files on resume, so "
+                        "output is exactly-once for this batch-like input ('Can support exactly-once processing "
+                        "in a batch context'); workers are threads of one process",
+    },
+}
+ENGINES = list(SETTINGS)
+IMPORTS = {"epochal": "epochal", "spark-ss-builtin": "pyspark", "spark-ss-python-udf": "pyspark",
+           "spark-continuous-builtin": "pyspark", "spark-continuous-python-udf": "pyspark",
+           "pyflink": "pyflink", "bytewax": "bytewax"}
+
+
+def interpreter(engine: str, args) -> str:
+    return args.flink_python if engine == "pyflink" else sys.executable
+
+
+def check_installed(engine: str, args) -> str | None:
+    """None if the engine imports in its interpreter, else the error text."""
+    python = interpreter(engine, args)
+    if not os.path.exists(python):
+        return (f"no interpreter {python}: apache-flink cannot share epochal's environment (through apache-beam "
+                "it pins cloudpickle~=2.2.1, epochal needs cloudpickle>=3; it also downgrades py4j and pyarrow). "
+                "Create one: "
+                f"python -m venv /work/venv-flink && /work/venv-flink/bin/pip install apache-flink")
+    proc = subprocess.run([python, "-c", f"import {IMPORTS[engine]}"], capture_output=True, text=True, timeout=120,
+                          check=False)
+    if proc.returncode != 0:
+        return proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+    return None
+
+
+def run_engine(engine: str, lines: int, args, work: str) -> dict:
+    out = os.path.join(work, f"{engine}-{lines}.json")
+    cmd = [interpreter(engine, args), str(RUNNER), engine, "--lines", str(lines), "--splits", str(args.splits),
+           "--parallelism", str(args.parallelism), "--work", os.path.join(work, f"{engine}-{lines}"), "--out", out]
+    # continuous queries run a fixed 15 s; one that has not answered a minute later is stuck
+    timeout = min(args.run_timeout, 90.0) if "continuous" in engine else args.run_timeout
+    t0 = time.monotonic()
+    load = os.getloadavg()[0]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        err = (exc.stderr or b"").decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        partial = json.loads(Path(out + ".partial").read_text()) if os.path.exists(out + ".partial") else {}
+        return {"status": "timeout", **partial,
+                "error": "; ".join(filter(None, [partial.get("explode_error"),
+                                                 f"no result after {timeout:.0f} s; stderr: {_errors(err)}"])),
+                "loadavg_1m_before": load}
+    res = json.loads(Path(out).read_text()) if os.path.exists(out) else {
+        "status": "failed", "error": f"exit {proc.returncode}, no result; stderr: {_errors(proc.stderr)}"}
+    res["process_wall_s"] = time.monotonic() - t0
+    res["loadavg_1m_before"] = load
+    return res
+
+
+def _errors(stderr: str, limit: int = 1500) -> str:
+    """The telling lines of a JVM/Python stderr: errors and exceptions, not stack frames."""
+    keep = [ln.strip() for ln in stderr.splitlines()
+            if any(k in ln for k in ("Error", "Exception", "error:", "Caused by")) and not ln.strip().startswith("at ")]
+    text = " | ".join(dict.fromkeys(keep)) or stderr.strip()[-limit:]
+    return text[:limit]
+
+
+def summarise(engine: str, small: dict, large: dict) -> dict:
+    entry = {"name": engine, **SETTINGS[engine], "small": small, "large": large}
+    bad = next((r for r in (large, small) if r.get("status") != "ok"), None)
+    if bad is not None:
+        entry.update(status=bad["status"], error=bad.get("error"))
+        return entry
+    entry["status"] = "ok"
+    if "words" in large:  # continuous: a stateless stream at an offered rate, not comparable
+        entry["words_per_s"] = large["words_per_s"]
+        entry["note"] = (f"ran {large['seconds']:.0f} s at an offered {large['offered_lines_per_s']:,} lines/s "
+                         f"(rate source, 2 partitions), {large.get('sink_rows', 0):,} rows / {large['words']:,} words "
+                         "reached the memory sink — an offered-load run, not a maximum throughput; "
+                         f"{large.get('explode_error', '')}").strip("; ")
+        return entry
+    entry["counts_verified"] = bool(small.get("counts_verified") and large.get("counts_verified"))
+    dt = large["seconds"] - small["seconds"]
+    entry["steady_lines_per_s"] = (large["lines"] - small["lines"]) / dt if dt > 0 else None
+    entry["fixed_cost_s"] = (small["seconds"] - small["lines"] / entry["steady_lines_per_s"]
+                             if entry["steady_lines_per_s"] else None)
+    return entry
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engines", nargs="+", choices=ENGINES, default=ENGINES)
+    p.add_argument("--small-lines", type=int, default=None, help="default 20000 (2000 with --smoke)")
+    p.add_argument("--large-lines", type=int, default=None, help="default 200000 (8000 with --smoke)")
+    p.add_argument("--splits", type=int, default=4)
+    p.add_argument("--parallelism", type=int, default=2)
+    p.add_argument("--run-timeout", type=float, default=300.0, help="s per engine run")
+    p.add_argument("--flink-python", default=os.environ.get("EPOCHAL_FLINK_PYTHON", DEFAULT_FLINK_PYTHON),
+                   help="interpreter with apache-flink installed (a separate venv; see SETTINGS)")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the other engines' entries of an existing --out JSON (re-run some engines only)")
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    args.small_lines = args.small_lines or (2000 if args.smoke else 20_000)
+    args.large_lines = args.large_lines or (8000 if args.smoke else 200_000)
+    if args.out is None:
+        args.out = (Path(tempfile.mkdtemp(prefix="epochal-bench-smoke-")) / "peers.json" if args.smoke
+                    else harness.RESULTS / "peers.json")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    info = harness.machine()
+    doc = {"benchmark": "peers", "schema_version": 1, "command": [sys.executable, *sys.argv],
+           "started_at": harness.now_iso(), "machine": info,
+           "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "peers": []}
+    print(f"peers benchmark: engines={args.engines} lines={args.small_lines}/{args.large_lines} "
+          f"cores={info['cpu_count']} load={info['loadavg_at_start']}", flush=True)
+    kept = []
+    if args.merge and args.out.exists():  # the earlier invocation stays the document; this one is listed
+        earlier = json.loads(args.out.read_text())
+        kept = [p for p in earlier["peers"] if p["name"] not in args.engines]
+        for p in kept:
+            p.setdefault("from_earlier_invocation", True)
+        merged = earlier.get("merges", []) + [{"command": doc["command"], "engines": args.engines,
+                                                "started_at": doc["started_at"]}]
+        doc.update({k: earlier[k] for k in ("command", "started_at", "machine", "config") if k in earlier})
+        doc["merges"] = merged
+    work = tempfile.mkdtemp(prefix="epochal-peers-")
+    t_start = time.monotonic()
+    for engine in args.engines:
+        started = harness.now_iso()
+        missing = check_installed(engine, args)
+        if missing:
+            entry = {"name": engine, **SETTINGS[engine], "status": "not installed", "error": missing}
+        else:
+            small = run_engine(engine, args.small_lines, args, work)
+            once = "continuous" in engine  # a fixed-duration run at an offered rate: once is enough
+            large = run_engine(engine, args.large_lines, args, work) if small.get("status") == "ok" and not once \
+                else small
+            entry = summarise(engine, small, large)
+        entry["started_at"] = started
+        doc["peers"].append(entry)
+        print(f"[{time.monotonic() - t_start:5.0f} s] {engine:28s} {entry['status']:13s} "
+              + (f"marginal {harness.fmt(entry.get('steady_lines_per_s'))} lines/s, whole "
+                 f"{harness.fmt(entry['large'].get('lines_per_s'))} lines/s, counts ok: {entry.get('counts_verified')}"
+                 if entry["status"] == "ok" and "words_per_s" not in entry
+                 else f"{harness.fmt(entry.get('words_per_s'))} words/s {entry.get('note', '')}"
+                 if entry["status"] == "ok" else str(entry.get("error"))[:300]), flush=True)
+        harness.write_json(args.out, doc)  # partial results survive an interrupted run
+    doc["finished_at"] = harness.now_iso()
+    doc["loadavg_at_end"] = list(os.getloadavg())
+    order = {name: i for i, name in enumerate(ENGINES)}
+    doc["peers"] = sorted(kept + doc["peers"], key=lambda p: order.get(p["name"], len(order)))
+    harness.write_json(args.out, doc)
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""The ``epochal`` command: ``epochal bench ...`` runs the benchmarks and regenerates their report.
+
+    epochal bench chain --smoke            # one benchmark, tiny sizes, local runtime, results in a temp dir
+    epochal bench all                      # throughput, latency, chain, peers → benchmarks/results/
+    epochal bench peers -- --engines epochal bytewax   # arguments after -- go to the script
+
+Each benchmark script runs in its own process (``python benchmarks/<name>.py``); its output
+is shown line by line with the elapsed time, and a heartbeat says it is still running when
+it is quiet. Afterwards ``benchmarks/report.py`` rewrites the plots and ``README_SECTION.md``
+in the results directory. The benchmark scripts live in the source tree (``benchmarks/``
+next to the ``epochal`` package), not in the installed wheel; point ``--benchmarks`` at
+them otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+BENCHMARKS = ("throughput", "latency", "chain", "peers")
+RUNTIME_FLAG = {"throughput", "latency", "chain"}  # scripts that take --runtime
+HEARTBEAT_S = 30.0
+
+
+def _default_benchmarks_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="epochal", description="epochal command line")
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench = sub.add_parser("bench", help="run benchmarks, then regenerate plots and the README results section",
+                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_argument("which", nargs="?", default="all", choices=(*BENCHMARKS, "all", "report"),
+                       help="a benchmark, 'all', or 'report' (only regenerate the report); default all")
+    bench.add_argument("--smoke", action="store_true", help="tiny sizes (seconds each); results in a temp dir")
+    bench.add_argument("--runtime", choices=("spark", "local"), default=None,
+                       help="engine runtime for throughput/latency/chain (default: spark; local with --smoke)")
+    bench.add_argument("--results", type=Path, default=None,
+                       help="directory for JSON, PNG and README_SECTION.md (default benchmarks/results; "
+                            "a temp dir with --smoke)")
+    bench.add_argument("--timeout", type=float, default=None, help="seconds per benchmark before it is stopped")
+    bench.add_argument("--benchmarks", type=Path, default=None, help="the benchmarks/ directory of the source tree")
+    bench.add_argument("--no-report", action="store_true", help="do not regenerate plots and README_SECTION.md")
+    bench.epilog = "Arguments after a lone -- are passed to the benchmark script (one benchmark only)."
+    return parser
+
+
+def _progress(prefix: str, t0: float, text: str) -> None:
+    print(f"[{time.monotonic() - t0:6.0f} s] {prefix:10s} | {text}", flush=True)
+
+
+def run_script(name: str, cmd: list[str], t0: float, timeout: float | None) -> int:
+    """Run one benchmark, echoing its output with elapsed time; returns its exit code."""
+    _progress(name, t0, "$ " + " ".join(cmd))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    last = [time.monotonic()]
+    done = threading.Event()
+
+    def heartbeat():
+        while not done.wait(5.0):
+            if time.monotonic() - last[0] >= HEARTBEAT_S:
+                _progress(name, t0, "... still running")
+                last[0] = time.monotonic()
+
+    threading.Thread(target=heartbeat, daemon=True).start()
+    killer = threading.Timer(timeout, proc.kill) if timeout else None
+    if killer:
+        killer.start()
+    try:
+        for row in proc.stdout:
+            row = row.rstrip()
+            if row:
+                _progress(name, t0, row)
+                last[0] = time.monotonic()
+        rc = proc.wait()
+    finally:
+        done.set()
+        if killer:
+            killer.cancel()
+    if timeout and rc < 0:
+        _progress(name, t0, f"stopped after the --timeout of {timeout:.0f} s")
+    _progress(name, t0, f"finished with exit code {rc}")
+    return rc
+
+
+def bench(args) -> int:
+    bdir = (args.benchmarks or _default_benchmarks_dir()).resolve()
+    if not (bdir / "report.py").exists():
+        print(f"epochal bench: no benchmark scripts in {bdir}; they live in the source tree's benchmarks/ "
+              "directory (pass --benchmarks DIR)", file=sys.stderr)
+        return 2
+    results = args.results or (Path(tempfile.mkdtemp(prefix="epochal-bench-")) if args.smoke else bdir / "results")
+    results.mkdir(parents=True, exist_ok=True)
+    extra = args.script_args
+    names = [] if args.which == "report" else list(BENCHMARKS) if args.which == "all" else [args.which]
+    runtime = args.runtime or ("local" if args.smoke else None)
+    t0 = time.monotonic()
+    failed = []
+    for name in names:
+        cmd = [sys.executable, str(bdir / f"{name}.py"), "--out", str(results / f"{name}.json")]
+        if args.smoke:
+            cmd.append("--smoke")
+        if runtime and name in RUNTIME_FLAG:
+            cmd += ["--runtime", runtime]
+        if len(names) == 1:
+            cmd += extra
+        if run_script(name, cmd, t0, args.timeout) != 0:
+            failed.append(name)
+    if not args.no_report:
+        rc = run_script("report", [sys.executable, str(bdir / "report.py"), "--results", str(results)], t0, 300)
+        if rc != 0:
+            failed.append("report")
+    _progress("bench", t0, f"results in {results}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script_args = []
+    if "--" in argv:  # everything after a lone -- belongs to the benchmark script
+        cut = argv.index("--")
+        argv, script_args = argv[:cut], argv[cut + 1:]
+    args = build_parser().parse_args(argv)
+    args.script_args = script_args
+    if args.command == "bench":
+        return bench(args)
+    return 2  # pragma: no cover - argparse requires a command
+
+
+if __name__ == "__main__":
+    sys.exit(main())

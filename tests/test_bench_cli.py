@@ -1,0 +1,104 @@
+"""`epochal bench` and the benchmark report: smoke runs in subprocesses, as a user would run them.
+
+No peer engine is needed: the chain benchmark runs on the local runtime, and the report is
+generated from the JSON results checked into benchmarks/results/.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BENCHMARKS = REPO / "benchmarks"
+
+
+def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False)
+    assert proc.returncode == 0, f"{cmd}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:  # the `bench` extra is not installed: reports are written without plots
+        return False
+    return True
+
+
+def test_bench_chain_smoke_through_the_cli(tmp_path):
+    """`epochal bench chain --smoke` runs the chain benchmark, then the report, into --results."""
+    proc = _run([sys.executable, "-m", "epochal.cli", "bench", "chain", "--smoke", "--runtime", "local",
+                 "--results", str(tmp_path), "--", "--ops", "1", "--layouts", "chained"], timeout=60)
+    assert "finished with exit code 0" in proc.stdout  # the progress display
+    doc = json.loads((tmp_path / "chain.json").read_text())
+    assert doc["errors"] == []
+    cells = {(r["mode"], r["interval_s"]) for r in doc["summary"]}
+    assert cells == {("no-checkpoint", None), ("at-least-once", 0.5), ("exactly-once", 0.5)}
+    base = next(r for r in doc["summary"] if r["mode"] == "no-checkpoint")
+    assert base["steady_ratio"] == pytest.approx(1.0) and base["steady_records_per_s"] > 0
+    if _has_matplotlib():
+        assert (tmp_path / "chain.png").stat().st_size > 0
+    section = (tmp_path / "README_SECTION.md").read_text()
+    assert section.startswith("## Results") and "Stateless chain" in section
+
+
+def test_chain_unchained_layout_has_a_task_per_operator():
+    """The unchained layout forbids chaining: N maps + source + sink = N + 2 tasks."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import chain
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    assert len(chain.chain_job("c", "/unused", 4, "chained", 10, 2).plan().tasks) == 1
+    assert len(chain.chain_job("u", "/unused", 4, "unchained", 10, 2).plan().tasks) == 6
+
+
+def test_report_from_the_checked_in_results(tmp_path):
+    """report.py turns the results JSON into README_SECTION.md and one PNG per benchmark."""
+    results = tmp_path / "results"
+    shutil.copytree(BENCHMARKS / "results", results, ignore=shutil.ignore_patterns("*.png", "*.md"))
+    present = [n for n in ("throughput", "latency", "chain", "peers") if (results / f"{n}.json").exists()]
+    assert present, "no benchmark results checked in"
+    _run([sys.executable, str(BENCHMARKS / "report.py"), "--results", str(results)], timeout=60)
+    section = (results / "README_SECTION.md").read_text()
+    assert section.startswith("## Results")
+    assert "cores" in section  # the machine description
+    for name in present if _has_matplotlib() else []:
+        assert (results / f"{name}.png").stat().st_size > 0, name
+    titles = {"throughput": "### Throughput", "latency": "### End-to-end latency", "chain": "### Stateless chain",
+              "peers": "### The same word count"}
+    for name in present:
+        assert titles[name] in section, name
+
+
+def test_peer_runners_use_the_test_suites_lines():
+    """Every peer counts the same input as tests/pipelines.py (peer_runners keeps a stdlib-only copy)."""
+    import pipelines  # tests/ is on sys.path (conftest)
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import peer_runners
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    assert all(peer_runners.line(s, i) == pipelines.line(s, i) for s in range(4) for i in range(500))
+
+
+
+@pytest.mark.spark
+def test_peer_line_sql_matches_line(spark):
+    """The Spark continuous peer builds each line in SQL from the rate source's ``value``: same lines."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import peer_runners
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    values = [0, 1, 2, 3, 7, 1001, 123_457, 4_000_003]
+    rows = spark.createDataFrame([(v,) for v in values], "value long").selectExpr(
+        "value", f"{peer_runners.line_sql(4)} as line").collect()
+    assert {r["value"]: r["line"] for r in rows} == {v: peer_runners.line(v % 4, v // 4) for v in values}
