@@ -29,7 +29,10 @@ FILES_PER_TRIGGER = 2     # ... at most this many files per micro-batch
 
 
 def line(split: int, i: int) -> str:
-    """Line ``i`` of split ``split``: 1–6 words (copy of tests/pipelines.py ``line``)."""
+    """Line ``i`` of split ``split``: 1–6 words — a deliberate copy of ``workload.line``: the
+    engines pickle it from this script (``__main__``) into their own workers, which cannot
+    import ``workload`` (PyFlink's run in another virtualenv). tests/test_bench_cli.py
+    checks both copies against tests/pipelines.py."""
     x = (split * 1_000_003 + i * 7919 + 12345) * 1103515245 % (1 << 31)
     k = 1 + x % 6
     return " ".join(WORDS[(x >> (3 + j)) % len(WORDS)] for j in range(k))

@@ -37,14 +37,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cloudpickle  # noqa: E402
 import harness  # noqa: E402
+import workload  # noqa: E402
+from workload import lines_from  # noqa: E402
+
+cloudpickle.register_pickle_by_value(workload)  # lines_from runs in the task processes
 
 import epochal as ep  # noqa: E402
 from epochal.sinks import FileSink  # noqa: E402
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda"]
 CHECKPOINT_METRICS = ("duration_s", "max_alignment_s", "max_sync_s", "max_upload_s")
 
 
@@ -63,20 +67,6 @@ def modes(interval: float) -> tuple[Mode, ...]:
 
 
 # ---------------------------------------------------------------------- the pipeline
-def line(split: int, i: int) -> str:
-    """Line ``i`` of split ``split``: 1–6 words, a pure function of its position."""
-    x = (split * 1_000_003 + i * 7919 + 12345) * 1103515245 % (1 << 31)
-    k = 1 + x % 6
-    return " ".join(WORDS[(x >> (3 + j)) % len(WORDS)] for j in range(k))
-
-
-def lines_from(split: int, offset: int):
-    i = offset
-    while True:
-        yield line(split, i)
-        i += 1
-
-
 class BucketCount(ep.KeyedProcessFunction):
     """Counts records per bucket; emits ("bucket", b, n)."""
 

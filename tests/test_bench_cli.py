@@ -78,15 +78,18 @@ def test_report_from_the_checked_in_results(tmp_path):
 
 
 def test_peer_runners_use_the_test_suites_lines():
-    """Every peer counts the same input as tests/pipelines.py (peer_runners keeps a stdlib-only copy)."""
+    """Every benchmark counts the same input as tests/pipelines.py: ``workload.line`` (used by
+    the epochal benchmark scripts) and peer_runners' deliberate stdlib-only copy."""
     import pipelines  # tests/ is on sys.path (conftest)
 
     sys.path.insert(0, str(BENCHMARKS))
     try:
         import peer_runners
+        import workload
     finally:
         sys.path.remove(str(BENCHMARKS))
-    assert all(peer_runners.line(s, i) == pipelines.line(s, i) for s in range(4) for i in range(500))
+    for copy in (peer_runners.line, workload.line):
+        assert all(copy(s, i) == pipelines.line(s, i) for s in range(4) for i in range(500))
 
 
 
