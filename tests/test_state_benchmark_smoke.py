@@ -20,10 +20,11 @@ def test_state_benchmark_smoke(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["errors"] == []
     for size, modes in doc["summary"].items():
-        assert set(modes) == {"no-checkpoint", "heap-blocking", "heap-cow", "rocksdb-full", "rocksdb-incr"}
+        assert set(modes) == {"no-checkpoint", "heap-blocking", "heap-thread", "heap-fork", "rocksdb-full",
+                              "rocksdb-incr"}
         assert modes["no-checkpoint"]["ratio_to_baseline"] == 1.0
         for name, m in modes.items():
-            assert m["records_per_s"] > 0 and m["checkpoints"] >= 1, (size, name)
+            assert m["records_per_s"] > 0 and m["steady_records_per_s"] > 0 and m["checkpoints"] >= 1, (size, name)
             if name != "no-checkpoint":
                 assert m["recovery_s"] is not None, (size, name)
     incr = [r for r in doc["runs"] if r["mode"] == "rocksdb-incr"]

@@ -2,8 +2,9 @@
 
 * :mod:`~epochal.backends.keygroups` — stable key hashing, key groups, ranges per subtask;
 * :class:`KeyedStateBackend` / :class:`SnapshotJob` — the backend contract: a short
-  synchronous snapshot at the barrier, serialization later on an uploader thread;
-* :class:`HeapStateBackend` — in-memory state with copy-on-write snapshots;
+  synchronous snapshot at the barrier, serialization later, off the task thread;
+* :class:`HeapStateBackend` — in-memory state; snapshots serialized by a forked child
+  (:mod:`~epochal.backends.forked`) or, copy-on-write, on a thread;
 * :class:`CheckpointStorage` — ``chk-<epoch>/`` directories on fsspec, ``_metadata`` last.
 """
 from epochal.backends.base import KeyedStateBackend, SnapshotJob, SnapshotJobState

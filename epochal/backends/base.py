@@ -28,12 +28,13 @@ Snapshots are read only from the job's own checkpoint storage (checksummed, see
 from __future__ import annotations
 
 import enum
+import io
 import pickle
 import struct
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, BinaryIO
 
 from epochal.errors import CheckpointStorageError, EpochalError
 
@@ -44,6 +45,7 @@ __all__ = [
     "SnapshotJobState",
     "decode_snapshot",
     "encode_snapshot",
+    "write_snapshot",
 ]
 
 MAGIC = b"EPKS"
@@ -54,20 +56,35 @@ _INDEX = struct.Struct(">IQ")
 Section = tuple[Mapping[str, Mapping[Any, Any]], Mapping[str, Mapping[Any, Mapping[Any, Any]]]]
 
 
-def encode_snapshot(sections: Iterable[tuple[int, Section]]) -> bytes:
-    """Serialize ``(kg, (values, maps))`` pairs (any order, each kg at most once).
+def write_snapshot(out: BinaryIO, sections: Iterable[tuple[int, Section]]) -> int:
+    """Stream ``(kg, (values, maps))`` pairs (any order, each kg at most once) into the
+    seekable binary file ``out`` in the snapshot format; return the bytes written.
 
-    Empty sections are skipped. Runs on the uploader thread; never mutates its input.
+    Empty sections are skipped. Sections are pickled one at a time, so the peak memory is
+    one section, not the whole snapshot. Never mutates its input.
     """
-    index: list[bytes] = []
-    bodies: list[bytes] = []
-    for kg, (values, maps) in sorted(sections, key=lambda s: s[0]):
-        if not values and not maps:
-            continue
+    sections = [(kg, s) for kg, s in sorted(sections, key=lambda s: s[0]) if s[0] or s[1]]
+    start = out.tell()
+    out.write(_HEAD.pack(MAGIC, FORMAT_VERSION, len(sections)))
+    index_at = out.tell()
+    out.write(bytes(_INDEX.size * len(sections)))  # filled in once the lengths are known
+    index = []
+    for kg, (values, maps) in sections:
         body = pickle.dumps((values, maps), protocol=pickle.HIGHEST_PROTOCOL)
+        out.write(body)
         index.append(_INDEX.pack(kg, len(body)))
-        bodies.append(body)
-    return b"".join([_HEAD.pack(MAGIC, FORMAT_VERSION, len(index)), *index, *bodies])
+    end = out.tell()
+    out.seek(index_at)
+    out.write(b"".join(index))
+    out.seek(end)
+    return end - start
+
+
+def encode_snapshot(sections: Iterable[tuple[int, Section]]) -> bytes:
+    """The bytes :func:`write_snapshot` would write for ``sections``."""
+    buf = io.BytesIO()
+    write_snapshot(buf, sections)
+    return buf.getvalue()
 
 
 def decode_snapshot(blob: bytes, key_groups: range | None = None) -> Iterator[tuple[int, Section]]:
@@ -160,8 +177,9 @@ class SnapshotJob:
 
         Args:
             storage: the task's :class:`~epochal.backends.storage.CheckpointStorage`;
-                only jobs with ``uses_storage`` need it (they upload their files there
-                and return a descriptor dict instead of bytes).
+                only jobs with ``uses_storage`` use it (they upload their files there
+                and return a descriptor dict instead of bytes; without storage, a forked
+                heap snapshot returns its bytes, an incremental RocksDB one raises).
             owner: storage-safe name of the task (its private shared-file area).
 
         Raises:
@@ -299,19 +317,22 @@ class KeyedStateBackend(ABC):
         ``"map"`` (then ``value`` is a ``{mk: v}`` dict copy). For tests and debugging."""
 
     def restore_from(self, items: Iterable[bytes | Mapping], storage) -> None:
-        """Restore from what old tasks' snapshots produced: portable snapshot bytes and/or
-        incremental RocksDB descriptors (dicts, :mod:`epochal.backends.incremental`).
+        """Restore from what old tasks' snapshots produced: portable snapshot bytes,
+        incremental RocksDB descriptors (:mod:`epochal.backends.incremental`) and/or
+        forked heap snapshot files (:mod:`epochal.backends.forked`).
 
         The default downloads each descriptor's files from ``storage``, reads that
         database key group by key group into the portable format and calls
         :meth:`restore` — so any backend restores any backend's snapshots.
         """
+        from epochal.backends import forked, incremental
+
         blobs = []
         for item in items:
-            if isinstance(item, Mapping):
-                from epochal.backends.incremental import to_portable
-
-                item = to_portable(item, storage, self.key_groups)
+            if forked.is_descriptor(item):
+                item = forked.read_descriptor(item, storage)
+            elif isinstance(item, Mapping):
+                item = incremental.to_portable(item, storage, self.key_groups)
             blobs.append(item)
         self.restore(blobs)
 

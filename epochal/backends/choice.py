@@ -19,10 +19,11 @@ class BackendSpec:
     """Which backend a task builds, with its options.
 
     Attributes:
-        kind: ``"heap"`` (copy-on-write in memory) or ``"rocksdb"`` (local RocksDB per task).
+        kind: ``"heap"`` (in memory) or ``"rocksdb"`` (local RocksDB per task).
         options: keyword options of the backend's constructor, e.g. ``{"path": "/mnt/ssd"}``
-            for RocksDB's working directory or ``{"blocking_snapshots": True}`` for the heap
-            backend's blocking baseline.
+            for RocksDB's working directory, ``{"incremental": True}`` for incremental
+            RocksDB checkpoints, or ``{"snapshot_mode": "thread" | "blocking"}`` to replace
+            the heap backend's forked snapshots (see :mod:`epochal.backends.heap`).
     """
 
     kind: str = "heap"

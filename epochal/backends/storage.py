@@ -48,6 +48,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -302,6 +303,52 @@ class CheckpointStorage:
         rel = f"chk-{epoch:010d}/{name}"
         self._put(f"{self.root}/{rel}", data)
         return StateHandle(rel, len(data), hashlib.sha256(data).hexdigest())
+
+    def move_state_file(self, epoch: int, name: str, local_path: str) -> StateHandle:
+        """Publish the local file ``local_path`` as state file ``name`` of epoch ``epoch``
+        (like :meth:`write_state`, without holding the bytes in memory); the local file is
+        consumed (moved or deleted) even when this fails.
+
+        Called on an uploader thread. The SHA-256 is computed here by reading the file in
+        chunks (``hashlib`` releases the GIL); on local storage the file is renamed into
+        place when it lives on the same device, else copied, then fsynced; remote storage
+        receives it with one streaming ``put_file``.
+
+        Raises:
+            ValueError: ``name`` is not a plain file name.
+            CheckpointStorageError: reading or writing failed.
+        """
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError(f"state file name {name!r} is invalid: use letters, digits and . _ = + -")
+        rel = f"chk-{epoch:010d}/{name}"
+        path = f"{self.root}/{rel}"
+        self.epoch_dir(epoch)  # validates epoch
+        try:
+            with self._io("write", path):
+                if self._local:
+                    directory = os.path.dirname(path)
+                    os.makedirs(directory, exist_ok=True)
+                    tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
+                    try:
+                        os.replace(local_path, tmp)
+                    except OSError:  # another device: copy
+                        shutil.copyfile(local_path, tmp)
+                    local_path = tmp
+                digest, size = hashlib.sha256(), 0
+                with open(local_path, "rb") as f:
+                    while chunk := f.read(_HASH_CHUNK):
+                        digest.update(chunk)
+                        size += len(chunk)
+                    if self._local:
+                        os.fsync(f.fileno())
+                if self._local:
+                    os.replace(local_path, path)
+                else:
+                    self.fs.put_file(local_path, path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(local_path)
+        return StateHandle(rel, size, digest.hexdigest())
 
     def write_shared(self, owner: str, name: str, data: bytes, sha256: str | None = None) -> StateHandle:
         """Write a file several checkpoints may reference, ``shared/<owner>/<name>``.
