@@ -87,18 +87,7 @@ def chain_job(name: str, out: str, n_ops: int, layout: str, records: int, stamp_
 
 def read_stamps(out: str) -> list[tuple[int, float]]:
     """(record, wall time) of the stamped records in the committed part files."""
-    import json
-
-    stamps = []
-    for name in sorted(os.listdir(out)) if os.path.isdir(out) else []:
-        if not name.startswith("part-"):
-            continue
-        with open(os.path.join(out, name)) as f:
-            for row in f:
-                if row.startswith("["):
-                    i, t = json.loads(row)
-                    stamps.append((i, t))
-    return sorted(stamps)
+    return sorted((i, t) for i, t in harness.jsonl_rows(out, prefix="["))
 
 
 def steady_rate(stamps: list[tuple[int, float]]) -> float | None:
@@ -116,23 +105,15 @@ def run_once(n_ops: int, layout: str, mode: str, interval: float | None, records
     flow = chain_job(f"chain-{n_ops}-{layout}", out, n_ops, layout, records, args.stamp_every)
     rec = {"n_ops": n_ops, "layout": layout, "mode": mode, "guarantee": guarantee, "interval_s": interval,
            "records": records, "tasks": len(flow.plan().tasks), "loadavg_1m_before": os.getloadavg()[0]}
-    t0 = time.monotonic()
     try:
-        handle = flow.start(guarantee=guarantee, runtime=args.runtime, spark=spark,
-                            checkpoint=ep.CheckpointConfig(interval=interval, storage="file://" + os.path.join(work, "ck")))
-        try:
-            result = handle.wait(args.run_timeout)
-        except TimeoutError:
-            handle.cancel()
-            rec["error"] = f"hung: not finished after {args.run_timeout} s (cancelled)"
-            return rec
-        rec["wall_s"] = time.monotonic() - t0
-        stamps = read_stamps(out)
-    except Exception as exc:  # noqa: BLE001 — a failed run is reported, the others still run
-        rec["error"] = f"{type(exc).__name__}: {exc}"[:4000]
-        return rec
+        result = harness.run_job(flow, rec, args.run_timeout, guarantee=guarantee, runtime=args.runtime, spark=spark,
+                                 checkpoint=ep.CheckpointConfig(interval=interval,
+                                                                storage="file://" + os.path.join(work, "ck")))
+        stamps = read_stamps(out) if result is not None else []
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if result is None:
+        return rec
     periodic = [e for e in result.completed_epochs if e["reason"] == "periodic"]
     rec.update({
         "duration_s": result.duration_s,
@@ -293,9 +274,7 @@ def main(argv=None) -> int:
                              f"load {r['loadavg_1m_before']:.1f}" if "error" not in r else f"ERROR {r['error']}"),
                           flush=True)
     finally:
-        doc["finished_at"] = harness.now_iso()
-        doc["loadavg_at_end"] = list(os.getloadavg())
-        doc["code_changed_during_run"] = harness.git_state()["git_diff_sha1"] != info["git_diff_sha1"]
+        harness.finish(doc, info)
         doc["summary"] = aggregate(doc["runs"])
         doc["errors"] = [f"N={r['n_ops']} {r['layout']} {r['mode']} {r['interval_s']}: {r['error']}"
                          for r in doc["runs"] if "error" in r]
@@ -304,18 +283,7 @@ def main(argv=None) -> int:
             spark.stop()
     print()
     print(render(doc["summary"]))
-    try:
-        import report
-
-        report.plot_chain(doc, args.plot)
-        print(f"wrote {args.plot}")
-    except ImportError as exc:
-        print(f"no plot ({exc}); pip install 'epochal[bench]'", file=sys.stderr)
-    print(f"wrote {args.out}")
-    if doc["errors"]:
-        print("ERRORS:\n  " + "\n  ".join(doc["errors"]), file=sys.stderr)
-        return 1
-    return 0
+    return harness.plot_and_exit_code("chain", doc, args.plot, args.out)
 
 
 def _with_stamp(args, records: int):

@@ -60,6 +60,28 @@ def summary(values: list[float]) -> dict:
             "raw": list(values)}
 
 
+def rotated(items: list, k: int) -> list:
+    """``items`` rotated left by ``k`` (abc, bca, cab, ...): with ``k`` = the repetition,
+    no mode always runs first, so drift and noise hit every mode alike."""
+    items = list(items)
+    if not items:
+        return items
+    k %= len(items)
+    return items[k:] + items[:k]
+
+
+def jsonl_rows(directory: str, prefix: str = "") -> list:
+    """The parsed rows of the committed ``part-*`` files a jsonl FileSink wrote to
+    ``directory`` (empty when it does not exist); with ``prefix`` only the rows whose text
+    starts with it (cheap filtering of large outputs)."""
+    rows = []
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+        if name.startswith("part-"):
+            with open(os.path.join(directory, name)) as f:
+                rows += [json.loads(row) for row in f if row.startswith(prefix) and row.strip()]
+    return rows
+
+
 def write_json(path: Path, data: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -67,6 +89,53 @@ def write_json(path: Path, data: dict) -> Path:
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def run_job(flow, rec: dict, timeout: float, **options):
+    """``flow.start(**options)`` and wait up to ``timeout`` s: the JobResult, or ``None``
+    with ``rec["error"]`` set (hung and cancelled, or the exception). Records the driver's
+    wall time (``rec["wall_s"]``) and the process tree's CPU seconds (``rec["cpu_s"]``)."""
+    cpu0, t0 = tree_cpu_seconds(), time.monotonic()
+    try:
+        handle = flow.start(**options)
+        try:
+            result = handle.wait(timeout)
+        except TimeoutError:
+            handle.cancel()
+            rec["error"] = f"hung: not finished after {timeout} s (cancelled)"
+            return None
+    except Exception as exc:  # noqa: BLE001 — a failed run is reported, the others still run
+        rec["error"] = f"{type(exc).__name__}: {exc}"[:4000]
+        return None
+    rec["wall_s"] = time.monotonic() - t0
+    cpu1 = tree_cpu_seconds()
+    rec["cpu_s"] = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
+    return result
+
+
+def finish(doc: dict, info: dict) -> None:
+    """Stamp the end of a benchmark into ``doc``: finished_at, loadavg_at_end and whether the
+    working tree changed since ``info = machine()`` was taken at the start."""
+    doc["finished_at"] = now_iso()
+    doc["loadavg_at_end"] = list(os.getloadavg())
+    doc["code_changed_during_run"] = git_state()["git_diff_sha1"] != info["git_diff_sha1"]
+
+
+def plot_and_exit_code(name: str, doc: dict, png: Path, out: Path) -> int:
+    """Draw ``doc`` with ``report.PLOTS[name]`` (skipped, with a hint, without matplotlib),
+    say where the files went, print ``doc["errors"]``; 1 if there were any, else 0."""
+    try:
+        import report
+
+        report.PLOTS[name](doc, png)
+        print(f"wrote {png}")
+    except ImportError as exc:
+        print(f"no plot ({exc}); pip install 'epochal[bench]'", file=sys.stderr)
+    print(f"wrote {out}")
+    if doc["errors"]:
+        print("ERRORS:\n  " + "\n  ".join(doc["errors"]), file=sys.stderr)
+        return 1
+    return 0
 
 
 def now_iso() -> str:

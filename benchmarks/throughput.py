@@ -156,7 +156,7 @@ def run_once(mode: Mode, n_lines: int, args, spark, kind: str, rep: int) -> dict
 
 def schedule(ms: tuple[Mode, ...], repetitions: int) -> list[tuple[int, Mode]]:
     """Rotated order per repetition (abc, bca, cab, ...): no mode always runs first."""
-    return [(r, ms[(r + i) % len(ms)]) for r in range(repetitions) for i in range(len(ms))]
+    return [(r, m) for r in range(repetitions) for m in harness.rotated(ms, r)]
 
 
 # ---------------------------------------------------------------------- aggregation

@@ -277,6 +277,7 @@ class CoordinatorServer:
             "epoch": completed.epoch,
             "reason": completed.reason.value,
             "duration_s": completed.duration,
+            "wall_time": meta["wall_time"],  # time.time() at completion: trigger ≈ wall_time - duration_s
             "bytes": sum(m.get("bytes", 0) for m in metrics),  # uploaded for this epoch
             "state_bytes": sum(m.get("state_bytes", m.get("bytes", 0)) for m in metrics),
             "max_alignment_s": max((m.get("alignment_s", 0.0) for m in metrics), default=0.0),
