@@ -1,7 +1,7 @@
 """Turn benchmarks/results/*.json into plots and the README's "Results" section.
 
 Reads whichever of ``throughput.json``, ``latency.json``, ``chain.json``, ``peers.json`` and
-``window.json`` exist and writes ``README_SECTION.md`` (markdown: one table per benchmark, the machine
+``window.json``, ``dataplane.json`` exist and writes ``README_SECTION.md`` (markdown: one table per benchmark, the machine
 they ran on, the command that produced them) and ``<name>.png`` next to them. Nothing in
 the section is typed by hand: paste it into README.md, or diff it against the README.
 
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-BENCHMARKS = ("throughput", "latency", "chain", "peers", "window")
+BENCHMARKS = ("throughput", "latency", "chain", "peers", "window", "dataplane")
 
 
 # ---------------------------------------------------------------------- formatting
@@ -175,6 +175,32 @@ def section_window(doc: dict) -> str:
             f"94 % at 512 MB with non-blocking ones ({_command(doc)}):\n\n"
             + _table(["MB", "mode", "steady rec/s", "ratio", "min–max", "ckpts", "checkpoint p50 / p99 ms",
                       "sync p50 / p99 ms", "MB / ckpt"], rows))
+def section_dataplane(doc: dict) -> str:
+    cfg, summ = doc["config"], doc["summary"]
+    epochal = [v for v in summ if v.startswith("epochal")]
+    ceilings = [v for v in summ if not v.startswith("epochal")]
+    rows = []
+    for v, s in summ.items():
+        r = s["records_per_s"]
+        rows.append([v, _n(r["median"]), f"{_n(r['min'])} – {_n(r['max'])}", _n(s["mb_per_s"], ",.1f"),
+                     _n(s.get("producer_cpu_ns_per_record")), _n(s.get("consumer_cpu_ns_per_record"))]
+                    + [_n(summ[e].get("ratio_to", {}).get(v), ".3f") if v in ceilings else "–" for e in epochal])
+    wire = doc.get("epochal_wire", {}).get("channel_config", {})
+    wb = doc.get("wire_bytes_per_record", {})
+    return (f"### The data plane against its ceiling\n\n"
+            f"`GeneratorSource → rebalance() → counting sink`, parallelism 1, runtime `local` (two task "
+            f"processes, one TCP channel) vs. two bare processes over loopback TCP sending the same records "
+            f"(`(id, {cfg['payload']}-byte blob)`, {doc['record_bytes']} payload bytes; batches of "
+            f"{wire.get('batch_size')}, epochal linger {wire.get('linger_s')} s, {wire.get('credits')} credits). "
+            f"Steady rate between the 5 % and 95 % receiver stamps, median of {cfg['repetitions']} interleaved "
+            f"repetition(s) ({_command(doc)}). Wire bytes per record: pickle frame "
+            f"{_n(wb.get('pickle_frame'), '.1f')}, Arrow IPC {_n(wb.get('arrow_ipc'), '.1f')}. `pickle` = epochal's "
+            f"wire format without the engine, `arrow-py` = Python tuples through Arrow IPC and back, `arrow` = "
+            f"pre-built Arrow batches, `bytes` = socket memcpy, `generate` = the record generator alone. "
+            f"CPU ns/record per side in the steady window: send = sender process or source task, recv = "
+            f"receiver process or sink task (with its channel reader thread).\n\n"
+            + _table(["variant", "steady rec/s", "min – max", "payload MB/s", "send CPU ns/rec", "recv CPU ns/rec"]
+                     + [f"{e} / this" for e in epochal], rows))
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -183,7 +209,7 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 
 SECTIONS = {"throughput": section_throughput, "latency": section_latency, "chain": section_chain,
-            "peers": section_peers, "window": section_window}
+            "peers": section_peers, "window": section_window, "dataplane": section_dataplane}
 
 
 def render_section(docs: dict[str, dict]) -> str:
@@ -345,8 +371,40 @@ def plot_window(doc: dict, path: Path) -> Path:
     return Path(path)
 
 
+def plot_dataplane(doc: dict, path: Path) -> Path:
+    plt = _pyplot()
+    summ = doc["summary"]
+    names = [v for v in summ if summ[v]["records_per_s"]["median"]]
+    med = [summ[v]["records_per_s"]["median"] for v in names]
+    lo = [m - summ[v]["records_per_s"]["min"] for v, m in zip(names, med)]
+    hi = [summ[v]["records_per_s"]["max"] - m for v, m in zip(names, med)]
+    fig, (ax, cpu) = plt.subplots(1, 2, figsize=(12, 0.45 * max(4, len(names)) + 1.6), sharey=True,
+                                  gridspec_kw={"width_ratios": [3, 2]})
+    colors = ["tab:red" if v.startswith("epochal") else "tab:blue" for v in names]
+    ax.barh(names, med, xerr=[lo, hi], color=colors, capsize=3)
+    rb = doc["record_bytes"]
+    for y, m in enumerate(med):
+        ax.text(m * 1.1, y, f"{m:,.0f} rec/s, {m * rb / 1e6:,.0f} MB/s", va="center", fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlim(min(med) / 4, max(med) * 40)
+    ax.set_xlabel(f"steady records/s (log; {rb}-byte records; median, min–max)")
+    ax.set_title("epochal pass-through vs. raw loopback transports", fontsize=10)
+    ax.invert_yaxis()
+    ys = range(len(names))
+    for k, (side, label) in enumerate((("producer", "sender / source task"), ("consumer", "receiver / sink task"))):
+        vals = [summ[v].get(f"{side}_cpu_ns_per_record") or 0 for v in names]
+        cpu.barh([y + (k - 0.5) * 0.38 for y in ys], vals, 0.38, label=label)
+    cpu.set_xlabel("CPU ns per record, steady window (median)")
+    cpu.set_title("where the CPU goes", fontsize=10)
+    cpu.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
 PLOTS = {"throughput": plot_throughput, "latency": plot_latency, "chain": plot_chain, "peers": plot_peers,
-         "window": plot_window}
+         "window": plot_window, "dataplane": plot_dataplane}
 
 
 def load(results: Path) -> dict[str, dict]:

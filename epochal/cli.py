@@ -1,7 +1,7 @@
 """The ``epochal`` command: ``epochal bench ...`` runs the benchmarks and regenerates their report.
 
     epochal bench chain --smoke            # one benchmark, tiny sizes, local runtime, results in a temp dir
-    epochal bench all                      # throughput, latency, chain, peers, window → benchmarks/results/
+    epochal bench all                      # throughput, latency, chain, peers, window, dataplane → benchmarks/results/
     epochal bench peers -- --engines epochal bytewax   # arguments after -- go to the script
 
 Each benchmark script runs in its own process (``python benchmarks/<name>.py``); its output
@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-BENCHMARKS = ("throughput", "latency", "chain", "peers", "window")
+BENCHMARKS = ("throughput", "latency", "chain", "peers", "window", "dataplane")
 RUNTIME_FLAG = {"throughput", "latency", "chain", "window"}  # scripts that take --runtime
 HEARTBEAT_S = 30.0
 

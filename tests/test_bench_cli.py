@@ -48,6 +48,19 @@ def test_bench_chain_smoke_through_the_cli(tmp_path):
     assert section.startswith("## Results") and "Stateless chain" in section
 
 
+def test_bench_dataplane_smoke_through_the_cli(tmp_path):
+    """`epochal bench dataplane --smoke` (two variants) writes the JSON, the plot and its report section."""
+    proc = _run([sys.executable, "-m", "epochal.cli", "bench", "dataplane", "--smoke", "--results", str(tmp_path),
+                 "--", "--variants", "epochal no-checkpoint", "pickle"], timeout=90)
+    assert "finished with exit code 0" in proc.stdout
+    doc = json.loads((tmp_path / "dataplane.json").read_text())
+    assert doc["errors"] == [] and set(doc["summary"]) == {"epochal no-checkpoint", "pickle"}
+    assert doc["summary"]["epochal no-checkpoint"]["ratio_to"]["pickle"] > 0
+    if _has_matplotlib():
+        assert (tmp_path / "dataplane.png").stat().st_size > 0
+    assert "### The data plane against its ceiling" in (tmp_path / "README_SECTION.md").read_text()
+
+
 def test_chain_unchained_layout_has_a_task_per_operator():
     """The unchained layout forbids chaining: N maps + source + sink = N + 2 tasks."""
     sys.path.insert(0, str(BENCHMARKS))
@@ -63,7 +76,7 @@ def test_report_from_the_checked_in_results(tmp_path):
     """report.py turns the results JSON into README_SECTION.md and one PNG per benchmark."""
     results = tmp_path / "results"
     shutil.copytree(BENCHMARKS / "results", results, ignore=shutil.ignore_patterns("*.png", "*.md"))
-    present = [n for n in ("throughput", "latency", "chain", "peers") if (results / f"{n}.json").exists()]
+    present = [n for n in ("throughput", "latency", "chain", "peers", "dataplane") if (results / f"{n}.json").exists()]
     assert present, "no benchmark results checked in"
     _run([sys.executable, str(BENCHMARKS / "report.py"), "--results", str(results)], timeout=60)
     section = (results / "README_SECTION.md").read_text()
@@ -72,7 +85,7 @@ def test_report_from_the_checked_in_results(tmp_path):
     for name in present if _has_matplotlib() else []:
         assert (results / f"{name}.png").stat().st_size > 0, name
     titles = {"throughput": "### Throughput", "latency": "### End-to-end latency", "chain": "### Stateless chain",
-              "peers": "### The same word count"}
+              "peers": "### The same word count", "dataplane": "### The data plane against its ceiling"}
     for name in present:
         assert titles[name] in section, name
 

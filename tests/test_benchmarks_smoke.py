@@ -45,3 +45,55 @@ def test_latency_smoke(tmp_path):
     runs = json.loads(out.read_text())["runs"]
     assert {r["guarantee"] for r in runs} == {"exactly-once", "at-least-once"}
     assert all(r["records"] == r["expected"] and r["latency_s"]["p50"] is not None for r in runs)
+
+
+def test_dataplane_smoke(tmp_path):
+    """benchmarks/dataplane.py --smoke: epochal pass-through and every raw ceiling, side by side."""
+    out = tmp_path / "dataplane.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "dataplane.py"), "--smoke", "--out", str(out), "--tmp", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    doc = json.loads(out.read_text())
+    assert doc["errors"] == []
+    variants = {"epochal no-checkpoint", "epochal exactly-once", "pickle", "arrow-py", "arrow", "bytes", "generate"}
+    assert set(doc["summary"]) == variants
+    for name, s in doc["summary"].items():
+        assert s["runs_ok"] == 1 and s["records_per_s"]["median"] > 0, name
+        assert s["producer_cpu_ns_per_record"] is not None, name
+    epochal = [r for r in doc["runs"] if r["variant"].startswith("epochal")]
+    for r in epochal:  # every record crossed the one channel between the two task processes, in order
+        assert (r["tasks"], r["channels"], r["sibling_processes"]) == (2, 1, 1)
+        assert r["received"] == r["records"] == doc["calibration"]["records"] and r["bad_stamps"] == 0
+        assert r["consumer_cpu_ns_per_record"] > 0
+    assert {r["completed_epochs"] >= 1 for r in epochal} == {True}
+    ratios = doc["summary"]["epochal no-checkpoint"]["ratio_to"]
+    assert set(ratios) == variants - {"epochal no-checkpoint", "epochal exactly-once"} and all(ratios.values())
+    from epochal.config import ChannelConfig
+
+    d = ChannelConfig()  # the documented wire settings are the ones epochal really uses by default
+    assert doc["epochal_wire"]["channel_config"] == {"batch_size": d.batch_size, "linger_s": d.linger,
+                                                     "credits": d.credits}
+
+
+def test_dataplane_steady_window_and_counting_sink():
+    """The steady rate ignores the slow start and end; the counting sink flags out-of-place records."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import dataplane
+        import dataplane_sink
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    # 0..1 s: 10 records (start-up), then 1000 records/s until 1000 records, then a slow tail
+    stamps = [(0, 0.0, 0.0), (10, 1.0, 0.5)] + [(10 + 10 * k, 1.0 + 0.01 * k, 0.5 + 0.002 * k) for k in range(1, 100)]
+    stamps.append((1010, 5.0, 1.0))
+    st = dataplane.steady(stamps)
+    assert abs(st["records_per_s"] - 1000.0) < 1e-6
+    assert abs(st["cpu_ns_per_record"][0] - 0.2e6) < 1e-3  # 0.002 s CPU per 10 records
+    assert dataplane.steady([(0, 0.0), (5, 1.0)])["records_per_s"] is None
+    w = dataplane_sink._CountingWriter("/dev/null", every=2)
+    w.restore(None)
+    for i in (0, 1, 2, 4):  # record 3 is lost: the 4th record written carries id 4
+        w.write((i, b""))
+    assert (w.n, w.bad, [s[0] for s in w.stamps]) == (4, 1, [2, 4])
