@@ -36,6 +36,11 @@ def fill(b, n=300):
         b.map_put("op/m", kg(i), i, "x", {"n": i})
 
 
+def snapshot_files(b):
+    """Files in the backend's working directory besides its lock file."""
+    return [n for n in os.listdir(b._workdir.path) if n != ".lock"]
+
+
 def content(b):
     return sorted((kind, s, g, k, repr(v)) for kind, s, g, k, v in b.entries())
 
@@ -81,7 +86,7 @@ def test_snapshot_is_the_state_at_the_barrier_and_is_published_with_checksum(sto
         backend.restore_from([desc], storage)
         assert content(backend) == expected
         backend.close()
-    assert b.pending_snapshots == 0 and os.listdir(b._tmp_dir) == []
+    assert b.pending_snapshots == 0 and snapshot_files(b) == []
 
 
 def test_task_thread_does_not_wait_for_the_serialization(storage, tmp_path):
@@ -111,7 +116,7 @@ def test_a_child_that_cannot_pickle_reports_why_and_leaves_no_file(storage):
     job = b.snapshot(2)
     with pytest.raises(CheckpointStorageError, match="epoch 2 failed: TypeError: Unpicklable objects cannot"):
         job.run(storage, "t")
-    assert os.listdir(b._tmp_dir) == [] and b.pending_snapshots == 0
+    assert snapshot_files(b) == [] and b.pending_snapshots == 0
     assert storage.all_epochs() == [] or not os.listdir(storage.epoch_dir(2))
 
 
@@ -123,8 +128,8 @@ def test_release_kills_a_running_child_and_close_removes_the_directory(tmp_path)
     job.release()
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # killed and reaped: no zombie left
-    assert os.listdir(b._tmp_dir) == [] and b.pending_snapshots == 0
-    directory = b._tmp_dir
+    assert snapshot_files(b) == [] and b.pending_snapshots == 0
+    directory = b._workdir.path
     b.snapshot(2)  # pending at close: close cancels it
     b.close()
     assert not os.path.exists(directory)
@@ -164,4 +169,4 @@ def test_move_state_file_to_remote_storage_streams_the_file(tmp_path):
     restored = HeapStateBackend(ALL)
     restored.restore_from([desc], memory)
     assert content(restored) == expected
-    assert os.listdir(b._tmp_dir) == []
+    assert snapshot_files(b) == []

@@ -39,8 +39,6 @@ Three snapshot modes, one per ``snapshot_mode``:
 from __future__ import annotations
 
 import copy
-import shutil
-import tempfile
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -48,6 +46,7 @@ from typing import Any
 
 from epochal.backends.base import KeyedStateBackend, SnapshotJob, decode_snapshot, encode_snapshot
 from epochal.backends.forked import ForkedSnapshot, fork_available
+from epochal.backends.workdir import WorkDir, make_workdir
 from epochal.errors import ConfigError
 
 __all__ = ["HeapStateBackend"]
@@ -111,7 +110,7 @@ class HeapStateBackend(KeyedStateBackend):
             raise ConfigError("backend option snapshot_mode: 'fork' needs Linux; use 'thread'")
         self.snapshot_mode = snapshot_mode
         self._tmp_parent = tmp_dir
-        self._tmp_dir: str | None = None
+        self._workdir: WorkDir | None = None
         self._forked: set[ForkedSnapshot] = set()
         self._values: dict[str, dict[int, _Bucket]] = {}
         self._maps: dict[str, dict[int, _Bucket]] = {}
@@ -318,9 +317,9 @@ class HeapStateBackend(KeyedStateBackend):
 
     def _fork_snapshot(self, epoch: int) -> SnapshotJob:
         """Fork mode's synchronous part: one ``fork()``; the job uploads the child's file."""
-        if self._tmp_dir is None:
-            self._tmp_dir = tempfile.mkdtemp(prefix="epochal-heap-", dir=self._tmp_parent)
-        snap = ForkedSnapshot.start(epoch, lambda: self._capture().items(), self._tmp_dir)
+        if self._workdir is None:
+            self._workdir = make_workdir("heap", self._tmp_parent)
+        snap = ForkedSnapshot.start(epoch, lambda: self._capture().items(), self._workdir.path)
         with self._lock:
             self._forked.add(snap)
 
@@ -360,8 +359,8 @@ class HeapStateBackend(KeyedStateBackend):
             forked, self._forked = list(self._forked), set()
         for snap in forked:
             snap.cancel()
-        if self._tmp_dir is not None:
-            shutil.rmtree(self._tmp_dir, ignore_errors=True)
-            self._tmp_dir = None
+        if self._workdir is not None:
+            self._workdir.remove()
+            self._workdir = None
         self._values.clear()
         self._maps.clear()

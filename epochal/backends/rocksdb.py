@@ -66,6 +66,7 @@ from rocksdict import (
 
 from epochal.backends.base import KeyedStateBackend, SnapshotJob, decode_snapshot, encode_snapshot
 from epochal.backends.keygroups import _encode  # the canonical key encoding of stable_hash
+from epochal.backends.workdir import make_workdir
 
 __all__ = ["RocksDBStateBackend"]
 
@@ -153,9 +154,8 @@ class RocksDBStateBackend(KeyedStateBackend):
         self._uploaded: dict[int, dict[str, dict]] = {}  # epoch -> its SSTs, until completed
         if key_groups.stop > 1 << 15:
             raise ValueError(f"key_groups {key_groups!r} exceed the 2**15 key groups limit")
-        if path is not None:
-            os.makedirs(path, exist_ok=True)
-        self.directory = tempfile.mkdtemp(prefix="rocksdb-", dir=path)
+        self._workdir = make_workdir("rocksdb", path)  # reclaimed by the next task if this one crashes
+        self.directory = self._workdir.path
         db_path = os.path.join(self.directory, "db")
         self._db: Rdict | None = Rdict(db_path, _options(self.WRITE_BUFFER_SIZE))
         write_opts = WriteOptions()
@@ -449,4 +449,4 @@ class RocksDBStateBackend(KeyedStateBackend):
             self._db = None
             with self._lock:
                 self._checkpoints.clear()
-            shutil.rmtree(self.directory, ignore_errors=True)
+            self._workdir.remove()
