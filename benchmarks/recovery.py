@@ -288,6 +288,10 @@ def main(argv=None) -> int:
            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "runs": []}
     t_start = time.monotonic()
     try:
+        # warm-up (discarded): on Spark the first job starts the Python workers (seconds)
+        warm = run_once(1, args.backends[0], None, argparse.Namespace(**{**vars(args), "updates": 10_000,
+                                                                         "updates_per_key": 0.0}), spark)
+        doc["warmup"] = {k: warm.get(k) for k in ("duration_s", "error")}
         for size in args.sizes:
             keys = max(1, size * (1 << 20) // args.value_bytes)
             updates = updates_for(keys, args)

@@ -159,14 +159,14 @@ def section_alignment(doc: dict) -> str:
     rows = []
     for c in doc["summary"]:
         if not c.get("runs_ok"):
-            rows.append([str(c["parallelism"]), c["guarantee"], "failed"] + ["–"] * 9)
+            rows.append([str(c["parallelism"]), c["guarantee"], "failed"] + ["–"] * 10)
             continue
         parts = c["critical_parts_p50_s"]
         top = max(c["critical_operator"].items(), key=lambda kv: kv[1])
         rows.append([str(c["parallelism"]), c["guarantee"], f"{c['tasks']} ({c['tasks_per_core']:g}/core)",
                      _n(c["achieved_lines_per_s"]["median"]), pp(c["checkpoint_s"]), pp(c["alignment_task_s"]),
                      pp(c["alignment_max_s"]), pp(c["sync_max_s"]), pp(c.get("sink_sync_s")),
-                     f"`{top[0]}` {top[1]:.0%}",
+                     "yes" if c["target_p99_met"] else "no", f"`{top[0]}` {top[1]:.0%}",
                      " + ".join(_ms(parts.get(k)) for k in ("barrier_s", "sync_s", "upload_wait_s", "upload_s",
                                                             "rest_s"))])
     cfg = doc["config"]
@@ -184,7 +184,8 @@ def section_alignment(doc: dict) -> str:
             f"The machine has {(doc.get('machine') or {}).get('cpu_count')} cores "
             f"(load {_n(load[0], '.1f')} at start): parallelism p runs 4p task processes.\n\n"
             + _table(["p", "guarantee", "tasks", "lines/s", "checkpoint", "align/task", "align/epoch", "sync",
-                      "sink sync", "last ack", "critical parts ms"], rows))
+                      "sink sync", f"p99 < {_ms(doc.get('target_p99_s', 0.1))} ms", "last ack",
+                      "barrier + sync + wait + upload + rest"], rows))
 
 
 def section_recovery(doc: dict) -> str:
