@@ -74,7 +74,7 @@ def run_once(p: int, guarantee: str, args, spark, rep: int) -> dict:
     plan = flow.plan()
     cores = os.cpu_count() or 1
     record = {"parallelism": p, "guarantee": guarantee, "repetition": rep, "tasks": len(plan.tasks),
-              "tasks_per_core": len(plan.tasks) / cores, "lines": (args.lines // args.splits) * args.splits,
+              "tasks_per_core": len(plan.tasks) / cores, "parallelism_per_core": p / cores, "lines": (args.lines // args.splits) * args.splits,
               "offered_lines_per_s": args.rate or None, "loadavg_1m_before": os.getloadavg()[0],
               "inputs": {t.id: len(t.inputs) for t in plan.tasks}}
     checkpoint = ep.CheckpointConfig(interval=args.interval, storage="file://" + os.path.join(work, "ckpt"))
@@ -180,7 +180,8 @@ def aggregate(runs: list[dict]) -> list[dict]:
         duration = _pct([e["duration_s"] for _r, e in epochs])
         out.append({
             "parallelism": p, "guarantee": g, "runs_ok": len(rs), "tasks": rs[0]["tasks"],
-            "tasks_per_core": rs[0]["tasks_per_core"], "periodic_epochs": len(epochs),
+            "tasks_per_core": rs[0]["tasks_per_core"], "parallelism_per_core": rs[0]["parallelism_per_core"],
+            "periodic_epochs": len(epochs),
             "aborted_epochs": sum(r["aborted_epochs"] for r in rs),
             "checkpoint_s": duration,
             "checkpoint_with_metadata_s": _pct([e["duration_s"] + e["metadata_s"] for _r, e in epochs]),

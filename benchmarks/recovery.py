@@ -34,7 +34,7 @@ one gets a new worker from Spark's daemon.
 
 Usage::
 
-    python benchmarks/recovery.py                         # 1, 64, 256 MB x heap, rocksdb (~8 min)
+    python benchmarks/recovery.py                         # 1, 64, 256 MB x heap, rocksdb, 2 repetitions (~10 min)
     python benchmarks/recovery.py --backends heap rocksdb rocksdb-incr --repetitions 3
     python benchmarks/recovery.py --smoke --out /tmp/r.json   # < 60 s
 """
