@@ -1,8 +1,7 @@
 """Turn benchmarks/results/*.json into plots and the README's "Results" section.
 
-Reads whichever of ``throughput.json``, ``latency.json``, ``chain.json``, ``peers.json`` and
-``window.json``, ``dataplane.json`` exist and writes ``README_SECTION.md`` (markdown: one table per benchmark, the machine
-they ran on, the command that produced them) and ``<name>.png`` next to them. Nothing in
+Reads whichever ``<name>.json`` of :data:`BENCHMARKS` exist and writes ``README_SECTION.md``
+(markdown: one table per benchmark, the machine they ran on, the command that produced them) and ``<name>.png`` next to them. Nothing in
 the section is typed by hand: paste it into README.md, or diff it against the README.
 
     python benchmarks/report.py                       # benchmarks/results → benchmarks/results
@@ -17,7 +16,8 @@ import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-BENCHMARKS = ("throughput", "latency", "chain", "state", "window", "loops", "peers", "dataplane")
+BENCHMARKS = ("throughput", "latency", "chain", "alignment", "recovery", "state", "window", "loops", "peers",
+              "dataplane")
 
 
 # ---------------------------------------------------------------------- formatting
@@ -240,6 +240,69 @@ def section_loops(doc: dict) -> str:
             f"`{cfg['runtime']}`; the loop head logs the records in transit on the back-edge for every epoch "
             f"({_command(doc)}):\n\n"
             + _table(["records in flight", "iterations/s", "epochs", "checkpoint median / max ms"], rows))
+def section_alignment(doc: dict) -> str:
+    def pp(d):
+        return "–" if not d or d.get("p50") is None else f"{_ms(d['p50'])} / {_ms(d['p99'])}"
+
+    rows = []
+    for c in doc["summary"]:
+        if not c.get("runs_ok"):
+            rows.append([str(c["parallelism"]), c["guarantee"], "failed"] + ["–"] * 10)
+            continue
+        parts = c["critical_parts_p50_s"]
+        top = max(c["critical_operator"].items(), key=lambda kv: kv[1])
+        rows.append([str(c["parallelism"]), c["guarantee"], f"{c['tasks']} ({c['tasks_per_core']:g}/core)",
+                     _n(c["achieved_lines_per_s"]["median"]), pp(c["checkpoint_s"]), pp(c["alignment_task_s"]),
+                     pp(c["alignment_max_s"]), pp(c["sync_max_s"]), pp(c.get("sink_sync_s")),
+                     "yes" if c["target_p99_met"] else "no", f"`{top[0]}` {top[1]:.0%}",
+                     " + ".join(_ms(parts.get(k)) for k in ("barrier_s", "sync_s", "upload_wait_s", "upload_s",
+                                                            "rest_s"))])
+    cfg = doc["config"]
+    load = (doc.get("machine") or {}).get("loadavg_at_start") or [None]
+    rate = f"{cfg['rate']:,.0f} lines/s offered" if cfg.get("rate") else "an unthrottled source"
+    return (f"### Alignment and checkpoint duration vs parallelism\n\n"
+            f"Two-shuffle keyed word count (small state), {rate}, checkpoint every {cfg['interval']:g} s, "
+            f"runtime `{cfg['runtime']}`, {cfg['repetitions']} interleaved repetition(s) of {cfg['lines']:,} lines "
+            f"per cell ({_command(doc)}). p50 / p99 in ms, nearest rank over all periodic epochs; "
+            f"*align/task*: per task with ≥ 2 inputs (first → last barrier); *align/epoch* and *sync*: the "
+            f"maximum over an epoch's tasks; *sink sync*: the `out` tasks' sync part, i.e. the FileSink "
+            f"pre-commit (close + fsync of the epoch's part file); *last ack*: the operator whose task is acknowledged last, and the "
+            f"median parts of its acknowledgement time (barrier delay incl. alignment + sync + wait for the "
+            f"uploader + upload, i.e. write and fsync of the state file + rest: ack transit and coordinator). "
+            f"The machine has {(doc.get('machine') or {}).get('cpu_count')} cores "
+            f"(load {_n(load[0], '.1f')} at start): parallelism p runs 4p task processes.\n\n"
+            + _table(["p", "guarantee", "tasks", "lines/s", "checkpoint", "align/task", "align/epoch", "sync",
+                      "sink sync", f"p99 < {_ms(doc.get('target_p99_s', 0.1))} ms", "last ack",
+                      "barrier + sync + wait + upload + rest"], rows))
+
+
+def section_recovery(doc: dict) -> str:
+    rows = []
+    for c in doc["summary"]:
+        if not c.get("runs_ok"):
+            rows.append([str(c["size_mb"]), c["backend"], "failed"] + ["–"] * 7)
+            continue
+        parts = c["parts_p50_s"]
+        rows.append([str(c["size_mb"]), c["backend"], _n(c["restored_mb"]["median"], ".0f"),
+                     _n(c["recovery_s"]["median"], ".2f"),
+                     " + ".join(_n(parts[k], ".2f") for k in ("stop_s", "restart_s", "launch_s", "restore_s")),
+                     _n(c["task_restore_s"]["median"], ".2f"), _n(c["golden_s"]["median"], ".1f"),
+                     _n(c["extra_s"]["median"], ".2f"), "yes" if c["outputs_equal"] else "**no**"])
+    cfg = doc["config"]
+    return (f"### Recovery time after a crash\n\n"
+            f"Keyed job of `state.py`'s shape (one 1 KiB incompressible value per key, then updates of a hot "
+            f"1 %), parallelism {cfg['parallelism']}, checkpoint every {cfg['interval']:g} s, runtime "
+            f"`{cfg['runtime']}`; the crash run kills a `store` task's process (`CrashAtRecord(how="
+            f"\"{cfg['how']}\")`) at {cfg['crash_at']:.0%} of its input, once the first checkpoint holding the "
+            f"full state completed (its epoch taken from the golden run); median of "
+            f"{cfg['repetitions']} pair(s) of golden and crash runs ({_command(doc)}). *Recovery*: the "
+            f"coordinator sees the failure → every task of the next attempt restored and running, split into "
+            f"stop (tasks of the failed attempt gone) + restart (choose and verify the checkpoint) + launch "
+            f"(processes up and connected) + restore (state read and installed). *Extra wall*: crash run − "
+            f"golden run, which adds re-processing since the checkpoint. *Output equal*: the committed output "
+            f"of every crash run equals its golden run's as a multiset.\n\n"
+            + _table(["state MB", "backend", "restored MB", "recovery s", "stop + restart + launch + restore s",
+                      "slowest task restore s", "golden run s", "extra wall s", "output equal"], rows))
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -249,7 +312,8 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 SECTIONS = {"throughput": section_throughput, "latency": section_latency, "chain": section_chain,
             "peers": section_peers, "window": section_window, "dataplane": section_dataplane,
-            "state": section_state, "loops": section_loops}
+            "state": section_state, "loops": section_loops, "alignment": section_alignment,
+            "recovery": section_recovery}
 
 
 def render_section(docs: dict[str, dict]) -> str:
@@ -405,6 +469,41 @@ def plot_window(doc: dict, path: Path) -> Path:
         ax.legend(fontsize=7)
     axes[0].axhline(1.0, color="grey", lw=0.8)
     fig.suptitle(f"Sliding window, checkpoint every {doc['config']['interval']:g} s (IBM Fig. 7(b) shape)")
+def plot_alignment(doc: dict, path: Path) -> Path:
+    """Checkpoint duration and alignment (p50 / p99) vs parallelism; critical-task parts."""
+    plt = _pyplot()
+    cells = [c for c in doc["summary"] if c.get("runs_ok")]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    for g, style in (("exactly-once", "-"), ("at-least-once", "--")):
+        cs = sorted((c for c in cells if c["guarantee"] == g), key=lambda c: c["parallelism"])
+        if not cs:
+            continue
+        ps = [c["parallelism"] for c in cs]
+        for ax, key in ((axes[0], "checkpoint_s"), (axes[1], "alignment_task_s")):
+            for q, marker in (("p50", "o"), ("p99", "^")):
+                ax.plot(ps, [(c[key][q] or 0) * 1e3 for c in cs], style, marker=marker, label=f"{g} {q}")
+    axes[0].axhline(doc.get("target_p99_s", 0.1) * 1e3, color="red", lw=0.8, label="p99 target")
+    parts = ("barrier_s", "sync_s", "upload_wait_s", "upload_s", "rest_s")
+    labels = [f"p{c['parallelism']} {'EO' if c['guarantee'] == 'exactly-once' else 'AL'}" for c in cells]
+    bottom = [0.0] * len(cells)
+    for part in parts:
+        vals = [max(0.0, (c["critical_parts_p50_s"].get(part) or 0) * 1e3) for c in cells]
+        axes[2].bar(range(len(cells)), vals, bottom=bottom, label=part[:-2])
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    axes[2].set_xticks(range(len(cells)), labels, rotation=45, fontsize=8)
+    titles = ("checkpoint duration (ms)", "alignment per task, >= 2 inputs (ms)",
+              "last-acknowledged task: median parts (ms)")
+    for ax, title in zip(axes, titles):
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    ps = sorted({c["parallelism"] for c in cells})
+    for ax in axes[:2]:
+        ax.set_xlabel("parallelism (4 tasks each)")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ps, [str(p) for p in ps])
+        ax.minorticks_off()
+        ax.set_yscale("log")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -437,6 +536,38 @@ def plot_dataplane(doc: dict, path: Path) -> Path:
     cpu.set_xlabel("CPU ns per record, steady window (median)")
     cpu.set_title("where the CPU goes", fontsize=10)
     cpu.legend(fontsize=7)
+def plot_recovery(doc: dict, path: Path) -> Path:
+    """Recovery time (stacked parts) and extra wall time vs state size, per backend."""
+    plt = _pyplot()
+    cells = [c for c in doc["summary"] if c.get("runs_ok")]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    parts = ("stop_s", "restart_s", "launch_s", "restore_s")
+    labels = [f"{c['size_mb']} MB\n{c['backend']}" for c in cells]
+    bottom = [0.0] * len(cells)
+    for part in parts:
+        vals = [max(0.0, c["parts_p50_s"][part] or 0) for c in cells]
+        axes[0].bar(range(len(cells)), vals, bottom=bottom, label=part[:-2])
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    axes[0].set_xticks(range(len(cells)), labels, fontsize=8)
+    axes[0].set_title("failure seen → next attempt running (s, median parts)")
+    axes[0].legend(fontsize=7)
+    for backend in sorted({c["backend"] for c in cells}):
+        cs = sorted((c for c in cells if c["backend"] == backend), key=lambda c: c["size_mb"])
+        axes[1].plot([c["size_mb"] for c in cs], [c["extra_s"]["median"] for c in cs], marker="o",
+                     label=f"{backend}: extra wall")
+        axes[1].plot([c["size_mb"] for c in cs], [c["recovery_s"]["median"] for c in cs], "--", marker="^",
+                     label=f"{backend}: recovery")
+    sizes = sorted({c["size_mb"] for c in cells})
+    axes[1].set_xscale("log", base=2)
+    axes[1].set_xticks(sizes, [str(x) for x in sizes])
+    axes[1].minorticks_off()
+    axes[1].axhline(0.0, color="grey", lw=0.8)
+    axes[1].set_xlabel("keyed state (MB)")
+    axes[1].set_ylabel("s")
+    axes[1].set_title("crash run − golden run, and recovery (median)")
+    axes[1].legend(fontsize=7)
+    for ax in axes:
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -444,7 +575,7 @@ def plot_dataplane(doc: dict, path: Path) -> Path:
 
 
 PLOTS = {"throughput": plot_throughput, "latency": plot_latency, "chain": plot_chain, "peers": plot_peers,
-         "window": plot_window, "dataplane": plot_dataplane}
+         "window": plot_window, "dataplane": plot_dataplane, "alignment": plot_alignment, "recovery": plot_recovery}
 
 
 def load(results: Path) -> dict[str, dict]:

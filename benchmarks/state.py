@@ -113,23 +113,27 @@ def steady_rate(out_dir: str, loaded: int) -> float | None:
     return (sum(latest.values()) - start[0]) / (points[-1][2] - start[1])
 
 
-def make_flow(name: str, out: str, keys: int, updates: int, value_bytes: int, parallelism: int,
-              progress_every: int = 10_000) -> ep.Dataflow:
-    hot = max(1, keys // 100)
+def key_of_record(i: int, keys: int) -> int:
+    """Record ``i``'s key: ``i`` itself while loading (``i < keys``), then one of a hot 1 %
+    of the keys (every 100th key), spread out."""
+    return i if i < keys else (i * 2654435761) % keys % max(1, keys // 100) * 100
 
+
+def make_flow(name: str, out: str, keys: int, updates: int, value_bytes: int, parallelism: int,
+              function: ep.KeyedProcessFunction | None = None, progress_every: int = 10_000) -> ep.Dataflow:
+    """numbers → key_by(key_of_record) → ``function`` (default :class:`Store`) → jsonl sink:
+    ``keys`` records load one value per key, then ``updates`` records update hot keys."""
     def gen(_split: int, offset: int):
         i = offset
         while True:
             yield i
             i += 1
 
-    def key_of(i: int) -> int:
-        return i if i < keys else (i * 2654435761) % keys % hot * 100  # hot 1 %, spread out
-
     flow = ep.Dataflow(name, parallelism=parallelism)
     src = ep.sources.GeneratorSource(gen, num_splits=1, limit=keys + updates, records_per_second=None)
-    (flow.source("numbers", src, parallelism=1).key_by(key_of)
-         .process("store", Store(value_bytes, progress_every)).sink("out", FileSink(out, format="jsonl"), parallelism=1))
+    (flow.source("numbers", src, parallelism=1).key_by(lambda i: key_of_record(i, keys))
+         .process("store", function or Store(value_bytes, progress_every))
+         .sink("out", FileSink(out, format="jsonl"), parallelism=1))
     return flow
 
 

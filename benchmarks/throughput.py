@@ -79,11 +79,15 @@ class BucketCount(ep.KeyedProcessFunction):
         yield ("bucket", key, n)
 
 
-def wordcount(name: str, out: str, n_lines: int, parallelism: int, splits: int) -> ep.Dataflow:
-    """Keyed word count, two shuffles: words → (word, n) → count per n-bucket; unthrottled."""
+def wordcount(name: str, out: str, n_lines: int, parallelism: int, splits: int,
+              split_rate: float | None = None) -> ep.Dataflow:
+    """Keyed word count, two shuffles: words → (word, n) → count per n-bucket.
+
+    Unthrottled by default; ``split_rate`` limits every split to that many lines/s
+    (benchmarks/alignment.py). Shared by the benchmarks that run this job."""
     flow = ep.Dataflow(name, parallelism=parallelism)
     source = ep.sources.GeneratorSource(lines_from, num_splits=splits, limit=n_lines // splits,
-                                        records_per_second=None)
+                                        records_per_second=split_rate)
     counts = (
         flow.source("lines", source)
         .flat_map("split", str.split)

@@ -1,7 +1,7 @@
 """The ``epochal`` command: ``epochal bench ...`` runs the benchmarks and regenerates their report.
 
     epochal bench chain --smoke            # one benchmark, tiny sizes, local runtime, results in a temp dir
-    epochal bench all                      # throughput, latency, chain, peers, window, dataplane → benchmarks/results/
+    epochal bench all                      # every benchmark below → benchmarks/results/
     epochal bench peers -- --engines epochal bytewax   # arguments after -- go to the script
 
 Each benchmark script runs in its own process (``python benchmarks/<name>.py``); its output
@@ -21,8 +21,8 @@ import threading
 import time
 from pathlib import Path
 
-BENCHMARKS = ("throughput", "latency", "chain", "peers", "window", "dataplane")
-RUNTIME_FLAG = {"throughput", "latency", "chain", "window"}  # scripts that take --runtime
+BENCHMARKS = ("throughput", "latency", "chain", "alignment", "recovery", "state", "window", "peers", "dataplane")
+RUNTIME_FLAG = {"throughput", "latency", "chain", "alignment", "recovery", "state", "window"}  # take --runtime
 HEARTBEAT_S = 30.0
 
 
@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a benchmark, 'all', or 'report' (only regenerate the report); default all")
     bench.add_argument("--smoke", action="store_true", help="tiny sizes (seconds each); results in a temp dir")
     bench.add_argument("--runtime", choices=("spark", "local"), default=None,
-                       help="engine runtime for throughput/latency/chain/window (default: spark; local with --smoke)")
+                       help="engine runtime for the epochal benchmarks (default: each script's own — spark for "
+                            "throughput/latency/chain, local for alignment/recovery/state/window; local with --smoke)")
     bench.add_argument("--results", type=Path, default=None,
                        help="directory for JSON, PNG and README_SECTION.md (default benchmarks/results; "
                             "a temp dir with --smoke)")

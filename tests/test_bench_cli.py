@@ -59,6 +59,47 @@ def test_bench_dataplane_smoke_through_the_cli(tmp_path):
     if _has_matplotlib():
         assert (tmp_path / "dataplane.png").stat().st_size > 0
     assert "### The data plane against its ceiling" in (tmp_path / "README_SECTION.md").read_text()
+def test_bench_alignment_smoke_through_the_cli(tmp_path):
+    """`epochal bench alignment --smoke`: every (parallelism, guarantee) cell measured, report section."""
+    _run([sys.executable, "-m", "epochal.cli", "bench", "alignment", "--smoke", "--results", str(tmp_path),
+          "--", "--tmp", str(tmp_path)], timeout=90)
+    doc = json.loads((tmp_path / "alignment.json").read_text())
+    assert doc["errors"] == []
+    cells = {(c["parallelism"], c["guarantee"]): c for c in doc["summary"]}
+    assert set(cells) == {(p, g) for p in (1, 2) for g in ("exactly-once", "at-least-once")}
+    for c in cells.values():
+        assert c["runs_ok"] == 1 and c["periodic_epochs"] >= 2
+        assert 0 < c["checkpoint_s"]["p50"] <= c["checkpoint_s"]["p99"]
+        assert set(c["by_operator"]) == {"lines", "count", "bucket", "out"}
+        assert sum(c["critical_operator"].values()) == pytest.approx(1.0)
+        assert c["tasks"] == 4 * c["parallelism"]
+    # sources have no inputs: nothing to align
+    assert cells[(2, "exactly-once")]["by_operator"]["lines"]["alignment_s"]["max"] == 0.0
+    runs = doc["runs"]
+    assert {r["records_in"] for r in runs} == {doc["config"]["lines"]}
+    if _has_matplotlib():
+        assert (tmp_path / "alignment.png").stat().st_size > 0
+    assert "### Alignment and checkpoint duration vs parallelism" in (tmp_path / "README_SECTION.md").read_text()
+
+
+def test_bench_recovery_smoke_through_the_cli(tmp_path):
+    """`epochal bench recovery --smoke`: a crash per cell, restored from a checkpoint, output equal."""
+    _run([sys.executable, "-m", "epochal.cli", "bench", "recovery", "--smoke", "--results", str(tmp_path),
+          "--", "--sizes", "1", "--tmp", str(tmp_path)], timeout=90)
+    doc = json.loads((tmp_path / "recovery.json").read_text())
+    assert doc["errors"] == []
+    assert {(c["size_mb"], c["backend"]) for c in doc["summary"]} == {(1, "heap"), (1, "rocksdb")}
+    for c in doc["summary"]:
+        assert c["runs_ok"] == 1 and c["outputs_equal"] is True
+        assert c["restored_mb"]["median"] > 0.9  # the 1,024 values load in milliseconds, before epoch 1
+        parts = sum(c["parts_p50_s"].values())
+        assert c["recovery_s"]["median"] == pytest.approx(parts)
+    crash = [r for r in doc["runs"] if r["kind"] == "crash"]
+    assert all(r["attempts"] == 2 and r["restored_epoch"] >= 1 for r in crash)
+    assert all("store[0]" in r["cause"] for r in crash)
+    if _has_matplotlib():
+        assert (tmp_path / "recovery.png").stat().st_size > 0
+    assert "### Recovery time after a crash" in (tmp_path / "README_SECTION.md").read_text()
 
 
 def test_chain_unchained_layout_has_a_task_per_operator():
@@ -76,16 +117,23 @@ def test_report_from_the_checked_in_results(tmp_path):
     """report.py turns the results JSON into README_SECTION.md and one PNG per benchmark."""
     results = tmp_path / "results"
     shutil.copytree(BENCHMARKS / "results", results, ignore=shutil.ignore_patterns("*.png", "*.md"))
-    present = [n for n in ("throughput", "latency", "chain", "peers", "dataplane") if (results / f"{n}.json").exists()]
+    titles = {"throughput": "### Throughput", "latency": "### End-to-end latency", "chain": "### Stateless chain",
+              "alignment": "### Alignment", "recovery": "### Recovery", "state": "### State backends at scale",
+              "window": "### Large-state sliding window", "loops": "### Checkpointed loops",
+              "peers": "### The same word count", "dataplane": "### The data plane against its ceiling"}
+    present = [n for n in titles if (results / f"{n}.json").exists()]
     assert present, "no benchmark results checked in"
     _run([sys.executable, str(BENCHMARKS / "report.py"), "--results", str(results)], timeout=60)
     section = (results / "README_SECTION.md").read_text()
     assert section.startswith("## Results")
     assert "cores" in section  # the machine description
-    for name in present if _has_matplotlib() else []:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import report
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    for name in [n for n in present if n in report.PLOTS] if _has_matplotlib() else []:
         assert (results / f"{name}.png").stat().st_size > 0, name
-    titles = {"throughput": "### Throughput", "latency": "### End-to-end latency", "chain": "### Stateless chain",
-              "peers": "### The same word count", "dataplane": "### The data plane against its ceiling"}
     for name in present:
         assert titles[name] in section, name
 

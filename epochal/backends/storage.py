@@ -123,6 +123,12 @@ def _state_handles(meta) -> list[StateHandle]:
     return sorted(set(found), key=lambda h: h.path)
 
 
+def referenced_bytes(meta) -> int:
+    """Total size of the distinct state files a checkpoint's metadata references (its own
+    files plus, for incremental snapshots, the shared files it reuses)."""
+    return sum(h.size for h in _state_handles(meta))
+
+
 def _json_default(obj):
     if isinstance(obj, StateHandle):
         return obj.to_dict()

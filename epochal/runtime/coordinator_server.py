@@ -5,7 +5,9 @@ storage. Protocol per attempt (task → coordinator / coordinator → task):
 
 1. every task connects (authenticated with the attempt key) and says
    ``("hello", task, data_address)``; once all did, each gets
-   ``("start", addresses, restore_metadata)``;
+   ``("start", addresses, restore_metadata)``, restores its state and answers
+   ``("running", task, {"setup_s", "restore_s"})`` (the attempt's milestones are in
+   :attr:`CoordinatorServer.times`);
 2. sources receive ``("trigger", epoch, ts)`` (Alg. 5); every task acknowledges with
    ``("ack", epoch, payload)`` after its snapshot is durable, or ``("decline", ...)``;
 3. when all acked, the coordinator writes ``chk-n/_metadata`` (last: the checkpoint is
@@ -78,6 +80,11 @@ class CoordinatorServer:
         self._startup_deadline = time.monotonic() + startup_timeout
         self._reported: set[str] = set()  # tasks that sent their own failure report
         self.outcome: AttemptOutcome | None = None
+        #: monotonic times of this attempt's milestones: "connected" (every task said hello,
+        #: "start" sent), "running" (every task restored its state and opened its operators),
+        #: "failed" (the coordinator decided the attempt failed)
+        self.times: dict[str, float] = {}
+        self.task_setup: dict[str, dict] = {}  # task → {"setup_s", "restore_s"} from its "running"
         self._done = threading.Event()
         self.server = wire.Server(key, self._on_connection, host=bind_host, name="coordinator")
         self.address = (bind_host, self.server.address[1])
@@ -190,10 +197,13 @@ class CoordinatorServer:
                 self.addresses[task] = address
             if len(self.conns) == len(self.tasks) and not self.started:
                 self.started = True
+                self.times["connected"] = now
                 for t in self.tasks:
                     self._send(t, ("start", self.addresses, self.restore))
         elif kind == "running":
-            pass
+            self.task_setup[msg[1]] = dict(msg[2]) if len(msg) > 2 else {}
+            if len(self.task_setup) == len(self.tasks):
+                self.times["running"] = now
         elif kind == "ack":
             _, epoch, payload = msg
             gone = [h["path"] for h in payload.get("shared", ()) if h["path"] in self.storage.deleted_shared]
@@ -201,8 +211,8 @@ class CoordinatorServer:
                 self._apply(self.coordinator.decline(
                     payload["task"], epoch, f"task {payload['task']}: snapshot references {gone[0]}, "
                     "deleted by retention; the next snapshot uploads its files anew", now))
-            else:
-                self._apply(self.coordinator.acknowledge(payload["task"], epoch, payload, now))
+            else:  # acked_at: when the ack arrived, for the per-task "ack_s" of the completed epoch
+                self._apply(self.coordinator.acknowledge(payload["task"], epoch, dict(payload, acked_at=now), now))
         elif kind == "decline":
             _, epoch, task, reason = msg
             self._apply(self.coordinator.decline(task, epoch, reason, now))
@@ -265,7 +275,9 @@ class CoordinatorServer:
             "wall_time": time.time(),
         }
         # Step 1: the metadata makes the checkpoint complete — written after all state files.
+        t_meta = time.monotonic()
         self.storage.write_metadata(completed.epoch, meta)
+        metadata_s = time.monotonic() - t_meta
         # Step 2: commit phase — tasks (sinks) publish everything up to this epoch.
         self._broadcast(("complete", completed.epoch))
         # Step 3: retention.
@@ -284,6 +296,9 @@ class CoordinatorServer:
             "max_sync_s": max((m.get("sync_s", 0.0) for m in metrics), default=0.0),
             "max_upload_s": max((m.get("upload_s", 0.0) for m in metrics), default=0.0),
             "loop_logged": sum(m.get("loop_logged", 0) for m in metrics),
+            "metadata_s": metadata_s,  # writing _metadata after the last ack (not in duration_s)
+            "tasks": {task_id: _task_sample(payload, completed.trigger_time)
+                      for task_id, payload in completed.acks.items()},
         })
         if completed.is_final:
             in_flight = in_flight_at_cut(completed.acks, self.loop_heads)
@@ -298,5 +313,19 @@ class CoordinatorServer:
         if self.outcome is not None:
             return
         if not ok:
+            self.times["failed"] = time.monotonic()
             self._broadcast(("cancel", cause[:2000]))
         self.outcome = AttemptOutcome(ok, cause, fatal=fatal, task_metrics=dict(self.finished))
+
+
+def _task_sample(payload, trigger_time: float) -> dict:
+    """One task's share of a completed epoch (seconds): ``barrier_s`` trigger → the task's
+    snapshot start (the barrier's travel through upstream tasks, including alignment; wall
+    clocks of driver and task), ``alignment_s`` first → last barrier on the task's inputs,
+    ``sync_s`` the synchronous snapshot part (sink pre-commits included), ``upload_wait_s``
+    sync part done → upload started, ``upload_s`` the asynchronous part (serialise, write,
+    fsync), ``ack_s`` trigger → its acknowledgement reached the coordinator."""
+    m = payload.get("metrics", {})
+    sample = {k: m.get(k) for k in ("barrier_s", "alignment_s", "sync_s", "upload_wait_s", "upload_s")}
+    sample["ack_s"] = payload["acked_at"] - trigger_time if "acked_at" in payload else None
+    return sample

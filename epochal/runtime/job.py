@@ -19,7 +19,7 @@ import cloudpickle
 
 from epochal.alignment.factory import components_for
 from epochal.backends.choice import backend_spec
-from epochal.backends.storage import CheckpointStorage
+from epochal.backends.storage import CheckpointStorage, referenced_bytes
 from epochal.config import ChannelConfig, CheckpointConfig, RestartStrategy
 from epochal.errors import ConfigError, EpochalError, JobFailedError
 from epochal.runtime import wire
@@ -31,7 +31,24 @@ log = logging.getLogger("epochal")
 
 @dataclass
 class JobResult:
-    """What a finished job did: attempts, failures survived, epochs, per-task metrics."""
+    """What a finished job did: attempts, failures survived, epochs, per-task metrics.
+
+    ``completed_epochs`` (of the final attempt): per epoch ``duration_s`` (trigger → last
+    acknowledgement), ``metadata_s`` (writing ``_metadata`` afterwards), ``bytes`` /
+    ``state_bytes``, the maxima over tasks ``max_alignment_s`` / ``max_sync_s`` /
+    ``max_upload_s``, and ``tasks``: each task's ``barrier_s``, ``alignment_s``, ``sync_s``,
+    ``upload_wait_s``, ``upload_s`` and ``ack_s`` (see :func:`epochal.runtime.coordinator_server._task_sample`).
+
+    ``attempt_timeline``: one entry per attempt, times in seconds since the job started
+    (driver clock): ``started_s`` (the driver began the attempt: restore point chosen and
+    verified next), ``launched_s`` (tasks launched), ``connected_s`` (all tasks connected),
+    ``running_s`` (all tasks restored their state and run), ``failed_s`` (the coordinator
+    saw the failure; ``None`` for the successful attempt), ``stopped_s`` (every task of the
+    attempt is gone), plus ``generation``, ``restored_epoch``, ``restored_bytes`` (state
+    files the restore point references), ``cause`` and per task ``setup_s`` /
+    ``restore_s``. The time from a failure to the next attempt running again is
+    ``timeline[i + 1]["running_s"] - timeline[i]["failed_s"]``.
+    """
 
     job: str
     guarantee: str
@@ -44,6 +61,7 @@ class JobResult:
     duration_s: float
     checkpoint_root: str
     restored_from: list = field(default_factory=list)
+    attempt_timeline: list = field(default_factory=list)
 
     @property
     def records_in(self) -> int:
@@ -169,8 +187,10 @@ class _Driver:
         t0 = time.monotonic()
         failures: list[str] = []
         restored_from: list = []
+        timeline: list[dict] = []
         highest = max(self.storage.all_epochs(), default=0)  # includes incomplete epochs: never reuse an id
         for attempt in range(self.restart.max_attempts + 1):
+            started = time.monotonic() - t0
             generation = self.storage.next_generation()
             # the newest checkpoint whose files all verify; a damaged one is skipped with a
             # WARNING (falling back past a committed epoch can repeat its sink output)
@@ -181,15 +201,20 @@ class _Driver:
                 restore = {"epoch": epoch, "tasks": meta["tasks"]}
                 highest = max(highest, epoch)
             restored_from.append(restore["epoch"] if restore else None)
-            outcome, server = self._attempt(generation, restore, highest + 1)
+            entry = {"generation": generation, "started_s": started,
+                     "restored_epoch": restore["epoch"] if restore else None,
+                     "restored_bytes": referenced_bytes(latest[1]) if latest is not None else 0}
+            timeline.append(entry)
+            outcome, server = self._attempt(generation, restore, highest + 1, entry, t0)
             highest = max(highest, server.highest_triggered)
+            entry["cause"] = None if outcome.ok else outcome.cause
             if outcome.ok:
                 return JobResult(
                     job=self.plan.job, guarantee=self.components.guarantee.value, runtime=self.runtime,
                     attempts=attempt + 1, failures=failures, completed_epochs=server.completed,
                     aborted_epochs=server.aborted, task_metrics=outcome.task_metrics,
                     duration_s=time.monotonic() - t0, checkpoint_root=f"{self.url}/{self.plan.job}",
-                    restored_from=restored_from,
+                    restored_from=restored_from, attempt_timeline=timeline,
                 )
             failures.append(outcome.cause)
             log.warning("job %s attempt %d (generation %d) failed: %s", self.plan.job, attempt, generation,
@@ -206,7 +231,8 @@ class _Driver:
             failures,
         )
 
-    def _attempt(self, generation: int, restore: dict | None, first_epoch: int):
+    def _attempt(self, generation: int, restore: dict | None, first_epoch: int, entry: dict, t0: float):
+        """Run one attempt to its end; fill ``entry`` (a JobResult.attempt_timeline item)."""
         key = wire.derive_key(self.secret, self.plan.job, generation)
         bind = self.launcher.bind_host
         server = CoordinatorServer(self.plan, generation, key, self.storage, self.checkpoint, restore,
@@ -228,10 +254,15 @@ class _Driver:
                 if server.wait(5.0) is None:
                     server.fail("all tasks exited but the coordinator did not see the job finish")
 
+        entry["launched_s"] = time.monotonic() - t0
         self.launcher.launch(payload, len(self.plan.tasks), on_exit)
         outcome: AttemptOutcome = server.wait()
         if outcome.ok:
             exited.wait(30.0)  # tasks said goodbye; let them exit on their own
         self.launcher.cancel()  # stops whatever still runs (every task, after a failure)
         server.close()
+        entry["stopped_s"] = time.monotonic() - t0
+        for name in ("connected", "running", "failed"):
+            entry[f"{name}_s"] = server.times[name] - t0 if name in server.times else None
+        entry["tasks"] = {t: dict(v) for t, v in server.task_setup.items()}
         return outcome, server

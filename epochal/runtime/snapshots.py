@@ -26,6 +26,7 @@ class PendingUpload:
     keyed_job: Any  # backend SnapshotJob or None
     metrics: dict = field(default_factory=dict)
     loop_log: Any = None  # loop heads: the epoch's InTransitLog (epochal.loops.log)
+    created: float = field(default_factory=time.monotonic)  # for the ack's "upload_wait_s"
 
 
 def state_file_name(task_id: str) -> str:
@@ -101,7 +102,10 @@ class Uploader:
                 shared = [h for _name, h in keyed["files"]]
                 uploaded += keyed["uploaded_bytes"]
                 total += keyed["state_bytes"]
-            metrics = dict(upload.metrics, upload_s=time.monotonic() - t0, bytes=uploaded, state_bytes=total)
+            # upload_wait_s: snapshot taken → upload started (earlier uploads, a loop head's
+            # wait for its barrier to come round, the GIL); upload_s: the upload itself
+            metrics = dict(upload.metrics, upload_s=time.monotonic() - t0, upload_wait_s=t0 - upload.created,
+                           bytes=uploaded, state_bytes=total)
             try:
                 self.send(("ack", upload.epoch, {"task": self.task_id, "handle": asdict(handle), "metrics": metrics,
                                                  "shared": shared}))

@@ -111,6 +111,10 @@ class Task:
                 self.cv.notify_all()
 
     def _setup(self, start) -> None:
+        """Connect outputs, restore state, open operators; then report ``running`` with
+        ``setup_s`` (start received → ready) and ``restore_s`` (reading and installing the
+        checkpointed state: task state files plus the keyed backend)."""
+        t_setup = time.monotonic()
         _, addresses, restore = start
         key = self.attempt.key
         for gate in self.spec.outputs:
@@ -123,6 +127,7 @@ class Task:
                              self.plan.max_parallelism, self.spec.id, self._check_cancelled)
         storage = CheckpointStorage(self.attempt.storage_url, self.plan.job)
         self.uploader = Uploader(self.spec.id, storage, self._send, self.faults)
+        t_restore = time.monotonic()
         restored: RestoredState = load_restored_state(self.plan, self.spec, restore, storage)
 
         self.backend = None
@@ -130,6 +135,7 @@ class Task:
             self.backend = self.attempt.backend.create(self.spec.key_groups)
             if restored.keyed:
                 self.backend.restore_from(restored.keyed, storage)
+        restore_s = time.monotonic() - t_restore
         nodes = self.plan.nodes
         op_names = self.spec.chain[1:] if self.spec.is_source else self.spec.chain
         self.operators = []
@@ -149,7 +155,7 @@ class Task:
                 list(self.spec.source_splits), restored.source,
                 subtask=self.spec.subtask, parallelism=self.spec.parallelism,
             )
-        self._send(("running", self.spec.id))
+        self._send(("running", self.spec.id, {"setup_s": time.monotonic() - t_setup, "restore_s": restore_s}))
         if restored.loop_logs:  # seed 004 §4.1.3.1: a loop head replays its log before anything else
             for records in replay(restored.loop_logs, storage):
                 self.metrics["loop_replayed"] += len(records)
@@ -317,6 +323,7 @@ class Task:
         Everything processed so far belongs to epochs ≤ ``epoch`` and nothing after;
         buffered output is flushed before the barrier so it precedes it on every channel.
         """
+        barrier_s = time.time() - timestamp  # trigger → here: the barrier's travel, incl. alignment
         t0 = time.monotonic()
         self.router.flush()
         operators = {}
@@ -331,8 +338,8 @@ class Task:
         self.metrics["sync_s"].append(sync)
         self.metrics["snapshots"] += 1
         upload = PendingUpload(epoch, operators, source, keyed_job,
-                               {"sync_s": sync, "alignment_s": self.handler.last_alignment_duration
-                                if self.spec.inputs else 0.0})
+                               {"sync_s": sync, "barrier_s": barrier_s,
+                                "alignment_s": self.handler.last_alignment_duration if self.spec.inputs else 0.0})
         if self.loop is not None:  # held until barrier `epoch` came back around the loop (Alg. 7)
             self._apply_loop_events(self.loop.start(epoch, upload))
         else:
