@@ -64,7 +64,7 @@ from epochal.backends.keygroups import key_group_for, subtask_for_key_group  # n
 from epochal.sinks import read_committed  # noqa: E402
 from epochal.testing import CrashAtRecord  # noqa: E402
 
-BACKENDS = {"heap": state.MODES["heap-cow"], "rocksdb": state.MODES["rocksdb-full"],
+BACKENDS = {"heap": state.MODES["heap-fork"], "rocksdb": state.MODES["rocksdb-full"],
             "rocksdb-incr": state.MODES["rocksdb-incr"]}
 PARTS = ("stop_s", "restart_s", "launch_s", "restore_s")
 

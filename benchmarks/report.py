@@ -536,6 +536,12 @@ def plot_dataplane(doc: dict, path: Path) -> Path:
     cpu.set_xlabel("CPU ns per record, steady window (median)")
     cpu.set_title("where the CPU goes", fontsize=10)
     cpu.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
 def plot_recovery(doc: dict, path: Path) -> Path:
     """Recovery time (stacked parts) and extra wall time vs state size, per backend."""
     plt = _pyplot()

@@ -166,7 +166,7 @@ def run_once(mode: str, size_mb: int, rep: int, args, spark) -> dict:
     job = f"state-{mode}-{size_mb}"
     out = os.path.join(work, "out")
     flow = make_flow(job, out, keys, args.updates, args.value_bytes, args.parallelism,
-                     1_000 if args.smoke else 10_000)
+                     progress_every=1_000 if args.smoke else 10_000)
     interval = None if mode == "no-checkpoint" else args.interval
     record = {"mode": mode, "size_mb": size_mb, "repetition": rep, "keys": keys, "records": keys + args.updates,
               "loadavg_before": os.getloadavg()[0]}
