@@ -469,6 +469,12 @@ def plot_window(doc: dict, path: Path) -> Path:
         ax.legend(fontsize=7)
     axes[0].axhline(1.0, color="grey", lw=0.8)
     fig.suptitle(f"Sliding window, checkpoint every {doc['config']['interval']:g} s (IBM Fig. 7(b) shape)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
 def plot_alignment(doc: dict, path: Path) -> Path:
     """Checkpoint duration and alignment (p50 / p99) vs parallelism; critical-task parts."""
     plt = _pyplot()
