@@ -124,7 +124,13 @@ def run_once(n_ops: int, layout: str, mode: str, interval: float | None, records
         "completed_epochs": len(result.completed_epochs),
         "periodic_epochs": len(periodic),
         "checkpoint_s": {"p50": harness.percentile([e["duration_s"] for e in periodic], 50),
+                         "p99": harness.percentile([e["duration_s"] for e in periodic], 99),
                          "max": max((e["duration_s"] for e in periodic), default=None)},
+        # the synchronous part on the task thread (records stall for it) and the uploader's part
+        "sync_s": {"p50": harness.percentile([e["max_sync_s"] for e in periodic], 50),
+                   "max": max((e["max_sync_s"] for e in periodic), default=None)},
+        "upload_s": {"p50": harness.percentile([e["max_upload_s"] for e in periodic], 50),
+                     "max": max((e["max_upload_s"] for e in periodic), default=None)},
         "max_alignment_s": max((e["max_alignment_s"] for e in periodic), default=None),
         "attempts": result.attempts,
     })
@@ -164,6 +170,10 @@ def aggregate(runs: list[dict]) -> list[dict]:
                 "periodic_epochs": harness.median([r["periodic_epochs"] for r in rs]),
                 "checkpoint_p50_s": harness.median([r["checkpoint_s"]["p50"] for r in rs
                                                     if r["checkpoint_s"]["p50"] is not None]),
+                "checkpoint_p99_s": harness.median([r["checkpoint_s"]["p99"] for r in rs
+                                                    if r["checkpoint_s"].get("p99") is not None]),
+                "sync_p50_s": harness.median([r["sync_s"]["p50"] for r in rs
+                                              if r.get("sync_s", {}).get("p50") is not None]),
             })
     return rows
 
@@ -172,10 +182,15 @@ def render(rows: list[dict]) -> str:
     body = [[str(r["n_ops"]), r["layout"], str(r["tasks"]), r["mode"], harness.fmt(r["interval_s"], "g"),
              harness.fmt(r["steady_records_per_s"]), harness.fmt(r["steady_ratio"], ".3f"),
              harness.fmt(r["records_per_s"]), harness.fmt(r["ratio"], ".3f"),
-             harness.fmt(r["periodic_epochs"], ".0f"), harness.fmt(r["checkpoint_p50_s"] and r["checkpoint_p50_s"] * 1e3, ".0f")]
+             harness.fmt(r["periodic_epochs"], ".0f"), _ms(r["checkpoint_p50_s"]), _ms(r.get("checkpoint_p99_s")),
+             _ms(r.get("sync_p50_s"))]
             for r in rows]
     return harness.table(["N", "layout", "tasks", "mode", "interval s", "steady rec/s", "ratio", "whole rec/s",
-                          "ratio", "epochs", "ckpt p50 ms"], body)
+                          "ratio", "epochs", "ckpt p50 ms", "ckpt p99 ms", "sync p50 ms"], body)
+
+
+def _ms(seconds: float | None) -> str:
+    return harness.fmt(seconds and seconds * 1e3, ".0f")
 
 
 # ---------------------------------------------------------------------- main

@@ -80,6 +80,24 @@ class CrashDuringSnapshotUpload(Fault):
 
 
 @dataclass(frozen=True)
+class CrashDuringDurability(Fault):
+    """Fail on the task's uploader thread just before the asynchronous part of
+    ``operator``'s snapshot for epoch ``epoch`` (or the first after it) runs: for a
+    two-phase-commit sink, its durability step — the epoch's transaction is sealed (the
+    next one is taking records) but its files are not yet flushed, fsynced and closed.
+
+    ``how="exit"`` crashes the process: the epoch was never acknowledged, so recovery
+    restores an earlier epoch. ``how="raise"`` is an error of the asynchronous part before
+    the sink touched the transaction (like a failed upload): the task declines the epoch
+    and keeps running, and the next epoch's durability step makes the transaction durable
+    (within the coordinator's tolerable-failure budget no restart is needed).
+    """
+
+    epoch: int = 1
+    how: str = "exit"
+
+
+@dataclass(frozen=True)
 class CrashDuringCommit(Fault):
     """Fail when ``operator`` (a sink) is told epoch ``epoch`` (or a later one) completed,
     before its commit ran."""
@@ -148,6 +166,13 @@ class FaultInjector:
         f = self._take(CrashDuringSnapshotUpload, epoch)
         if f:
             f.fire(f"uploading snapshot of epoch {epoch}")
+
+    def on_before_ack(self, operator: str, epoch: int) -> None:
+        """Uploader thread: ``operator``'s asynchronous snapshot part of ``epoch`` is next."""
+        for f in list(self._faults):
+            if isinstance(f, CrashDuringDurability) and f.operator == operator and epoch >= f.epoch and self._ready(f):
+                self._faults.remove(f)
+                f.fire(f"asynchronous snapshot part (durability step) of epoch {epoch}")
 
     def on_loop_log(self, epoch: int) -> None:
         f = self._take(CrashWhileLogging, epoch)

@@ -1,14 +1,19 @@
 """FileSink and the two-phase-commit protocol, driven without an engine.
 
 A tiny scripted runtime (:func:`run_job`) plays the task side of seed 004 §4.1.3: restore,
-write epoch n, snapshot at barrier n, the coordinator completes checkpoint n, notify — and
-kills the task at chosen points (while writing, after pre-commit, after completion but before
-notify, inside a commit after some files moved, inside the recovery re-commit). Every crash
-restarts a NEW writer of generation + 1 from the latest completed checkpoint and replays the
-records after it. Exactly-once: committed output == golden run (multiset), for all formats.
+write epoch n, snapshot at barrier n (the seal), the uploader runs the epoch's durability job
+(right away, or — ``durability_lag`` — only after the next epoch's records were written, as
+the real uploader thread may), the coordinator completes checkpoint n, notify — and kills
+the task at chosen points (while writing, after the seal but before the durability step,
+after pre-commit, after completion but before notify, inside a commit after some files
+moved, inside the recovery re-commit) or fails a durability step with an I/O error (the
+epoch is declined and the writer fails at its next barrier). Every crash restarts a NEW
+writer of generation + 1 from the latest completed checkpoint and replays the records
+after it. Exactly-once: committed output == golden run (multiset), for all formats.
 """
 from __future__ import annotations
 
+import errno
 import json
 import pickle
 import uuid
@@ -82,16 +87,48 @@ def visible_files(url: str) -> list[str]:
 @dataclass
 class Faults:
     """Where the scripted runtime kills the task. ``crash_at`` holds step labels such as
-    ``("write", epoch, i)``, ``("snapshot", n)``, ``("complete", n)`` (task dies after the
-    pre-commit, before checkpoint n is durable), ``("notify", n)`` (checkpoint n durable, not
-    yet notified), ``("restore", gen)``, or global step numbers; each fires once.
-    ``fail_publish_at`` numbers file moves over all writers: that move raises InjectedFault."""
+    ``("write", epoch, i)``, ``("snapshot", n)``, ``("durable", n)`` (task dies after the
+    seal, before the durability step), ``("complete", n)`` (task dies after the pre-commit,
+    before checkpoint n is durable), ``("notify", n)`` (checkpoint n durable, not yet
+    notified), ``("restore", gen)``, or global step numbers; each fires once.
+    ``fail_publish_at`` numbers file moves over all writers: that move raises InjectedFault.
+    ``fail_durable_at``: epochs whose durability step raises an I/O error (after doing its
+    work, like an fsync reporting EIO): the epoch is declined, its transaction lost."""
 
     crash_at: set = field(default_factory=set)
     fail_publish_at: set = field(default_factory=set)
     notify_lag: int = 0  # notify for barrier n arrives after barrier n + lag
     aborted: frozenset = frozenset()  # checkpoints that never complete
     repeat_notify: bool = False  # re-deliver the previous notification (late duplicate)
+    fail_durable_at: set = field(default_factory=set)
+    durability_lag: bool = False  # job n runs after epoch n + 1's records were written
+
+    def copy(self) -> Faults:
+        return Faults(set(self.crash_at), set(self.fail_publish_at), self.notify_lag, self.aborted,
+                      self.repeat_notify, set(self.fail_durable_at), self.durability_lag)
+
+
+def lossy(faults: Faults, w):
+    """Wrap ``w.pre_commit`` so the durability step of a ``fail_durable_at`` epoch does its
+    work, then loses the data (truncates the staged files, as a kernel dropping dirty pages
+    after a failed writeback would) and raises EIO. A writer that went on to commit the
+    transaction would lose its records."""
+    pre_commit = w.pre_commit
+
+    def sealing(txn):
+        step = pre_commit(txn)
+        if step is None or txn.epoch not in faults.fail_durable_at:
+            return step
+        faults.fail_durable_at.discard(txn.epoch)
+
+        def failing():
+            step()
+            for staged, _ in txn.files:
+                with w._fs.open(w._join(staged), "wb"):
+                    pass
+            raise OSError(errno.EIO, f"injected fsync failure in epoch {txn.epoch}")
+        return failing
+    return sealing
 
 
 def run_job(sink: FileSink, epochs: list[list], faults: Faults | None = None, mode=TX,
@@ -119,36 +156,66 @@ def run_job(sink: FileSink, epochs: list[list], faults: Faults | None = None, mo
     for gen in range(max_generations):
         w = sink.create_writer(ctx(gen, mode))
         w._publish = flaky(w._publish)
+        w.pre_commit = lossy(faults, w)
         try:
             m = max(completed, default=0)
             tick(("restore", gen))
             w.restore(pickle.loads(completed[m]) if m else None)
-            notified = m
-            for n in range(m + 1, len(epochs) + 1):
-                for i, record in enumerate(epochs[n - 1]):
-                    tick(("write", n, i))
-                    w.write(record)
-                tick(("snapshot", n))
-                state = pickle.dumps(w.snapshot(n))
+            notified = [m]
+
+            def acknowledge(n, snap, job, w=w, notified=notified):
+                """The uploader's part: durability job, then the ack; checkpoint n completes."""
+                tick(("durable", n))
+                try:
+                    if job is not None:
+                        job()
+                except OSError:
+                    return  # declined: checkpoint n never completes
+                state = pickle.dumps(snap)  # serialised after the job, like the uploader
                 tick(("complete", n))
                 if n not in faults.aborted or n == len(epochs):
                     completed[n] = state
                 due = max((k for k in completed if k <= n - faults.notify_lag), default=0)
                 if n == len(epochs):
                     due = n  # clean end: the final epoch is completed and notified
-                if due > notified:
+                if due > notified[0]:
                     tick(("notify", due))
                     w.notify_epoch_complete(due)
                     if faults.repeat_notify:
-                        w.notify_epoch_complete(notified or due)  # late / repeated
-                    notified = due
+                        w.notify_epoch_complete(notified[0] or due)  # late / repeated
+                    notified[0] = due
+
+            lagged = None
+            for n in range(m + 1, len(epochs) + 1):
+                for i, record in enumerate(epochs[n - 1]):
+                    tick(("write", n, i))
+                    w.write(record)
+                if lagged is not None:
+                    acknowledge(*lagged)
+                    lagged = None
+                tick(("snapshot", n))
+                snap = w.snapshot(n)
+                job = w.durability_job(n)
+                if faults.durability_lag and n < len(epochs):
+                    lagged = (n, snap, job)
+                else:
+                    acknowledge(n, snap, job)
             tick(("close",))
             staging_at_end = staged_files(sink.path)
             w.close()
             return {"generations": gen + 1, "staging": staging_at_end, "zombies": zombies}
-        except (Crash, InjectedFault):
+        except (Crash, EpochalError, OSError):  # InjectedFault, a lost transaction (DIRECT: inline)
             zombies.append(w)  # keep the dead writer alive, like a zombie process
     raise AssertionError("job never finished")
+
+
+def barrier(w, n: int):
+    """snapshot(n) plus its durability job, as the runtime runs them (job before the ack)."""
+    state = w.snapshot(n)
+    job = w.durability_job(n)
+    if job is not None:
+        job()
+    return state
 
 
 def golden(fmt: str, epochs, tmp_url: str) -> Counter:
@@ -167,18 +234,22 @@ CRASHES = {
     "during restore": Faults(crash_at={("notify", 2), ("restore", 1)}),
     "lagging notify, aborted checkpoint": Faults(crash_at={("write", 4, 0)}, notify_lag=1,
                                                  aborted=frozenset({2}), repeat_notify=True),
+    "after the seal, before the durability step": Faults(crash_at={("durable", 2)}),
+    "durability step lagging, crash in the next epoch": Faults(crash_at={("write", 2, 1)},
+                                                               durability_lag=True),
+    "durability step I/O error": Faults(fail_durable_at={1}),
+    "durability step I/O error, lagging": Faults(fail_durable_at={1}, durability_lag=True),
+    "durability step I/O error in the final epoch": Faults(fail_durable_at={4}),
 }
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("scenario", list(CRASHES))
 def test_crash_run_equals_golden(out, fmt, scenario):
-    epochs = make_epochs([3, 4, 0, 2])
+    epochs = make_epochs([3, 4, 0, 3])
     expected = golden(fmt, epochs, out + "-golden")
     sink = FileSink(out, format=fmt, max_records_per_file=2)
-    faults = CRASHES[scenario]
-    faults = Faults(set(faults.crash_at), set(faults.fail_publish_at), faults.notify_lag,
-                    faults.aborted, faults.repeat_notify)
+    faults = CRASHES[scenario].copy()
     facts = run_job(sink, epochs, faults)
     assert facts["generations"] > 1, "the fault did not fire"
     assert multiset(read_committed(out, fmt)) == expected
@@ -289,13 +360,13 @@ def test_restore_cleans_own_orphans_only(out):
     other = sink.create_writer(ctx(0, subtask=1))
     other.restore(None)
     other.write({"other": 1})
-    other.snapshot(1)  # pre-committed staging file of subtask 1
+    barrier(other, 1)  # pre-committed staging file of subtask 1
     w = sink.create_writer(ctx(0))
     w.restore(None)
     w.write({"e": 1})
-    s1 = w.snapshot(1)
+    s1 = barrier(w, 1)  # checkpoint 1 completes only after its durability job ran
     w.write({"e": 2})
-    w.snapshot(2)  # pre-committed, checkpoint 2 never completes
+    barrier(w, 2)  # pre-committed, checkpoint 2 never completes
     w.write({"e": 3})  # open transaction of epoch 3
     assert len(staged_files(out)) == 4
     w2 = sink.create_writer(ctx(1))
@@ -444,7 +515,9 @@ def crash_plans(draw):
             fail_publish_at=set(draw(st.lists(st.integers(0, 12), max_size=2))),
             notify_lag=draw(st.integers(0, 2)),
             aborted=frozenset(draw(st.sets(st.integers(1, max(1, n - 1)), max_size=2))) if n > 1 else frozenset(),
-            repeat_notify=draw(st.booleans())),
+            repeat_notify=draw(st.booleans()),
+            fail_durable_at=set(draw(st.lists(st.integers(1, n), max_size=2))),
+            durability_lag=draw(st.booleans())),
     }
 
 

@@ -8,7 +8,8 @@ multiset (keyed state only counts or de-duplicates), so a failure-free run's com
 output is a deterministic multiset however records interleave.
 
 It then draws faults aimed at that graph (crash at a record, during alignment, during a
-snapshot upload, during a sink commit) and checks:
+snapshot upload, during the sink's asynchronous durability step, during a sink commit) and
+checks:
 
 * exactly-once: the faulty run's committed output equals the golden run's as a multiset;
 * at-least-once (some examples): the faulty output contains every golden record at least
@@ -30,7 +31,8 @@ from hypothesis import strategies as st
 
 import epochal as ep
 from epochal.sinks import FileSink
-from epochal.testing import CrashAtRecord, CrashDuringAlignment, CrashDuringCommit, CrashDuringSnapshotUpload
+from epochal.testing import (CrashAtRecord, CrashDuringAlignment, CrashDuringCommit, CrashDuringDurability,
+                             CrashDuringSnapshotUpload)
 
 from pipelines import contains_all, output, unique_dir
 
@@ -255,7 +257,7 @@ def faults_for(draw, spec: DagSpec) -> list:
     sources = {s.name for s in spec.sources}
     operators = [n for n in nodes if n not in sources]  # CrashAtRecord never wraps a source
     aligning = [(op, t.subtask) for t in plan.tasks if len(t.inputs) > 1 for op in t.chain]
-    kinds = ["record", "upload", "commit"] + (["alignment"] if aligning else [])
+    kinds = ["record", "upload", "commit", "durability"] + (["alignment"] if aligning else [])
     faults = []
     for k in range(draw(st.integers(1, 2))):
         common = dict(generation=0 if k == 0 else draw(st.integers(0, 1)), after_epoch=draw(st.integers(0, 2)))
@@ -272,6 +274,9 @@ def faults_for(draw, spec: DagSpec) -> list:
             op = draw(st.sampled_from(sorted(nodes)))
             faults.append(CrashDuringSnapshotUpload(op, subtask=draw(st.integers(0, nodes[op].parallelism - 1)),
                                                     epoch=draw(st.integers(1, 5)), how="exit", **common))
+        elif kind == "durability":  # the sink's asynchronous durability step (exactly-once only)
+            faults.append(CrashDuringDurability("out", subtask=draw(st.integers(0, spec.sink_parallelism - 1)),
+                                                epoch=draw(st.integers(1, 5)), how=draw(HOW), **common))
         else:
             faults.append(CrashDuringCommit("out", subtask=draw(st.integers(0, spec.sink_parallelism - 1)),
                                             epoch=draw(st.integers(1, 5)), how=draw(HOW), **common))

@@ -1,7 +1,9 @@
 """The Kafka-style transactional log: LogSink writers, read_committed readers, LogSource.
 
 Part 1 drives writers without an engine (as tests/test_file_sink.py does): a scripted runtime
-plays restore / write / snapshot / complete / notify and kills the task at chosen points;
+plays restore / write / snapshot (the seal) / the uploader's durability job (right away or
+after the next epoch's records) / complete / notify and kills the task at chosen points, or
+fails a durability step with an I/O error;
 every crash restarts a NEW writer of generation + 1 from the latest completed checkpoint, and
 the dead writer is kept as a zombie. Exactly-once: each partition's committed records equal
 the golden run's, in order. Part 2 runs pipelines on the local runtime with injected faults,
@@ -10,6 +12,7 @@ including two pipelines chained through the log.
 from __future__ import annotations
 
 import collections
+import errno
 import json
 import pickle
 import sys
@@ -26,9 +29,9 @@ from hypothesis import strategies as st
 
 import epochal as ep
 from epochal.alignment.factory import SinkMode
-from epochal.errors import ConfigError, InjectedFault
+from epochal.errors import ConfigError, EpochalError, InjectedFault
 from epochal.sinks import LogSink, ProducerFencedError, SinkContext, SinkWriteError, TransactionalLog, read_committed
-from epochal.sinks.base import TransactionStateError
+from epochal.sinks.base import SinkCommitError, TransactionStateError
 from epochal.sources import LogReader, LogSource, UnknownTopicError, read_committed_log
 from epochal.testing import CrashAtRecord, CrashDuringCommit
 
@@ -77,14 +80,52 @@ def staged(root: str) -> list[str]:
 
 @dataclass
 class Faults:
-    """Step labels where the task dies (``("write", n, i)``, ``("complete", n)``: after the
-    pre-commit, before checkpoint n is durable, ``("notify", n)``, ``("restore", gen)``);
-    ``fail_publish_at`` numbers per-partition publishes over all writers: that one raises."""
+    """Step labels where the task dies (``("write", n, i)``, ``("durable", n)``: after the
+    seal, before the durability step, ``("complete", n)``: after the pre-commit, before
+    checkpoint n is durable, ``("notify", n)``, ``("restore", gen)``); ``fail_publish_at``
+    numbers per-partition publishes over all writers: that one raises. ``fail_durable_at``:
+    epochs whose durability step loses its batches and raises EIO (the epoch is declined)."""
 
     crash_at: set = field(default_factory=set)
     fail_publish_at: set = field(default_factory=set)
     notify_lag: int = 0
     aborted: frozenset = frozenset()
+    fail_durable_at: set = field(default_factory=set)
+    durability_lag: bool = False  # job n runs after epoch n + 1's records were written
+
+    def copy(self) -> Faults:
+        return Faults(set(self.crash_at), set(self.fail_publish_at), self.notify_lag, self.aborted,
+                      set(self.fail_durable_at), self.durability_lag)
+
+
+def lossy(faults: Faults, w):
+    """Wrap ``w.pre_commit``: the durability step of a ``fail_durable_at`` epoch fsyncs,
+    then truncates its staged batches (the data is gone) and raises EIO."""
+    pre_commit = w.pre_commit
+
+    def sealing(txn):
+        step = pre_commit(txn)
+        if step is None or txn.epoch not in faults.fail_durable_at:
+            return step
+        faults.fail_durable_at.discard(txn.epoch)
+
+        def failing():
+            step()
+            for p in txn.records:
+                with w.log.fs.open(w._staged(txn, p), "wb"):
+                    pass
+            raise OSError(errno.EIO, f"injected fsync failure in epoch {txn.epoch}")
+        return failing
+    return sealing
+
+
+def barrier(w, n: int):
+    """snapshot(n) plus its durability job, as the runtime runs them (job before the ack)."""
+    state = w.snapshot(n)
+    job = w.durability_job(n)
+    if job is not None:
+        job()
+    return state
 
 
 def run_job(sink: LogSink, epochs: list[list], faults: Faults | None = None, mode=TX) -> dict:
@@ -109,27 +150,48 @@ def run_job(sink: LogSink, epochs: list[list], faults: Faults | None = None, mod
     for gen in range(50):
         w = sink.create_writer(ctx(gen, mode))
         w._publish = flaky(w._publish)
+        w.pre_commit = lossy(faults, w)
         try:
             m = max(completed, default=0)
             tick(("restore", gen))
             w.restore(pickle.loads(completed[m]) if m else None)
-            notified = m
-            for n in range(m + 1, len(epochs) + 1):
-                for i, record in enumerate(epochs[n - 1]):
-                    tick(("write", n, i))
-                    w.write(record)
-                state = pickle.dumps(w.snapshot(n))
+            notified = [m]
+
+            def acknowledge(n, snap, job, w=w, notified=notified):
+                """The uploader's part: durability job, then the ack; checkpoint n completes."""
+                tick(("durable", n))
+                try:
+                    if job is not None:
+                        job()
+                except OSError:
+                    return  # declined: checkpoint n never completes
+                state = pickle.dumps(snap)
                 tick(("complete", n))
                 if n not in faults.aborted or n == len(epochs):
                     completed[n] = state
                 due = n if n == len(epochs) else max((k for k in completed if k <= n - faults.notify_lag), default=0)
-                if due > notified:
+                if due > notified[0]:
                     tick(("notify", due))
                     w.notify_epoch_complete(due)
-                    notified = due
+                    notified[0] = due
+
+            lagged = None
+            for n in range(m + 1, len(epochs) + 1):
+                for i, record in enumerate(epochs[n - 1]):
+                    tick(("write", n, i))
+                    w.write(record)
+                if lagged is not None:
+                    acknowledge(*lagged)
+                    lagged = None
+                snap = w.snapshot(n)
+                job = w.durability_job(n)
+                if faults.durability_lag and n < len(epochs):
+                    lagged = (n, snap, job)
+                else:
+                    acknowledge(n, snap, job)
             w.close()
             return {"generations": gen + 1, "zombies": zombies, "completed": completed}
-        except (Crash, InjectedFault):
+        except (Crash, EpochalError, OSError):  # InjectedFault, a lost transaction (DIRECT: inline)
             zombies.append(w)
     raise AssertionError("job never finished")
 
@@ -159,6 +221,11 @@ CRASHES = {
     "during recovery re-commit": Faults(fail_publish_at={4, 5}),
     "during restore": Faults(crash_at={("notify", 2), ("restore", 1)}),
     "lagging notify, aborted checkpoint": Faults(crash_at={("write", 4, 0)}, notify_lag=1, aborted=frozenset({2})),
+    "after the seal, before the durability step": Faults(crash_at={("durable", 2)}),
+    "durability step lagging, crash in the next epoch": Faults(crash_at={("write", 2, 1)}, durability_lag=True),
+    "durability step I/O error": Faults(fail_durable_at={2}),
+    "durability step I/O error, lagging": Faults(fail_durable_at={2}, durability_lag=True),
+    "durability step I/O error in the final epoch": Faults(fail_durable_at={4}),
 }
 
 
@@ -166,8 +233,7 @@ CRASHES = {
 def test_crash_at_each_phase_equals_golden(root, scenario):
     epochs = make_epochs([4, 6, 0, 3])
     f = CRASHES[scenario]
-    facts = run_job(LogSink(root, TOPIC, partitions=3, key_fn=by_key), epochs,
-                    Faults(set(f.crash_at), set(f.fail_publish_at), f.notify_lag, f.aborted))
+    facts = run_job(LogSink(root, TOPIC, partitions=3, key_fn=by_key), epochs, f.copy())
     assert facts["generations"] > 1, "the fault did not fire"
     got = read_committed_log(root, TOPIC)
     assert got == golden(epochs)  # per partition, in offset order
@@ -236,7 +302,7 @@ def test_zombie_of_older_generation_cannot_commit_after_new_writer_restored(root
     zombie = sink.create_writer(ctx(0))
     zombie.restore(None)
     zombie.write({"k": "a", "e": 1})
-    s1 = zombie.snapshot(1)  # checkpoint 1 completes; the notification is late
+    s1 = barrier(zombie, 1)  # checkpoint 1 completes; the notification is late
     live = sink.create_writer(ctx(1))
     live.restore(s1)  # a new producer epoch; its re-commit of epoch 1 succeeds
     with pytest.raises(ProducerFencedError, match=r"commit .*producer epoch 0 < current 1.*zombie"):
@@ -257,8 +323,11 @@ def test_zombie_pre_commit_fails_early_and_its_data_never_appears(root):
     zombie.restore(None)
     zombie.write({"zombie": 1})
     sink.create_writer(ctx(1, subtask=1)).restore(None)  # deletes the zombie's staged batch
+    zombie.snapshot(1)  # the seal does no I/O...
     with pytest.raises(ProducerFencedError, match="pre_commit"):
-        zombie.snapshot(1)
+        zombie.durability_job(1)()  # ...its durability step finds the fence: epoch 1 is declined
+    with pytest.raises(SinkCommitError, match="durability step of epoch 1 raised ProducerFencedError"):
+        zombie.snapshot(2)
     assert read_committed_log(root, TOPIC) == {0: [], 1: []} and staged(root) == []
 
 
@@ -325,7 +394,7 @@ def test_sink_write_error_names_sink_record_reason_and_publishes_nothing(root, r
     w = sink.create_writer(ctx(0))
     w.restore(None)
     w.write({"x": 0, "ok": True})
-    s1 = w.snapshot(1)
+    s1 = barrier(w, 1)
     w.write({"x": 2, "ok": True})
     with pytest.raises(SinkWriteError) as info:
         w.write(record)
@@ -368,10 +437,13 @@ def crash_plans(draw):
     return sizes, Faults(
         crash_at={("write", e, i) for e, i in draw(st.lists(st.tuples(st.integers(1, n), st.integers(0, 3)),
                                                             max_size=2))}
-        | {(kind, draw(st.integers(1, n))) for kind in draw(st.sets(st.sampled_from(["complete", "notify"])))},
+        | {(kind, draw(st.integers(1, n))) for kind in draw(st.sets(st.sampled_from(["durable", "complete",
+                                                                                     "notify"])))},
         fail_publish_at=set(draw(st.lists(st.integers(0, 10), max_size=2))),
         notify_lag=draw(st.integers(0, 2)),
-        aborted=frozenset(draw(st.sets(st.integers(1, max(1, n - 1)), max_size=2))) if n > 1 else frozenset())
+        aborted=frozenset(draw(st.sets(st.integers(1, max(1, n - 1)), max_size=2))) if n > 1 else frozenset(),
+        fail_durable_at=set(draw(st.lists(st.integers(1, n), max_size=2))),
+        durability_lag=draw(st.booleans()))
 
 
 @settings(max_examples=60, deadline=None)

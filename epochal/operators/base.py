@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from epochal.errors import OperatorError
 
@@ -43,6 +43,38 @@ class OperatorContext:
     extras: dict | None = None
 
 
+@dataclass(frozen=True)
+class SnapshotResult:
+    """What :meth:`RuntimeOperator.snapshot` returns when its snapshot has an asynchronous
+    part (seed 004 §4.5.1: only the synchronous part runs at the barrier).
+
+    Attributes:
+        state: the picklable operator state stored in the checkpoint, exactly as a plain
+            return value of ``snapshot`` would be (``None``: nothing to store).
+        before_ack: the asynchronous part, a callable without arguments. Contract:
+
+            * **When.** Called exactly once, after ``snapshot`` returned and before the task
+              acknowledges the epoch to the coordinator; the task's jobs run one at a time,
+              in epoch order, and ``state`` is serialised only after ``before_ack`` returned
+              (so it may complete the handles in ``state``).
+            * **Where.** On the task's uploader thread
+              (:class:`~epochal.runtime.snapshots.Uploader`), *concurrently* with the task
+              thread, which keeps calling ``process_batch`` and later ``snapshot`` on the
+              same operator. So it must only touch what ``snapshot`` handed over to it, never
+              anything the task thread still uses (the operator's live transaction, buffers,
+              counters). It must not call back into the operator.
+            * **Failure.** If it raises, the task declines the epoch, exactly like a failed
+              state upload; the task keeps running. The operator must make sure that no
+              later epoch can be acknowledged on top of lost work (a sink's later jobs fail
+              too, and its next ``snapshot`` raises, so the task restarts).
+            * **Crash.** The process may die while it runs: the epoch was not acknowledged,
+              so recovery restores an earlier completed epoch.
+    """
+
+    state: Any
+    before_ack: Callable[[], None]
+
+
 class RuntimeOperator(ABC):
     """One operator instance inside a task; called only from the task's main thread.
 
@@ -65,9 +97,12 @@ class RuntimeOperator(ABC):
         """Process records in order and return the outputs in order."""
 
     def snapshot(self, epoch: int) -> Any:
-        """Synchronous part of the snapshot of ``epoch``; returns picklable state or None.
+        """Synchronous part of the snapshot of ``epoch``; returns picklable state or None,
+        or a :class:`SnapshotResult` when work remains for the uploader thread before the
+        epoch may be acknowledged (e.g. a sink's fsync).
 
-        Keyed state is snapshotted by the task's backend, not here.
+        Runs on the task thread while records wait, so it must be quick. Keyed state is
+        snapshotted by the task's backend, not here.
         """
         return None
 

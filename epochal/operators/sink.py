@@ -2,13 +2,15 @@
 two-phase commit into the task's epoch lifecycle (seed 004 §4.1.3)."""
 from __future__ import annotations
 
-from epochal.operators.base import OperatorContext, RuntimeOperator
+from epochal.operators.base import OperatorContext, RuntimeOperator, SnapshotResult
 from epochal.sinks.base import SinkContext
 
 
 class SinkOperator(RuntimeOperator):
-    """Writes every record; pre-commits at the barrier (as part of the task's snapshot)
-    and commits when the coordinator reports the epoch complete."""
+    """Writes every record; pre-commits at the barrier (as part of the task's snapshot:
+    the writer seals its transaction on the task thread, and its durability job becomes
+    the snapshot's ``before_ack``) and commits when the coordinator reports the epoch
+    complete."""
 
     def __init__(self, ctx: OperatorContext, sink):
         super().__init__(ctx)
@@ -33,7 +35,9 @@ class SinkOperator(RuntimeOperator):
         return []
 
     def snapshot(self, epoch: int):
-        return self.writer.snapshot(epoch)
+        state = self.writer.snapshot(epoch)
+        job = self.writer.durability_job(epoch)
+        return state if job is None else SnapshotResult(state, job)
 
     def notify_epoch_complete(self, epoch: int) -> None:
         self.writer.notify_epoch_complete(epoch)

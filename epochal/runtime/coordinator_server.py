@@ -295,6 +295,7 @@ class CoordinatorServer:
             "max_alignment_s": max((m.get("alignment_s", 0.0) for m in metrics), default=0.0),
             "max_sync_s": max((m.get("sync_s", 0.0) for m in metrics), default=0.0),
             "max_upload_s": max((m.get("upload_s", 0.0) for m in metrics), default=0.0),
+            "max_durable_s": max((m.get("durable_s", 0.0) for m in metrics), default=0.0),  # within upload_s
             "loop_logged": sum(m.get("loop_logged", 0) for m in metrics),
             "metadata_s": metadata_s,  # writing _metadata after the last ack (not in duration_s)
             "tasks": {task_id: _task_sample(payload, completed.trigger_time)

@@ -1,10 +1,17 @@
 """The asynchronous part of a task snapshot (seed 004 §4.5.1, seed 001).
 
 At the barrier the task thread takes the *synchronous* part only — operator and source
-state (small), sink pre-commits, and the keyed backend's copy-on-write freeze — and hands
-a :class:`PendingUpload` to this uploader. The uploader serialises the keyed state,
-writes the task's state file to checkpoint storage and only then acknowledges the epoch
-to the coordinator, while the task thread keeps processing records.
+state (small), sinks sealing their transactions, and the keyed backend's copy-on-write
+freeze — and hands a :class:`PendingUpload` to this uploader. The uploader, while the task
+thread keeps processing records:
+
+1. runs the operators' ``before_ack`` jobs (:class:`~epochal.operators.base.SnapshotResult`:
+   a two-phase-commit sink flushes, fsyncs and closes the sealed transaction's files);
+2. serialises the keyed state and writes the task's state file to checkpoint storage;
+3. only then acknowledges the epoch to the coordinator.
+
+A failure in step 1 or 2 declines the epoch (the task keeps running); a process crash
+leaves the epoch unacknowledged. Either way the epoch never completes.
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ class PendingUpload:
     metrics: dict = field(default_factory=dict)
     loop_log: Any = None  # loop heads: the epoch's InTransitLog (epochal.loops.log)
     created: float = field(default_factory=time.monotonic)  # for the ack's "upload_wait_s"
+    before_ack: list = field(default_factory=list)  # [(operator, job)]: SnapshotResult.before_ack
 
 
 def state_file_name(task_id: str) -> str:
@@ -48,7 +56,13 @@ def decode_task_state(blob: bytes, where: str) -> dict:
 
 class Uploader:
     """One background thread per task; uploads in submission (= epoch) order, so the
-    task's acknowledgements reach the coordinator in epoch order."""
+    task's acknowledgements reach the coordinator in epoch order, and the ``before_ack``
+    jobs of one operator run one at a time, in epoch order.
+
+    :meth:`close` ends the thread after the upload in progress: queued uploads belong to an
+    attempt that is over (a clean finish leaves none) and are dropped, so a reused worker
+    process does not touch the files of a finished attempt after the next one started.
+    """
 
     def __init__(self, task_id: str, storage, send: Callable[[tuple], None], faults):
         self.task_id = task_id
@@ -59,11 +73,13 @@ class Uploader:
         self._thread = threading.Thread(target=self._run, name=f"epochal-upload-{task_id}", daemon=True)
         self._thread.start()
         self.failed: BaseException | None = None
+        self._closed = False
 
     def submit(self, upload: PendingUpload) -> None:
         self._queue.put(upload)
 
     def close(self) -> None:
+        self._closed = True
         self._queue.put(None)
 
     def _run(self) -> None:
@@ -71,8 +87,19 @@ class Uploader:
             upload = self._queue.get()
             if upload is None:
                 return
+            if self._closed:
+                self._release(upload)
+                continue
             t0 = time.monotonic()
+            stage = "snapshot upload"
             try:
+                durable_s = 0.0
+                for operator, job in upload.before_ack:  # Step 1
+                    stage = f"asynchronous snapshot part of operator {operator!r}"
+                    self.faults.on_before_ack(operator, upload.epoch)
+                    job()
+                durable_s = time.monotonic() - t0
+                stage = "snapshot upload"
                 keyed = None
                 if upload.keyed_job is not None:  # an incremental job uploads its files here
                     keyed = upload.keyed_job.run(self.storage, state_file_name(self.task_id)[:-len(".state")])
@@ -83,13 +110,10 @@ class Uploader:
                 self.faults.on_upload(upload.epoch)
                 handle = self.storage.write_state(upload.epoch, state_file_name(self.task_id), blob)
             except Exception as exc:  # storage errors decline the epoch; the task keeps running
-                if upload.keyed_job is not None:
-                    upload.keyed_job.release()
-                if upload.loop_log is not None:
-                    upload.loop_log.close()
+                self._release(upload)
                 reason = f"{type(exc).__name__}: {exc}"
                 try:
-                    self.send(("decline", upload.epoch, self.task_id, f"task {self.task_id}: snapshot upload failed: {reason}"))
+                    self.send(("decline", upload.epoch, self.task_id, f"task {self.task_id}: {stage} failed: {reason}"))
                 except Exception:
                     self.failed = exc
                     return
@@ -105,10 +129,17 @@ class Uploader:
             # upload_wait_s: snapshot taken → upload started (earlier uploads, a loop head's
             # wait for its barrier to come round, the GIL); upload_s: the upload itself
             metrics = dict(upload.metrics, upload_s=time.monotonic() - t0, upload_wait_s=t0 - upload.created,
-                           bytes=uploaded, state_bytes=total)
+                           durable_s=durable_s, bytes=uploaded, state_bytes=total)
             try:
                 self.send(("ack", upload.epoch, {"task": self.task_id, "handle": asdict(handle), "metrics": metrics,
                                                  "shared": shared}))
             except Exception as exc:
                 self.failed = exc
                 return
+
+    @staticmethod
+    def _release(upload: PendingUpload) -> None:
+        if upload.keyed_job is not None:
+            upload.keyed_job.release()
+        if upload.loop_log is not None:
+            upload.loop_log.close()

@@ -21,7 +21,7 @@ import traceback
 from epochal.backends.storage import CheckpointStorage
 from epochal.epochs.barrier import Barrier
 from epochal.errors import EpochalError, OperatorError
-from epochal.operators.base import OperatorContext
+from epochal.operators.base import OperatorContext, SnapshotResult
 from epochal.operators.factory import create_operator
 from epochal.runtime import wire
 from epochal.runtime.attempt import AttemptSpec
@@ -326,9 +326,12 @@ class Task:
         barrier_s = time.time() - timestamp  # trigger → here: the barrier's travel, incl. alignment
         t0 = time.monotonic()
         self.router.flush()
-        operators = {}
+        operators, before_ack = {}, []
         for op in self.operators:
-            state = op.snapshot(epoch)  # sinks pre-commit here (seed 004 §4.1.3, prepare)
+            state = op.snapshot(epoch)  # sinks seal their transaction here (seed 004 §4.1.3, prepare)
+            if isinstance(state, SnapshotResult):  # e.g. a sink's fsync: on the uploader, before the ack
+                before_ack.append((op.ctx.operator, state.before_ack))
+                state = state.state
             if state is not None:
                 operators[op.ctx.operator] = state
         source = self.reader.snapshot() if self.reader is not None else None
@@ -339,7 +342,8 @@ class Task:
         self.metrics["snapshots"] += 1
         upload = PendingUpload(epoch, operators, source, keyed_job,
                                {"sync_s": sync, "barrier_s": barrier_s,
-                                "alignment_s": self.handler.last_alignment_duration if self.spec.inputs else 0.0})
+                                "alignment_s": self.handler.last_alignment_duration if self.spec.inputs else 0.0},
+                               before_ack=before_ack)
         if self.loop is not None:  # held until barrier `epoch` came back around the loop (Alg. 7)
             self._apply_loop_events(self.loop.start(epoch, upload))
         else:

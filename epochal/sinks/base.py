@@ -10,6 +10,13 @@ idempotent. Table 4.1 maps the four operations onto backends; for files (HDFS ro
 create a file in a tmp dir, pre-commit = close it, commit = atomic move to the committed
 dir, abort = truncate/delete (the IBM FileSink truncates on reset, seed 000 §4.2.2).
 
+The pre-commit is split in two, as in Flink (seed 004 §4.5.1): at the barrier the task
+thread only *seals* the epoch's transaction — no more writes go to it, the next epoch's
+transaction begins — which must be O(1) in the data written; the *durability step*
+(flush / fsync / close / upload of what was sealed) runs on the task's uploader thread
+while records keep flowing, and the task acknowledges the epoch only after it succeeded.
+A checkpoint therefore never completes before its transactions are durable.
+
 :class:`TwoPhaseCommitSink` owns that protocol (like Flink's ``TwoPhaseCommitSinkFunction``);
 an author writes only begin / write_to / pre_commit / commit / abort / cleanup_orphans.
 The guarantee never reaches a sink: the runtime passes :class:`SinkContext.mode`, chosen by
@@ -17,14 +24,20 @@ The guarantee never reaches a sink: the runtime passes :class:`SinkContext.mode`
 """
 from __future__ import annotations
 
-import enum
-import time
+import threading
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Any, final
+from dataclasses import dataclass
+from typing import Any, Callable, final
 
 from epochal.alignment.factory import SinkMode
 from epochal.errors import ConfigError, EpochalError
+from epochal.sinks.transactions import (
+    PROTOCOLS,
+    TransactionState,
+    TransactionStateError,
+    TwoPhaseCommitState,
+    Txn,
+)
 
 _REPR_LIMIT = 200
 
@@ -57,10 +70,6 @@ class _Shown(str):
 
 class SinkCommitError(EpochalError):
     """A pre-committed transaction can no longer be committed (its staged data is gone)."""
-
-
-class TransactionStateError(EpochalError, RuntimeError):
-    """A protocol call that the transaction or writer lifecycle does not allow."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,10 @@ class SinkWriter(ABC):
     2. ``write(record)`` for every record of epoch n (between barriers n-1 and n);
     3. ``snapshot(n)`` at barrier n: the synchronous part of the task snapshot; the picklable
        result is stored in checkpoint n;
+    3a. ``durability_job(n)`` right after ``snapshot(n)``: the asynchronous part of that
+       snapshot, if any. The runtime runs the returned callable on the task's uploader
+       thread and acknowledges epoch n only after it returned; if it raises, epoch n is
+       declined. Checkpoint n (the state of ``snapshot(n)``) may complete only after it ran;
     4. ``notify_epoch_complete(n)`` any time after checkpoint n became durable — possibly
        late (after more barriers), repeated, or never (aborted epochs);
     5. ``close()`` at a clean end, after the final epoch was completed and notified.
@@ -119,6 +132,12 @@ class SinkWriter(ABC):
     def snapshot(self, epoch: int) -> Any:
         """Barrier ``epoch`` reached: return picklable state for checkpoint ``epoch``."""
 
+    def durability_job(self, epoch: int) -> Callable[[], None] | None:
+        """The asynchronous part of ``snapshot(epoch)`` (task thread, right after it), or
+        None (the default: ``snapshot`` did everything). See
+        :class:`~epochal.operators.base.SnapshotResult` for the job's contract."""
+        return None
+
     @abstractmethod
     def notify_epoch_complete(self, epoch: int) -> None:
         """Checkpoint ``epoch`` is durable; late and repeated calls must be harmless."""
@@ -128,133 +147,36 @@ class SinkWriter(ABC):
         """Clean end of the task; release resources."""
 
 
-class TransactionState(enum.Enum):
-    """Lifecycle of one epoch transaction; :meth:`to` is the guard.
-
-    ==============  =====================================  ==============================
-    from            to                                     by
-    ==============  =====================================  ==============================
-    OPEN            PRE_COMMITTED                          ``pre_commit`` at the barrier
-    OPEN            ABORTED                                ``abort`` at ``close``
-    PRE_COMMITTED   COMMITTED                              ``commit`` (notify or restore)
-    OPEN,           FAILED                                 any hook raised; only a restore
-    PRE_COMMITTED                                          on a new writer resolves it
-    ==============  =====================================  ==============================
-
-    COMMITTED, ABORTED and FAILED are final. A pre-committed transaction is never aborted
-    by the writer: it may belong to a completed checkpoint whose notification was lost.
-    """
-
-    OPEN = "open"
-    PRE_COMMITTED = "pre_committed"
-    COMMITTED = "committed"
-    ABORTED = "aborted"
-    FAILED = "failed"
-
-    def to(self, target: TransactionState) -> TransactionState:
-        """Return ``target`` if ``self → target`` is legal, else raise TransactionStateError."""
-        if target not in _LEGAL[self]:
-            raise TransactionStateError(f"illegal transaction transition {self.name} -> {target.name}")
-        return target
-
-
-_S = TransactionState
-_LEGAL: dict[TransactionState, frozenset[TransactionState]] = {
-    _S.OPEN: frozenset({_S.PRE_COMMITTED, _S.ABORTED, _S.FAILED}),
-    _S.PRE_COMMITTED: frozenset({_S.COMMITTED, _S.FAILED}),
-    _S.COMMITTED: frozenset(),
-    _S.ABORTED: frozenset(),
-    _S.FAILED: frozenset(),
-}
-
-
-@dataclass(frozen=True)
-class TwoPhaseCommitState:
-    """What :class:`TwoPhaseCommitSink` stores in checkpoint ``epoch``: the pre-committed,
-    not yet known committed transactions as ``(epoch, handle)``, oldest first."""
-
-    epoch: int
-    pending: tuple[tuple[int, Any], ...] = ()
-
-
-@dataclass
-class _Txn:
-    epoch: int  # begin epoch until the barrier, then the checkpoint it belongs to
-    handle: Any
-    state: TransactionState = TransactionState.OPEN
-    started: float = field(default_factory=time.monotonic)
-    writes: int = 0
-
-
-class _CommitOnCompletion:
-    """SinkMode.TRANSACTIONAL (exactly-once): publish an epoch only once its checkpoint is
-    complete; output of rolled-back epochs is never visible."""
-
-    def at_barrier(self, w: TwoPhaseCommitSink, txn: _Txn) -> None:
-        w._advance(txn, TransactionState.PRE_COMMITTED, w.pre_commit)
-        w._pending.append(txn)
-
-    publishes_between_barriers = False
-
-    def on_complete(self, w: TwoPhaseCommitSink, epoch: int) -> None:
-        while w._pending and w._pending[0].epoch <= epoch:
-            w._advance(w._pending[0], TransactionState.COMMITTED, w.commit)
-            w._pending.pop(0)
-
-    def at_close(self, w: TwoPhaseCommitSink, txn: _Txn) -> None:
-        w._advance(txn, TransactionState.ABORTED, w.abort)  # not part of any completed epoch
-
-
-class _PublishAtBarrier:
-    """SinkMode.DIRECT (at-least-once): pre-commit and commit at every barrier, so output is
-    visible without waiting for the checkpoint. Cannot guarantee: after a restore from epoch
-    m, records of epochs > m that were already published are written again (duplicates).
-    Assumes the runtime replays every record after m (no loss)."""
-
-    publishes_between_barriers = True
-
-    def at_barrier(self, w: TwoPhaseCommitSink, txn: _Txn) -> None:
-        w._advance(txn, TransactionState.PRE_COMMITTED, w.pre_commit)
-        w._advance(txn, TransactionState.COMMITTED, w.commit)
-
-    def after_write(self, w: TwoPhaseCommitSink, txn: _Txn) -> None:
-        """Lower latency than the epoch: publish the open transaction once it is older than
-        ``w.direct_publish_interval`` and continue the epoch in a new one. The clock is read
-        every 64 writes only (the per-record path stays cheap)."""
-        txn.writes += 1
-        if txn.writes & 63 == 0 and time.monotonic() - txn.started >= w.direct_publish_interval:
-            self.at_barrier(w, txn)
-            w._open = _Txn(txn.epoch, w._call(w.begin_transaction, txn.epoch))
-
-    def on_complete(self, w: TwoPhaseCommitSink, epoch: int) -> None:
-        pass  # already published at the barrier
-
-    at_close = at_barrier  # records after the last barrier are published too
-
-
-_PROTOCOLS = {SinkMode.TRANSACTIONAL: _CommitOnCompletion(), SinkMode.DIRECT: _PublishAtBarrier()}
-_FINAL_METHODS = ("restore", "write", "snapshot", "notify_epoch_complete", "close")
+_FINAL_METHODS = ("restore", "write", "snapshot", "durability_job", "notify_epoch_complete", "close")
 
 
 class TwoPhaseCommitSink(SinkWriter):
     """A writer whose base class owns the epoch two-phase commit (seed 004 §4.1.3).
 
-    ``restore``, ``write``, ``snapshot``, ``notify_epoch_complete`` and ``close`` are final
-    (overriding them raises TypeError). Subclasses implement the hooks; a transaction handle
-    ("txn") is whatever picklable object ``begin_transaction`` returns — it is stored in
-    checkpoints and handed to ``commit`` on a new writer after a crash.
+    ``restore``, ``write``, ``snapshot``, ``durability_job``, ``notify_epoch_complete`` and
+    ``close`` are final (overriding them raises TypeError). Subclasses implement the hooks; a
+    transaction handle ("txn") is whatever picklable object ``begin_transaction`` returns — it
+    is stored in checkpoints and handed to ``commit`` on a new writer after a crash.
 
-    In ``SinkMode.TRANSACTIONAL`` one transaction per epoch is pre-committed at its barrier
-    and committed when its checkpoint completes. In ``SinkMode.DIRECT`` the same hooks run
-    but each transaction is committed right at its barrier, and also as soon as it is older
-    than ``direct_publish_interval`` (a new transaction of the same epoch continues), so
-    at-least-once output is visible sooner than the checkpoint interval (see
-    ``_PublishAtBarrier``). ``begin_transaction`` may therefore be called several times
-    for one epoch in DIRECT mode and must return distinct transactions. The strategy is
-    chosen once, from ``ctx.mode``, in ``__init__``.
+    In ``SinkMode.TRANSACTIONAL`` one transaction per epoch is sealed at its barrier, made
+    durable by the epoch's :meth:`durability_job` before the task acknowledges the epoch, and
+    committed when its checkpoint completes. In ``SinkMode.DIRECT`` the same hooks run but
+    each transaction is made durable and committed right at its barrier, and also as soon as
+    it is older than ``direct_publish_interval`` (a new transaction of the same epoch
+    continues), so at-least-once output is visible sooner than the checkpoint interval (see
+    ``PublishAtBarrier`` in :mod:`epochal.sinks.transactions`). ``begin_transaction`` may
+    therefore be called several times for one epoch in DIRECT mode and must return distinct
+    transactions. The strategy is chosen once, from ``ctx.mode``, in ``__init__``.
 
     Any exception from a hook moves its transaction to FAILED and makes the writer unusable:
     further calls raise :class:`TransactionStateError` until the runtime restores a new one.
+
+    **Threads.** Everything runs on the task thread except the durability steps, which the
+    epoch's :meth:`durability_job` runs on the uploader thread. A step only touches what
+    ``pre_commit`` handed to it and its own transaction's bookkeeping (under a lock that the
+    task thread takes only when a step has not run yet, i.e. never in the runtime). A failed
+    step is recorded, not acted on, by the uploader: the task thread sees it at its next
+    ``snapshot`` or ``close`` and fails the writer there.
     """
 
     #: DIRECT mode publishes an open transaction once it is this many seconds old
@@ -269,16 +191,18 @@ class TwoPhaseCommitSink(SinkWriter):
 
     def __init__(self, ctx: SinkContext):
         try:
-            self._protocol = _PROTOCOLS[ctx.mode]
+            self._protocol = PROTOCOLS[ctx.mode]
             self._publishes_between_barriers = self._protocol.publishes_between_barriers
         except KeyError:
             raise ConfigError(f"sink {ctx.sink_name!r}: unknown sink mode {ctx.mode!r}") from None
         self.ctx = ctx
-        self._open: _Txn | None = None  # None before restore, after close and after a failure
-        self._pending: list[_Txn] = []
+        self._open: Txn | None = None  # None before restore, after close and after a failure
+        self._pending: list[Txn] = []
         self._epoch = 0  # latest restored or snapshotted epoch
         self._phase = "created"  # created → running → closed | failed
         self._failure = ""  # what failed, for error messages
+        self._steps = threading.Lock()  # serialises durability steps (uploader vs. inline)
+        self._lost: str | None = None  # set by a failed durability step (any thread)
 
     # ---------------------------------------------------------------- author hooks
 
@@ -291,8 +215,38 @@ class TwoPhaseCommitSink(SinkWriter):
         """Write ``record`` into ``txn``; invisible to readers in TRANSACTIONAL mode."""
 
     @abstractmethod
-    def pre_commit(self, txn: Any) -> None:
-        """Flush and close ``txn``; afterwards it must survive a crash of this process."""
+    def pre_commit(self, txn: Any) -> Callable[[], None] | None:
+        """Seal ``txn`` at its barrier and return its durability step (or None).
+
+        **Sealing** runs on the task thread while records wait, so it must be quick, O(1)
+        in the data written: stop writing to ``txn`` — detach its open files or batches from
+        the writer, so that ``begin_transaction`` / ``write_to`` of the next epoch never see
+        them — and convert whatever only the task thread may convert (e.g. buffered records
+        that can still be rejected with a :class:`SinkWriteError`).
+
+        The **durability step** is a callable without arguments; afterwards ``txn`` must
+        survive a crash of this process (Table 4.1 Pre-commit: flush, fsync, close, upload,
+        record the transaction as prepared). Contract:
+
+        * It runs at most once, on the task's uploader thread after ``snapshot`` returned and
+          before the task acknowledges the epoch (in DIRECT mode, or when a caller commits
+          without having run :meth:`durability_job`, inline on the task thread before the
+          commit). Steps of one writer never run concurrently and run in epoch order.
+        * It runs concurrently with ``write_to``, ``begin_transaction`` and ``pre_commit`` of
+          later transactions, so it may touch only what this call handed to it and the
+          handle ``txn`` itself — NEVER the live transaction, the writer's open files, or any
+          other writer state the task thread changes. Thread-safe read-only state (paths,
+          the file system object, the producer epoch) is fine.
+        * It may complete the handle (e.g. record where the data went): the checkpoint state
+          is serialised after the step returned.
+        * If it raises, the transaction is lost, never retried (after a failed fsync the data
+          may be gone even if a second fsync succeeds): the epoch is declined, the epochs after
+          it cannot be acknowledged, and the task thread's next ``snapshot`` raises, so the
+          job restarts from the latest completed checkpoint. It need not be idempotent.
+
+        Return None when ``pre_commit`` made ``txn`` durable itself (a fully synchronous
+        pre-commit, as in Flink's ``TwoPhaseCommitSinkFunction.preCommit``).
+        """
 
     @abstractmethod
     def commit(self, txn: Any) -> None:
@@ -328,13 +282,13 @@ class TwoPhaseCommitSink(SinkWriter):
         state = state or TwoPhaseCommitState(epoch=0)
         # Step 1
         for epoch, handle in sorted(state.pending, key=lambda p: p[0]):
-            self._advance(_Txn(epoch, handle, TransactionState.PRE_COMMITTED),
+            self._advance(Txn(epoch, handle, TransactionState.PRE_COMMITTED),
                           TransactionState.COMMITTED, self.commit)
         # Step 2
         self._call(self.cleanup_orphans, state.epoch)
         # Step 3
         self._epoch = state.epoch
-        self._open = _Txn(state.epoch + 1, self._call(self.begin_transaction, state.epoch + 1))
+        self._open = Txn(state.epoch + 1, self._call(self.begin_transaction, state.epoch + 1))
 
     @final
     def write(self, record: Any) -> None:
@@ -352,10 +306,12 @@ class TwoPhaseCommitSink(SinkWriter):
 
     @final
     def snapshot(self, epoch: int) -> TwoPhaseCommitState:
-        """Final. Barrier ``epoch`` (seed 004 §4.1.3 Prepare Phase, 1b).
+        """Final. Barrier ``epoch`` (seed 004 §4.1.3 Prepare Phase, 1b), synchronous part.
 
-        1. Pre-commit the open transaction; it now belongs to checkpoint ``epoch``
-           (DIRECT mode also commits it here).
+        0. Raise if a durability step failed on the uploader since the last call.
+        1. Seal the open transaction (``pre_commit``); it now belongs to checkpoint
+           ``epoch``. Its durability step runs later, in :meth:`durability_job` (DIRECT
+           mode runs it here and commits).
         2. Begin the transaction of ``epoch + 1``.
         3. Return the pending transactions, including ``epoch``'s, as the checkpoint state.
         """
@@ -365,22 +321,49 @@ class TwoPhaseCommitSink(SinkWriter):
         if epoch <= self._epoch:
             raise TransactionStateError(f"{self._where()}: snapshot({epoch}) after epoch "
                                         f"{self._epoch}; epochs must increase")
+        # Step 0
+        self._raise_if_lost()
         # Step 1
         txn.epoch = epoch
         self._open = None
         self._protocol.at_barrier(self, txn)
         # Step 2
         self._epoch = epoch
-        self._open = _Txn(epoch + 1, self._call(self.begin_transaction, epoch + 1))
+        self._open = Txn(epoch + 1, self._call(self.begin_transaction, epoch + 1))
         # Step 3
         return TwoPhaseCommitState(epoch, tuple((t.epoch, t.handle) for t in self._pending))
+
+    @final
+    def durability_job(self, epoch: int) -> Callable[[], None] | None:
+        """Final. The asynchronous part of ``snapshot(epoch)``; call it right after
+        ``snapshot(epoch)``, on the task thread. None when nothing is left to do.
+
+        The job makes every pending transaction of checkpoint ``epoch`` durable: it runs the
+        durability steps that have not run yet, in epoch order, and raises if one of them
+        failed — now or in an earlier job — so no checkpoint is ever acknowledged on top of a
+        lost transaction. It captures the pending transactions now; it never reads the
+        writer's live state. Running it twice is harmless (a step runs at most once).
+        """
+        if epoch != self._epoch or self._open is None:
+            raise TransactionStateError(f"{self._where()}: durability_job({epoch}) must follow snapshot({epoch})")
+        txns = tuple(t for t in self._pending if t.state is not TransactionState.PRE_COMMITTED)
+        if not txns:
+            return None
+
+        def make_durable() -> None:
+            for txn in txns:
+                self._make_durable(txn, epoch)
+
+        return make_durable
 
     @final
     def notify_epoch_complete(self, epoch: int) -> None:
         """Final. Checkpoint ``epoch`` is durable (seed 004 §4.1.3 Commit Phase, 2b).
 
         1. Commit every pending transaction ≤ ``epoch`` in epoch order, dropping each once
-           committed; late or repeated notifications find nothing to commit.
+           committed; late or repeated notifications find nothing to commit. In the runtime
+           each is durable already (its job ran before the ack); for a caller that never ran
+           :meth:`durability_job`, its durability step runs here first, inline.
         """
         if self._open is None:
             raise self._unusable("notify_epoch_complete")
@@ -394,6 +377,8 @@ class TwoPhaseCommitSink(SinkWriter):
         Pending pre-committed transactions are left alone: their checkpoints may be
         complete, and the next restore re-commits them. A no-op after a failure or a close.
         """
+        if self._open is not None:
+            self._raise_if_lost()
         txn, self._open = self._open, None
         if txn is None:
             self._phase = "closed" if self._phase == "created" else self._phase
@@ -403,7 +388,7 @@ class TwoPhaseCommitSink(SinkWriter):
 
     # ---------------------------------------------------------------- internals
 
-    def _advance(self, txn: _Txn, target: TransactionState, hook) -> None:
+    def _advance(self, txn: Txn, target: TransactionState, hook) -> None:
         txn.state.to(target)  # guard: reject illegal transitions before touching the backend
         try:
             hook(txn.handle)
@@ -412,6 +397,58 @@ class TwoPhaseCommitSink(SinkWriter):
             raise
         txn.state = target
 
+    def _seal(self, txn: Txn) -> None:
+        """Task thread: OPEN → SEALED (a step to run) or PRE_COMMITTED (none)."""
+        txn.state.to(TransactionState.SEALED)
+        try:
+            step = self.pre_commit(txn.handle)
+        except BaseException as exc:
+            self._fail(txn, "pre_commit", exc)
+            raise
+        if step is None:
+            txn.state = TransactionState.PRE_COMMITTED
+        else:
+            txn.step, txn.state = step, TransactionState.SEALED
+
+    def _make_durable(self, txn: Txn, for_epoch: int) -> None:
+        """Any thread: run ``txn``'s durability step unless it ran; raise if it failed.
+
+        Takes the lock only while ``txn`` is not yet durable, so the task thread never waits
+        for the uploader in the runtime (there the job always ran before the commit).
+        """
+        if txn.state is not TransactionState.SEALED and txn.state is not TransactionState.FAILED:
+            return
+        with self._steps:
+            if txn.state is TransactionState.SEALED:
+                step, txn.step = txn.step, None
+                try:
+                    step()
+                except BaseException as exc:
+                    txn.state = TransactionState.FAILED
+                    self._lost = (f"the durability step of epoch {txn.epoch} raised {type(exc).__name__}: "
+                                  f"{str(exc)[:_REPR_LIMIT]}")
+                    raise
+                txn.state = TransactionState.PRE_COMMITTED
+            elif txn.state is TransactionState.FAILED:
+                raise SinkCommitError(f"{self._where()}: epoch {for_epoch} cannot be made durable: "
+                                      f"{self._lost or f'the transaction of epoch {txn.epoch} failed'}")
+
+    def _make_durable_here(self, txn: Txn, for_epoch: int) -> None:
+        """Task thread: :meth:`_make_durable`; a failure fails the writer."""
+        try:
+            self._make_durable(txn, for_epoch)
+        except BaseException as exc:
+            self._fail(None, "durability step", exc)
+            raise
+
+    def _raise_if_lost(self) -> None:
+        """Task thread: a durability step failed on the uploader — fail the writer here."""
+        if self._lost is not None:
+            exc = SinkCommitError(f"{self._where()}: {self._lost}; the transaction's records are lost, "
+                                  "so the task must restart from the latest completed checkpoint")
+            self._fail(None, "durability step", exc)
+            raise exc
+
     def _call(self, hook, *args):
         try:
             return hook(*args)
@@ -419,7 +456,7 @@ class TwoPhaseCommitSink(SinkWriter):
             self._fail(None, hook.__name__, exc)
             raise
 
-    def _fail(self, txn: _Txn | None, hook: str, exc: BaseException) -> None:
+    def _fail(self, txn: Txn | None, hook: str, exc: BaseException) -> None:
         if txn is not None:
             txn.state = txn.state.to(TransactionState.FAILED)
         self._open = None

@@ -5,7 +5,11 @@ Table 4.1 of seed 004 (HDFS row), mapped onto :class:`~epochal.sinks.base.TwoPha
 =========  ===============================================================================
 Start      nothing yet; a part file is created under ``<path>/_staging/`` at the first record
 write      append to the current part file, roll to a new one every ``max_records_per_file``
-Pre-commit close (and fsync) the part files: they survive a crash
+           (a rolled file is closed on the spot, its fsync waits for the durability step)
+Pre-commit seal (task thread, at the barrier): detach the open part file from the writer
+           (parquet: write its last buffered rows as a row group); durability step
+           (uploader thread, before the ack): close the part file — flush, fsync, and
+           on an object store the upload — and fsync the rolled ones: they survive a crash
 Commit     move each staged file to its final name in ``<path>/`` (atomic rename on local
            file systems); a file whose staged copy is gone and final copy exists is
            skipped, so a repeated commit is a no-op
@@ -42,9 +46,9 @@ batch unless given — pass ``schema=`` for stable column types).
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
-import os
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -53,8 +57,10 @@ from typing import Any
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
 
 from epochal.alignment.factory import SinkMode
+from epochal.durable import fsync, fsync_path
 from epochal.errors import ConfigError
 from epochal.sinks.base import (
     Sink,
@@ -131,6 +137,8 @@ class FileSinkWriter(TwoPhaseCommitSink):
         self._names = _NAMES[ctx.mode](ctx, self._format.ext)
         self._max = sink.max_records_per_file
         self._part: _Part | None = None  # open part file of the open transaction
+        self._local = isinstance(self._fs, LocalFileSystem)  # rolled files need a later fsync
+        self._unsynced: list[str] = []  # rolled part files of the open transaction, not fsynced
 
     def begin_transaction(self, epoch: int) -> FileTransaction:
         return FileTransaction(epoch)  # files appear with the first record: empty epochs publish nothing
@@ -145,12 +153,21 @@ class FileSinkWriter(TwoPhaseCommitSink):
         part.write(record)
         if self._max is not None and part.count >= self._max:
             self._part = None
-            part.close()
+            part.close(sync=False)  # cheap: the fsync is the durability step's
+            if self._local:
+                self._unsynced.append(part.path)
 
-    def pre_commit(self, txn: FileTransaction) -> None:
+    def pre_commit(self, txn: FileTransaction):
+        """Seal: detach the open part file (parquet: flush its buffered rows, which may still
+        raise :class:`SinkWriteError` here, on the task thread); the returned step closes it
+        and fsyncs the rolled ones."""
         part, self._part = self._part, None
+        unsynced, self._unsynced = self._unsynced, []
         if part is not None:
-            part.close()
+            part.seal()
+        elif not unsynced:
+            return None  # nothing written, or nothing left to make durable
+        return functools.partial(_make_durable, self._fs, part, unsynced)
 
     def commit(self, txn: FileTransaction) -> None:
         for staged, final in txn.files:
@@ -158,6 +175,7 @@ class FileSinkWriter(TwoPhaseCommitSink):
 
     def abort(self, txn: FileTransaction) -> None:
         part, self._part = self._part, None
+        self._unsynced = []
         if part is not None:
             part.discard()
         for staged, _ in txn.files:
@@ -221,36 +239,51 @@ class _GenerationNames(_EpochNames):
 _NAMES = {SinkMode.TRANSACTIONAL: _EpochNames, SinkMode.DIRECT: _GenerationNames}
 
 
+def _make_durable(fs, part: _Part | None, unsynced: list[str]) -> None:
+    """A FileSink transaction's durability step (uploader thread): touches only the sealed
+    part and the rolled files' paths, never the writer."""
+    if part is not None:
+        part.close()
+    for path in unsynced:
+        fsync_path(fs, path)
+
+
 # ------------------------------------------------------------------------- formats
 
 
 class _Part:
-    """One part file being written; the file is created when the first bytes are ready."""
+    """One part file being written; the file is created when the first bytes are ready.
+
+    ``write`` and ``seal`` belong to the task thread; after ``seal`` the part is handed
+    over and ``close`` may run on another thread (it never touches the shared format).
+    """
 
     def __init__(self, fmt, fs, path: str):
-        self._fmt, self._fs, self._path = fmt, fs, path
+        self._fmt, self._fs, self.path = fmt, fs, path
         self._file = None
         self.count = 0
 
     def _open(self):
         if self._file is None:
-            self._file = self._fs.open(self._path, "wb")
+            self._file = self._fs.open(self.path, "wb")
         return self._file
 
     def write(self, record: Any) -> None:
         raise NotImplementedError
 
+    def seal(self) -> None:
+        """No more records: push buffered records into the file object (task thread)."""
+
     def discard(self) -> None:
         """Close without flushing buffered records (abort)."""
-        self.close()
+        self.close(sync=False)
 
-    def close(self) -> None:
+    def close(self, sync: bool = True) -> None:
+        """Seal, then close the file: flushed, fsynced if ``sync`` (object stores upload)."""
+        self.seal()
         if self._file is not None:
-            self._file.flush()
-            try:
-                os.fsync(self._file.fileno())
-            except (AttributeError, OSError, io.UnsupportedOperation, ValueError):
-                pass  # not a local file: durability is the file system's
+            if sync:
+                fsync(self._file)
             self._file.close()
 
 
@@ -307,16 +340,19 @@ class _ParquetPart(_Part):
             self._writer = pq.ParquetWriter(self._open(), table.schema)
         self._writer.write_table(table)
 
-    def discard(self) -> None:
-        self._rows = []
-        self.close()
-
-    def close(self) -> None:
+    def seal(self) -> None:
         if self._rows:
             self._flush()
+
+    def discard(self) -> None:
+        self._rows = []
+        self.close(sync=False)
+
+    def close(self, sync: bool = True) -> None:
+        self.seal()
         if self._writer is not None:
             self._writer.close()
-        super().close()
+        super().close(sync)
 
 
 class _JsonLines:

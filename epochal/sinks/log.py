@@ -7,8 +7,11 @@ Table 4.1 of seed 004 (Kafka ≥ 0.11 row), mapped onto
 Start      new transaction: a handle named by epoch, generation and producer epoch
 write      append the record's JSON line to the transaction's staged batch of its
            partition (``partition-<p>/_staging/<txid>/<txn>.jsonl``): invisible to readers
-Pre-commit close/new transaction: fsync and close the batches, record the transaction as
-           ``prepared`` in ``_txns/<txid>/<txn>.json``; the next epoch's transaction begins
+Pre-commit close/new transaction: seal (task thread, at the barrier): detach the staged
+           batches from the writer, note each partition's marker tip; the next epoch's
+           transaction begins. Durability step (uploader thread, before the ack): fsync
+           and close the batches, check the producer is not fenced, record the
+           transaction as ``prepared`` in ``_txns/<txid>/<txn>.json``
 Commit     commit transaction: move each batch to ``partition-<p>/segments/`` and then, LAST,
            create the partition's next commit marker ``commit-<seq>.json`` naming it;
            idempotent: a re-commit finds the markers it already wrote and skips them
@@ -69,6 +72,7 @@ Records are JSON values: tuples come back as lists, dict keys as strings.
 """
 from __future__ import annotations
 
+import functools
 import json
 import posixpath
 from collections.abc import Callable
@@ -188,25 +192,39 @@ class LogSinkWriter(TwoPhaseCommitSink):
         f.write(line)  # only whole, encoded records reach the batch
         txn.records[p] = txn.records.get(p, 0) + 1
 
-    def pre_commit(self, txn: LogTransaction) -> None:
-        """1. fsync and close the staged batches: they survive a crash of this process.
-        2. Fail with :class:`ProducerFencedError` if a newer writer owns the transactional id.
-        3. Remember each partition's marker tip (a re-commit searches after it) and record
-           the transaction as ``prepared``.
+    def pre_commit(self, txn: LogTransaction):
+        """Seal (task thread; no I/O but a once-per-writer listing of a partition's markers):
+
+        1. Detach the staged batches from the writer.
+        2. Remember each partition's marker tip (a re-commit searches after it; the tip is
+           cached and only grows, and this transaction's markers come after the step).
+
+        The returned durability step (uploader thread) makes the transaction prepared:
+
+        3. fsync and close the staged batches: they survive a crash of this process.
+        4. Fail with :class:`ProducerFencedError` if a newer writer owns the transactional id.
+        5. Record the transaction as ``prepared``.
         """
         # Step 1
         files, self._files = self._files, {}
-        for f in files.values():
+        if not txn.records:
+            return None  # an empty epoch publishes nothing (and opened no batch)
+        # Step 2
+        txn.floors = {p: self.log.tip(p) for p in txn.records}
+        self._prepared_here.add(txn.name)  # commit runs only after the step succeeded
+        return functools.partial(self._prepare, txn, list(files.values()))
+
+    def _prepare(self, txn: LogTransaction, files: list) -> None:
+        """The durability step of ``txn`` (uploader thread): touches ``files`` and ``txn``,
+        and only reads the writer (transactional id, producer epoch, the log's paths)."""
+        # Step 3
+        for f in files:
             fsync(f)
             f.close()
-        if not txn.records:
-            return  # an empty epoch publishes nothing
-        # Step 2
+        # Step 4
         self._check_not_fenced("pre_commit", txn)
-        # Step 3
-        txn.floors = {p: self.log.tip(p) for p in txn.records}
+        # Step 5
         self._write_state(txn, "prepared")
-        self._prepared_here.add(txn.name)
 
     def commit(self, txn: LogTransaction) -> None:
         """1. Fail with :class:`ProducerFencedError` if a newer writer owns the transactional id.

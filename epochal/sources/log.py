@@ -18,7 +18,6 @@ reader alike, so all readers agree on every offset forever.
 from __future__ import annotations
 
 import bisect
-import io
 import json
 import os
 import posixpath
@@ -35,6 +34,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from epochal.config import parse_duration
+from epochal.durable import fsync
 from epochal.errors import ConfigError
 from epochal.sources.base import Poll, Source, SourceReader, check_max_records, check_positive_int
 
@@ -205,17 +205,6 @@ class TransactionalLog:
             f.write(data)
             fsync(f)
         return tmp
-
-
-def fsync(f) -> None:
-    """Flush ``f`` and, for a local file, fsync it."""
-    f.flush()
-    try:
-        os.fsync(f.fileno())
-    except (AttributeError, OSError, io.UnsupportedOperation, ValueError):
-        pass  # not a local file: durability is the file system's
-
-
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,144 @@
+"""The lifecycle of one epoch transaction and the two ways :class:`~epochal.sinks.base.TwoPhaseCommitSink`
+publishes transactions (chosen once per writer from :class:`~epochal.alignment.factory.SinkMode`).
+
+Strategies are stateless and drive the writer ``w`` through its internal steps
+(``_seal``, ``_make_durable_here``, ``_advance``); the writer owns all state.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from epochal.alignment.factory import SinkMode
+from epochal.errors import EpochalError
+
+if TYPE_CHECKING:
+    from epochal.sinks.base import TwoPhaseCommitSink
+
+
+class TransactionStateError(EpochalError, RuntimeError):
+    """A protocol call that the transaction or writer lifecycle does not allow."""
+
+
+class TransactionState(enum.Enum):
+    """Lifecycle of one epoch transaction; :meth:`to` is the guard.
+
+    ==============  ===============  ===================================================
+    from            to               by
+    ==============  ===============  ===================================================
+    OPEN            SEALED           ``pre_commit`` at the barrier returned a durability
+                                     step (task thread; no more writes)
+    OPEN            PRE_COMMITTED    ``pre_commit`` returned None (it made the
+                                     transaction durable itself)
+    SEALED          PRE_COMMITTED    the durability step (uploader thread, before the
+                                     ack; or inline before a commit / in DIRECT mode)
+    OPEN            ABORTED          ``abort`` at ``close``
+    PRE_COMMITTED   COMMITTED        ``commit`` (notify or restore)
+    OPEN, SEALED,   FAILED           any hook or durability step raised; only a restore
+    PRE_COMMITTED                    on a new writer resolves it
+    ==============  ===============  ===================================================
+
+    COMMITTED, ABORTED and FAILED are final. A sealed or pre-committed transaction is never
+    aborted by the writer: it may belong to a completed checkpoint whose notification was lost.
+    """
+
+    OPEN = "open"
+    SEALED = "sealed"
+    PRE_COMMITTED = "pre_committed"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+    FAILED = "failed"
+
+    def to(self, target: TransactionState) -> TransactionState:
+        """Return ``target`` if ``self → target`` is legal, else raise TransactionStateError."""
+        if target not in _LEGAL[self]:
+            raise TransactionStateError(f"illegal transaction transition {self.name} -> {target.name}")
+        return target
+
+
+_S = TransactionState
+_LEGAL: dict[TransactionState, frozenset[TransactionState]] = {
+    _S.OPEN: frozenset({_S.SEALED, _S.PRE_COMMITTED, _S.ABORTED, _S.FAILED}),
+    _S.SEALED: frozenset({_S.PRE_COMMITTED, _S.FAILED}),
+    _S.PRE_COMMITTED: frozenset({_S.COMMITTED, _S.FAILED}),
+    _S.COMMITTED: frozenset(),
+    _S.ABORTED: frozenset(),
+    _S.FAILED: frozenset(),
+}
+
+
+@dataclass(frozen=True)
+class TwoPhaseCommitState:
+    """What :class:`TwoPhaseCommitSink` stores in checkpoint ``epoch``: the pre-committed,
+    not yet known committed transactions as ``(epoch, handle)``, oldest first."""
+
+    epoch: int
+    pending: tuple[tuple[int, Any], ...] = ()
+
+
+@dataclass
+class Txn:
+    epoch: int  # begin epoch until the barrier, then the checkpoint it belongs to
+    handle: Any
+    state: TransactionState = TransactionState.OPEN
+    started: float = field(default_factory=time.monotonic)
+    writes: int = 0
+    step: Callable[[], None] | None = None  # the durability step while SEALED
+
+
+class CommitOnCompletion:
+    """SinkMode.TRANSACTIONAL (exactly-once): publish an epoch only once its checkpoint is
+    complete; output of rolled-back epochs is never visible. The barrier only seals; the
+    durability step runs in the epoch's :meth:`~TwoPhaseCommitSink.durability_job`."""
+
+    def at_barrier(self, w: TwoPhaseCommitSink, txn: Txn) -> None:
+        w._seal(txn)
+        w._pending.append(txn)
+
+    publishes_between_barriers = False
+
+    def on_complete(self, w: TwoPhaseCommitSink, epoch: int) -> None:
+        while w._pending and w._pending[0].epoch <= epoch:
+            w._make_durable_here(w._pending[0], epoch)  # no-op unless the job never ran (direct callers)
+            w._advance(w._pending[0], TransactionState.COMMITTED, w.commit)
+            w._pending.pop(0)
+
+    def at_close(self, w: TwoPhaseCommitSink, txn: Txn) -> None:
+        w._advance(txn, TransactionState.ABORTED, w.abort)  # not part of any completed epoch
+
+
+class PublishAtBarrier:
+    """SinkMode.DIRECT (at-least-once): pre-commit and commit at every barrier, so output is
+    visible without waiting for the checkpoint. Cannot guarantee: after a restore from epoch
+    m, records of epochs > m that were already published are written again (duplicates).
+    Assumes the runtime replays every record after m (no loss).
+
+    The durability step runs inline on the task thread, right before the commit: the
+    output is published at the barrier, so there is nothing to wait for, and each
+    transaction is small (one is published at least every ``direct_publish_interval``)."""
+
+    publishes_between_barriers = True
+
+    def at_barrier(self, w: TwoPhaseCommitSink, txn: Txn) -> None:
+        w._seal(txn)
+        w._make_durable_here(txn, txn.epoch)
+        w._advance(txn, TransactionState.COMMITTED, w.commit)
+
+    def after_write(self, w: TwoPhaseCommitSink, txn: Txn) -> None:
+        """Lower latency than the epoch: publish the open transaction once it is older than
+        ``w.direct_publish_interval`` and continue the epoch in a new one. The clock is read
+        every 64 writes only (the per-record path stays cheap)."""
+        txn.writes += 1
+        if txn.writes & 63 == 0 and time.monotonic() - txn.started >= w.direct_publish_interval:
+            self.at_barrier(w, txn)
+            w._open = Txn(txn.epoch, w._call(w.begin_transaction, txn.epoch))
+
+    def on_complete(self, w: TwoPhaseCommitSink, epoch: int) -> None:
+        pass  # already published at the barrier
+
+    at_close = at_barrier  # records after the last barrier are published too
+
+
+PROTOCOLS = {SinkMode.TRANSACTIONAL: CommitOnCompletion(), SinkMode.DIRECT: PublishAtBarrier()}
