@@ -3,9 +3,10 @@
 The checkpoint's ``_metadata`` lists every old task's state file with its chain and
 subtask. A new task takes:
 
-* each operator's own (non-keyed) state from the old task with the same subtask — this
-  requires unchanged parallelism for operators that have such state (e.g. a sink's
-  pending transactions); otherwise a clear error is raised;
+* each operator's own (non-keyed) state from the old task with the same subtask; after a
+  rescale, the state's class redistributes it if it can (a ``rescale(states, subtask,
+  parallelism)`` classmethod: two-phase-commit sinks hand old subtask ``j``'s pending
+  transactions to new subtask ``j % parallelism``), else a clear error is raised;
 * the keyed state blobs of every old task that ran one of its keyed operators (the
   backend keeps only its own key groups, seed 004 §4.2 — so keyed operators rescale);
 * for a source, the offsets of every old subtask merged (they are keyed by split, and
@@ -90,11 +91,16 @@ def load_restored_state(plan, spec, restore: dict | None, storage) -> RestoredSt
             if states.get(spec.subtask) is not None:
                 result.operators[name] = states[spec.subtask]
         elif any(s is not None for s in states.values()):
-            raise ConfigError(
-                f"operator {name!r}: restoring epoch {restore['epoch']} with parallelism {spec.parallelism} "
-                f"but it was snapshotted with parallelism {old_p}, and its non-keyed state cannot be "
-                "redistributed; keep its parallelism unchanged"
-            )
+            kinds = {type(s) for s in states.values() if s is not None}
+            rescale = getattr(next(iter(kinds)), "rescale", None) if len(kinds) == 1 else None
+            if rescale is None:
+                raise ConfigError(
+                    f"operator {name!r}: restoring epoch {restore['epoch']} with parallelism {spec.parallelism} "
+                    f"but it was snapshotted with parallelism {old_p}, and its non-keyed state "
+                    f"({', '.join(sorted(k.__name__ for k in kinds))}) cannot be redistributed; keep its "
+                    "parallelism unchanged"
+                )
+            result.operators[name] = rescale(states, spec.subtask, spec.parallelism)
     # keyed blobs may appear twice if two keyed operators share a task: deduplicate by identity
     unique, seen = [], set()
     for b in result.keyed:

@@ -50,6 +50,7 @@ import functools
 import io
 import json
 import posixpath
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,7 @@ from epochal.sinks.base import (
 )
 
 STAGING_DIR = "_staging"
+_STAGED_SUBTASK = re.compile(r"-s(\d{4,})-")  # the subtask in a staged file name
 _PARQUET_ROW_GROUP = 8192
 _ARROW_ERRORS = (pa.ArrowException, TypeError, ValueError, OverflowError)
 
@@ -183,7 +185,9 @@ class FileSinkWriter(TwoPhaseCommitSink):
                 self._fs.rm(self._join(staged))
 
     def cleanup_orphans(self, restored_epoch: int) -> None:
-        """Delete every staged file of this subtask, of any generation and epoch.
+        """Delete every staged file of this subtask, of any generation and epoch — and of
+        every old subtask ``j >= parallelism`` with ``j % parallelism == subtask``, which no
+        longer exists after a rescale and whose transactions this subtask took over.
 
         A superset of the contract (epochs > ``restored_epoch``): ``restore`` calls this after
         re-committing the restored state, and a staged file of an epoch ≤ ``restored_epoch``
@@ -193,9 +197,11 @@ class FileSinkWriter(TwoPhaseCommitSink):
         self._fs.invalidate_cache(staging)
         if not self._fs.exists(staging):
             return
-        mine = f"-s{self.ctx.subtask:04d}-"
+        own, p = self.ctx.subtask, self.ctx.parallelism
         for path in self._fs.ls(staging, detail=False):
-            if mine in posixpath.basename(path):
+            m = _STAGED_SUBTASK.search(posixpath.basename(path))
+            j = int(m.group(1)) if m else -1
+            if j == own or (j >= p and j % p == own):
                 self._fs.rm(path)
 
     def _publish(self, staged: str, final: str) -> None:

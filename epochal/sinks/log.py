@@ -152,7 +152,8 @@ class LogSinkWriter(TwoPhaseCommitSink):
     def __init__(self, sink: LogSink, ctx: SinkContext):
         super().__init__(ctx)
         self._key_fn = sink.key_fn
-        self.txid = f"{sink.transactional_id or f'{ctx.job}-{ctx.sink_name}'}-{ctx.subtask}"
+        self._txid_prefix = sink.transactional_id or f"{ctx.job}-{ctx.sink_name}"
+        self.txid = f"{self._txid_prefix}-{ctx.subtask}"
         log = TransactionalLog(sink.root, sink.topic)
         if sink.partitions is not None or not log.exists():
             log = TransactionalLog.create_topic(sink.root, sink.topic, sink.partitions or ctx.parallelism)
@@ -258,7 +259,10 @@ class LogSinkWriter(TwoPhaseCommitSink):
                 self.log.fs.rm(self._staged(txn, p))
 
     def cleanup_orphans(self, restored_epoch: int) -> None:
-        """Delete all staged batches and transaction records of this transactional id.
+        """Delete all staged batches and transaction records of this transactional id, and
+        of every transactional id this subtask took over after a rescale (old subtask ``j >=
+        parallelism`` with ``j % parallelism == subtask``), after fencing those too: a
+        zombie of a subtask that no longer exists must not commit either.
 
         A superset of the contract (epochs > ``restored_epoch``): ``restore`` calls this after
         re-committing the restored state, so what is left belongs to rolled-back attempts.
@@ -266,11 +270,36 @@ class LogSinkWriter(TwoPhaseCommitSink):
         move and the marker) is unreferenced, so no reader ever sees it.
         """
         self._init_producer()  # restore() always gets here: the new writer fences the old ones
+        txids = [self.txid]
+        for old in self._absorbed_txids():
+            self.log.init_producer(old, generation=self.ctx.generation, job=self.ctx.job,
+                                   sink=self.ctx.sink_name, taken_over_by=self.txid)
+            txids.append(old)
         fs = self.log.fs
-        for path in [self.log.partition_path(p, "_staging", self.txid) for p in range(self.log.partitions)] + [
-                self.log.path("_txns", self.txid)]:
-            if fs.exists(path):
-                fs.rm(path, recursive=True)
+        for txid in txids:
+            for path in [self.log.partition_path(p, "_staging", txid) for p in range(self.log.partitions)] + [
+                    self.log.path("_txns", txid)]:
+                if fs.exists(path):
+                    fs.rm(path, recursive=True)
+
+    def _absorbed_txids(self) -> list[str]:
+        """Transactional ids of this sink's old subtasks ``j >= parallelism`` mapped to this
+        subtask (``j % parallelism``), found among the log's registered producers."""
+        own, p = self.ctx.subtask, self.ctx.parallelism
+        found = []
+        producers = self.log.path("_producers")
+        fs = self.log.fs
+        fs.invalidate_cache(producers)
+        if not fs.exists(producers):
+            return found
+        prefix = f"{self._txid_prefix}-"
+        for path in fs.ls(producers, detail=False):
+            name = posixpath.basename(path)
+            if name.startswith(prefix) and name.endswith(".json") and name[len(prefix):-5].isdigit():
+                j = int(name[len(prefix):-5])
+                if j >= p and j % p == own:
+                    found.append(name[:-5])
+        return sorted(found)
 
     # ------------------------------------------------------------------ helpers
 
@@ -304,8 +333,17 @@ class LogSinkWriter(TwoPhaseCommitSink):
                 f"partition {p} of topic {self.log.topic!r}: its batch is gone from staging and segments "
                 "(deleted by hand, or another job uses this transactional id?)")
         self.log.append_marker(p, {"type": "commit", "transactional_id": txn.transactional_id, "txn": txn.name,
-                                   "producer_epoch": self.producer_epoch, "records": txn.records[p],
+                                   "producer_epoch": self._marker_epoch(txn), "records": txn.records[p],
                                    "segment": self._segment(txn)})
+
+    def _marker_epoch(self, txn: LogTransaction) -> int:
+        """The producer epoch a commit marker of ``txn`` carries: this writer's own, or — for
+        a transaction of an id taken over after a rescale, re-committed in ``restore``
+        before that id is fenced — the id's current epoch, so readers accept it."""
+        if txn.transactional_id == self.txid:
+            return self.producer_epoch
+        current = self.log.producer_epoch(txn.transactional_id)
+        return txn.producer_epoch if current is None else current
 
     def _published(self, txn: LogTransaction, p: int) -> bool:
         """Is there a valid commit marker of ``txn`` in partition ``p`` after its floor?"""

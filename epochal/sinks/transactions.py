@@ -77,6 +77,24 @@ class TwoPhaseCommitState:
     epoch: int
     pending: tuple[tuple[int, Any], ...] = ()
 
+    @classmethod
+    def rescale(cls, states: dict[int, "TwoPhaseCommitState | None"], subtask: int,
+                parallelism: int) -> "TwoPhaseCommitState":
+        """The state new subtask ``subtask`` of ``parallelism`` restores when the checkpoint
+        was taken with another parallelism (``states``: old subtask → its state).
+
+        Old subtask ``j``'s pending transactions go to new subtask ``j % parallelism`` (as
+        Flink's Kafka sink hands transactional ids over), which re-commits them in
+        ``restore`` — commits are idempotent and a handle carries everything its commit
+        needs, so any writer may commit it. Every new subtask resumes after the same
+        restored epoch, the newest among ``states``.
+        """
+        present = {j: s for j, s in states.items() if s is not None}
+        epoch = max((s.epoch for s in present.values()), default=0)
+        pending = sorted((p for j, s in present.items() if j % parallelism == subtask for p in s.pending),
+                         key=lambda p: p[0])
+        return cls(epoch=epoch, pending=tuple(pending))
+
 
 @dataclass
 class Txn:
