@@ -20,7 +20,7 @@ import traceback
 
 from epochal.backends.storage import CheckpointStorage
 from epochal.epochs.barrier import Barrier
-from epochal.errors import EpochalError, OperatorError
+from epochal.errors import ConfigError, EpochalError, OperatorError
 from epochal.operators.base import OperatorContext, SnapshotResult
 from epochal.operators.factory import create_operator
 from epochal.runtime import wire
@@ -195,8 +195,10 @@ class Task:
         # A broken channel is usually the echo of another task's failure: the coordinator
         # prefers a primary cause that arrives shortly after.
         secondary = isinstance(exc, ChannelFailure)
+        # A ConfigError (e.g. state that cannot be rescaled) is deterministic: restarting
+        # the attempt would fail the same way, so the job fails at once.
         try:
-            self._send(("failed", self.spec.id, cause, {"secondary": secondary}))
+            self._send(("failed", self.spec.id, cause, {"secondary": secondary, "fatal": isinstance(exc, ConfigError)}))
         except Exception:
             return
         # Wait (briefly) for the coordinator's answer: closing the socket while its "cancel"
