@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-BENCHMARKS = ("throughput", "latency", "chain", "alignment", "recovery", "state", "window", "loops", "peers",
-              "dataplane")
+BENCHMARKS = ("throughput", "latency", "chain", "chain_intervals", "alignment", "recovery", "state", "state_stress",
+              "window", "loops", "peers", "dataplane")
 
 
 # ---------------------------------------------------------------------- formatting
@@ -217,7 +217,7 @@ def section_state(doc: dict) -> str:
                          _n(m["state_bytes_per_checkpoint"]["median"] and
                             m["state_bytes_per_checkpoint"]["median"] / 2**20, ".1f"),
                          _n(m["recovery_s"], ".2f")])
-    return (f"### State backends at scale (IBM Fig. 7(b) sizes)\n\n"
+    return (f"### State backends at scale, checkpoint every {cfg['interval']:g} s\n\n"
             f"Keyed job, {cfg['value_bytes']} B incompressible values, load then {cfg['updates']:,} updates of a "
             f"hot 1 % of the keys, parallelism {cfg['parallelism']}, checkpoint interval {cfg['interval']:g} s, "
             f"runtime `{cfg['runtime']}`, {cfg['repetitions']} repetition(s). Steady ratio = update-phase "
@@ -312,7 +312,8 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 SECTIONS = {"throughput": section_throughput, "latency": section_latency, "chain": section_chain,
             "peers": section_peers, "window": section_window, "dataplane": section_dataplane,
-            "state": section_state, "loops": section_loops, "alignment": section_alignment,
+            "state": section_state, "state_stress": section_state, "chain_intervals": section_chain,
+            "loops": section_loops, "alignment": section_alignment,
             "recovery": section_recovery}
 
 
@@ -586,8 +587,8 @@ def plot_recovery(doc: dict, path: Path) -> Path:
     return Path(path)
 
 
-PLOTS = {"throughput": plot_throughput, "latency": plot_latency, "chain": plot_chain, "peers": plot_peers,
-         "window": plot_window, "dataplane": plot_dataplane, "alignment": plot_alignment, "recovery": plot_recovery}
+PLOTS = {"throughput": plot_throughput, "latency": plot_latency, "chain": plot_chain, "chain_intervals": plot_chain,
+         "peers": plot_peers, "window": plot_window, "dataplane": plot_dataplane, "alignment": plot_alignment, "recovery": plot_recovery}
 
 
 def load(results: Path) -> dict[str, dict]:
