@@ -349,3 +349,53 @@ def random_loop(name: str, out: str, topo: dict, n: int = 120) -> ep.Dataflow:
     start = src.map("init", lambda x: (x, x, 0, 0))
     (start.iterate("outer", outer) if topo["nested"] else inner(start)).sink("out", FileSink(out))
     return flow
+
+
+class CollatzVisits(ep.KeyedProcessFunction):
+    """One Collatz step per pass, counting the number's passes in keyed state:
+    (n, current, steps, visits) → (n, next, steps + 1, passes so far)."""
+
+    def open(self, ctx):
+        self.passes = ctx.value_state("passes", default=0)
+
+    def process(self, key, r):
+        v = self.passes.value() + 1
+        self.passes.update(v)
+        yield (*collatz_step(r[:3]), v)
+
+
+def visits_loop(name: str, out: str, loop_parallelism: int, n: int = 400, rate: float | None = 80.0,
+                log_memory_records: int = 100_000) -> ep.Dataflow:
+    """A rescalable loop with keyed state in its body (the rescale tests of test_loop_rescale).
+
+    The loop head and the keyed body operator ``visit`` run with ``loop_parallelism``;
+    the source and the sink keep parallelism 2 (the sink's pending transactions are
+    per-subtask state), so changing ``loop_parallelism`` between runs rescales exactly the
+    loop. The feedback is key-partitioned. Output: (n, 1, steps, passes) per number, where
+    ``passes`` comes from keyed state, so lost or doubled state shows in the output.
+    """
+    flow = ep.Dataflow(name, parallelism=loop_parallelism)
+    src = flow.source("numbers", ep.sources.GeneratorSource(_numbers, num_splits=2, limit=n // 2,
+                                                            records_per_second=rate), parallelism=2)
+
+    def body(s):
+        stepped = s.key_by(lambda r: r[0]).process("visit", CollatzVisits(), parallelism=loop_parallelism)
+        return (stepped.filter("more", lambda r: r[1] != 1).key_by(lambda r: r[0]),
+                stepped.filter("done", lambda r: r[1] == 1))
+
+    (src.map("init", lambda x: (x, x, 0, 0), parallelism=2)
+        .iterate("loop", body, parallelism=loop_parallelism, log_memory_records=log_memory_records)
+        .sink("out", FileSink(out), parallelism=2))
+    return flow
+
+
+def visits_golden(n: int) -> collections.Counter:
+    out = []
+    for x in range(1, 2 * (n // 2) + 1):
+        r, passes = (x, x, 0), 0
+        while True:
+            r, passes = collatz_step(r), passes + 1
+            if r[1] == 1:
+                break
+        out.append([*r, passes])
+    return canon(out)

@@ -76,10 +76,11 @@ class JobHandle:
         self._driver = driver
 
     def trigger_epoch(self) -> None:
-        """Ask for an epoch now (manual trigger; honours max_concurrent and min_pause)."""
-        server = self._driver.server
-        if server is not None:
-            server.trigger_epoch()
+        """Ask for an epoch now (manual trigger; honours max_concurrent and min_pause).
+
+        A request made before the job's coordinator exists (right after ``start``) is
+        kept and delivered when it starts, so the first manual epoch is never lost."""
+        self._driver.trigger_epoch()
 
     def cancel(self) -> None:
         self._driver.cancel()
@@ -165,10 +166,20 @@ class _Driver:
         self.storage, self.url, self.runtime, self.faults = storage, url, runtime, faults
         self.secret = os.urandom(32)
         self.server: CoordinatorServer | None = None
+        self._server_lock = threading.Lock()
+        self._early_trigger = False  # trigger_epoch() before the first coordinator existed
         self.result: JobResult | None = None
         self.error: BaseException | None = None
         self._cancelled = False
         self.thread = threading.Thread(target=self._run_guarded, name=f"epochal-driver-{plan.job}", daemon=True)
+
+    def trigger_epoch(self) -> None:
+        with self._server_lock:
+            server = self.server
+            if server is None:
+                self._early_trigger = True
+                return
+        server.trigger_epoch()
 
     def cancel(self) -> None:
         self._cancelled = True
@@ -238,7 +249,11 @@ class _Driver:
         server = CoordinatorServer(self.plan, generation, key, self.storage, self.checkpoint, restore,
                                    first_epoch, bind, lambda m: log.info("job %s: %s", self.plan.job, m),
                                    startup_timeout=self.launcher.startup_timeout)
-        self.server = server
+        with self._server_lock:
+            self.server = server
+            early, self._early_trigger = self._early_trigger, False
+        if early:
+            server.trigger_epoch()
         attempt = AttemptSpec(self.plan_blob, generation, key, server.address, self.components, self.channels,
                               self.url, self.faults, bind, self.backend)
         payload = cloudpickle.dumps(attempt)
