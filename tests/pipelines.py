@@ -369,9 +369,8 @@ def visits_loop(name: str, out: str, loop_parallelism: int, n: int = 400, rate: 
     """A rescalable loop with keyed state in its body (the rescale tests of test_loop_rescale).
 
     The loop head and the keyed body operator ``visit`` run with ``loop_parallelism``;
-    the source and the sink keep parallelism 2 (the sink's pending transactions are
-    per-subtask state), so changing ``loop_parallelism`` between runs rescales exactly the
-    loop. The feedback is key-partitioned. Output: (n, 1, steps, passes) per number, where
+    the source and the sink keep parallelism 2, so changing ``loop_parallelism`` between
+    runs rescales exactly the loop. The feedback is key-partitioned. Output: (n, 1, steps, passes) per number, where
     ``passes`` comes from keyed state, so lost or doubled state shows in the output.
     """
     flow = ep.Dataflow(name, parallelism=loop_parallelism)
