@@ -290,7 +290,8 @@ def describe_wire(cc: ChannelConfig) -> dict:
                     f"({ep_channels.BARRIER!r}, epoch, ts); end ({ep_channels.END!r},); credit "
                     f"({ep_channels.CREDIT!r}, n) upstream",
         "batching": f"the source polls up to batch_size={cc.batch_size} records from its reader; the router "
-                    f"appends them to the channel's buffer and cuts batches of batch_size; a partial batch is "
+                    f"adds them to the channel's buffer (one extend, or one strided slice per channel for "
+                    f"round-robin — per batch, not per record) and cuts batches of batch_size; a partial batch is "
                     f"sent after linger={cc.linger} s and always before a barrier",
         "flow_control": f"credit-based: the consumer grants credits={cc.credits} batches per channel; a data "
                         "batch costs one credit; the consumer returns credit when its task thread has consumed "

@@ -166,7 +166,12 @@ class Stream:
         return KeyedStream(self._flow, self._repartition(Partitioning(PartitionKind.HASH, key_fn)), key_fn)
 
     def rebalance(self) -> "Stream":
-        """Distribute records round-robin over the next operator's subtasks."""
+        """Distribute records round-robin over the next operator's subtasks.
+
+        Each producer subtask counts its records across batches: its n-th record goes to
+        subtask ``n mod parallelism`` (starting at 0), so the subtasks it feeds receive
+        counts that differ by at most one.
+        """
         return Stream(self._flow, self._repartition(Partitioning(PartitionKind.REBALANCE)))
 
     def broadcast(self) -> "Stream":

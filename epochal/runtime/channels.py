@@ -16,12 +16,18 @@ import collections
 import threading
 import time
 
-from epochal.runtime.wire import Connection, ConnectionClosed
+from epochal.runtime.wire import Connection, ConnectionClosed, encode
 
 DATA, BARRIER, END, CREDIT = "B", "E", "X", "C"
 #: credit granted on a loop's feedback channels: the Loop Tail must never block, or the
 #: cycle of credits could deadlock (epochal.loops)
 UNBOUNDED_CREDIT = 1 << 60
+
+
+def encode_batch(records: list) -> bytes:
+    """The frame of one data batch, to send the same batch on several channels (broadcast)
+    with one pickle: ``send_batch(records, should_stop, frame=encode_batch(records))``."""
+    return encode((DATA, records))
 
 
 class ChannelFailure(Exception):
@@ -144,11 +150,12 @@ class OutputChannel:
                 self.broken = f"output channel {self.cid} broke: {exc}"
                 self.cv.notify_all()
 
-    def send_batch(self, records: list, should_stop) -> None:
+    def send_batch(self, records: list, should_stop, frame: bytes | None = None) -> None:
         """Send one batch, blocking while the consumer has granted no credit.
 
         ``should_stop()`` is checked while waiting (cancellation); raises ChannelFailure
-        if the consumer went away.
+        if the consumer went away. ``frame``, if given, must be ``encode_batch(records)``:
+        it is sent instead of pickling ``records`` again.
         """
         with self.cv:
             if self.credits <= 0:
@@ -160,11 +167,14 @@ class OutputChannel:
                     self.cv.wait(0.1)
                 self.blocked_seconds += time.monotonic() - t0
             self.credits -= 1
-        self._send((DATA, records))
+        self._send_frame(encode_batch(records) if frame is None else frame)
 
     def _send(self, message: tuple) -> None:
+        self._send_frame(encode(message))
+
+    def _send_frame(self, frame: bytes) -> None:
         try:
-            self.conn.send(message)
+            self.conn.send_bytes(frame)
         except OSError as exc:
             raise ChannelFailure(f"output channel {self.cid} broke: {exc}") from exc
 

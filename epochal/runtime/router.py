@@ -1,4 +1,33 @@
-"""Routing a task's output records into per-channel batches (the producer side of edges)."""
+"""Routing a task's output records into per-channel batches (the producer side of edges).
+
+The contract consumers and the epoch protocol rely on (tests/test_router.py checks it
+against a record-by-record reference):
+
+* **Targets.** Each record goes to the channel(s) its output gate's partitioning picks —
+  FORWARD: the gate's one channel; HASH: the channel of consumer subtask
+  ``key_group_for(key_fn(record)) * p // max_parallelism`` (the subtask owning the key
+  group, :func:`~epochal.backends.keygroups.subtask_for_key_group`); REBALANCE:
+  round-robin that continues across batches — the n-th record a gate routes in this
+  attempt (counting from 0) goes to channel ``n mod p``, so at any time the channels'
+  counts differ by at most one; BROADCAST: every channel of the gate.
+* **Order.** Per channel, records are sent in the order the task emitted them (FIFO).
+* **Batches.** After every :meth:`Router.route`, each channel's buffer is cut into
+  batches of exactly ``batch_size`` while it holds that many; the remainder is sent as a
+  partial batch by :meth:`Router.flush` or by :meth:`Router.flush_if_lingering` once
+  ``linger`` passed since ``oldest_unsent`` (set by the route that left records waiting
+  while none were, cleared by every flush); the task loop calls it on every step.
+  :meth:`Router.broadcast` flushes before it sends its event, so a barrier (or end of
+  stream) is never inside a batch and never overtakes a record: events and data share
+  each channel's FIFO connection.
+* **Flow control.** Every data batch goes through ``OutputChannel.send_batch``, which
+  takes one credit per batch and blocks (calling ``should_stop``) while there is none.
+
+Routing works per batch, never per record where the partitioning allows it: REBALANCE
+gives each channel one strided slice of the batch, FORWARD and BROADCAST one ``extend``
+(a BROADCAST gate keeps one buffer for all its channels and pickles each batch once for
+all of them); only HASH looks at every record (its key), appending through a key group →
+channel table. The result is the same as routing record by record.
+"""
 from __future__ import annotations
 
 import time
@@ -7,9 +36,16 @@ from epochal.backends.keygroups import key_group_for
 from epochal.errors import OperatorError
 from epochal.graph import PartitionKind
 from epochal.plan import OutputGate
+from epochal.runtime.channels import encode_batch
 
 
 class _Gate:
+    """Puts the records of one output gate into its buffers.
+
+    ``buffers[j]`` is channel ``j``'s buffer, except for BROADCAST: one buffer that all
+    the gate's channels send from.
+    """
+
     def __init__(self, gate: OutputGate, buffers: list[list], max_parallelism: int, task: str):
         self.gate = gate
         self.kind = gate.partitioning.kind
@@ -17,39 +53,48 @@ class _Gate:
         self.buffers = buffers
         self.max_parallelism = max_parallelism
         self.task = task
-        self._rr = 0
+        self._rr = 0  # REBALANCE: channel of the next record
+        if self.kind is PartitionKind.HASH:  # key group -> channel (subtask_for_key_group's formula)
+            p = len(buffers)
+            self._channel_of = [kg * p // max_parallelism for kg in range(max_parallelism)]
+            self._appends = [b.append for b in buffers]
 
     def route(self, records: list) -> None:
         kind = self.kind
         buffers = self.buffers
-        if kind is PartitionKind.FORWARD:
+        if kind is PartitionKind.HASH:
+            self._route_by_key(records)
+        elif kind is PartitionKind.REBALANCE and len(buffers) > 1:
+            p, rr = len(buffers), self._rr
+            for j, buf in enumerate(buffers):  # record i goes to channel (rr + i) % p
+                buf.extend(records[(j - rr) % p::p])
+            self._rr = (rr + len(records)) % p
+        else:  # FORWARD, BROADCAST (one shared buffer), REBALANCE over one channel
             buffers[0].extend(records)
-        elif kind is PartitionKind.HASH:
-            key_fn, maxp, p = self.key_fn, self.max_parallelism, len(buffers)
-            record = None
-            try:
+
+    def _route_by_key(self, records: list) -> None:
+        key_fn, maxp = self.key_fn, self.max_parallelism
+        record = None
+        try:
+            if len(self.buffers) == 1:  # every key goes to subtask 0; keys are still checked
                 for record in records:
-                    buffers[key_group_for(key_fn(record), maxp) * p // maxp].append(record)
-            except Exception as exc:
-                text = repr(record)
-                raise OperatorError(
-                    f"{self.gate.consumer} (key_by)", self.task, text[:200], f"{type(exc).__name__}: {exc}"
-                ) from exc
-        elif kind is PartitionKind.REBALANCE:
-            p = len(buffers)
-            i = self._rr
+                    key_group_for(key_fn(record), maxp)
+                self.buffers[0].extend(records)
+                return
+            appends, channel_of = self._appends, self._channel_of
             for record in records:
-                buffers[i].append(record)
-                i = (i + 1) % p
-            self._rr = i
-        else:  # BROADCAST
-            for b in buffers:
-                b.extend(records)
+                appends[channel_of[key_group_for(key_fn(record), maxp)]](record)
+        except Exception as exc:
+            text = repr(record)
+            raise OperatorError(
+                f"{self.gate.consumer} (key_by)", self.task, text[:200], f"{type(exc).__name__}: {exc}"
+            ) from exc
 
 
 class Router:
     """Cuts batches of ``batch_size`` per channel, flushes partial batches after ``linger``
-    and always before an event (a barrier is never inside a batch — DESIGN.md)."""
+    and always before an event (a barrier is never inside a batch — DESIGN.md). See the
+    module docstring for the full contract."""
 
     def __init__(self, gates, channels: dict, batch_size: int, linger: float, max_parallelism: int,
                  task: str, should_stop):
@@ -57,11 +102,20 @@ class Router:
         self.batch_size = batch_size
         self.linger = linger
         self.should_stop = should_stop
-        self.buffers: dict[str, list] = {cid: [] for g in gates for cid in g.channels}
-        self._gates = [
-            _Gate(g, [self.buffers[cid] for cid in g.channels], max_parallelism, task) for g in gates
-        ]
-        self._order = list(self.buffers)
+        # outlets: (buffer, the channels it is sent on) — one per channel, one per BROADCAST gate
+        self._outlets: list[tuple[list, tuple]] = []
+        self._gates = []
+        for g in gates:
+            outs = tuple(channels[cid] for cid in g.channels)
+            if g.partitioning.kind is PartitionKind.BROADCAST:
+                buffers = [[]]
+                self._outlets.append((buffers[0], outs))
+            else:
+                buffers = [[] for _ in outs]
+                self._outlets.extend((b, (out,)) for b, out in zip(buffers, outs))
+            self._gates.append(_Gate(g, buffers, max_parallelism, task))
+        self._buffers = [buf for buf, _ in self._outlets]
+        self._order = [cid for g in gates for cid in g.channels]
         self.oldest_unsent: float | None = None
         self.records_out = 0
 
@@ -72,22 +126,27 @@ class Router:
         for g in self._gates:
             g.route(records)
         size = self.batch_size
-        for cid in self._order:
-            buf = self.buffers[cid]
-            while len(buf) >= size:
-                self._send(cid, buf[:size])
-                del buf[:size]
-        if self.oldest_unsent is None and any(self.buffers.values()):
+        for buf, outs in self._outlets:
+            full = len(buf) - len(buf) % size
+            if full:
+                for start in range(0, full, size):
+                    self._send(outs, buf[start:start + size])
+                del buf[:full]
+        if self.oldest_unsent is None and any(self._buffers):
             self.oldest_unsent = time.monotonic()
 
-    def _send(self, cid: str, batch: list) -> None:
-        self.channels[cid].send_batch(batch, self.should_stop)
+    def _send(self, outs: tuple, batch: list) -> None:
+        if len(outs) == 1:
+            outs[0].send_batch(batch, self.should_stop)
+            return
+        frame = encode_batch(batch)
+        for out in outs:
+            out.send_batch(batch, self.should_stop, frame)
 
     def flush(self) -> None:
-        for cid in self._order:
-            buf = self.buffers[cid]
+        for buf, outs in self._outlets:
             if buf:
-                self._send(cid, list(buf))
+                self._send(outs, buf.copy())
                 buf.clear()
         self.oldest_unsent = None
 

@@ -45,6 +45,11 @@ def derive_key(secret: bytes, job: str, generation: int) -> bytes:
     return hmac.new(secret, f"epochal:{job}:{generation}".encode(), hashlib.sha256).digest()
 
 
+def encode(message) -> bytes:
+    """The frame payload of ``message`` (what :meth:`Connection.send` sends; ``recv`` decodes it)."""
+    return pickle.dumps(message, protocol=5)
+
+
 def _mac(key: bytes, *parts: bytes) -> bytes:
     return hmac.new(key, b"|".join(parts), hashlib.sha256).digest()
 
@@ -73,7 +78,7 @@ class Connection:
                 self.sock.sendall(payload)
 
     def send(self, message) -> None:
-        self.send_bytes(pickle.dumps(message, protocol=5))
+        self.send_bytes(encode(message))
 
     def recv_bytes(self) -> bytes:
         (n,) = _LEN.unpack(_recv_exact(self.sock, 4))
