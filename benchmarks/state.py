@@ -262,7 +262,7 @@ def plot(doc: dict, path: Path) -> None:
         ax.set_xscale("log", base=2)
         ax.grid(alpha=0.3)
     axes[0].axhline(0.95, color="grey", linestyle=":", linewidth=1)
-    axes[2].set_yscale("symlog")
+    axes[2].set_yscale("log")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

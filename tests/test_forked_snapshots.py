@@ -63,14 +63,34 @@ class Unpicklable:
         raise TypeError("Unpicklable objects cannot be pickled")
 
 
-def test_fork_is_the_default_on_linux_and_modes_are_validated(tmp_path):
-    assert HeapStateBackend(ALL).snapshot_mode == "fork"
+def test_auto_is_the_default_on_linux_and_modes_are_validated(tmp_path):
+    assert HeapStateBackend(ALL).snapshot_mode == "auto"
     with pytest.raises(ConfigError, match="snapshot_mode.*'sometimes'"):
         HeapStateBackend(ALL, snapshot_mode="sometimes")
 
 
+def test_auto_pickles_small_state_on_a_thread_and_forks_once_it_is_large(storage):
+    """A fork has a fixed cost; below ``fork_min_bytes`` auto mode uses the thread."""
+    b = HeapStateBackend(ALL, fork_min_bytes=20_000)
+    b.put("op/small", 0, -1, "x")
+    b.snapshot(1).run(storage, "t")
+    assert b.last_snapshot_mode == "thread"
+    fill(b, 1000)  # well above 20 kB
+    expected = content(b)
+    job = b.snapshot(2)
+    assert b.last_snapshot_mode == "thread"  # decided by the previous (small) snapshot
+    job.run(storage, "t")
+    desc = b.snapshot(3).run(storage, "t")
+    assert b.last_snapshot_mode == "fork" and is_descriptor(desc)
+    restored = HeapStateBackend(ALL, fork_min_bytes=20_000)
+    restored.restore_from([desc], storage)
+    assert content(restored) == expected
+    restored.snapshot(4).release()
+    assert restored.last_snapshot_mode == "fork"  # a large restored state forks at once
+
+
 def test_snapshot_is_the_state_at_the_barrier_and_is_published_with_checksum(storage):
-    b = HeapStateBackend(ALL)
+    b = HeapStateBackend(ALL, snapshot_mode="fork")
     fill(b)
     expected = content(b)
     job = b.snapshot(3)
@@ -91,7 +111,7 @@ def test_snapshot_is_the_state_at_the_barrier_and_is_published_with_checksum(sto
 
 def test_task_thread_does_not_wait_for_the_serialization(storage, tmp_path):
     gate = str(tmp_path / "gate")
-    b = HeapStateBackend(ALL)
+    b = HeapStateBackend(ALL, snapshot_mode="fork")
     fill(b)
     b.put("op/v", kg("held"), "held", WaitForFile(gate))
     job = b.snapshot(1)  # returns while the child is stuck pickling WaitForFile
@@ -110,7 +130,7 @@ def test_task_thread_does_not_wait_for_the_serialization(storage, tmp_path):
 
 
 def test_a_child_that_cannot_pickle_reports_why_and_leaves_no_file(storage):
-    b = HeapStateBackend(ALL)
+    b = HeapStateBackend(ALL, snapshot_mode="fork")
     fill(b, 10)
     b.put("op/v", kg("bad"), "bad", Unpicklable())
     job = b.snapshot(2)
@@ -121,10 +141,11 @@ def test_a_child_that_cannot_pickle_reports_why_and_leaves_no_file(storage):
 
 
 def test_release_kills_a_running_child_and_close_removes_the_directory(tmp_path):
-    b = HeapStateBackend(ALL)
+    b = HeapStateBackend(ALL, snapshot_mode="fork")
     b.put("op/v", 0, "held", WaitForFile(str(tmp_path / "never")))
     job = b.snapshot(1)
-    pid = job._produce.__self__.pid
+    (snap,) = b._forked
+    pid = snap.pid
     job.release()
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # killed and reaped: no zombie left
@@ -136,7 +157,7 @@ def test_release_kills_a_running_child_and_close_removes_the_directory(tmp_path)
 
 
 def test_rescaled_restore_keeps_only_owned_key_groups(storage):
-    src = HeapStateBackend(ALL)
+    src = HeapStateBackend(ALL, snapshot_mode="fork")
     fill(src)
     desc = src.snapshot(1).run(storage, "t")
     parts = []
@@ -149,7 +170,7 @@ def test_rescaled_restore_keeps_only_owned_key_groups(storage):
 
 
 def test_a_corrupted_published_file_is_detected_on_restore(storage):
-    b = HeapStateBackend(ALL)
+    b = HeapStateBackend(ALL, snapshot_mode="fork")
     fill(b)
     desc = b.snapshot(1).run(storage, "t")
     path = os.path.join(storage.root, desc["handle"]["path"])
@@ -162,7 +183,7 @@ def test_a_corrupted_published_file_is_detected_on_restore(storage):
 
 def test_move_state_file_to_remote_storage_streams_the_file(tmp_path):
     memory = CheckpointStorage("memory://forked-test", "job")
-    b = HeapStateBackend(ALL)
+    b = HeapStateBackend(ALL, snapshot_mode="fork")
     fill(b)
     expected = content(b)
     desc = b.snapshot(4).run(memory, "t")

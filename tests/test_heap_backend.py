@@ -17,7 +17,7 @@ ALL = range(0, 128)
 S, M = "count/sum", "window/items"
 
 
-@pytest.fixture(params=["thread", "blocking", "fork"])
+@pytest.fixture(params=["thread", "blocking", "fork", "auto"])
 def backend(request):
     return HeapStateBackend(ALL, snapshot_mode=request.param)
 
