@@ -240,7 +240,7 @@ def parse_args(argv=None):
     p.add_argument("--sizes", type=int, nargs="+", default=None, help="keyed state in MB (default 1 64 256)")
     p.add_argument("--backends", nargs="+", choices=list(BACKENDS), default=["heap", "rocksdb"])
     p.add_argument("--updates", type=int, default=None,
-                   help="hot-key updates after loading, at least (default 150000; 60000 with --smoke)")
+                   help="hot-key updates after loading, at least (default 400000; 60000 with --smoke)")
     p.add_argument("--updates-per-key", type=float, default=2.0,
                    help="updates are at least this many per key (large states need a long update phase, so "
                         "that full-state checkpoints complete before the end; default 2)")
@@ -262,7 +262,7 @@ def parse_args(argv=None):
         args.updates_per_key = 0.0
         args.interval = min(args.interval, 0.1)
     args.sizes = args.sizes or [1, 64, 256]
-    args.updates = args.updates or 150_000
+    args.updates = args.updates or 400_000  # >= 4 s of updates: a 1 MB state still sees periodic epochs
     args.repetitions = args.repetitions or (1 if args.smoke else 2)
     if not 0 < args.crash_at < 1:
         p.error("--crash-at must be between 0 and 1")
