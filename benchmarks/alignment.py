@@ -303,9 +303,7 @@ def main(argv=None) -> int:
                      f"{harness.fmt(harness.percentile(ep_, 50), '.3f')}/{harness.fmt(harness.percentile(ep_, 99), '.3f')} s"
                      f"  load {r['loadavg_1m_before']:.1f}"), flush=True)
     finally:
-        doc["finished_at"] = harness.now_iso()
-        doc["loadavg_at_end"] = list(os.getloadavg())
-        doc["code_changed_during_run"] = harness.git_state()["git_diff_sha1"] != info["git_diff_sha1"]
+        harness.finish(doc, info)
         doc["summary"] = aggregate(doc["runs"])
         doc["errors"] = [f"p={r['parallelism']} {r['guarantee']} rep {r['repetition']}: {r['error']}"
                          for r in doc["runs"] if "error" in r]
@@ -314,19 +312,7 @@ def main(argv=None) -> int:
             spark.stop()
     print()
     print(render(doc["summary"]))
-    png = Path(args.out).with_suffix(".png")
-    try:
-        import report
-
-        report.plot_alignment(doc, png)
-        print(f"wrote {png}")
-    except ImportError as exc:
-        print(f"no plot ({exc}); pip install 'epochal[bench]'", file=sys.stderr)
-    print(f"wrote {args.out}")
-    if doc["errors"]:
-        print("ERRORS:\n  " + "\n  ".join(doc["errors"]), file=sys.stderr)
-        return 1
-    return 0
+    return harness.plot_and_exit_code("alignment", doc, Path(args.out).with_suffix(".png"), args.out)
 
 
 def _warmup_args(args):

@@ -351,26 +351,13 @@ def main(argv=None) -> int:
                       + (f"steady {harness.fmt(r.get('steady_records_per_s')):>12s} rec/s  load "
                          f"{r['loadavg_1m_before']:.1f}" if "error" not in r else f"ERROR {r['error']}"), flush=True)
     finally:
-        doc["finished_at"] = harness.now_iso()
-        doc["loadavg_at_end"] = list(os.getloadavg())
-        doc["code_changed_during_run"] = harness.git_state()["git_diff_sha1"] != info["git_diff_sha1"]
+        harness.finish(doc, info)
         doc["summary"] = aggregate(doc["runs"], args.variants, rb)
         doc["errors"] = [f"rep {r['repetition']} {r['variant']}: {r['error']}" for r in doc["runs"] if "error" in r]
         harness.write_json(args.out, doc)
     print()
     print(render(doc["summary"]))
-    try:
-        import report
-
-        report.plot_dataplane(doc, args.plot)
-        print(f"wrote {args.plot}")
-    except ImportError as exc:
-        print(f"no plot ({exc}); pip install 'epochal[bench]'", file=sys.stderr)
-    print(f"wrote {args.out}")
-    if doc["errors"]:
-        print("ERRORS:\n  " + "\n  ".join(doc["errors"]), file=sys.stderr)
-        return 1
-    return 0
+    return harness.plot_and_exit_code("dataplane", doc, args.plot, args.out)
 
 
 def calibrate(args) -> dict:

@@ -321,9 +321,7 @@ def main(argv=None) -> int:
     finally:
         for r in doc["runs"]:
             r.pop("output", None)
-        doc["finished_at"] = harness.now_iso()
-        doc["loadavg_at_end"] = list(os.getloadavg())
-        doc["code_changed_during_run"] = harness.git_state()["git_diff_sha1"] != info["git_diff_sha1"]
+        harness.finish(doc, info)
         doc["summary"] = aggregate(doc["runs"])
         doc["errors"] = [f"{r['size_mb']} MB {r['backend']} {r['kind']} rep {r['repetition']}: {r['error']}"
                          for r in doc["runs"] if "error" in r]
@@ -332,19 +330,7 @@ def main(argv=None) -> int:
             spark.stop()
     print()
     print(render(doc["summary"]))
-    png = Path(args.out).with_suffix(".png")
-    try:
-        import report
-
-        report.plot_recovery(doc, png)
-        print(f"wrote {png}")
-    except ImportError as exc:
-        print(f"no plot ({exc}); pip install 'epochal[bench]'", file=sys.stderr)
-    print(f"wrote {args.out}")
-    if doc["errors"]:
-        print("ERRORS:\n  " + "\n  ".join(doc["errors"]), file=sys.stderr)
-        return 1
-    return 0
+    return harness.plot_and_exit_code("recovery", doc, Path(args.out).with_suffix(".png"), args.out)
 
 
 def _compare(done: dict) -> None:

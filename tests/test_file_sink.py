@@ -13,7 +13,6 @@ after it. Exactly-once: committed output == golden run (multiset), for all forma
 """
 from __future__ import annotations
 
-import errno
 import json
 import pickle
 import uuid
@@ -38,6 +37,7 @@ from epochal.sinks import (
     read_committed,
 )
 from epochal.sinks.base import TransactionStateError
+from sinkfaults import lossy
 
 FORMATS = ["jsonl", "csv", "parquet"]
 TX, DIRECT = SinkMode.TRANSACTIONAL, SinkMode.DIRECT
@@ -108,29 +108,6 @@ class Faults:
                       self.repeat_notify, set(self.fail_durable_at), self.durability_lag)
 
 
-def lossy(faults: Faults, w):
-    """Wrap ``w.pre_commit`` so the durability step of a ``fail_durable_at`` epoch does its
-    work, then loses the data (truncates the staged files, as a kernel dropping dirty pages
-    after a failed writeback would) and raises EIO. A writer that went on to commit the
-    transaction would lose its records."""
-    pre_commit = w.pre_commit
-
-    def sealing(txn):
-        step = pre_commit(txn)
-        if step is None or txn.epoch not in faults.fail_durable_at:
-            return step
-        faults.fail_durable_at.discard(txn.epoch)
-
-        def failing():
-            step()
-            for staged, _ in txn.files:
-                with w._fs.open(w._join(staged), "wb"):
-                    pass
-            raise OSError(errno.EIO, f"injected fsync failure in epoch {txn.epoch}")
-        return failing
-    return sealing
-
-
 def run_job(sink: FileSink, epochs: list[list], faults: Faults | None = None, mode=TX,
             max_generations: int = 50) -> dict:
     """Drive generations of writers until one reaches close(); returns run facts."""
@@ -156,7 +133,7 @@ def run_job(sink: FileSink, epochs: list[list], faults: Faults | None = None, mo
     for gen in range(max_generations):
         w = sink.create_writer(ctx(gen, mode))
         w._publish = flaky(w._publish)
-        w.pre_commit = lossy(faults, w)
+        w.pre_commit = lossy(faults.fail_durable_at, w, lambda txn: [(w._fs, w._join(s)) for s, _ in txn.files])
         try:
             m = max(completed, default=0)
             tick(("restore", gen))

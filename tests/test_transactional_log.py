@@ -12,7 +12,6 @@ including two pipelines chained through the log.
 from __future__ import annotations
 
 import collections
-import errno
 import json
 import pickle
 import sys
@@ -35,6 +34,7 @@ from epochal.sinks.base import SinkCommitError, TransactionStateError
 from epochal.sources import LogReader, LogSource, UnknownTopicError, read_committed_log
 from epochal.testing import CrashAtRecord, CrashDuringCommit
 
+from sinkfaults import lossy
 from pipelines import canon, contains_all, line, unique_dir
 
 TX, DIRECT = SinkMode.TRANSACTIONAL, SinkMode.DIRECT
@@ -98,27 +98,6 @@ class Faults:
                       set(self.fail_durable_at), self.durability_lag)
 
 
-def lossy(faults: Faults, w):
-    """Wrap ``w.pre_commit``: the durability step of a ``fail_durable_at`` epoch fsyncs,
-    then truncates its staged batches (the data is gone) and raises EIO."""
-    pre_commit = w.pre_commit
-
-    def sealing(txn):
-        step = pre_commit(txn)
-        if step is None or txn.epoch not in faults.fail_durable_at:
-            return step
-        faults.fail_durable_at.discard(txn.epoch)
-
-        def failing():
-            step()
-            for p in txn.records:
-                with w.log.fs.open(w._staged(txn, p), "wb"):
-                    pass
-            raise OSError(errno.EIO, f"injected fsync failure in epoch {txn.epoch}")
-        return failing
-    return sealing
-
-
 def barrier(w, n: int):
     """snapshot(n) plus its durability job, as the runtime runs them (job before the ack)."""
     state = w.snapshot(n)
@@ -150,7 +129,7 @@ def run_job(sink: LogSink, epochs: list[list], faults: Faults | None = None, mod
     for gen in range(50):
         w = sink.create_writer(ctx(gen, mode))
         w._publish = flaky(w._publish)
-        w.pre_commit = lossy(faults, w)
+        w.pre_commit = lossy(faults.fail_durable_at, w, lambda txn: [(w.log.fs, w._staged(txn, p)) for p in txn.records])
         try:
             m = max(completed, default=0)
             tick(("restore", gen))
