@@ -106,7 +106,8 @@ def section_chain(doc: dict) -> str:
         rows.append([str(n_ops), layout, str(rs[0]["tasks"]), _n(base.get("steady_records_per_s"))]
                     + [_n(cell.get((g, i), {}).get("steady_ratio"), ".2f") for i in intervals
                        for g in ("at-least-once", "exactly-once")])
-    return (f"### Stateless chain (IBM Fig. 7(c) shape)\n\n"
+    title = "Stateless chain vs checkpoint interval" if len(intervals) > 2 else "Stateless chain (IBM Fig. 7(c) shape)"
+    return (f"### {title}\n\n"
             f"Source → N pass-through maps → jsonl sink, parallelism 1; `chained` fuses everything into one "
             f"task, `unchained` puts a channel between every pair of operators. Steady throughput (records "
             f"between the 5 % and 95 % in-pipeline timestamps / time) normalised to the no-checkpoint baseline "
@@ -266,7 +267,7 @@ def section_alignment(doc: dict) -> str:
             f"per cell ({_command(doc)}). p50 / p99 in ms, nearest rank over all periodic epochs; "
             f"*align/task*: per task with ≥ 2 inputs (first → last barrier); *align/epoch* and *sync*: the "
             f"maximum over an epoch's tasks; *sink sync*: the `out` tasks' sync part, i.e. the FileSink "
-            f"pre-commit (close + fsync of the epoch's part file); *last ack*: the operator whose task is acknowledged last, and the "
+            f"seal of its transaction (its flush and fsync run afterwards on the uploader, inside *upload*); *last ack*: the operator whose task is acknowledged last, and the "
             f"median parts of its acknowledgement time (barrier delay incl. alignment + sync + wait for the "
             f"uploader + upload, i.e. write and fsync of the state file + rest: ack transit and coordinator). "
             f"The machine has {(doc.get('machine') or {}).get('cpu_count')} cores "

@@ -318,7 +318,8 @@ def main(argv=None) -> int:
                       f"median upload {harness.fmt(harness.median(r['bytes'][1:-1] or r['bytes']))} B  "
                       f"recovery {harness.fmt(r.get('recovery_s'), '.2f')} s"), flush=True)
     doc = {
-        "benchmark": "state", "created": harness.now_iso(), "machine": harness.machine(),
+        "benchmark": "state", "command": [sys.executable, *sys.argv], "created": harness.now_iso(),
+        "machine": harness.machine(),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "modes": {m: {"kind": s.kind, "options": s.options} for m, s in MODES.items() if m in args.modes},
         "runs": runs, "summary": summarise(runs), "errors": [r for r in runs if "error" in r],

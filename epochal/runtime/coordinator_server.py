@@ -325,8 +325,9 @@ def _task_sample(payload, trigger_time: float) -> dict:
     clocks of driver and task), ``alignment_s`` first → last barrier on the task's inputs,
     ``sync_s`` the synchronous snapshot part (sink pre-commits included), ``upload_wait_s``
     sync part done → upload started, ``upload_s`` the asynchronous part (serialise, write,
-    fsync), ``ack_s`` trigger → its acknowledgement reached the coordinator."""
+    fsync), of which ``durable_s`` the sinks' durability steps (their flush and fsync),
+    ``ack_s`` trigger → its acknowledgement reached the coordinator."""
     m = payload.get("metrics", {})
-    sample = {k: m.get(k) for k in ("barrier_s", "alignment_s", "sync_s", "upload_wait_s", "upload_s")}
+    sample = {k: m.get(k) for k in ("barrier_s", "alignment_s", "sync_s", "upload_wait_s", "upload_s", "durable_s")}
     sample["ack_s"] = payload["acked_at"] - trigger_time if "acked_at" in payload else None
     return sample
