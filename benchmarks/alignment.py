@@ -273,9 +273,7 @@ def main(argv=None) -> int:
         from epochal.runtime.spark import _local_session
 
         spark = _local_session(4 * max(args.parallelism))
-    doc = {"benchmark": "alignment", "schema_version": 1, "command": [sys.executable, *sys.argv],
-           "started_at": harness.now_iso(), "machine": info,
-           "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    doc = {**harness.new_doc("alignment", args, info),
            "method": {
                "workload": "throughput.py wordcount (two shuffles, small keyed state, jsonl FileSink), "
                            + (f"{args.rate:g} lines/s offered in total" if args.rate else "unthrottled source"),

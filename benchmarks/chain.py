@@ -248,9 +248,7 @@ def main(argv=None) -> int:
         spark = _local_session(max(args.ops) + 2)
         session_s = time.monotonic() - t0
         print(f"spark session: {spark.sparkContext.master} in {session_s:.1f} s", flush=True)
-    doc = {"benchmark": "chain", "schema_version": 1, "command": [sys.executable, *sys.argv],
-           "started_at": harness.now_iso(), "machine": info,
-           "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    doc = {**harness.new_doc("chain", args, info),
            "spark_session_start_s": session_s,
            "method": {
                "workload": "source → N pass-through maps → jsonl FileSink, parallelism 1, unthrottled GeneratorSource",

@@ -310,10 +310,7 @@ def main(argv=None) -> int:
     rb = ceilings.record_bytes(args.payload)
     print(f"epochal dataplane benchmark: payload {args.payload} B (+8 B id) batch {args.channel_config.batch_size} "
           f"variants={args.variants} cores={info['cpu_count']} load={info['loadavg_at_start']}", flush=True)
-    doc = {"benchmark": "dataplane", "schema_version": 1, "command": [sys.executable, *sys.argv],
-           "started_at": harness.now_iso(), "machine": info,
-           "config": {k: (str(v) if isinstance(v, Path) else vars(v) if k == "channel_config" else v)
-                      for k, v in vars(args).items()},
+    doc = {**harness.new_doc("dataplane", args, info),
            "record_bytes": rb, "wire_bytes_per_record": wire_bytes_per_record(args),
            "epochal_wire": describe_wire(args.channel_config),
            "method": {

@@ -5,6 +5,7 @@ runs as ``__main__`` and is therefore pickled by value).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -111,6 +112,19 @@ def run_job(flow, rec: dict, timeout: float, **options):
     cpu1 = tree_cpu_seconds()
     rec["cpu_s"] = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
     return result
+
+
+def new_doc(name: str, args, info: dict) -> dict:
+    """The head every results JSON starts with: benchmark name, schema version, the command
+    line, start time, ``info = machine()`` and the parsed arguments (paths as strings,
+    dataclass options as dicts)."""
+    def plain(v):
+        if isinstance(v, Path):
+            return str(v)
+        return dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+
+    return {"benchmark": name, "schema_version": 1, "command": [sys.executable, *sys.argv],
+            "started_at": now_iso(), "machine": info, "config": {k: plain(v) for k, v in vars(args).items()}}
 
 
 def finish(doc: dict, info: dict) -> None:

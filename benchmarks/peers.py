@@ -206,9 +206,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     info = harness.machine()
-    doc = {"benchmark": "peers", "schema_version": 1, "command": [sys.executable, *sys.argv],
-           "started_at": harness.now_iso(), "machine": info,
-           "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "peers": []}
+    doc = {**harness.new_doc("peers", args, info), "peers": []}
     print(f"peers benchmark: engines={args.engines} lines={args.small_lines}/{args.large_lines} "
           f"cores={info['cpu_count']} load={info['loadavg_at_start']}", flush=True)
     kept = []

@@ -283,9 +283,7 @@ def main(argv=None) -> int:
         from epochal.runtime.spark import _local_session
 
         spark = _local_session(8)
-    doc = {"benchmark": "recovery", "schema_version": 1, "command": [sys.executable, *sys.argv],
-           "started_at": harness.now_iso(), "machine": info,
-           "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "runs": []}
+    doc = {**harness.new_doc("recovery", args, info), "runs": []}
     t_start = time.monotonic()
     try:
         # warm-up (discarded): on Spark the first job starts the Python workers (seconds)

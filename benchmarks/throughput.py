@@ -312,9 +312,7 @@ def main(argv=None) -> int:
         session_s = time.monotonic() - t0
         print(f"spark session: {spark.sparkContext.master} ({n_tasks} tasks) in {session_s:.1f} s", flush=True)
 
-    doc = {"benchmark": "throughput", "schema_version": 1, "command": [sys.executable, *sys.argv],
-           "started_at": harness.now_iso(), "machine": info,
-           "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    doc = {**harness.new_doc("throughput", args, info),
            "spark_session_start_s": session_s, "runs": []}
     hung = None
     try:

@@ -333,9 +333,7 @@ def main(argv=None) -> int:
         from epochal.runtime.spark import _local_session
 
         spark = _local_session(args.parallelism + 2)
-    doc = {"benchmark": "window", "schema_version": 1, "command": [sys.executable, *sys.argv],
-           "started_at": harness.now_iso(), "machine": info,
-           "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    doc = {**harness.new_doc("window", args, info),
            "modes": {m: {"kind": s.kind, "options": s.options, "color": COLORS[m],
                          "checkpoints": m != BASELINE} for m, s in MODES.items()},
            "method": {
