@@ -127,15 +127,60 @@ class ChannelConfig:
         linger: seconds a partially filled batch may wait before it is sent.
         credits: batches a receiver buffers per channel; a sender with no credit blocks
             (credit-based flow control → back-pressure).
+        encryption: TLS 1.3 on every connection (task↔task, task↔coordinator), mutually
+            authenticated with a per-attempt certificate the driver creates and the tasks
+            pin (:mod:`epochal.runtime.tls`). ``None`` (default): on when the job runs on
+            a Spark cluster (a non-``local`` master), off on embedded local Spark and the
+            local runtime, whose connections stay on loopback. ``True`` / ``False`` force it.
     """
 
     batch_size: int = 512
     linger: float | str = 0.005
     credits: int = 8
+    encryption: bool | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "linger", parse_duration(self.linger, "channels.linger"))
+        if self.encryption is not None and not isinstance(self.encryption, bool):
+            raise ConfigError(f"channels.encryption: expected True, False or None (automatic), "
+                              f"got {self.encryption!r}")
         for key in ("batch_size", "credits"):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"channels.{key}: must be an integer >= 1, got {v!r}")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Running on a Spark cluster (a non-``local`` master); ignored by local runs.
+
+    Attributes:
+        executor_wait: how long the driver waits, before each attempt, for Spark to offer
+            as many concurrent task slots as the job has tasks (executors still
+            registering at start-up, or replacing a lost host); a progress line is logged
+            every few seconds. Past it the attempt fails with the slot counts (the restart
+            strategy then decides).
+        startup_timeout: how long every task of an attempt may take, once launched, to
+            connect to the coordinator before the attempt fails.
+        shared_paths: local paths (or ``file://`` URLs) that every host of the cluster
+            sees with the same content, e.g. an NFS mount. On a cluster a local
+            checkpoint storage, file sink or file source must lie under one of them;
+            otherwise each host would read and write its own disk and the job is
+            refused at start (use ``s3://`` or another shared file system instead).
+    """
+
+    executor_wait: float | str = 120.0
+    startup_timeout: float | str = 300.0
+    shared_paths: tuple = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "executor_wait", parse_duration(self.executor_wait, "cluster.executor_wait"))
+        object.__setattr__(self, "startup_timeout", parse_duration(self.startup_timeout, "cluster.startup_timeout"))
+        if self.startup_timeout <= 0:
+            raise ConfigError("cluster.startup_timeout: must be > 0")
+        paths = self.shared_paths
+        if isinstance(paths, str):
+            paths = (paths,)
+        if not isinstance(paths, (tuple, list)) or not all(isinstance(p, str) and p for p in paths):
+            raise ConfigError(f"cluster.shared_paths: expected a list of paths, got {self.shared_paths!r}")
+        object.__setattr__(self, "shared_paths", tuple(paths))

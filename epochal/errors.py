@@ -50,3 +50,17 @@ class JobFailedError(EpochalError):
 
 class InjectedFault(EpochalError):
     """Raised by :mod:`epochal.testing` fault injection; never raised in production runs."""
+
+
+class TaskStartError(EpochalError):
+    """A task cannot join its attempt because it cannot reach the coordinator.
+
+    Nothing can report for such a task, so it fails the launcher's task at once (on Spark,
+    the barrier stage), and the message — naming the task, its host and the address — is
+    the attempt's cause. Never a silent wait for the start-up timeout.
+    """
+
+
+class ChannelSetupError(EpochalError):
+    """A task cannot bind its data server or connect to a peer task; the message names the
+    task, its host and the address."""

@@ -1,7 +1,7 @@
 """What every task of one job attempt receives (pickled once per attempt by the driver)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epochal.alignment.factory import GuaranteeComponents
 from epochal.backends.choice import BackendSpec
@@ -24,14 +24,19 @@ class AttemptSpec:
     ``plan_blob`` so a task that cannot load it (a module missing on the worker) can still
     reach the coordinator and report why.
 
-    ``key`` is the per-attempt connection key (:func:`epochal.runtime.wire.derive_key`);
-    it travels inside the task closure through the launcher (Spark's own task channel or
-    a local process pipe), never over epochal's data connections.
+    ``key`` is the per-attempt connection key (:func:`epochal.runtime.wire.derive_key`)
+    and ``tls`` the attempt's pinned certificate and private key
+    (:class:`~epochal.runtime.tls.TLSMaterial`, ``None`` without encryption); both travel
+    inside the task closure through the launcher (Spark's own task channel or a local
+    process pipe), never over epochal's data connections, and never appear in a ``repr``.
+
+    ``bind_host`` is where tasks bind when their launcher does not say where they run
+    (local runs: loopback); ``coordinator`` the address the coordinator is reached at.
     """
 
-    plan_blob: bytes  # cloudpickled PhysicalPlan: user code, loaded inside the task
+    plan_blob: bytes = field(repr=False)  # cloudpickled PhysicalPlan: user code, loaded inside the task
     generation: int
-    key: bytes
+    key: bytes = field(repr=False)
     coordinator: tuple[str, int]
     components: GuaranteeComponents
     channels: ChannelConfig
@@ -39,3 +44,4 @@ class AttemptSpec:
     faults: tuple = ()
     bind_host: str = "127.0.0.1"
     backend: BackendSpec = BackendSpec()
+    tls: object = field(default=None, repr=False)  # TLSMaterial or None

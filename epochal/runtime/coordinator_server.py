@@ -55,7 +55,8 @@ class CoordinatorServer:
     """Serves one attempt. ``outcome`` is set once; :meth:`wait` blocks for it."""
 
     def __init__(self, plan, generation: int, key: bytes, storage, config, restore: dict | None,
-                 first_epoch: int, bind_host: str, log, startup_timeout: float = 300.0):
+                 first_epoch: int, bind_host: str, log, startup_timeout: float = 300.0,
+                 advertised_host: str | None = None, tls=None):
         self.plan = plan
         self.generation = generation
         self.storage = storage
@@ -86,8 +87,9 @@ class CoordinatorServer:
         self.times: dict[str, float] = {}
         self.task_setup: dict[str, dict] = {}  # task → {"setup_s", "restore_s"} from its "running"
         self._done = threading.Event()
-        self.server = wire.Server(key, self._on_connection, host=bind_host, name="coordinator")
-        self.address = (bind_host, self.server.address[1])
+        self.server = wire.Server(key, self._on_connection, host=bind_host, name="coordinator", tls=tls)
+        #: where tasks reach the coordinator (the driver's advertised host, its bound port)
+        self.address = (advertised_host or bind_host, self.server.address[1])
         self._thread = threading.Thread(target=self._loop, name="epochal-coordinator", daemon=True)
         self._thread.start()
 
@@ -96,11 +98,11 @@ class CoordinatorServer:
         """Manual trigger from the API (thread-safe)."""
         self.inbox.put(("manual",))
 
-    def fail(self, cause: str, secondary: bool = False) -> None:
+    def fail(self, cause: str, secondary: bool = False, fatal: bool = False) -> None:
         """Fail the attempt from outside: the user cancelled, or (``secondary``) the launcher
         saw a task process die — the task's own report, if it arrives within the grace
-        period, is the better cause."""
-        self.inbox.put(("failed", "driver", cause, {"secondary": secondary}))
+        period, is the better cause. ``fatal``: retrying cannot help (the job fails)."""
+        self.inbox.put(("failed", "driver", cause, {"secondary": secondary, "fatal": fatal}))
 
     def wait(self, timeout: float | None = None) -> AttemptOutcome | None:
         self._done.wait(timeout)
@@ -120,6 +122,10 @@ class CoordinatorServer:
             return
         if hello[0] == "setup_failed":
             self.inbox.put(("failed", f"#{hello[1]}", hello[2], {"fatal": True}))
+            conn.close()
+            return
+        if hello[0] == "failed":  # failed before its hello (e.g. its data server cannot bind)
+            self.inbox.put(hello)
             conn.close()
             return
         if hello[0] != "hello" or hello[1] not in self.tasks:
@@ -238,8 +244,12 @@ class CoordinatorServer:
                 self._finish_attempt(False, msg[2], fatal=flags.get("fatal", False))
         elif kind == "lost":
             if msg[1] not in self.finished and msg[1] not in self._reported:
-                self._finish_attempt(False, f"task {msg[1]} disconnected without finishing "
-                                            f"(process crashed or was killed): {msg[2]}")
+                cause = (f"task {msg[1]} disconnected without finishing (process crashed or was killed): "
+                         f"{msg[2]}")
+                if self.started:
+                    self._finish_attempt(False, cause)
+                elif self._secondary is None:  # before start: usually the launcher tearing the attempt
+                    self._secondary = (now + SECONDARY_GRACE, cause)  # down for another task's failure
 
     def _apply(self, progress) -> None:
         for aborted in progress.aborted:

@@ -20,7 +20,7 @@ import cloudpickle
 from epochal.alignment.factory import components_for
 from epochal.backends.choice import backend_spec
 from epochal.backends.storage import CheckpointStorage, referenced_bytes
-from epochal.config import ChannelConfig, CheckpointConfig, RestartStrategy
+from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, RestartStrategy
 from epochal.errors import ConfigError, EpochalError, JobFailedError
 from epochal.runtime import wire
 from epochal.runtime.attempt import AttemptSpec
@@ -62,6 +62,8 @@ class JobResult:
     checkpoint_root: str
     restored_from: list = field(default_factory=list)
     attempt_timeline: list = field(default_factory=list)
+    #: connections were TLS-encrypted (ChannelConfig.encryption, resolved for the runtime)
+    encrypted: bool = False
 
     @property
     def records_in(self) -> int:
@@ -102,21 +104,34 @@ class JobHandle:
 def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | None = None,
               restart: RestartStrategy | None = None, channels: ChannelConfig | None = None,
               runtime: str = "spark", spark=None, resume: bool = False, faults=(),
-              backend="heap") -> JobHandle:
+              backend="heap", cluster: ClusterConfig | None = None) -> JobHandle:
     """Validate everything that can be validated before any task starts, then start."""
     components = components_for(guarantee)
     backend = backend_spec(backend)
     checkpoint = checkpoint or CheckpointConfig()
     restart = restart or RestartStrategy()
     channels = channels or ChannelConfig()
+    cluster = cluster or ClusterConfig()
     for name, value, cls in (("checkpoint", checkpoint, CheckpointConfig), ("restart", restart, RestartStrategy),
-                             ("channels", channels, ChannelConfig)):
+                             ("channels", channels, ChannelConfig), ("cluster", cluster, ClusterConfig)):
         if not isinstance(value, cls):
             raise ConfigError(f"{name}: expected {cls.__name__}, got {type(value).__name__}")
     plan = flow.plan()
     plan_blob = _ship(plan)
     if runtime not in ("spark", "local"):
         raise ConfigError(f"runtime: expected 'spark' or 'local', got {runtime!r}")
+    if runtime == "spark":
+        from epochal.runtime.spark import SparkLauncher
+
+        launcher = SparkLauncher(spark, len(plan.tasks), cluster)
+    else:
+        from epochal.runtime.launcher import LocalLauncher
+
+        launcher = None
+    if launcher is not None and launcher.is_cluster:
+        from epochal.runtime.cluster import check_storage_visible_from_every_host
+
+        check_storage_visible_from_every_host(plan, checkpoint.storage, cluster.shared_paths, launcher.master)
     url = checkpoint.storage or "file://" + tempfile.mkdtemp(prefix=f"epochal-{flow.name}-")
     storage = CheckpointStorage(url, flow.name)
     if storage.has_checkpoints() and not resume:
@@ -126,18 +141,22 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
             + (f" (latest completed epoch {latest[0]})" if latest else "")
             + "; pass resume=True to continue from it, or use another storage location"
         )
-    if runtime == "spark":
-        from epochal.runtime.spark import SparkLauncher
-
-        launcher = SparkLauncher(spark, len(plan.tasks))
-    elif runtime == "local":
-        from epochal.runtime.launcher import LocalLauncher
-
+    if launcher is None:
         launcher = LocalLauncher()
+    encrypted = launcher.is_cluster if channels.encryption is None else channels.encryption
     driver = _Driver(plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime,
-                     tuple(faults), backend)
+                     tuple(faults), backend, encrypted)
     driver.thread.start()
     return JobHandle(driver)
+
+
+class _NotStarted:
+    """Stands in for the coordinator of an attempt that never launched (no slots)."""
+
+    def __init__(self, first_epoch: int):
+        self.highest_triggered = first_epoch - 1
+        self.completed: list = []
+        self.aborted: list = []
 
 
 def _ship(plan) -> bytes:
@@ -159,8 +178,9 @@ def _ship(plan) -> bytes:
 
 class _Driver:
     def __init__(self, plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime,
-                 faults, backend):
+                 faults, backend, encrypted: bool = False):
         self.backend = backend
+        self.encrypted = encrypted
         self.plan, self.plan_blob, self.components, self.checkpoint = plan, plan_blob, components, checkpoint
         self.restart, self.channels, self.launcher = restart, channels, launcher
         self.storage, self.url, self.runtime, self.faults = storage, url, runtime, faults
@@ -225,7 +245,7 @@ class _Driver:
                     attempts=attempt + 1, failures=failures, completed_epochs=server.completed,
                     aborted_epochs=server.aborted, task_metrics=outcome.task_metrics,
                     duration_s=time.monotonic() - t0, checkpoint_root=f"{self.url}/{self.plan.job}",
-                    restored_from=restored_from, attempt_timeline=timeline,
+                    restored_from=restored_from, attempt_timeline=timeline, encrypted=self.encrypted,
                 )
             failures.append(outcome.cause)
             log.warning("job %s attempt %d (generation %d) failed: %s", self.plan.job, attempt, generation,
@@ -245,25 +265,37 @@ class _Driver:
     def _attempt(self, generation: int, restore: dict | None, first_epoch: int, entry: dict, t0: float):
         """Run one attempt to its end; fill ``entry`` (a JobResult.attempt_timeline item)."""
         key = wire.derive_key(self.secret, self.plan.job, generation)
+        tls = None
+        if self.encrypted:
+            from epochal.runtime.tls import TLSMaterial
+
+            tls = TLSMaterial.generate(f"{self.plan.job} generation {generation}")
         bind = self.launcher.bind_host
+        try:  # on a cluster: wait for a slot per task (executors registering, a lost host replaced)
+            self.launcher.prepare(len(self.plan.tasks))
+        except EpochalError as exc:
+            entry.update(launched_s=None, stopped_s=time.monotonic() - t0, connected_s=None, running_s=None,
+                         failed_s=time.monotonic() - t0, tasks={})
+            return AttemptOutcome(False, str(exc)), _NotStarted(first_epoch)
         server = CoordinatorServer(self.plan, generation, key, self.storage, self.checkpoint, restore,
                                    first_epoch, bind, lambda m: log.info("job %s: %s", self.plan.job, m),
-                                   startup_timeout=self.launcher.startup_timeout)
+                                   startup_timeout=self.launcher.startup_timeout,
+                                   advertised_host=self.launcher.advertised_host, tls=tls)
         with self._server_lock:
             self.server = server
             early, self._early_trigger = self._early_trigger, False
         if early:
             server.trigger_epoch()
         attempt = AttemptSpec(self.plan_blob, generation, key, server.address, self.components, self.channels,
-                              self.url, self.faults, bind, self.backend)
+                              self.url, self.faults, bind, self.backend, tls)
         payload = cloudpickle.dumps(attempt)
 
         exited = threading.Event()
 
-        def on_exit(ok: bool, cause: str) -> None:
+        def on_exit(ok: bool, cause: str, primary: bool = False, fatal: bool = False) -> None:
             exited.set()
             if not ok:
-                server.fail(cause, secondary=True)
+                server.fail(cause, secondary=not (primary or fatal), fatal=fatal)
             elif server.outcome is None:
                 # all tasks returned: give the coordinator a moment to read their goodbyes
                 if server.wait(5.0) is None:

@@ -11,21 +11,35 @@ import threading
 from abc import ABC, abstractmethod
 from typing import Callable
 
-OnExit = Callable[[bool, str], None]
+#: ``on_exit(ok, cause, primary=False, fatal=False)``: ``primary`` when ``cause`` is the
+#: failure itself (e.g. a task that could not reach the coordinator), not the echo of
+#: another task's one; ``fatal`` when no restart can help (the executors cannot import epochal)
+OnExit = Callable[..., None]
 
 
 class Launcher(ABC):
     """Starts and stops the tasks of one attempt at a time."""
 
-    #: the address tasks bind to and the coordinator listens on
+    #: the address the coordinator binds; also where tasks bind unless their launcher says
+    #: where they run (local runs: loopback)
     bind_host: str = "127.0.0.1"
+    #: the address tasks reach the coordinator at (None: ``bind_host``)
+    advertised_host: str | None = None
     #: seconds for every task of an attempt to start and connect to the coordinator
     startup_timeout: float = 60.0
+    #: tasks run on several hosts (a Spark cluster): storage must be shared, channels
+    #: are encrypted by default
+    is_cluster: bool = False
+
+    def prepare(self, num_tasks: int) -> None:
+        """Before each attempt, on the driver thread: block until ``num_tasks`` tasks can run
+        at once. Raises :class:`~epochal.errors.EpochalError` (the attempt fails) when they
+        cannot. Default: nothing to wait for."""
 
     @abstractmethod
     def launch(self, attempt: bytes, num_tasks: int, on_exit: OnExit) -> None:
         """Start ``num_tasks`` tasks (index 0..n-1) without blocking; call ``on_exit(ok,
-        cause)`` once when they all ended (ok) or one of them failed."""
+        cause[, primary])`` once when they all ended (ok) or one of them failed."""
 
     @abstractmethod
     def cancel(self) -> None:

@@ -6,18 +6,48 @@ worker process each, which is what a pipelined dataflow needs (every task must r
 concurrently). The coordinator stays in the driver. Spark does not retry a failed
 barrier ResultStage (DESIGN.md "Facts"), so a failure ends the Spark job and the epochal
 driver restarts the whole attempt itself from the latest completed epoch.
+
+On a cluster (any master but ``local[...]``; DESIGN.md "On a cluster"):
+
+* **Addresses.** The coordinator binds the driver's address (``spark.driver.bindAddress``,
+  else ``spark.driver.host``) and is advertised at ``spark.driver.host``;
+  ``EPOCHAL_DRIVER_HOST`` / ``EPOCHAL_DRIVER_BIND_HOST`` in the driver's environment
+  override both. Each task binds and advertises its executor's address as Spark knows it
+  (``BarrierTaskContext.getTaskInfos()``), overridable per host with ``EPOCHAL_TASK_HOST``
+  / ``EPOCHAL_TASK_BIND_HOST`` (``spark.executorEnv.*``). A task that cannot reach the
+  coordinator raises :class:`~epochal.errors.TaskStartError`, which fails the barrier
+  stage at once; its message becomes the attempt's cause.
+* **Slots.** Before every attempt :meth:`SparkLauncher.prepare` waits (bounded by
+  ``ClusterConfig.executor_wait``, logging progress) until the cluster offers a slot per
+  task — executors registering at start-up, or replacing a lost host. Settings barrier
+  stages cannot run under are refused up front.
 """
 from __future__ import annotations
 
+import logging
 import os
+import re
 import sys
 import threading
+import time
 import uuid
 
-from epochal.errors import ConfigError
+from epochal.config import ClusterConfig
+from epochal.errors import ConfigError, EpochalError
 from epochal.runtime.launcher import Launcher, OnExit
 
+log = logging.getLogger("epochal")
+
 _owned_session = None
+#: driver address overrides (a multi-homed driver)
+DRIVER_HOST_ENV = "EPOCHAL_DRIVER_HOST"
+DRIVER_BIND_HOST_ENV = "EPOCHAL_DRIVER_BIND_HOST"
+#: seconds between "waiting for executors" log lines
+WAIT_LOG_EVERY = 5.0
+
+
+class SlotsUnavailable(EpochalError):
+    """The cluster did not offer a task slot per task within ``ClusterConfig.executor_wait``."""
 
 
 def _local_session(num_tasks: int):
@@ -54,49 +84,176 @@ def _local_session(num_tasks: int):
     return _owned_session
 
 
+def _session(spark, num_tasks: int):
+    """The session to run on: the one given, the active one, the one ``spark-submit`` set up
+    (its master and configuration come from the command line), else embedded local Spark."""
+    from pyspark.sql import SparkSession
+
+    if spark is not None:
+        return spark
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):  # started by spark-submit: honour its --master
+        return SparkSession.builder.appName("epochal").getOrCreate()
+    return _local_session(num_tasks)
+
+
+def _check_cluster_conf(conf, num_tasks: int, master: str) -> None:
+    """Refuse settings a long-running barrier stage cannot run under, saying why."""
+    if conf.get("spark.dynamicAllocation.enabled", "false").strip().lower() == "true":
+        raise ConfigError(
+            "spark.dynamicAllocation.enabled=true: epochal runs every task of a job at once as one Spark "
+            "barrier stage, which Spark refuses under dynamic allocation (and removing an idle-looking "
+            "executor would kill a running task); set spark.dynamicAllocation.enabled=false and size the "
+            "application with spark.executor.instances / spark.cores.max")
+    cores_max = conf.get("spark.cores.max", None)
+    task_cpus = int(conf.get("spark.task.cpus", "1") or 1)
+    if cores_max is not None and int(cores_max) // task_cpus < num_tasks:
+        raise ConfigError(
+            f"spark.cores.max={cores_max} (with spark.task.cpus={task_cpus}) gives at most "
+            f"{int(cores_max) // task_cpus} concurrent task slots on {master}, but the job runs {num_tasks} "
+            "long-running tasks at once (one per physical task); raise spark.cores.max or lower the "
+            "dataflow's parallelism")
+
+
+def _executor_host() -> str:
+    """This task's executor address as Spark knows it (what the driver reaches it at)."""
+    from pyspark import BarrierTaskContext
+
+    ctx = BarrierTaskContext.get()
+    address = ctx.getTaskInfos()[ctx.partitionId()].address
+    return address.rsplit(":", 1)[0].strip("[]")
+
+
+_TASK_START = re.compile(r"TaskStartError: (.+)")
+_NO_MODULE = re.compile(r"ModuleNotFoundError: (No module named '([^']+)')")
+_REASON = re.compile(r"Most recent failure reason:\s*(.+)")
+
+
+def summarize_failure(text: str, python: str = "python3") -> tuple[str, bool, bool]:
+    """``(cause, primary, fatal)`` from the text of a failed Spark job.
+
+    A task's own :class:`~epochal.errors.TaskStartError` message is the primary cause; an
+    executor Python that cannot import epochal or a dependency is fatal (every restart
+    would fail the same way) and says how to ship the code; otherwise Spark's "most recent
+    failure reason" (e.g. a lost executor) or the first line.
+    """
+    m = _TASK_START.search(text)
+    if m:
+        return m.group(1).strip(), True, False
+    m = _NO_MODULE.search(text)
+    if m:
+        return (f"the executors' Python ({python}, from PYSPARK_PYTHON / spark.pyspark.python) cannot load the "
+                f"job: {m.group(1)} — install epochal and the pipeline's dependencies on every executor, or ship "
+                "them in a packed virtualenv with spark-submit --archives (README, 'Running on a cluster')",
+                True, True)
+    m = _REASON.search(text)
+    if m:
+        return f"spark job failed: {m.group(1).strip()[:1000]}", False, False
+    first = text.strip().splitlines()[0] if text.strip() else "unknown error"
+    return f"spark job failed: {first[:1000]}", False, False
+
+
 class SparkLauncher(Launcher):
     """Runs every task of an attempt as one task of a Spark barrier stage.
 
     Args:
-        spark: a SparkSession to use; ``None`` uses the active session or creates a local
-            one sized for the task count.
+        spark: a SparkSession to use; ``None`` uses the active session, the one
+            ``spark-submit`` configured, or creates a local one sized for the task count.
         num_tasks: tasks per attempt (checked against the session's task slots).
+        cluster: waits and storage rules on a cluster (:class:`~epochal.config.ClusterConfig`).
+
+    Raises:
+        ConfigError: a local session with too few slots, or cluster settings a barrier
+            stage cannot run under (dynamic allocation, too small ``spark.cores.max``).
     """
 
-    def __init__(self, spark, num_tasks: int):
-        from pyspark.sql import SparkSession
-
-        if spark is None:
-            spark = SparkSession.getActiveSession() or _local_session(num_tasks)
+    def __init__(self, spark, num_tasks: int, cluster: ClusterConfig | None = None):
+        spark = _session(spark, num_tasks)
         self.spark = spark
+        self.cluster = cluster or ClusterConfig()
         sc = spark.sparkContext
-        slots = sc.defaultParallelism
-        if slots < num_tasks:
-            raise ConfigError(
-                f"spark: the job needs {num_tasks} concurrent task slots (one long-running task per "
-                f"physical task) but the SparkSession offers {slots}; use a larger master (e.g. "
-                f"local[{num_tasks}]) or lower the dataflow's parallelism"
-            )
-        master = sc.master
-        self.bind_host = "127.0.0.1" if master.startswith("local") else sc.getConf().get("spark.driver.host")
+        self.master = sc.master
+        self.is_cluster = not self.master.startswith("local")
+        conf = sc.getConf()
+        if self.is_cluster:
+            _check_cluster_conf(conf, num_tasks, self.master)
+            advertised = os.environ.get(DRIVER_HOST_ENV) or conf.get("spark.driver.host")
+            self.advertised_host = advertised
+            self.bind_host = (os.environ.get(DRIVER_BIND_HOST_ENV) or conf.get("spark.driver.bindAddress", None)
+                              or advertised)
+            self.startup_timeout = self.cluster.startup_timeout
+        else:
+            slots = sc.defaultParallelism
+            if slots < num_tasks:
+                raise ConfigError(
+                    f"spark: the job needs {num_tasks} concurrent task slots (one long-running task per "
+                    f"physical task) but the SparkSession offers {slots}; use a larger master (e.g. "
+                    f"local[{num_tasks}]) or lower the dataflow's parallelism"
+                )
+            self.bind_host = "127.0.0.1"
+            self.startup_timeout = 300.0  # a cold Spark starts one Python worker per task
         self._group: str | None = None
-        self.startup_timeout = 300.0  # a cold Spark starts one Python worker per task
         self._thread: threading.Thread | None = None
 
+    # ------------------------------------------------------------------ slots
+    def slots(self) -> int:
+        """Concurrent task slots the registered executors offer now (what Spark's own
+        barrier check compares against)."""
+        jsc = self.spark.sparkContext._jsc.sc()
+        try:
+            return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+        except Exception:  # an older Spark without the method: its default parallelism
+            return self.spark.sparkContext.defaultParallelism
+
+    def prepare(self, num_tasks: int) -> None:
+        """Wait until the cluster offers ``num_tasks`` slots, logging progress; raise
+        :class:`SlotsUnavailable` after ``ClusterConfig.executor_wait``."""
+        if not self.is_cluster:
+            return
+        wait = self.cluster.executor_wait
+        t0 = time.monotonic()
+        next_log = t0
+        while True:
+            have = self.slots()
+            if have >= num_tasks:
+                return
+            now = time.monotonic()
+            if now - t0 >= wait:
+                raise SlotsUnavailable(
+                    f"the job runs {num_tasks} long-running tasks at once but the Spark cluster {self.master} "
+                    f"offers {have} concurrent task slots after waiting {wait:.0f} s "
+                    "(cluster.executor_wait): add workers or cores (spark.cores.max, spark.executor.cores, "
+                    "spark.executor.instances), or lower the dataflow's parallelism")
+            if now >= next_log:
+                log.info("waiting for executors on %s: %d of %d task slots (%.0f s of %.0f s, "
+                         "cluster.executor_wait)", self.master, have, num_tasks, now - t0, wait)
+                next_log = now + WAIT_LOG_EVERY
+            time.sleep(0.25)
+
+    # ------------------------------------------------------------------ attempts
     def launch(self, attempt: bytes, num_tasks: int, on_exit: OnExit) -> None:
         sc = self.spark.sparkContext
         group = f"epochal-{uuid.uuid4().hex[:12]}"
         self._group = group
+        on_cluster = self.is_cluster
 
         def task_fn(iterator):
             # A task failure is reported to the coordinator, which restarts the attempt; the
             # Spark task itself returns normally so Spark keeps its Python worker for the
             # next attempt (a failed or killed task costs a fresh worker: seconds per task).
+            # Only a task that cannot reach the coordinator fails its Spark task: nothing
+            # else could report for it, and failing the barrier stage stops the others now.
+            from epochal.errors import TaskStartError
             from epochal.runtime.worker import run_task
 
+            host = _executor_host() if on_cluster else None
             for index in iterator:
                 try:
-                    yield {"ok": True, "metrics": run_task(attempt, index)}
+                    yield {"ok": True, "metrics": run_task(attempt, index, host)}
+                except TaskStartError:
+                    raise
                 except Exception as exc:
                     yield {"ok": False, "task": index, "cause": f"{type(exc).__name__}: {exc}"[:1500]}
 
@@ -104,9 +261,9 @@ class SparkLauncher(Launcher):
             sc.setJobGroup(group, "epochal dataflow attempt", interruptOnCancel=True)
             try:
                 results = sc.parallelize(range(num_tasks), num_tasks).barrier().mapPartitions(task_fn).collect()
-            except Exception as exc:  # a crashed worker or a cancelled job
-                text = str(exc)
-                on_exit(False, f"spark job failed: {text[:1500]}")
+            except Exception as exc:  # a crashed worker, a lost executor, a cancelled job
+                cause, primary, fatal = summarize_failure(str(exc), sc.pythonExec)
+                on_exit(False, cause, primary, fatal)
                 return
             failed = [r for r in results if not r["ok"]]
             if failed:

@@ -20,7 +20,7 @@ import traceback
 
 from epochal.backends.storage import CheckpointStorage
 from epochal.epochs.barrier import Barrier
-from epochal.errors import ConfigError, EpochalError, OperatorError
+from epochal.errors import ChannelSetupError, ConfigError, EpochalError, OperatorError, TaskStartError
 from epochal.operators.base import OperatorContext, SnapshotResult
 from epochal.operators.factory import create_operator
 from epochal.runtime import wire
@@ -39,10 +39,19 @@ class TaskCancelled(EpochalError):
 
 
 class Task:
-    """Runs task ``index`` of an attempt until the coordinator says ``finish``."""
+    """Runs task ``index`` of an attempt until the coordinator says ``finish``.
 
-    def __init__(self, attempt: AttemptSpec, plan, index: int):
+    ``host`` is the address this task's data server is advertised at (peers connect to
+    it), ``bind_host`` the address it binds (see :func:`epochal.runtime.worker.task_addresses`);
+    both default to the attempt's ``bind_host``.
+    """
+
+    def __init__(self, attempt: AttemptSpec, plan, index: int, host: str | None = None,
+                 bind_host: str | None = None, node: str | None = None):
         self.attempt = attempt
+        self.host = host or attempt.bind_host
+        self.bind_host = bind_host or self.host
+        self.node = node or self.host  # where the launcher says the task runs (for messages)
         self.plan = plan
         self.spec = plan.tasks[index]
         self.cv = threading.Condition()
@@ -65,7 +74,8 @@ class Task:
             options = plan.nodes[self.spec.chain[0]].payload
             self.loop = LoopHeadProtocol(range(self.n_aligned, len(self.spec.inputs)), options.log_memory_records,
                                          logging=self.faults.loop_log_enabled)
-        self.metrics = {"task": self.spec.id, "source": self.spec.is_source, "records_in": 0, "snapshots": 0,
+        self.metrics = {"task": self.spec.id, "host": self.node, "source": self.spec.is_source, "records_in": 0,
+                        "snapshots": 0,
                         "alignment_s": [], "sync_s": [], "loop_replayed": 0}
 
     # ------------------------------------------------------------------ lifecycle
@@ -81,16 +91,38 @@ class Task:
         finally:
             self._teardown()
 
+    def _where(self) -> str:
+        advertised = f" (advertised as {self.host})" if self.host != self.node else ""
+        return f"task {self.spec.id} on host {self.node}{advertised}"
+
     def _connect(self) -> tuple:
-        key = self.attempt.key
+        """Join the attempt: reach the coordinator, bind the data server, say hello, wait
+        for ``start``. Fails at once, naming this task, its host and the address, when the
+        coordinator cannot be reached (:class:`TaskStartError`: nobody else can report for
+        this task) or the data server cannot bind (reported to the coordinator)."""
+        key, tls = self.attempt.key, self.attempt.tls
+        coordinator = self.attempt.coordinator
+        try:
+            self.coordinator = wire.connect(
+                coordinator, key, {"task": self.spec.id, "generation": self.attempt.generation}, tls=tls
+            )
+        except (OSError, EpochalError) as exc:
+            raise TaskStartError(
+                f"{self._where()} cannot connect to the coordinator at {coordinator[0]}:{coordinator[1]}: "
+                f"{type(exc).__name__}: {exc} — the executors must reach the driver at that address (set "
+                "spark.driver.host, or EPOCHAL_DRIVER_HOST for a multi-homed driver; check firewalls)"
+            ) from exc
+        address = None
         if self.spec.inputs:
-            self.server = wire.Server(key, self.gate.attach, host=self.attempt.bind_host, name=self.spec.id)
-            address = (self.attempt.bind_host, self.server.address[1])
-        else:
-            address = None
-        self.coordinator = wire.connect(
-            self.attempt.coordinator, key, {"task": self.spec.id, "generation": self.attempt.generation}
-        )
+            try:
+                self.server = wire.Server(key, self.gate.attach, host=self.bind_host, name=self.spec.id, tls=tls)
+            except OSError as exc:
+                raise ChannelSetupError(
+                    f"{self._where()} cannot bind its data server to {self.bind_host}: {exc} — set "
+                    "EPOCHAL_TASK_HOST / EPOCHAL_TASK_BIND_HOST in the executors' environment "
+                    "(spark.executorEnv.*) to an address of this host"
+                ) from exc
+            address = (self.host, self.server.address[1])
         self.coordinator.send(("hello", self.spec.id, address))
         start = self.coordinator.recv()
         if start[0] != "start":
@@ -120,7 +152,15 @@ class Task:
         for gate in self.spec.outputs:
             for cid in gate.channels:
                 consumer = self.plan.channels[cid].consumer
-                conn = wire.connect(tuple(addresses[consumer]), key, {"channel": cid})
+                address = tuple(addresses[consumer])
+                try:
+                    conn = wire.connect(address, key, {"channel": cid}, tls=self.attempt.tls)
+                except (OSError, EpochalError) as exc:
+                    raise ChannelSetupError(
+                        f"{self._where()} cannot connect to task {consumer} at {address[0]}:{address[1]} "
+                        f"(channel {cid}): {type(exc).__name__}: {exc} — tasks must reach each other at the "
+                        "addresses they advertise (the executor's address, or EPOCHAL_TASK_HOST)"
+                    ) from exc
                 self.outputs[cid] = OutputChannel(cid, conn, self.cv)
         ch = self.attempt.channels
         self.router = Router(self.spec.outputs, self.outputs, ch.batch_size, ch.linger,

@@ -7,8 +7,17 @@ fixed-size nonces, MACs and a small JSON hello cross the wire — nothing is unp
 After the handshake, frames (4-byte length + payload) carry pickled messages between
 peers of the same job and generation.
 
-Integrity/confidentiality of the frames after the handshake is not protected (no TLS):
-run clusters on a trusted network.
+With ``tls`` (a :class:`~epochal.runtime.tls.TLSMaterial`), the connection is first wrapped
+in mutually authenticated TLS 1.3 pinned to the attempt's certificate, and the HMAC
+handshake and every frame travel inside it: frames are then encrypted and
+integrity-protected (a flipped byte breaks the connection, nothing is unpickled). Without
+it, frames are authenticated only at connection time — fine on loopback, not on a network
+others can reach (:class:`~epochal.config.ChannelConfig` ``encryption``).
+
+A :class:`Server` holds at most ``max_pending`` connections that have not finished the
+handshake; beyond that it drops the oldest, so a flood of unauthenticated sockets costs a
+bounded number of threads and cannot starve a real peer (whose handshake takes
+milliseconds) for longer than the flood's rate allows.
 """
 from __future__ import annotations
 
@@ -29,6 +38,8 @@ NONCE = 32
 MAC = 32
 MAX_FRAME = 1 << 30
 HANDSHAKE_TIMEOUT = 10.0
+#: connections a Server keeps in the handshake at once; the oldest is dropped beyond
+MAX_PENDING_HANDSHAKES = 64
 _LEN = struct.Struct("!I")
 
 
@@ -120,11 +131,21 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> b
     return bytes(buf)
 
 
-def connect(address: tuple[str, int], key: bytes, hello: dict, timeout: float = HANDSHAKE_TIMEOUT) -> Connection:
-    """Client side: connect, prove the key, check the server proves it too, send ``hello``."""
+def connect(address: tuple[str, int], key: bytes, hello: dict, timeout: float = HANDSHAKE_TIMEOUT,
+            tls=None) -> Connection:
+    """Client side: connect, (with ``tls``) run the pinned TLS handshake, prove the key,
+    check the server proves it too, send ``hello``.
+
+    Raises:
+        OSError: the address cannot be reached within ``timeout`` (refused, no route, ...).
+        AuthenticationError: the peer is not an epochal endpoint of this job and
+            generation, or fails TLS with the attempt's certificate.
+    """
     sock = socket.create_connection(address, timeout=timeout)
     try:
         sock.settimeout(timeout)
+        if tls is not None:
+            sock = _tls_wrap(sock, tls, server_side=False, where=address)
         head = _recv_exact(sock, len(MAGIC) + NONCE)
         if head[: len(MAGIC)] != MAGIC:
             raise AuthenticationError(f"{address}: not an epochal endpoint")
@@ -146,10 +167,26 @@ def connect(address: tuple[str, int], key: bytes, hello: dict, timeout: float = 
         raise
 
 
-def accept_handshake(sock: socket.socket, key: bytes, timeout: float = HANDSHAKE_TIMEOUT) -> Connection:
-    """Server side of :func:`connect`; raises AuthenticationError for a wrong key."""
+def _tls_wrap(sock, tls, server_side: bool, where):
+    import ssl
+
+    from epochal.runtime.tls import TLSSocket
+
+    try:
+        return TLSSocket(sock, tls.context(server_side=server_side), server_side=server_side)
+    except ssl.SSLError as exc:
+        raise AuthenticationError(f"{where}: TLS handshake failed ({exc.reason or exc}): the peer does not hold "
+                                  "this attempt's certificate (another job or generation, or not epochal)") from exc
+
+
+def accept_handshake(sock: socket.socket, key: bytes, timeout: float = HANDSHAKE_TIMEOUT, tls=None) -> Connection:
+    """Server side of :func:`connect`; raises AuthenticationError for a wrong key or a
+    peer without the attempt's TLS certificate."""
     deadline = time.monotonic() + timeout  # for the whole handshake, not per read
     sock.settimeout(timeout)
+    if tls is not None:
+        sock = _tls_wrap(sock, tls, server_side=True, where="client")
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
     server_nonce = os.urandom(NONCE)
     sock.sendall(MAGIC + server_nonce)
     client_nonce = _recv_exact(sock, NONCE, deadline)
@@ -168,18 +205,34 @@ class Server:
     """A listening socket whose accept loop authenticates peers and hands connections on.
 
     Peers that fail the handshake are dropped (and counted in ``rejected``); they never
-    reach ``on_connection``.
+    reach ``on_connection``. At most ``max_pending`` sockets are in the handshake at once
+    (one thread each, for at most ``HANDSHAKE_TIMEOUT``); a new one beyond that evicts the
+    oldest (counted in ``evicted``).
+
+    Raises (constructor): ``OSError`` when ``host`` cannot be bound (e.g. it is not an
+    address of this host).
     """
 
-    def __init__(self, key: bytes, on_connection, host: str = "127.0.0.1", name: str = "server"):
+    def __init__(self, key: bytes, on_connection, host: str = "127.0.0.1", name: str = "server", tls=None,
+                 max_pending: int = MAX_PENDING_HANDSHAKES):
         self.key = key
+        self.tls = tls
         self.on_connection = on_connection
         self.rejected = 0
+        self.evicted = 0
+        self.max_pending = max_pending
+        self._pending: dict[socket.socket, None] = {}  # insertion-ordered: oldest first
+        self._pending_lock = threading.Lock()
         self._sock = socket.create_server((host, 0), backlog=128)
         self.address = self._sock.getsockname()[:2]
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name=f"epochal-{name}-accept", daemon=True)
         self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        """Connections currently in the handshake."""
+        return len(self._pending)
 
     def _loop(self):
         while not self._stopped:
@@ -187,19 +240,38 @@ class Server:
                 sock, _ = self._sock.accept()
             except OSError:
                 return
+            with self._pending_lock:
+                while len(self._pending) >= self.max_pending:
+                    oldest = next(iter(self._pending))
+                    del self._pending[oldest]
+                    self.evicted += 1
+                    try:  # wakes its handshake thread, which then gives up
+                        oldest.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                self._pending[sock] = None
             threading.Thread(target=self._handshake, args=(sock,), daemon=True).start()
 
     def _handshake(self, sock):
         try:
-            conn = accept_handshake(sock, self.key)
+            conn = accept_handshake(sock, self.key, tls=self.tls)
         except (AuthenticationError, ConnectionClosed, OSError, ValueError):
             self.rejected += 1
+            self._forget(sock)
             sock.close()
+            return
+        if not self._forget(sock):  # evicted while finishing: treat as dropped
+            conn.close()
             return
         if self._stopped:
             conn.close()
             return
         self.on_connection(conn)
+
+    def _forget(self, sock) -> bool:
+        """Take ``sock`` off the pending list; False if it was evicted meanwhile."""
+        with self._pending_lock:
+            return self._pending.pop(sock, False) is None
 
     def close(self):
         self._stopped = True

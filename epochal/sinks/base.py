@@ -100,6 +100,14 @@ class Sink(ABC):
     def create_writer(self, ctx: SinkContext) -> SinkWriter:
         """A fresh writer for the task described by ``ctx``."""
 
+    def locations(self) -> tuple[str, ...]:
+        """The storage URLs or paths this sink writes; none by default.
+
+        Called on the driver: on a cluster every one of them must be visible from every host
+        (``s3://``, or a path declared in ``ClusterConfig.shared_paths``).
+        """
+        return ()
+
 
 class SinkWriter(ABC):
     """Per-task writer driven by the runtime on the task thread, in this order:

@@ -118,6 +118,9 @@ class FileSink(Sink):
     def __repr__(self) -> str:
         return f"FileSink({self.path!r}, format={self.format!r})"
 
+    def locations(self) -> tuple[str, ...]:
+        return (self.path,)
+
 
 @dataclass
 class FileTransaction:

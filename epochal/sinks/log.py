@@ -131,6 +131,9 @@ class LogSink(Sink):
     def __repr__(self) -> str:
         return f"LogSink({self.root!r}, {self.topic!r})"
 
+    def locations(self) -> tuple[str, ...]:
+        return (self.root,)
+
 
 @dataclass
 class LogTransaction:

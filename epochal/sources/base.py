@@ -101,6 +101,14 @@ class Source(ABC):
         """A short human-readable name used in error messages."""
         return type(self).__name__
 
+    def locations(self) -> tuple[str, ...]:
+        """The storage URLs or paths this source reads (directories, logs); none by default.
+
+        Called on the driver: on a cluster every one of them must be visible from every host
+        (``s3://``, or a path declared in ``ClusterConfig.shared_paths``).
+        """
+        return ()
+
     @abstractmethod
     def splits(self) -> list:
         """The deterministic list of picklable split descriptors (ints, file paths, ...).

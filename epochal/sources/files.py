@@ -86,6 +86,9 @@ class DirectorySource(Source):
     def name(self) -> str:
         return f"DirectorySource({self._path!r})"
 
+    def locations(self) -> tuple[str, ...]:
+        return (self._path,)
+
     def list_files(self) -> list[str]:
         """The matching files now, sorted (filesystem paths, without protocol)."""
         fs, root = url_to_fs(self._path)

@@ -347,6 +347,9 @@ class LogSource(Source):
     def name(self) -> str:
         return f"LogSource({self._root!r}, {self._topic!r})"
 
+    def locations(self) -> tuple[str, ...]:
+        return (self._root,)
+
     def splits(self) -> list[int]:
         if self._partitions is None:
             log = TransactionalLog(self._root, self._topic)
