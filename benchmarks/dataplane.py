@@ -3,9 +3,10 @@
 One invocation measures, side by side and interleaved (rotated order per repetition):
 
 * **epochal** ``GeneratorSource → rebalance() → counting sink``, parallelism 1, runtime
-  ``local``: two task processes, every record crosses one real TCP channel. Two modes:
-  ``no-checkpoint`` (exactly-once components, only the final epoch) and ``exactly-once``
-  with a 1 s checkpoint interval. The sink (``dataplane_sink.CountingSink``, public sink
+  ``local``: two task processes, every record crosses one real TCP channel. Three modes:
+  ``no-checkpoint`` (exactly-once components, only the final epoch), ``exactly-once``
+  with a 1 s checkpoint interval, and ``tls exactly-once``: the same with
+  ``ChannelConfig(encryption=True)`` — the TLS 1.3 connections a cluster uses by default. The sink (``dataplane_sink.CountingSink``, public sink
   API) only counts, and stamps wall clock and the CPU time of both tasks every
   ``--stamp-every`` records.
 * **ceilings** (``dataplane_ceilings.py``, two processes over 127.0.0.1, no engine):
@@ -27,6 +28,7 @@ epochal / ceiling (medians of the same invocation, plus per-repetition paired ra
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -54,7 +56,9 @@ from epochal.runtime import channels as ep_channels  # noqa: E402
 from epochal.runtime import wire as ep_wire  # noqa: E402
 
 CEILING = Path(ceilings.__file__).resolve()
-EPOCHAL_MODES = {"epochal no-checkpoint": None, "epochal exactly-once": 1.0}  # name -> checkpoint interval
+#: name -> (checkpoint interval, encryption)
+EPOCHAL_MODES = {"epochal no-checkpoint": (None, False), "epochal exactly-once": (1.0, False),
+                 "epochal tls exactly-once": (1.0, True)}
 CEILING_KINDS = ("pickle", "arrow-py", "arrow", "bytes", "generate")
 STEADY_WINDOW = (0.05, 0.95)
 
@@ -101,16 +105,17 @@ def steady(stamps: list, cpu_fields: tuple[int, ...] = (2,)) -> dict:
 
 
 def run_epochal(name: str, records: int, args) -> dict:
-    interval = EPOCHAL_MODES[name]
+    interval, encryption = EPOCHAL_MODES[name]
     work = tempfile.mkdtemp(prefix="epochal-dataplane-", dir=args.tmp)
     out = os.path.join(work, "out")
     os.makedirs(out)
     flow = passthrough_job(records, args.payload, args.channel_config.batch_size, out, args.stamp_every)
     plan = flow.plan()
     rec = {"variant": name, "records": records, "tasks": len(plan.tasks), "channels": len(plan.channels),
-           "interval_s": interval, "loadavg_1m_before": os.getloadavg()[0]}
+           "interval_s": interval, "encryption": encryption, "loadavg_1m_before": os.getloadavg()[0]}
     try:
-        handle = flow.start(guarantee="exactly-once", runtime="local", channels=args.channel_config,
+        channels = dataclasses.replace(args.channel_config, encryption=encryption)
+        handle = flow.start(guarantee="exactly-once", runtime="local", channels=channels,
                             checkpoint=ep.CheckpointConfig(interval=interval,
                                                            storage="file://" + os.path.join(work, "ck")))
         try:
@@ -281,7 +286,9 @@ def describe_wire(cc: ChannelConfig) -> dict:
         "connection": "one TCP connection per channel (producer task → consumer task), TCP_NODELAY; opened "
                       "with a mutual HMAC-SHA256 challenge-response over a per-attempt job key "
                       f"({ep_wire.NONCE}-byte nonces, {ep_wire.MAC}-byte MACs, JSON hello) — once per "
-                      "connection, nothing per record; no TLS, frames are not MACed",
+                      "connection, nothing per record; without encryption frames are not MACed, with it "
+                      "(the 'tls' variant, a cluster's default) every frame travels in TLS 1.3 records "
+                      "(AES-GCM, one SSLObject per connection behind a lock)",
         "framing": f"{ep_wire._LEN.size}-byte big-endian length + pickle protocol 5 of the message; one sendall "
                    "for frames below 64 KiB, header and payload separately above; the receiver reads the "
                    "header and then the payload with recv_into into a fresh bytearray, copied to bytes, then "

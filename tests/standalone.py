@@ -59,6 +59,22 @@ def cannot_create_hosts() -> str | None:
     return None
 
 
+def sweep_stale_hosts() -> None:
+    """Delete the namespaces and links of clusters whose processes are all gone (a test run
+    killed before its teardown): ``ep<n>w<i>`` namespaces without processes, then bridges
+    ``ep<n>br`` without any attached link."""
+    import re
+
+    for ns in _run("ip", "netns", "list", check=False).stdout.split("\n"):
+        name = ns.split(" ")[0]
+        if re.fullmatch(r"ep\d+w\d+", name) and not _run("ip", "netns", "pids", name, check=False).stdout.split():
+            _run("ip", "netns", "del", name, check=False)
+    links = _run("ip", "-o", "link", "show", check=False).stdout
+    for bridge in set(re.findall(r"\d+: (ep\d+br)[:@]", links)):
+        if f"master {bridge} " not in links:
+            _run("ip", "link", "del", bridge, check=False)
+
+
 def _free_subnet() -> int:
     used = _run("ip", "-o", "-4", "addr", "show").stdout
     for n in [os.getpid() % 200 + 20] + list(range(20, 250)):
@@ -234,6 +250,7 @@ def start_cluster(workers: int = 2, cores: int = 8, memory: str = "3g", root: st
     why = cannot_create_hosts()
     if why:
         raise RuntimeError(why)
+    sweep_stale_hosts()
     n = _free_subnet()
     tag = f"ep{n}"
     bridge = f"{tag}br"
@@ -302,6 +319,8 @@ def start_cluster(workers: int = 2, cores: int = 8, memory: str = "3g", root: st
             moto.stop()
         for ns in created_ns:
             _run("ip", "netns", "del", ns, check=False)
+        for i in range(len(created_ns)):
+            _run("ip", "link", "del", f"{tag}v{i + 1}", check=False)
         _run("ip", "link", "del", bridge, check=False)
 
 

@@ -336,3 +336,21 @@ def test_spark_submit_with_a_packed_virtualenv(s3, tmp_path):
     assert "encrypted channels: yes" in done.stdout, done.stdout
     unpacked = [p for h in cluster.hosts for p in glob.glob(f"{h.workdir}/app-*/*/env/lib/python*/site-packages/epochal")]
     assert unpacked, "no executor unpacked the archive"
+
+
+def test_cluster_benchmark_smoke(s3, tmp_path):
+    """benchmarks/cluster.py measures local and cluster runs whose output equals its oracle."""
+    import argparse
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
+    import cluster as bench
+
+    args = argparse.Namespace(lines=8000, parallelism=2, repetitions=1, variants=["local", "cluster"],
+                              run_timeout=240, tmp=str(tmp_path))
+    runs = bench.run_all(s3, args)
+    assert [r.get("error") for r in runs] == [None, None], runs
+    summary = bench.summarize(runs)
+    assert summary["cluster"]["hosts"] == sorted(h.address for h in s3.hosts)
+    assert all(r["output_equals_oracle"] and r["steady_records_per_s"] > 0 for r in runs)
+    assert {r["variant"]: r["encrypted"] for r in runs} == {"local": False, "cluster": True}
