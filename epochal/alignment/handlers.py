@@ -50,6 +50,11 @@ class BarrierOutcome(enum.Enum):
     SUPERSEDED = "superseded"  # aligned: a newer barrier abandoned the pending epoch
     ABORTED = "aborted"  # abort_epoch released the pending epoch
     NOT_PENDING = "not-pending"  # abort_epoch for an epoch not in progress here; remembered
+    # unaligned (epochal.alignment.unaligned): events of barriers *arriving* at input queues
+    ARRIVED = "arrived"  # barrier arrived; its epoch aligns (or waits for the aligning one)
+    CAPTURED = "captured"  # barrier of an unaligned epoch arrived: capture its channel's queued prefix
+    TIMED_OUT = "timed-out"  # alignment exceeded aligned_timeout: snapshot unaligned now
+    NOTHING = "nothing"  # a tick with nothing due
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,11 +68,17 @@ class HandlerResult:
             increasing order; the task declines them to the coordinator (declining an epoch
             the coordinator already aborted is a no-op there).
         outcome: what happened, for logging and tests.
+        unaligned: the snapshot is unaligned (forward its barrier flagged unaligned).
+        channel_state: for an unaligned epoch, which channels' in-flight records to capture
+            now and which to record until their barrier arrives
+            (:class:`~epochal.alignment.unaligned.ChannelStatePlan`).
     """
 
     snapshot_epoch: int | None = None
     aborted_epochs: tuple[int, ...] = ()
     outcome: BarrierOutcome
+    unaligned: bool = False
+    channel_state: object = None
 
 
 _STALE = HandlerResult(outcome=BarrierOutcome.IGNORED_STALE)
