@@ -49,6 +49,7 @@ class Reader(threading.Thread):
     def __init__(self, path: str):
         super().__init__(daemon=True)
         self.path, self.seen_files, self.latencies = path, set(), []
+        self.sink_times: list[float] = []  # when the records seen reached the sink ("w"), if stamped
         self.stop = threading.Event()
 
     def run(self):
@@ -66,7 +67,10 @@ class Reader(threading.Thread):
             now = time.time()
             with open(os.path.join(self.path, name)) as f:
                 for line in f:
-                    self.latencies.append(now - json.loads(line)["t"])
+                    record = json.loads(line)
+                    self.latencies.append(now - record["t"])
+                    if "w" in record:
+                        self.sink_times.append(record["w"])
             self.seen_files.add(name)
 
 

@@ -75,6 +75,13 @@ class CheckpointConfig:
         tolerable_failures: consecutive failed (aborted/declined) epochs tolerated before the
             job fails and restarts.
         retained: completed checkpoints kept; older ones are deleted.
+        unaligned: exactly-once snapshots taken when an epoch's first barrier *arrives* at a
+            task, not once it arrived on every input: the records in flight become part of
+            the checkpoint (channel state) and barriers overtake queued data, so checkpoints
+            stay fast under back-pressure (:mod:`epochal.alignment.unaligned`).
+        aligned_timeout: start every epoch aligned and switch it to unaligned once its first
+            barrier arrived this long ago at a task still aligning (a duration; ``None``:
+            never switch). ``unaligned=True`` is ``aligned_timeout=0``.
     """
 
     interval: float | str | None = 1.0
@@ -84,8 +91,14 @@ class CheckpointConfig:
     min_pause: float | str = 0.0
     tolerable_failures: int = 0
     retained: int = 2
+    unaligned: bool = False
+    aligned_timeout: float | str | None = None
 
     def __post_init__(self):
+        if not isinstance(self.unaligned, bool):
+            raise ConfigError(f"checkpoint.unaligned: expected True or False, got {self.unaligned!r}")
+        object.__setattr__(self, "aligned_timeout",
+                           parse_duration(self.aligned_timeout, "checkpoint.aligned_timeout", optional=True))
         object.__setattr__(self, "interval", parse_duration(self.interval, "checkpoint.interval", optional=True))
         if self.interval is not None and self.interval <= 0:
             raise ConfigError("checkpoint.interval: must be > 0 (or None to disable periodic epochs)")
@@ -132,15 +145,24 @@ class ChannelConfig:
             pin (:mod:`epochal.runtime.tls`). ``None`` (default): on when the job runs on
             a Spark cluster (a non-``local`` master), off on embedded local Spark and the
             local runtime, whose connections stay on loopback. ``True`` / ``False`` force it.
+        in_flight: bound the data in flight per channel by *time* (Flink's buffer
+            debloating): a consumer grants only the batches it consumes in this many seconds
+            at its measured rate (between 2 and ``credits``), so queues in front of a slow
+            task stay short and a barrier behind them waits about this long at most.
+            ``None`` (default): ``credits`` batches per channel.
     """
 
     batch_size: int = 512
     linger: float | str = 0.005
     credits: int = 8
     encryption: bool | None = None
+    in_flight: float | str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "linger", parse_duration(self.linger, "channels.linger"))
+        object.__setattr__(self, "in_flight", parse_duration(self.in_flight, "channels.in_flight", optional=True))
+        if self.in_flight is not None and self.in_flight <= 0:
+            raise ConfigError("channels.in_flight: must be > 0 (or None for a fixed number of credits)")
         if self.encryption is not None and not isinstance(self.encryption, bool):
             raise ConfigError(f"channels.encryption: expected True, False or None (automatic), "
                               f"got {self.encryption!r}")

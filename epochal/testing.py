@@ -115,6 +115,15 @@ class CrashWhileLogging(Fault):
 
 
 @dataclass(frozen=True)
+class CrashDuringReplay(Fault):
+    """Fail while the task running ``operator`` replays the channel state of the
+    (unaligned) checkpoint it restored, once it has replayed at least ``records`` records
+    (a crash during recovery itself: the next attempt restores the same checkpoint)."""
+
+    records: int = 1
+
+
+@dataclass(frozen=True)
 class DisableLoopLog(Fault):
     """TEST ONLY: loop head ``operator`` keeps no in-transit log, in every attempt and
     subtask. Proves the log matters: with it disabled, records in flight inside the loop
@@ -178,6 +187,13 @@ class FaultInjector:
         f = self._take(CrashWhileLogging, epoch)
         if f:
             f.fire(f"logging in-transit records of epoch {epoch}")
+
+    def on_replay(self, replayed: int) -> None:
+        """Task thread: restored channel state is being replayed; ``replayed`` so far."""
+        for f in list(self._faults):
+            if isinstance(f, CrashDuringReplay) and replayed >= f.records:
+                self._faults.remove(f)
+                f.fire(f"replaying channel state ({replayed} records)")
 
     def on_commit(self, operator: str, epoch: int) -> None:
         for f in self._faults:

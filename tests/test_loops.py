@@ -18,7 +18,8 @@ from epochal.epochs.coordinator import EpochCoordinator
 from epochal.errors import PipelineDefinitionError
 from epochal.graph import FORWARD, Input, Node, NodeKind
 from epochal.loops.backedges import check_acyclic, detect_back_edges
-from epochal.loops.head import LoopHeadProtocol
+from epochal.alignment.channel_state import ChannelStateRecorder
+from epochal.loops.head import LOOP_LOG, LoopHeadProtocol
 from epochal.loops.log import InTransitLog, replay
 from epochal.sinks import read_committed
 from epochal.testing import (CrashAtRecord, CrashDuringSnapshotUpload, CrashWhileLogging, DisableLoopLog)
@@ -100,14 +101,41 @@ class _Upload:
         self.epoch, self.metrics, self.keyed_job, self.loop_log = epoch, {}, None, None
 
 
+class _Head:
+    """A loop head's Alg. 7 pieces wired as the task wires them: the protocol plus the
+    shared channel-state recorder holding the feedback log (key LOOP_LOG)."""
+
+    def __init__(self, feedback):
+        self.recorder = ChannelStateRecorder(log_key=lambda c: LOOP_LOG, attach=self._attach)
+        self.protocol = LoopHeadProtocol(feedback, self.recorder)
+
+    @staticmethod
+    def _attach(upload, logs, counts):
+        upload.loop_log = logs.get(LOOP_LOG)
+        upload.metrics["loop_logged"] = counts.get(LOOP_LOG, 0)
+
+    def start(self, epoch):
+        upload = _Upload(epoch)
+        ready = self.recorder.start(epoch, upload, self.protocol.feedback_channels)
+        events = self.protocol.start(epoch)
+        events.ready[:0] = ready
+        return events
+
+    def on_records(self, channel, records):
+        return self.recorder.on_records(channel, records)
+
+    def __getattr__(self, name):
+        return getattr(self.protocol, name)
+
+
 def _logged(upload):
-    return [r for chunk in upload.loop_log.chunks() for r in chunk]
+    return [r for chunk in upload.loop_log.chunks() for r in chunk] if upload.loop_log else []
 
 
 def test_head_logs_until_barrier_returns_on_every_feedback_channel():
-    head = LoopHeadProtocol([1, 2])
+    head = _Head([1, 2])
     head.on_records(1, ["before"])                       # not recording yet: not logged
-    assert head.start(5, _Upload(5)).ready == []
+    assert head.start(5).ready == []
     assert head.on_records(1, ["a"]) == [5]
     assert head.on_barrier(1, 5).ready == []
     assert head.on_records(1, ["after"]) == []           # channel 1 done for epoch 5
@@ -117,10 +145,10 @@ def test_head_logs_until_barrier_returns_on_every_feedback_channel():
 
 
 def test_early_barrier_blocks_feedback_until_the_heads_own_snapshot():
-    head = LoopHeadProtocol([1, 2])
+    head = _Head([1, 2])
     head.on_barrier(1, 3)                                # came round before the head snapshotted 3
     assert head.blocked_channels == {1}
-    head.start(3, _Upload(3))
+    head.start(3)
     assert head.blocked_channels == frozenset()
     head.on_records(2, ["x"])
     (ready,) = head.on_barrier(2, 3).ready
@@ -128,16 +156,17 @@ def test_early_barrier_blocks_feedback_until_the_heads_own_snapshot():
 
 
 def test_overlapping_epochs_and_skipped_barriers():
-    head = LoopHeadProtocol([0])
-    head.start(1, _Upload(1))
-    head.start(2, _Upload(2))
+    head = _Head([0])
+    head.start(1)
+    head.start(2)
     head.on_records(0, ["r"])                            # belongs to both open logs
     events = head.on_barrier(0, 2)                       # barrier 1 was dropped inside the loop
     assert events.declined == [1] and [u.epoch for u in events.ready] == [2]
     assert _logged(events.ready[0]) == ["r"]
-    head.start(3, _Upload(3))
+    head.start(3)
     head.abort(3)
-    assert head.recording_epochs == []
+    head.recorder.drop(3)
+    assert head.recorder.epochs == []
 
 
 def test_in_transit_log_spills_and_replays_in_order():

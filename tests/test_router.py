@@ -38,10 +38,15 @@ class FakeChannel:
     def __init__(self, cid: str, log: list):
         self.cid, self.log = cid, log
 
+    credits = 1 << 30
+
     def send_batch(self, records, should_stop, frame=None):
         if frame is not None:
             assert pickle.loads(frame) == (DATA, records)
         self.log.append((self.cid, DATA, list(records)))
+
+    def send_now(self, records, frame=None):
+        self.send_batch(records, None, frame)
 
     def send_event(self, message):
         self.log.append((self.cid, *message))

@@ -117,7 +117,8 @@ def test_abort_stops_recording():
 
 def test_recorder_releases_uploads_in_epoch_order_with_per_channel_logs():
     attached = {}
-    rec = ChannelStateRecorder(log_key=lambda c: f"ch{c}", attach=lambda u, logs, n: attached.setdefault(u, (logs, n)))
+    rec = ChannelStateRecorder(log_key=lambda c: f"ch{c}",
+                               attach=lambda u, logs, n: attached.setdefault(u, (logs, sum(n.values()))))
     assert rec.start(1, "u1", {0, 1}) == []
     rec.capture(1, 0, ["a"])
     rec.on_records(1, ["b", "c"])

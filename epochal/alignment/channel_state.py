@@ -41,7 +41,7 @@ class _Recording:
     upload: object  # runtime.snapshots.PendingUpload, held until its channel state is complete
     waiting: set[int]
     logs: dict = field(default_factory=dict)  # log key -> InTransitLog
-    records: int = 0
+    counts: dict = field(default_factory=dict)  # log key -> records (also those not kept)
 
 
 class ChannelStateRecorder:
@@ -51,20 +51,25 @@ class ChannelStateRecorder:
     Args:
         log_key: channel index → the key of the log its records go to.
         memory_records: in-memory bound of each log (spills beyond it).
-        attach: called as ``attach(upload, logs, records)`` when an epoch is complete, to
-            hand its logs (``{log key: InTransitLog}``) and record count to the upload.
-        logging: ``False`` only in tests that prove the channel state is what keeps
-            in-flight records (``epochal.testing.DisableLoopLog``): records are counted but
-            not kept.
+        attach: called as ``attach(upload, logs, counts)`` when an epoch is complete, to
+            hand its logs (``{log key: InTransitLog}``) and record counts per log key to
+            the upload.
+        discard: log keys whose records are counted but not kept — only in tests that
+            prove the log is what keeps in-flight records (``epochal.testing.DisableLoopLog``).
     """
 
-    def __init__(self, log_key: Callable[[int], Hashable], attach: Callable[[object, dict, int], None],
-                 memory_records: int = 100_000, logging: bool = True):
+    def __init__(self, log_key: Callable[[int], Hashable], attach: Callable[[object, dict, dict], None],
+                 memory_records: int = 100_000, discard: frozenset = frozenset()):
         self.log_key = log_key
         self.attach = attach
         self.memory_records = memory_records
-        self.logging = logging
+        self.discard = discard
         self._open: list[_Recording] = []  # epoch order
+
+    @property
+    def recording(self) -> bool:
+        """Some epoch is collecting channel state (the task must feed it records)."""
+        return bool(self._open)
 
     @property
     def epochs(self) -> list[int]:
@@ -121,10 +126,10 @@ class ChannelStateRecorder:
             self._release(rec)
 
     def _append(self, rec: _Recording, channel: int, records: list) -> None:
-        rec.records += len(records)
-        if not self.logging:
-            return
         key = self.log_key(channel)
+        rec.counts[key] = rec.counts.get(key, 0) + len(records)
+        if key in self.discard:
+            return
         log = rec.logs.get(key)
         if log is None:
             log = rec.logs[key] = InTransitLog(self.memory_records)
@@ -143,6 +148,6 @@ class ChannelStateRecorder:
         ready = []
         while self._open and not self._open[0].waiting:
             rec = self._open.pop(0)
-            self.attach(rec.upload, rec.logs, rec.records)
+            self.attach(rec.upload, rec.logs, rec.counts)
             ready.append(rec.upload)
         return ready

@@ -23,14 +23,22 @@ barrier has not returned on its channel). An epoch whose barrier never returns b
 newer barrier arrives first on some feedback channel was dropped inside the loop
 (aborted): it is declined. On restore the head replays the log before anything else
 (§4.1.3.1; see :mod:`epochal.runtime.task`).
+
+The recording itself is the task's channel-state recorder
+(:mod:`epochal.alignment.channel_state`), shared with unaligned checkpoints — a loop
+head's feedback log *is* channel state; this module keeps only what is particular to
+loops.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from epochal.loops.log import InTransitLog
 from epochal.operators.base import RuntimeOperator
+
+#: the log key of a loop head's feedback records in its ChannelStateRecorder (all feedback
+#: channels share one in-transit log, persisted as the task state's ``"loop"`` entry)
+LOOP_LOG = "loop"
 
 
 class LoopHeadOperator(RuntimeOperator):
@@ -41,39 +49,27 @@ class LoopHeadOperator(RuntimeOperator):
 
 
 @dataclass
-class _Recording:
-    epoch: int
-    upload: object  # runtime.snapshots.PendingUpload, held until the barrier returned
-    waiting: set[int]
-    log: InTransitLog
-    in_flight: int = 0  # records that crossed the phantom channel while recording
-
-
-@dataclass
 class LoopEvents:
-    """What the task must do after a feedback barrier: upload ``ready`` (epoch order),
-    decline ``declined``."""
+    """What the task must do after a loop event: upload ``ready`` (epoch order), decline
+    ``declined``."""
 
     ready: list = field(default_factory=list)
     declined: list[int] = field(default_factory=list)
 
 
 class LoopHeadProtocol:
-    """Alg. 7 for one head task with feedback channels ``feedback_channels``.
-
-    Args:
-        feedback_channels: the task's input indices of the feedback channels.
-        memory_records: in-memory bound of each epoch's log (spills beyond it).
-        logging: ``False`` only in tests (``epochal.testing.DisableLoopLog``) to prove the
-            log is what keeps in-flight records: records are counted (termination still
-            sees them) but not kept in the snapshot.
+    """Alg. 7 for one head task with feedback channels ``feedback_channels``: which
+    barriers came back early (blocking their channel), which epochs a feedback channel
+    skipped. The log itself is kept by the task's
+    :class:`~epochal.alignment.channel_state.ChannelStateRecorder` (``recorder``): the task
+    starts each epoch's recording waiting on every feedback channel (key :data:`LOOP_LOG`)
+    and feeds it the feedback records; this protocol tells the recorder when a feedback
+    channel is done with an epoch or when an epoch is lost.
     """
 
-    def __init__(self, feedback_channels: Iterable[int], memory_records: int = 100_000, logging: bool = True):
+    def __init__(self, feedback_channels: Iterable[int], recorder):
         self.feedback_channels = frozenset(feedback_channels)
-        self.memory_records = memory_records
-        self.logging = logging
-        self._open: list[_Recording] = []  # epoch order
+        self.recorder = recorder
         self._early: dict[int, int] = {}  # channel -> epoch whose barrier returned before start()
         self._started = 0
 
@@ -82,84 +78,40 @@ class LoopHeadProtocol:
         """Feedback channels the task must not read: their barrier came back early."""
         return frozenset(self._early)
 
-    @property
-    def recording_epochs(self) -> list[int]:
-        return [r.epoch for r in self._open]
-
-    def start(self, epoch: int, upload) -> LoopEvents:
-        """Barrier ``epoch`` was just forwarded into the loop: record until it returns."""
+    def start(self, epoch: int) -> LoopEvents:
+        """Barrier ``epoch`` was just forwarded into the loop (its recording is started):
+        channels whose barrier already came back are done; a newer barrier that came back
+        first means ours was dropped inside the loop (declined)."""
         self._started = max(self._started, epoch)
-        rec = _Recording(epoch, upload, set(self.feedback_channels), InTransitLog(self.memory_records))
-        skipped = False
+        events = LoopEvents()
+        if any(early > epoch for early in self._early.values()):
+            self.recorder.drop(epoch)
+            events.declined.append(epoch)
         for channel, early in list(self._early.items()):
-            if early == epoch:  # came back already: nothing of this channel is in flight for n
-                rec.waiting.discard(channel)
+            if early == epoch and not events.declined:  # came back already: nothing of it in flight
+                events.ready += self.recorder.done(epoch, channel)
             if early <= epoch:
                 del self._early[channel]
-            else:  # a newer barrier came back first: ours was dropped inside the loop
-                skipped = True
-        self._open.append(rec)
-        if skipped:
-            self._drop(rec)
-            return LoopEvents(declined=[epoch])
-        return self._collect()
-
-    def on_records(self, channel: int, records: list) -> list[int]:
-        """Log feedback ``records`` into every open epoch still waiting on ``channel``;
-        returns those epochs."""
-        logged = []
-        for rec in self._open:
-            if channel in rec.waiting:
-                rec.in_flight += len(records)
-                if self.logging:
-                    rec.log.append(records)
-                logged.append(rec.epoch)
-        return logged
+        return events
 
     def on_barrier(self, channel: int, epoch: int) -> LoopEvents:
         """Barrier ``epoch`` came back on feedback ``channel``."""
-        declined = []
+        events = LoopEvents()
         if epoch > self._started:  # before the head's own snapshot: block until start(epoch)
             self._early[channel] = epoch
-        for rec in list(self._open):
-            if channel not in rec.waiting:
+        for m in self.recorder.epochs:
+            if channel not in self.recorder.waiting_on(m):
                 continue
-            if rec.epoch == epoch:
-                rec.waiting.discard(channel)
-            elif rec.epoch < epoch:  # its barrier was dropped inside the loop (aborted there)
-                self._drop(rec)
-                declined.append(rec.epoch)
-        events = self._collect()
-        events.declined[:0] = declined
+            if m == epoch:
+                events.ready += self.recorder.done(m, channel)
+            elif m < epoch:  # its barrier was dropped inside the loop (aborted there)
+                self.recorder.drop(m)
+                events.declined.append(m)
         return events
 
     def abort(self, epoch: int) -> None:
-        """The coordinator aborted ``epoch``: forget its recording and stop waiting for it."""
+        """The coordinator aborted ``epoch``: stop blocking for it (the task drops its
+        recording)."""
         for channel, early in list(self._early.items()):
             if early <= epoch:
                 del self._early[channel]
-        for rec in list(self._open):
-            if rec.epoch == epoch:
-                self._drop(rec)
-
-    def close(self) -> None:
-        for rec in list(self._open):
-            self._drop(rec)
-
-    def _drop(self, rec: _Recording) -> None:
-        self._open.remove(rec)
-        rec.log.close()
-        job = getattr(rec.upload, "keyed_job", None)
-        if job is not None:
-            job.release()
-
-    def _collect(self) -> LoopEvents:
-        """Complete the oldest recordings whose barrier returned everywhere (in order)."""
-        events = LoopEvents()
-        while self._open and not self._open[0].waiting:
-            rec = self._open.pop(0)
-            rec.upload.loop_log = rec.log
-            rec.upload.metrics["loop_logged"] = rec.in_flight
-            rec.upload.metrics["loop_spilled_chunks"] = rec.log.spilled_chunks
-            events.ready.append(rec.upload)
-        return events

@@ -62,7 +62,7 @@ class InTransitLog:
 
     def persist(self, storage, epoch: int, base_name: str) -> dict:
         """Write spilled chunks as state files of ``epoch``; return the log's descriptor."""
-        segments = []
+        segments, size = [], 0
         if self._spill is not None:
             self._spill.flush()
             self._spill.seek(0)
@@ -70,7 +70,11 @@ class InTransitLog:
                 blob = pickle.dumps(pickle.load(self._spill), protocol=5)
                 handle = storage.write_state(epoch, f"{base_name}.log{k}", blob)
                 segments.append(handle.to_dict())
-        return {"count": self.count, "segments": segments, "inline": list(self._mem)}
+                size += len(blob)
+        inline = list(self._mem)
+        if inline:
+            size += len(pickle.dumps(inline, protocol=5))
+        return {"count": self.count, "segments": segments, "inline": inline, "bytes": size}
 
     def close(self) -> None:
         if self._spill is not None:

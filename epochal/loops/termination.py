@@ -9,16 +9,23 @@ driver asks the coordinator for another FINAL epoch
 (:meth:`~epochal.epochs.coordinator.EpochCoordinator.continue_final`). Each round lets
 the loop make progress; a loop whose records never stop circulating never finishes
 (like any non-terminating iteration).
+
+Unaligned snapshots (:mod:`epochal.alignment.unaligned`) leave records in flight at any
+cut, FINAL ones included: the records a task keeps as channel state of a FINAL epoch are
+processed after its snapshot, so their effects (a sink's output among them) belong to the
+epoch after it. The same rule covers them: a FINAL epoch with channel state anywhere is
+followed by another FINAL epoch, until one is taken with nothing in flight.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 
-def in_flight_at_cut(acks: Mapping[str, Mapping], loop_heads: Iterable[str]) -> int:
-    """Records logged by the loop heads for one completed epoch (0 ⇒ loops quiescent)."""
+def in_flight_at_cut(acks: Mapping[str, Mapping]) -> int:
+    """Records in flight at one completed epoch's cut: logged by loop heads or kept as
+    unaligned channel state, over every task's acknowledgement (0 ⇒ quiescent)."""
     total = 0
-    for task in loop_heads:
-        payload = acks.get(task) or {}
-        total += int((payload.get("metrics") or {}).get("loop_logged", 0))
+    for payload in acks.values():
+        metrics = (payload or {}).get("metrics") or {}
+        total += int(metrics.get("loop_logged", 0)) + int(metrics.get("channel_state_records", 0))
     return total

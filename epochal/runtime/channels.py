@@ -9,10 +9,24 @@ buffered at the receiver. A consumer that stops reading a channel (alignment, a 
 operator) therefore stops its producer — back-pressure instead of unbounded memory
 (seed 004 §3.4.4.3). Barriers and end-of-stream need no credit (they are small and
 bounded by the number of epochs), but they stay in FIFO order behind the data.
+
+**Bounded in-flight data** (``ChannelConfig.in_flight``, Flink's buffer debloating):
+instead of a fixed ``credits`` per channel, the consumer grants only as many batches as it
+consumes in ``in_flight`` seconds at its measured rate (at least 2, at most ``credits``), so
+under back-pressure the queues in front of a slow task hold a bounded *time* of data and a
+barrier behind them waits at most about that long.
+
+A barrier ``("E", epoch, ts[, unaligned])`` is also announced the moment its reader
+receives it (:meth:`InputGate.take_arrivals`), ahead of the data queued before it, for
+unaligned checkpoints (:mod:`epochal.alignment.unaligned`); the data queued before it stays
+readable (:meth:`InputGate.queued_before`). A producer forwarding an unaligned barrier
+sends its buffered data first even without credit (:meth:`OutputChannel.send_now`): the
+receiver then holds at most that one flush beyond its credits.
 """
 from __future__ import annotations
 
 import collections
+import math
 import threading
 import time
 
@@ -42,19 +56,27 @@ class InputGate:
     """
 
     def __init__(self, channel_ids: tuple[str, ...], credits: int, cv: threading.Condition,
-                 unbounded: frozenset[int] = frozenset()):
+                 unbounded: frozenset[int] = frozenset(), announce_barriers: bool = False,
+                 in_flight: float | None = None):
         self.channel_ids = channel_ids
         self.index = {cid: i for i, cid in enumerate(channel_ids)}
         self.credits = credits
         self.credits_of = [UNBOUNDED_CREDIT if i in unbounded else credits for i in range(len(channel_ids))]
+        n = len(channel_ids)
+        self._unconsumed = list(self.credits_of)  # granted but not yet consumed, per channel
+        self._in_flight = in_flight  # seconds of consumption to grant (None: credits_of)
+        self._bounded = [in_flight is not None and i not in unbounded for i in range(n)]
+        self._rate = [0.0] * n  # consumed batches per second (EWMA), for in_flight
+        self._window = [(time.monotonic(), 0)] * n  # (start, batches) of the current rate window
         self.cv = cv
         self.queues = [collections.deque() for _ in channel_ids]
         self.conns: list[Connection | None] = [None] * len(channel_ids)
         self.ended = [False] * len(channel_ids)
-        self._owed = [0] * len(channel_ids)
         self._data_buffered = [0] * len(channel_ids)  # data batches queued (bounded by credits)
         self._next = 0
         self.buffered_batches_max = 0
+        self._arrivals: collections.deque = collections.deque()  # (channel, barrier message)
+        self._announce = announce_barriers
 
     @property
     def all_connected(self) -> bool:
@@ -87,6 +109,8 @@ class InputGate:
                         self._data_buffered[i] += 1
                         if self._data_buffered[i] > self.buffered_batches_max:
                             self.buffered_batches_max = self._data_buffered[i]
+                    elif msg[0] == BARRIER and self._announce:
+                        self._arrivals.append((i, msg))
                     self.cv.notify_all()
                 if msg[0] == END:
                     return
@@ -109,15 +133,65 @@ class InputGate:
                 if msg[0] == DATA:
                     with self.cv:
                         self._data_buffered[i] -= 1
-                    self._owed[i] += 1
-                    if self._owed[i] * 2 >= self.credits_of[i]:
-                        try:
-                            self.conns[i].send((CREDIT, self._owed[i]))
-                        except OSError as exc:
-                            raise ChannelFailure(f"input channel {self.channel_ids[i]} broke: {exc}") from exc
-                        self._owed[i] = 0
+                    self._grant(i)
                 return i, msg
         return None
+
+    def target_credits(self, i: int) -> int:
+        """Batches channel ``i`` may have granted and unconsumed: ``credits``, or with
+        ``in_flight`` the batches consumed in that many seconds (2 ≤ it ≤ ``credits``)."""
+        if not self._bounded[i]:
+            return self.credits_of[i]
+        return max(2, min(self.credits_of[i], math.ceil(self._rate[i] * self._in_flight)))
+
+    def _grant(self, i: int) -> None:
+        """One batch of channel ``i`` was consumed: top its credit back up to the target,
+        in steps of at least half the target (fewer credit messages)."""
+        self._unconsumed[i] -= 1
+        if self._bounded[i]:
+            now = time.monotonic()
+            start, count = self._window[i]
+            count += 1
+            if now - start >= 0.1:
+                rate = count / (now - start)
+                self._rate[i] = rate if self._rate[i] == 0.0 else 0.5 * self._rate[i] + 0.5 * rate
+                self._window[i] = (now, 0)
+            else:
+                self._window[i] = (start, count)
+        target = self.target_credits(i)
+        give = target - self._unconsumed[i]
+        if give > 0 and give * 2 >= target:
+            try:
+                self.conns[i].send((CREDIT, give))
+            except OSError as exc:
+                raise ChannelFailure(f"input channel {self.channel_ids[i]} broke: {exc}") from exc
+            self._unconsumed[i] += give
+
+    @property
+    def has_arrivals(self) -> bool:
+        return bool(self._arrivals)
+
+    def take_arrivals(self) -> list[tuple[int, tuple]]:
+        """``(channel, barrier message)`` of every barrier received since the last call, in
+        arrival order (FIFO per channel), whether or not the task reached it in its queue."""
+        if not self._arrivals:
+            return []
+        with self.cv:
+            out = list(self._arrivals)
+            self._arrivals.clear()
+        return out
+
+    def queued_before(self, channel: int, epoch: int) -> list:
+        """The records queued on ``channel`` before its barrier ``epoch`` (flattened, in
+        order); ``[]`` when that barrier is no longer queued (the task reached it)."""
+        records: list = []
+        with self.cv:
+            for msg in self.queues[channel]:
+                if msg[0] == BARRIER and msg[1] == epoch:
+                    return records
+                if msg[0] == DATA:
+                    records.extend(msg[1])
+        return []
 
     def close(self) -> None:
         for c in self.conns:
@@ -153,7 +227,8 @@ class OutputChannel:
     def send_batch(self, records: list, should_stop, frame: bytes | None = None) -> None:
         """Send one batch, blocking while the consumer has granted no credit.
 
-        ``should_stop()`` is checked while waiting (cancellation); raises ChannelFailure
+        ``should_stop()`` is checked while waiting: it raises to cancel, or returns True to
+        send now without credit (urgent work waits behind this batch); raises ChannelFailure
         if the consumer went away. ``frame``, if given, must be ``encode_batch(records)``:
         it is sent instead of pickling ``records`` again.
         """
@@ -163,9 +238,20 @@ class OutputChannel:
                 while self.credits <= 0:
                     if self.broken:
                         raise ChannelFailure(self.broken)
-                    should_stop()
+                    if should_stop():
+                        break
                     self.cv.wait(0.1)
                 self.blocked_seconds += time.monotonic() - t0
+            self.credits -= 1
+        self._send_frame(encode_batch(records) if frame is None else frame)
+
+    def send_now(self, records: list, frame: bytes | None = None) -> None:
+        """Send one batch at once, taking a credit even when none is left: for the flush
+        that must precede an unaligned barrier (the credit count goes negative and the
+        receiver's grants make up for it). ``frame`` as for :meth:`send_batch`."""
+        if self.broken:
+            raise ChannelFailure(self.broken)
+        with self.cv:
             self.credits -= 1
         self._send_frame(encode_batch(records) if frame is None else frame)
 

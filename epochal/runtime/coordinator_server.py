@@ -22,6 +22,7 @@ storage. Protocol per attempt (task → coordinator / coordinator → task):
 """
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
@@ -307,12 +308,16 @@ class CoordinatorServer:
             "max_upload_s": max((m.get("upload_s", 0.0) for m in metrics), default=0.0),
             "max_durable_s": max((m.get("durable_s", 0.0) for m in metrics), default=0.0),  # within upload_s
             "loop_logged": sum(m.get("loop_logged", 0) for m in metrics),
+            # unaligned checkpoints: how the tasks snapshotted, what was in flight
+            "snapshot_kinds": dict(collections.Counter(m.get("snapshot_kind", "aligned") for m in metrics)),
+            "channel_state_records": sum(m.get("channel_state_records", 0) for m in metrics),
+            "channel_state_bytes": sum(m.get("channel_state_bytes", 0) for m in metrics),
             "metadata_s": metadata_s,  # writing _metadata after the last ack (not in duration_s)
             "tasks": {task_id: _task_sample(payload, completed.trigger_time)
                       for task_id, payload in completed.acks.items()},
         })
         if completed.is_final:
-            in_flight = in_flight_at_cut(completed.acks, self.loop_heads)
+            in_flight = in_flight_at_cut(completed.acks)
             if in_flight:  # a loop was still busy at the cut: go round again (epochal.loops.termination)
                 self.coordinator.continue_final(time.monotonic(), FINAL_ROUND_PAUSE if self.config.interval is None
                                                 else min(self.config.interval, FINAL_ROUND_PAUSE))
@@ -338,6 +343,7 @@ def _task_sample(payload, trigger_time: float) -> dict:
     fsync), of which ``durable_s`` the sinks' durability steps (their flush and fsync),
     ``ack_s`` trigger → its acknowledgement reached the coordinator."""
     m = payload.get("metrics", {})
-    sample = {k: m.get(k) for k in ("barrier_s", "alignment_s", "sync_s", "upload_wait_s", "upload_s", "durable_s")}
+    sample = {k: m.get(k) for k in ("barrier_s", "alignment_s", "sync_s", "upload_wait_s", "upload_s", "durable_s",
+                                    "snapshot_kind", "channel_state_records")}
     sample["ack_s"] = payload["acked_at"] - trigger_time if "acked_at" in payload else None
     return sample

@@ -106,9 +106,11 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
               runtime: str = "spark", spark=None, resume: bool = False, faults=(),
               backend="heap", cluster: ClusterConfig | None = None) -> JobHandle:
     """Validate everything that can be validated before any task starts, then start."""
-    components = components_for(guarantee)
-    backend = backend_spec(backend)
     checkpoint = checkpoint or CheckpointConfig()
+    if not isinstance(checkpoint, CheckpointConfig):
+        raise ConfigError(f"checkpoint: expected CheckpointConfig, got {type(checkpoint).__name__}")
+    components = components_for(guarantee, checkpoint)
+    backend = backend_spec(backend)
     restart = restart or RestartStrategy()
     channels = channels or ChannelConfig()
     cluster = cluster or ClusterConfig()

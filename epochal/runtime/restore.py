@@ -14,15 +14,23 @@ subtask. A new task takes:
 * for a loop head, the in-transit logs to replay before anything else (seed 004
   §4.1.3.1): its own subtask's log, or, after a rescale, old subtask ``k``'s log goes to
   new subtask ``k % parallelism`` (the head routes replayed records like any other, so
-  any head subtask may replay any logged record).
+  any head subtask may replay any logged record);
+* the channel state of an unaligned checkpoint — the records in flight on the task's
+  input channels at the cut, replayed before new input: with the task's parallelism
+  unchanged, its own subtask's; after a rescale, re-routed the way the channel's edge
+  partitions records — by key group for a keyed (hash) edge (every new subtask reads
+  every old subtask's state of that edge and keeps its key groups), old subtask ``j`` →
+  new ``j % parallelism`` for forward and round-robin edges. In-flight records of a
+  broadcast edge cannot be split between subtasks: such a rescale is refused.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from epochal.backends.keygroups import key_group_for, key_group_range
 from epochal.backends.storage import StateHandle
 from epochal.errors import ConfigError
-from epochal.graph import NodeKind
+from epochal.graph import NodeKind, PartitionKind
 from epochal.runtime.snapshots import decode_task_state
 
 
@@ -32,6 +40,9 @@ class RestoredState:
     source: dict | None = None
     keyed: list = field(default_factory=list)
     loop_logs: list = field(default_factory=list)  # InTransitLog descriptors, replay order
+    #: (log descriptor, keep) of unaligned channel state: ``keep(record)`` filters a rescaled
+    #: keyed edge's records to this task's key groups (None: all)
+    channel_state: list = field(default_factory=list)
 
 
 def merge_offsets(states: list[dict]) -> dict | None:
@@ -101,6 +112,7 @@ def load_restored_state(plan, spec, restore: dict | None, storage) -> RestoredSt
                     "parallelism unchanged"
                 )
             result.operators[name] = rescale(states, spec.subtask, spec.parallelism)
+    result.channel_state = _channel_state(plan, spec, relevant, blobs, restore["epoch"])
     # keyed blobs may appear twice if two keyed operators share a task: deduplicate by identity
     unique, seen = [], set()
     for b in result.keyed:
@@ -109,3 +121,52 @@ def load_restored_state(plan, spec, restore: dict | None, storage) -> RestoredSt
             unique.append(b)
     result.keyed = unique
     return result
+
+
+def edge_of(channel_id: str) -> tuple[str, str, int]:
+    """``(producer, consumer, input index)`` of a channel id ``"<producer>><consumer>.<i>:<up>><down>"``
+    (see :func:`epochal.plan.compile_plan`; operator names contain no ``>`` or ``:``)."""
+    producer, rest = channel_id.split(">", 1)
+    consumer_input = rest.split(":", 1)[0]
+    consumer, index = consumer_input.rsplit(".", 1)
+    return producer, consumer, int(index)
+
+
+def _channel_state(plan, spec, relevant: dict, blobs: dict, epoch: int) -> list:
+    """This task's share of the unaligned channel state of the old tasks (see the module
+    docstring): ``[(descriptor, keep or None)]`` in replay order."""
+    head = spec.chain[0]
+    old = [(tid, d) for tid, info in relevant.items() if info["chain"][0] == head
+           for d in blobs[tid].get("channels") or () if d.get("count")]
+    if not old:
+        return []
+    out = []
+    for tid, desc in sorted(old, key=lambda item: (relevant[item[0]]["subtask"], item[1]["channel"])):
+        info = relevant[tid]
+        j, old_p = info["subtask"], info["parallelism"]
+        producer, consumer, index = edge_of(desc["channel"])
+        if consumer != head:
+            raise ConfigError(f"operator {consumer!r}: checkpoint {epoch} holds records in flight into it, but it now "
+                              f"runs chained behind another operator; restore with the chain of the checkpoint")
+        if old_p == spec.parallelism:
+            if j == spec.subtask:
+                out.append((desc, None))
+            continue
+        kind = plan.nodes[consumer].inputs[index].partitioning
+        if kind.kind is PartitionKind.HASH:
+            mine = key_group_range(spec.subtask, spec.parallelism, plan.max_parallelism)
+            out.append((desc, _key_filter(kind.key_fn, mine, plan.max_parallelism)))
+        elif kind.kind is PartitionKind.BROADCAST:
+            raise ConfigError(
+                f"operator {consumer!r}: checkpoint {epoch} (unaligned) holds {desc['count']} broadcast records in "
+                f"flight into parallelism {old_p}, which cannot be redistributed to parallelism {spec.parallelism}; "
+                "restore it with the same parallelism, or take an aligned checkpoint first")
+        elif j % spec.parallelism == spec.subtask:
+            out.append((desc, None))
+    return out
+
+
+def _key_filter(key_fn, key_groups: range, max_parallelism: int):
+    def keep(record) -> bool:
+        return key_group_for(key_fn(record), max_parallelism) in key_groups
+    return keep

@@ -21,6 +21,12 @@ against a record-by-record reference):
   each channel's FIFO connection.
 * **Flow control.** Every data batch goes through ``OutputChannel.send_batch``, which
   takes one credit per batch and blocks (calling ``should_stop``) while there is none.
+  ``should_stop`` raises to cancel, or returns True when the task has urgent work that
+  must not wait for credit (an unaligned barrier to forward): the blocked batch and every
+  later one of the same ``route`` / ``flush`` call are then sent without credit, so the
+  task soon returns to its loop, where it forwards the barrier behind them.
+  ``broadcast(..., force=True)`` flushes without credit too. Either way the receiver holds
+  at most one input batch's output beyond its credits.
 
 Routing works per batch, never per record where the partitioning allows it: REBALANCE
 gives each channel one strided slice of the batch, FORWARD and BROADCAST one ``extend``
@@ -118,6 +124,7 @@ class Router:
         self._order = [cid for g in gates for cid in g.channels]
         self.oldest_unsent: float | None = None
         self.records_out = 0
+        self._urgent = False  # should_stop asked to stop waiting for credit in this call
 
     def route(self, records: list) -> None:
         if not records or not self._gates:
@@ -126,36 +133,58 @@ class Router:
         for g in self._gates:
             g.route(records)
         size = self.batch_size
-        for buf, outs in self._outlets:
-            full = len(buf) - len(buf) % size
-            if full:
-                for start in range(0, full, size):
-                    self._send(outs, buf[start:start + size])
-                del buf[:full]
+        try:
+            for buf, outs in self._outlets:
+                full = len(buf) - len(buf) % size
+                if full:
+                    for start in range(0, full, size):
+                        self._send(outs, buf[start:start + size])
+                    del buf[:full]
+        finally:
+            self._urgent = False
         if self.oldest_unsent is None and any(self._buffers):
             self.oldest_unsent = time.monotonic()
 
-    def _send(self, outs: tuple, batch: list) -> None:
+    def _blocked(self) -> bool:
+        """``should_stop`` while a send waits for credit; once it reported urgent work, the
+        rest of this call stops waiting."""
+        if not self._urgent and self.should_stop():
+            self._urgent = True
+        return self._urgent
+
+    def _send(self, outs: tuple, batch: list, force: bool = False) -> None:
+        force = force or self._urgent
         if len(outs) == 1:
-            outs[0].send_batch(batch, self.should_stop)
+            if force:
+                outs[0].send_now(batch)
+            else:
+                outs[0].send_batch(batch, self._blocked)
             return
         frame = encode_batch(batch)
         for out in outs:
-            out.send_batch(batch, self.should_stop, frame)
+            if force or self._urgent:
+                out.send_now(batch, frame)
+            else:
+                out.send_batch(batch, self._blocked, frame)
 
-    def flush(self) -> None:
-        for buf, outs in self._outlets:
-            if buf:
-                self._send(outs, buf.copy())
-                buf.clear()
+    def flush(self, force: bool = False) -> None:
+        """Send every buffered record (``force``: without waiting for credit)."""
+        try:
+            for buf, outs in self._outlets:
+                if buf:
+                    self._send(outs, buf.copy(), force)
+                    buf.clear()
+        finally:
+            self._urgent = False
         self.oldest_unsent = None
 
     def flush_if_lingering(self, now: float) -> None:
         if self.oldest_unsent is not None and now - self.oldest_unsent >= self.linger:
             self.flush()
 
-    def broadcast(self, message: tuple) -> None:
-        """Flush every buffer, then send ``message`` on every channel."""
-        self.flush()
+    def broadcast(self, message: tuple, force: bool = False) -> None:
+        """Flush every buffer, then send ``message`` on every channel. ``force``: the flush
+        does not wait for credit (an unaligned barrier overtakes back-pressure)."""
+        self.flush(force)
         for cid in self._order:
             self.channels[cid].send_event(message)

@@ -33,6 +33,7 @@ class PendingUpload:
     keyed_job: Any  # backend SnapshotJob or None
     metrics: dict = field(default_factory=dict)
     loop_log: Any = None  # loop heads: the epoch's InTransitLog (epochal.loops.log)
+    channel_state: dict = field(default_factory=dict)  # unaligned: input channel id -> InTransitLog
     created: float = field(default_factory=time.monotonic)  # for the ack's "upload_wait_s"
     before_ack: list = field(default_factory=list)  # [(operator, job)]: SnapshotResult.before_ack
 
@@ -42,9 +43,13 @@ def state_file_name(task_id: str) -> str:
     return task_id.replace("[", "-").replace("]", "") + ".state"
 
 
-def encode_task_state(operators: dict, source, keyed: bytes | None, loop: dict | None = None) -> bytes:
+def encode_task_state(operators: dict, source, keyed: bytes | None, loop: dict | None = None,
+                      channels: list | None = None) -> bytes:
+    """The task state file: operator states, source offsets, keyed state (or its
+    descriptor), a loop head's in-transit log and the channel state of an unaligned
+    snapshot (``[{"channel": id, **log descriptor}]``)."""
     return pickle.dumps({"format": STATE_FORMAT, "operators": operators, "source": source, "keyed": keyed,
-                         "loop": loop}, protocol=5)
+                         "loop": loop, "channels": channels or []}, protocol=5)
 
 
 def decode_task_state(blob: bytes, where: str) -> dict:
@@ -104,9 +109,12 @@ class Uploader:
                 if upload.keyed_job is not None:  # an incremental job uploads its files here
                     keyed = upload.keyed_job.run(self.storage, state_file_name(self.task_id)[:-len(".state")])
                 loop = None
+                base = state_file_name(self.task_id)
                 if upload.loop_log is not None:
-                    loop = upload.loop_log.persist(self.storage, upload.epoch, state_file_name(self.task_id))
-                blob = encode_task_state(upload.operators, upload.source, keyed, loop)
+                    loop = upload.loop_log.persist(self.storage, upload.epoch, base)
+                channels = [dict(log.persist(self.storage, upload.epoch, f"{base}.ch{k}"), channel=cid)
+                            for k, (cid, log) in enumerate(sorted(upload.channel_state.items()))]
+                blob = encode_task_state(upload.operators, upload.source, keyed, loop, channels)
                 self.faults.on_upload(upload.epoch)
                 handle = self.storage.write_state(upload.epoch, state_file_name(self.task_id), blob)
             except Exception as exc:  # storage errors decline the epoch; the task keeps running
@@ -118,8 +126,7 @@ class Uploader:
                     self.failed = exc
                     return
                 continue
-            if upload.loop_log is not None:
-                upload.loop_log.close()
+            self._close_logs(upload)
             # bytes: uploaded for this epoch; state_bytes: everything the checkpoint references
             shared, uploaded, total = [], handle.size, handle.size
             if isinstance(keyed, dict):
@@ -129,7 +136,8 @@ class Uploader:
             # upload_wait_s: snapshot taken → upload started (earlier uploads, a loop head's
             # wait for its barrier to come round, the GIL); upload_s: the upload itself
             metrics = dict(upload.metrics, upload_s=time.monotonic() - t0, upload_wait_s=t0 - upload.created,
-                           durable_s=durable_s, bytes=uploaded, state_bytes=total)
+                           durable_s=durable_s, bytes=uploaded, state_bytes=total,
+                           channel_state_bytes=sum(c.get("bytes", 0) for c in channels))
             try:
                 self.send(("ack", upload.epoch, {"task": self.task_id, "handle": asdict(handle), "metrics": metrics,
                                                  "shared": shared}))
@@ -138,8 +146,14 @@ class Uploader:
                 return
 
     @staticmethod
-    def _release(upload: PendingUpload) -> None:
-        if upload.keyed_job is not None:
-            upload.keyed_job.release()
+    def _close_logs(upload: PendingUpload) -> None:
         if upload.loop_log is not None:
             upload.loop_log.close()
+        for log in upload.channel_state.values():
+            log.close()
+
+    @classmethod
+    def _release(cls, upload: PendingUpload) -> None:
+        if upload.keyed_job is not None:
+            upload.keyed_job.release()
+        cls._close_logs(upload)

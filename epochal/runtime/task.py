@@ -8,8 +8,19 @@ snapshots. They all wake the task thread through one condition variable ``cv``.
 Per step the task thread (1) handles coordinator messages, (2) a source polls its reader
 or a regular task takes the next message from a non-blocked input channel, (3) flushes
 batches that lingered. Barriers go to the barrier handler picked by the guarantee
-factory (aligned: seed 004 Alg. 6; tracker: §4.5.4); sources inject barriers when the
-coordinator triggers an epoch (Alg. 5).
+factory (aligned: seed 004 Alg. 6; tracker: §4.5.4; unaligned:
+:mod:`epochal.alignment.unaligned`); sources inject barriers when the coordinator
+triggers an epoch (Alg. 5).
+
+Channel state. A snapshot taken before its barrier reached every input — an unaligned one,
+or a loop head's, whose barrier still circulates the loop (Alg. 7) — is completed by the
+task's :class:`~epochal.alignment.channel_state.ChannelStateRecorder` with the records in
+flight: the upload is held until every channel owing records delivered them. With
+unaligned snapshots (``components.priority_barriers``) barriers are taken when they
+*arrive* (:meth:`InputGate.take_arrivals`), before the data queued ahead of them, also
+while the task waits for credit (the blocked send then goes out without credit, so the
+task gets back to its loop at once), and the task forwards its barrier ahead of the
+credit-based flow control. A restore replays the channel state before any new input.
 """
 from __future__ import annotations
 
@@ -19,6 +30,7 @@ import time
 import traceback
 
 from epochal.backends.storage import CheckpointStorage
+from epochal.alignment.channel_state import ChannelStateRecorder
 from epochal.epochs.barrier import Barrier
 from epochal.errors import ChannelSetupError, ConfigError, EpochalError, OperatorError, TaskStartError
 from epochal.operators.base import OperatorContext, SnapshotResult
@@ -26,7 +38,7 @@ from epochal.operators.factory import create_operator
 from epochal.runtime import wire
 from epochal.runtime.attempt import AttemptSpec
 from epochal.runtime.channels import BARRIER, DATA, END, ChannelFailure, InputGate, OutputChannel
-from epochal.loops.head import LoopHeadProtocol
+from epochal.loops.head import LOOP_LOG, LoopHeadProtocol
 from epochal.loops.log import replay
 from epochal.runtime.restore import RestoredState, load_restored_state
 from epochal.runtime.router import Router
@@ -66,16 +78,25 @@ class Task:
         self.faults = FaultInjector(attempt.faults, self.spec.chain, self.spec.subtask, attempt.generation)
         # A loop head's feedback channels come last: unbounded credit, never aligned (epochal.loops).
         self.n_aligned = self.spec.aligned_inputs
+        components = attempt.components
+        self.priority = components.priority_barriers  # unaligned snapshots: barriers overtake data
         self.gate = InputGate(self.spec.inputs, attempt.channels.credits, self.cv,
-                              unbounded=frozenset(range(self.n_aligned, len(self.spec.inputs))))
-        self.handler = attempt.components.barrier_handler(self.n_aligned)
+                              unbounded=frozenset(range(self.n_aligned, len(self.spec.inputs))),
+                              announce_barriers=self.priority, in_flight=attempt.channels.in_flight)
+        self.handler = components.barrier_handler(self.n_aligned)
+        memory = 100_000
+        if self.spec.is_loop_head:
+            memory = plan.nodes[self.spec.chain[0]].payload.log_memory_records
+        self.recorder = ChannelStateRecorder(
+            log_key=lambda c: LOOP_LOG if c >= self.n_aligned else self.spec.inputs[c],
+            attach=self._attach_channel_state, memory_records=memory,
+            discard=frozenset() if self.faults.loop_log_enabled else frozenset({LOOP_LOG}))
         self.loop: LoopHeadProtocol | None = None
         if self.spec.is_loop_head:
-            options = plan.nodes[self.spec.chain[0]].payload
-            self.loop = LoopHeadProtocol(range(self.n_aligned, len(self.spec.inputs)), options.log_memory_records,
-                                         logging=self.faults.loop_log_enabled)
+            self.loop = LoopHeadProtocol(range(self.n_aligned, len(self.spec.inputs)), self.recorder)
+        self._barrier_ts: dict[int, float] = {}  # epoch -> trigger time, for barriers forwarded later
         self.metrics = {"task": self.spec.id, "host": self.node, "source": self.spec.is_source, "records_in": 0,
-                        "snapshots": 0,
+                        "snapshots": 0, "unaligned_snapshots": 0, "channel_state_replayed": 0,
                         "alignment_s": [], "sync_s": [], "loop_replayed": 0}
 
     # ------------------------------------------------------------------ lifecycle
@@ -201,10 +222,18 @@ class Task:
                 self.metrics["loop_replayed"] += len(records)
                 self._process(records)
             self.router.flush()
+        if restored.channel_state:  # the records in flight at an unaligned cut, before new input
+            for descriptor, keep in restored.channel_state:
+                for records in replay([descriptor], storage):
+                    if keep is not None:
+                        records = [r for r in records if keep(r)]
+                    self.faults.on_replay(self.metrics["channel_state_replayed"] + len(records))
+                    self.metrics["channel_state_replayed"] += len(records)
+                    self._process(records)
+            self.router.flush()
 
     def _teardown(self) -> None:
-        if self.loop is not None:
-            self.loop.close()
+        self.recorder.close()
         if self.uploader:
             self.uploader.close()
         for out in self.outputs.values():
@@ -249,11 +278,16 @@ class Task:
             while not any(m[0] in ("cancel", "lost") for m in self.control) and time.monotonic() < deadline:
                 self.cv.wait(0.05)
 
-    def _check_cancelled(self) -> None:
-        """Raise if the coordinator cancelled the attempt (checked while blocked on credit)."""
+    def _check_cancelled(self) -> bool:
+        """While blocked on credit: raise if the coordinator cancelled the attempt; True if
+        a barrier must not wait for it (with unaligned snapshots: one arrived, or a source
+        was triggered), so the blocked send goes out without credit (see the router)."""
         for msg in list(self.control):
             if msg[0] in ("cancel", "lost"):
                 raise TaskCancelled(f"task {self.spec.id}: {msg[0]}: {msg[1] if len(msg) > 1 else ''}")
+        if not self.priority:
+            return False
+        return self.gate.has_arrivals or any(m[0] == "trigger" for m in self.control)
 
     # ------------------------------------------------------------------ main loop
     def _loop(self) -> None:
@@ -298,6 +332,13 @@ class Task:
         return bool(poll.records) or not poll.idle
 
     def _step_inputs(self) -> bool:
+        if self.priority:  # barriers that arrived, ahead of the data queued before them
+            for channel, msg in self.gate.take_arrivals():
+                if channel < self.n_aligned:
+                    self._barrier_ts[msg[1]] = msg[2]
+                    result = self.handler.on_barrier_arrived(channel, Barrier(msg[1], msg[2]), len(msg) > 3 and msg[3])
+                    self._apply(result, channel, reached=False)
+            self._apply(self.handler.on_tick(), None, reached=False)
         item = self.gate.poll(self._blocked())
         if item is None:
             return False
@@ -308,9 +349,12 @@ class Task:
         kind = msg[0]
         if kind == DATA:
             self.metrics["records_in"] += len(msg[1])
+            if self.recorder.recording:
+                self.recorder.on_records(channel, msg[1])
             self._process(msg[1])
         elif kind == BARRIER:
-            self._on_barrier(channel, Barrier(msg[1], msg[2]))
+            self._barrier_ts[msg[1]] = msg[2]
+            self._apply(self.handler.on_barrier(channel, Barrier(msg[1], msg[2])), channel, reached=True)
         elif kind == END:
             self.gate.ended[channel] = True
         else:  # "!" — the producer vanished without an end of stream
@@ -329,7 +373,7 @@ class Task:
         kind = msg[0]
         if kind == DATA:
             self.metrics["records_in"] += len(msg[1])
-            logged = self.loop.on_records(channel, msg[1])
+            logged = self.recorder.on_records(channel, msg[1])
             if logged:
                 self.faults.on_loop_log(logged[-1])
             self._process(msg[1])
@@ -348,26 +392,52 @@ class Task:
             self.uploader.submit(upload)
 
     # ------------------------------------------------------------------ epochs
-    def _on_barrier(self, channel: int, barrier: Barrier) -> None:
-        result = self.handler.on_barrier(channel, barrier)
+    def _apply(self, result, channel: int | None, reached: bool) -> None:
+        """Carry out a barrier handler's instructions (see epochal.alignment.handlers and
+        .unaligned): decline given-up epochs, snapshot, capture channel state.
+        ``reached``: the event is a barrier taken from ``channel``'s queue in FIFO order
+        (nothing is queued before it any more)."""
         for epoch in result.aborted_epochs:
+            self.recorder.drop(epoch)
             self._send(("decline", epoch, self.spec.id, f"task {self.spec.id}: barrier handler gave up epoch {epoch}"))
-        if result.snapshot_epoch is None:
-            if self.handler.pending_epoch == barrier.epoch:
-                self.faults.on_alignment(barrier.epoch)
-            return
-        self.metrics["alignment_s"].append(self.handler.last_alignment_duration)
-        self._snapshot_and_forward(result.snapshot_epoch, barrier.timestamp)
+        plan = result.channel_state
+        if result.snapshot_epoch is not None:
+            self.metrics["alignment_s"].append(self.handler.last_alignment_duration)
+            self._snapshot_and_forward(result.snapshot_epoch, self._barrier_ts.get(result.snapshot_epoch, time.time()),
+                                       plan, reached_channel=channel if reached else None)
+        elif plan is not None:  # barriers of an epoch snapshotted unaligned arrived
+            ready = []
+            for c in plan.capture:
+                owed = [] if reached and c == channel else self.gate.queued_before(c, plan.epoch)
+                ready += self.recorder.capture(plan.epoch, c, owed)
+            for upload in ready:
+                self.uploader.submit(upload)
+        elif reached and self.handler.pending_epoch is not None:
+            self.faults.on_alignment(self.handler.pending_epoch)
 
-    def _snapshot_and_forward(self, epoch: int, timestamp: float) -> None:
+    def _attach_channel_state(self, upload, logs: dict, counts: dict) -> None:
+        """The recorder completed ``upload``'s channel state: hand it the logs to persist."""
+        upload.loop_log = logs.pop(LOOP_LOG, None)
+        upload.channel_state = logs
+        upload.metrics["channel_state_records"] = sum(n for k, n in counts.items() if k != LOOP_LOG)
+        if self.loop is not None:
+            upload.metrics["loop_logged"] = counts.get(LOOP_LOG, 0)
+            upload.metrics["loop_spilled_chunks"] = upload.loop_log.spilled_chunks if upload.loop_log else 0
+
+    def _snapshot_and_forward(self, epoch: int, timestamp: float, plan=None, reached_channel: int | None = None) -> None:
         """Synchronous part of the snapshot of ``epoch``, then forward the barrier.
 
         Everything processed so far belongs to epochs ≤ ``epoch`` and nothing after;
         buffered output is flushed before the barrier so it precedes it on every channel.
+        With a channel-state ``plan`` (an unaligned snapshot) the barrier goes out flagged
+        unaligned and without waiting for credit, and the upload waits for the channel
+        state; a loop head's upload waits for its barrier to come back (Alg. 7).
         """
         barrier_s = time.time() - timestamp  # trigger → here: the barrier's travel, incl. alignment
         t0 = time.monotonic()
-        self.router.flush()
+        unaligned = plan is not None
+        force = unaligned or (self.priority and not self.spec.inputs)  # a source's barrier overtakes too
+        self.router.flush(force)
         operators, before_ack = {}, []
         for op in self.operators:
             state = op.snapshot(epoch)  # sinks seal their transaction here (seed 004 §4.1.3, prepare)
@@ -378,18 +448,34 @@ class Task:
                 operators[op.ctx.operator] = state
         source = self.reader.snapshot() if self.reader is not None else None
         keyed_job = self.backend.snapshot(epoch) if self.backend is not None else None
-        self.router.broadcast((BARRIER, epoch, timestamp))
+        self.router.broadcast((BARRIER, epoch, timestamp, True) if unaligned else (BARRIER, epoch, timestamp), force)
         sync = time.monotonic() - t0
         self.metrics["sync_s"].append(sync)
         self.metrics["snapshots"] += 1
+        self.metrics["unaligned_snapshots"] += unaligned
+        kind = "source" if not self.spec.inputs else (getattr(self.handler, "last_snapshot_kind", None) or "aligned")
         upload = PendingUpload(epoch, operators, source, keyed_job,
-                               {"sync_s": sync, "barrier_s": barrier_s,
+                               {"sync_s": sync, "barrier_s": barrier_s, "snapshot_kind": kind,
                                 "alignment_s": self.handler.last_alignment_duration if self.spec.inputs else 0.0},
                                before_ack=before_ack)
-        if self.loop is not None:  # held until barrier `epoch` came back around the loop (Alg. 7)
-            self._apply_loop_events(self.loop.start(epoch, upload))
-        else:
+        waiting = set(self.loop.feedback_channels) if self.loop is not None else set()
+        if unaligned:
+            waiting |= plan.capture | plan.record
+        if not waiting:
             self.uploader.submit(upload)
+            return
+        ready = self.recorder.start(epoch, upload, waiting)
+        if unaligned:
+            for c in plan.capture:  # the data queued before the barrier (none if it was just reached)
+                owed = [] if c == reached_channel else self.gate.queued_before(c, epoch)
+                ready += self.recorder.capture(epoch, c, owed)
+        if self.loop is not None:  # held until barrier `epoch` came back around the loop (Alg. 7)
+            events = self.loop.start(epoch)
+            events.ready[:0] = ready
+            self._apply_loop_events(events)
+        else:
+            for u in ready:
+                self.uploader.submit(u)
 
     def _drain_control(self) -> None:
         while self.control:
@@ -407,6 +493,7 @@ class Task:
                     self.backend.notify_epoch_complete(msg[1])
             elif kind == "abort":  # coordinator gave up the epoch: release alignment and loop logging
                 self.handler.abort_epoch(msg[1])
+                self.recorder.drop(msg[1])
                 if self.loop is not None:
                     self.loop.abort(msg[1])
                 if self.backend is not None:
