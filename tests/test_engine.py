@@ -39,6 +39,24 @@ def test_slow_consumer_backpressures_producer_with_bounded_buffers(tmp_path):
     assert source["backpressure_s"] > 1.0, source
 
 
+def test_in_flight_bounds_queues_by_time_not_by_credits(tmp_path):
+    """ChannelConfig.in_flight (buffer debloating): with 32 credits a slow consumer's input
+    queue fills to ~32 batches; with in_flight=0.05 s the consumer grants only what it
+    consumes in 50 ms (a few batches at ~60 batches/s), and no record is lost either way."""
+    def run(in_flight):
+        flow = ep.Dataflow("debloat")
+        src = flow.source("numbers", ep.sources.CollectionSource(list(range(4_000)), num_splits=1))
+        out = unique_dir(tmp_path, "out")
+        src.rebalance().map("slow", _slow).sink("out", FileSink(out))
+        result = flow.run(runtime="local", channels=ep.ChannelConfig(batch_size=32, credits=32, in_flight=in_flight),
+                          checkpoint=ep.CheckpointConfig(interval=None, storage="file://" + unique_dir(tmp_path, "c")))
+        assert sorted(read_committed(out)) == list(range(4_000))
+        return result.task_metrics["slow[0]"]["max_buffered_batches"]
+
+    assert run(None) >= 24
+    assert run(0.05) <= 8
+
+
 def test_source_requested_and_manual_epochs(tmp_path):
     """Operator-driven triggers (IBM §3.1: an epoch after each file) and manual triggers
     both complete epochs when periodic checkpointing is off."""

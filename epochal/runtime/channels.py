@@ -63,9 +63,11 @@ class InputGate:
         self.credits = credits
         self.credits_of = [UNBOUNDED_CREDIT if i in unbounded else credits for i in range(len(channel_ids))]
         n = len(channel_ids)
-        self._unconsumed = list(self.credits_of)  # granted but not yet consumed, per channel
         self._in_flight = in_flight  # seconds of consumption to grant (None: credits_of)
         self._bounded = [in_flight is not None and i not in unbounded for i in range(n)]
+        # the first grant: all credits, or with in_flight the minimum until a rate is measured
+        self._first = [min(2, c) if bounded else c for c, bounded in zip(self.credits_of, self._bounded)]
+        self._unconsumed = list(self._first)  # granted but not yet consumed, per channel
         self._rate = [0.0] * n  # consumed batches per second (EWMA), for in_flight
         self._window = [(time.monotonic(), 0)] * n  # (start, batches) of the current rate window
         self.cv = cv
@@ -95,7 +97,7 @@ class InputGate:
                 return
             self.conns[i] = conn
             self.cv.notify_all()
-        conn.send((CREDIT, self.credits_of[i]))
+        conn.send((CREDIT, self._first[i]))
         threading.Thread(target=self._read, args=(i, conn), name=f"epochal-in-{cid}", daemon=True).start()
 
     def _read(self, i: int, conn: Connection) -> None:
