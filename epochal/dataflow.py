@@ -111,7 +111,10 @@ class Dataflow:
         "local"), ``spark`` (a SparkSession to use), ``resume`` (continue from the
         latest completed checkpoint in the storage), ``faults`` (see
         :mod:`epochal.testing`), ``backend`` ("heap" default, "rocksdb", or a
-        :class:`~epochal.backends.choice.BackendSpec`).
+        :class:`~epochal.backends.choice.BackendSpec`), ``cluster``
+        (:class:`~epochal.config.ClusterConfig`), ``allow_non_restored_state`` (restore even
+        though state of operators the dataflow no longer has would be dropped; see
+        :mod:`epochal.runtime.compatibility`).
         """
         return self.start(**options).wait()
 

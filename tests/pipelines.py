@@ -54,13 +54,19 @@ def wordcount(name: str, out: str, n_lines: int = 4000, parallelism: int = 2, so
     return flow
 
 
+def running_counts(n_lines: int = 4000, source_splits: int = 4) -> list:
+    """Plain Python: ``[w, k]`` for k = 1..count(w) of every word of the generated lines —
+    what a keyed running count of :func:`lines_from` emits, in any order."""
+    words = collections.Counter(w for s in range(source_splits) for i in range(n_lines // source_splits)
+                                for w in line(s, i).split())
+    return [[w, k] for w, c in words.items() for k in range(1, c + 1)]
+
+
 def wordcount_oracle(n_lines: int = 4000, source_splits: int = 4) -> collections.Counter:
     """The committed output of :func:`wordcount`, computed in plain Python (no engine): a
     running count ``[w, k]`` for k = 1..count(w) of every word, and ``["bucket", b, n]`` for
     n = 1..(how many of those counts k have k % 5 == b)."""
-    words = collections.Counter(w for s in range(source_splits) for i in range(n_lines // source_splits)
-                                for w in line(s, i).split())
-    out = [[w, k] for w, c in words.items() for k in range(1, c + 1)]
+    out = running_counts(n_lines, source_splits)
     buckets = collections.Counter(k % 5 for _, k in out)
     out += [["bucket", b, n] for b, c in buckets.items() for n in range(1, c + 1)]
     return canon(out)

@@ -26,7 +26,7 @@ from epochal.runtime.snapshots import decode_task_state, encode_task_state, stat
 from epochal.sinks import FileSink, read_committed
 from epochal.testing import CrashAtRecord, CrashDuringReplay, CrashDuringSnapshotUpload
 
-from pipelines import canon, collatz, collatz_golden, line, lines_from, unique_dir
+from pipelines import canon, collatz, collatz_golden, lines_from, running_counts, unique_dir
 
 LINES = 2400
 SPLITS = 4
@@ -61,8 +61,7 @@ def counting(name: str, out: str, count_parallelism: int = 2, lines: int = LINES
 
 def oracle(lines: int = LINES) -> collections.Counter:
     """Plain Python: a running count [w, k], k = 1..count(w), for every word."""
-    words = collections.Counter(w for s in range(SPLITS) for i in range(lines // SPLITS) for w in line(s, i).split())
-    return canon([[w, k] for w, c in words.items() for k in range(1, c + 1)])
+    return canon(running_counts(lines, SPLITS))
 
 
 def _run(flow, url, faults=(), runtime="local", spark=None, **kw):

@@ -336,6 +336,16 @@ class KeyedStateBackend(ABC):
             blobs.append(item)
         self.restore(blobs)
 
+    @abstractmethod
+    def state_names(self) -> set[str]:
+        """The names of every state holding entries (or ever written, for RocksDB)."""
+
+    @abstractmethod
+    def drop_state(self, state: str) -> None:
+        """Remove every entry of ``state`` (value or map), in every key group; idempotent.
+        Task thread, after restore: state of an operator the new dataflow no longer has,
+        restored with ``allow_non_restored_state``, is not carried into later snapshots."""
+
     def notify_epoch_complete(self, epoch: int) -> None:
         """Epoch ``epoch`` completed (its ``_metadata`` is written). Task thread. Backends
         with incremental snapshots move their base to that epoch's files; default: no-op."""

@@ -376,6 +376,14 @@ class HeapStateBackend(KeyedStateBackend):
                         else:  # adopt the freshly unpickled dict
                             b.data = entries
 
+    def state_names(self) -> set[str]:
+        return set(self._values) | set(self._maps)
+
+    def drop_state(self, state: str) -> None:
+        # pending snapshots hold their own frozen buckets: dropping the table leaves them intact
+        self._values.pop(state, None)
+        self._maps.pop(state, None)
+
     def entries(self) -> Iterator[tuple[str, str, int, Any, Any]]:
         for kind, tables in (("value", self._values), ("map", self._maps)):
             for state, table in tables.items():

@@ -183,6 +183,19 @@ class RocksDBStateBackend(KeyedStateBackend):
         ek = _canonical(key, "key")
         return _HEAD.pack(kg, sid, len(ek)) + ek
 
+    def state_names(self) -> set[str]:
+        return {name for _kind, name in self._sids}
+
+    def drop_state(self, state: str) -> None:
+        for kind in (_VALUE, _MAP):
+            sid = self._sids.get((kind, state))
+            if sid is None:
+                continue
+            for kg in self.key_groups:
+                prefix = _HEAD.pack(kg, sid, 0)[:4]
+                for k, _raw in list(_scan(self._db, prefix, _prefix_end(prefix))):
+                    self._db.delete(k)
+
     # -------------------------------------------------------------------- value state
     def get(self, state: str, kg: int, key, default=None):
         k = self._key(_VALUE, state, kg, key)

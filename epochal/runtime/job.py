@@ -22,7 +22,7 @@ from epochal.backends.choice import backend_spec
 from epochal.backends.storage import CheckpointStorage, referenced_bytes
 from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, RestartStrategy
 from epochal.errors import ConfigError, EpochalError, JobFailedError
-from epochal.runtime import wire
+from epochal.runtime import compatibility, wire
 from epochal.runtime.attempt import AttemptSpec
 from epochal.runtime.coordinator_server import AttemptOutcome, CoordinatorServer
 
@@ -104,7 +104,8 @@ class JobHandle:
 def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | None = None,
               restart: RestartStrategy | None = None, channels: ChannelConfig | None = None,
               runtime: str = "spark", spark=None, resume: bool = False, faults=(),
-              backend="heap", cluster: ClusterConfig | None = None) -> JobHandle:
+              backend="heap", cluster: ClusterConfig | None = None,
+              allow_non_restored_state: bool = False) -> JobHandle:
     """Validate everything that can be validated before any task starts, then start."""
     checkpoint = checkpoint or CheckpointConfig()
     if not isinstance(checkpoint, CheckpointConfig):
@@ -136,6 +137,12 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
         check_storage_visible_from_every_host(plan, checkpoint.storage, cluster.shared_paths, launcher.master)
     url = checkpoint.storage or "file://" + tempfile.mkdtemp(prefix=f"epochal-{flow.name}-")
     storage = CheckpointStorage(url, flow.name)
+    if not isinstance(allow_non_restored_state, bool):
+        raise ConfigError(f"allow_non_restored_state: expected True or False, got {allow_non_restored_state!r}")
+    if resume:  # checked now, before anything starts (every restore is checked again later)
+        latest = storage.latest_completed()
+        if latest is not None:
+            compatibility.enforce(plan, latest[1], allow_non_restored_state, log)
     if storage.has_checkpoints() and not resume:
         latest = storage.latest_completed()
         raise ConfigError(
@@ -147,7 +154,7 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
         launcher = LocalLauncher()
     encrypted = launcher.is_cluster if channels.encryption is None else channels.encryption
     driver = _Driver(plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime,
-                     tuple(faults), backend, encrypted)
+                     tuple(faults), backend, encrypted, allow_non_restored_state)
     driver.thread.start()
     return JobHandle(driver)
 
@@ -180,8 +187,9 @@ def _ship(plan) -> bytes:
 
 class _Driver:
     def __init__(self, plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime,
-                 faults, backend, encrypted: bool = False):
+                 faults, backend, encrypted: bool = False, allow_non_restored_state: bool = False):
         self.backend = backend
+        self.allow_non_restored_state = allow_non_restored_state
         self.encrypted = encrypted
         self.plan, self.plan_blob, self.components, self.checkpoint = plan, plan_blob, components, checkpoint
         self.restart, self.channels, self.launcher = restart, channels, launcher
@@ -231,6 +239,9 @@ class _Driver:
             restore = None
             if latest is not None:
                 epoch, meta = latest
+                # every restore is checked (a fallback past a damaged checkpoint may reach one
+                # of an older plan): a mismatch fails the job before any task starts
+                compatibility.enforce(self.plan, meta, self.allow_non_restored_state, log)
                 restore = {"epoch": epoch, "tasks": meta["tasks"]}
                 highest = max(highest, epoch)
             restored_from.append(restore["epoch"] if restore else None)

@@ -196,6 +196,10 @@ class Task:
             self.backend = self.attempt.backend.create(self.spec.key_groups)
             if restored.keyed:
                 self.backend.restore_from(restored.keyed, storage)
+                mine = set(self.spec.chain)  # state names are "<operator>/<state>"
+                for state in self.backend.state_names():
+                    if state.split("/", 1)[0] not in mine:  # allow_non_restored_state dropped it
+                        self.backend.drop_state(state)
         restore_s = time.monotonic() - t_restore
         nodes = self.plan.nodes
         op_names = self.spec.chain[1:] if self.spec.is_source else self.spec.chain
