@@ -94,6 +94,24 @@ class PhysicalPlan:
         return {n.name: {"kind": n.kind.value, "parallelism": n.parallelism} for n in self.nodes.values()}
 
 
+def _check_exclusive_outputs(job: str, nodes: dict) -> None:
+    """Two sinks writing one location (or one inside the other) would overwrite each
+    other's output: refuse the graph, naming both."""
+    seen: list[tuple[str, str]] = []
+    for node in nodes.values():
+        if node.kind is not NodeKind.SINK:
+            continue
+        for loc in node.payload.exclusive_locations():
+            for other, other_loc in seen:
+                if loc == other_loc or loc.startswith(other_loc.rstrip("/") + "/") \
+                        or other_loc.startswith(loc.rstrip("/") + "/"):
+                    raise PipelineDefinitionError(
+                        f"dataflow {job!r}: sinks {other!r} and {node.name!r} both write {other_loc}"
+                        + ("" if loc == other_loc else f" (and {loc} inside it)")
+                        + ": their output files would overwrite each other; give each sink its own location")
+            seen.append((node.name, loc))
+
+
 def compile_plan(flow) -> PhysicalPlan:
     """Validate ``flow`` and build its physical plan.
 
@@ -117,6 +135,7 @@ def compile_plan(flow) -> PhysicalPlan:
         raise PipelineDefinitionError(f"dataflow {flow.name!r} has no sink")
 
     check_acyclic(nodes)
+    _check_exclusive_outputs(flow.name, nodes)
 
     # Chains: follow chainable forward edges from each chain head.
     def chains_into_producer(node: Node) -> bool:

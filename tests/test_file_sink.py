@@ -37,6 +37,7 @@ from epochal.sinks import (
     read_committed,
 )
 from epochal.sinks.base import TransactionStateError
+from epochal.sinks.files import name_tag
 from sinkfaults import lossy
 
 FORMATS = ["jsonl", "csv", "parquet"]
@@ -45,6 +46,9 @@ TX, DIRECT = SinkMode.TRANSACTIONAL, SinkMode.DIRECT
 
 class Crash(Exception):
     """The simulated task process died."""
+
+
+TAG = name_tag("job", "out")  # the job/sink tag every part file name carries
 
 
 def ctx(gen: int = 0, mode: SinkMode = TX, subtask: int = 0) -> SinkContext:
@@ -259,7 +263,7 @@ def test_partial_commit_is_finished_by_recovery(out):
         w.write({"id": 99})
     w2 = FileSink(out, max_records_per_file=2).create_writer(ctx(1))
     w2.restore(state)  # preemptive re-commit (seed 004 §4.1.3.1) skips the moved files
-    assert visible_files(out) == [f"part-e0000000001-s0000-{i:04d}.jsonl" for i in range(3)]
+    assert visible_files(out) == [f"part-{TAG}-e0000000001-s0000-{i:04d}.jsonl" for i in range(3)]
     assert read_committed(out) == epochs[0]
     w3 = FileSink(out, max_records_per_file=2).create_writer(ctx(2))
     w3.restore(state)  # a second recovery from the same checkpoint is a no-op
@@ -299,7 +303,7 @@ def test_nothing_visible_before_completion_and_empty_epochs_publish_nothing(out)
     w.snapshot(2)
     assert visible_files(out) == [] and len(staged_files(out)) == 1
     w.notify_epoch_complete(2)
-    assert visible_files(out) == ["part-e0000000002-s0000-0000.jsonl"]
+    assert visible_files(out) == [f"part-{TAG}-e0000000002-s0000-0000.jsonl"]
 
 
 # ------------------------------------------------------------------ DIRECT mode
@@ -313,7 +317,7 @@ def test_direct_mode_visible_at_barrier_without_notify(out, fmt):
     state = w.snapshot(1)
     assert state.pending == ()
     assert read_committed(out, fmt) == [{"a": "1"}]
-    assert visible_files(out) == [f"part-g000007-s0000-000000.{fmt}"]
+    assert visible_files(out) == [f"part-{TAG}-g000007-s0000-000000.{fmt}"]
     w.write({"a": "2"})
     w.close()  # records after the last barrier are published too
     assert read_committed(out, fmt) == [{"a": "1"}, {"a": "2"}]
@@ -349,7 +353,7 @@ def test_restore_cleans_own_orphans_only(out):
     w2 = sink.create_writer(ctx(1))
     w2.restore(s1)
     assert read_committed(out) == [{"e": 1}]
-    assert staged_files(out) == ["part-e0000000001-s0001-0000-g000000.jsonl"]
+    assert staged_files(out) == [f"part-{TAG}-e0000000001-s0001-0000-g000000.jsonl"]
 
 
 def test_zombie_of_older_generation_never_collides(out):
@@ -367,7 +371,7 @@ def test_zombie_of_older_generation_never_collides(out):
     live.snapshot(2)
     live.notify_epoch_complete(2)
     assert read_committed(out) == [{"e": 1}, {"e": 2, "gen": 1}]
-    assert staged_files(out) == ["part-e0000000002-s0000-0000-g000000.jsonl"]  # zombie's, unpublished
+    assert staged_files(out) == [f"part-{TAG}-e0000000002-s0000-0000-g000000.jsonl"]  # zombie's, unpublished
 
 
 # ------------------------------------------------------------------ errors

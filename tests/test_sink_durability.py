@@ -372,7 +372,7 @@ def _later_epoch_bytes(fs, staging: str, epoch: int) -> int:
     fs.invalidate_cache(staging)
     total = 0
     for info in fs.ls(staging, detail=True):
-        m = re.match(r"part-e(\d{10})-", posixpath.basename(info["name"]))
+        m = re.match(r"part-[0-9a-f]{8}-e(\d{10})-", posixpath.basename(info["name"]))
         if m and int(m.group(1)) > epoch:
             total += info["size"]
     return total

@@ -22,6 +22,7 @@ from epochal.backends.choice import backend_spec
 from epochal.backends.storage import CheckpointStorage, referenced_bytes
 from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, RestartStrategy
 from epochal.errors import ConfigError, EpochalError, JobFailedError
+from epochal.graph import NodeKind
 from epochal.runtime import compatibility, wire
 from epochal.runtime.attempt import AttemptSpec
 from epochal.runtime.coordinator_server import AttemptOutcome, CoordinatorServer
@@ -139,17 +140,18 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
     storage = CheckpointStorage(url, flow.name)
     if not isinstance(allow_non_restored_state, bool):
         raise ConfigError(f"allow_non_restored_state: expected True or False, got {allow_non_restored_state!r}")
-    if resume:  # checked now, before anything starts (every restore is checked again later)
-        latest = storage.latest_completed()
-        if latest is not None:
-            compatibility.enforce(plan, latest[1], allow_non_restored_state, log)
+    latest = storage.latest_completed() if storage.has_checkpoints() else None
     if storage.has_checkpoints() and not resume:
-        latest = storage.latest_completed()
         raise ConfigError(
             f"checkpoint.storage: {url}/{flow.name} already holds checkpoints"
             + (f" (latest completed epoch {latest[0]})" if latest else "")
             + "; pass resume=True to continue from it, or use another storage location"
         )
+    if latest is not None:  # checked now, before anything starts (every restore is checked again later)
+        compatibility.enforce(plan, latest[1], allow_non_restored_state, log)
+    for node in plan.nodes.values():  # output ownership, before anything writes
+        if node.kind is NodeKind.SINK:
+            node.payload.claim(job=flow.name, sink=node.name, resume=latest is not None)
     if launcher is None:
         launcher = LocalLauncher()
     encrypted = launcher.is_cluster if channels.encryption is None else channels.encryption

@@ -108,6 +108,21 @@ class Sink(ABC):
         """
         return ()
 
+    def exclusive_locations(self) -> tuple[str, ...]:
+        """Locations (normalised URLs or absolute paths) no other sink may write, not even
+        below or above them: two sinks there would overwrite each other's output. Checked
+        when the dataflow is planned. None by default."""
+        return ()
+
+    def claim(self, job: str, sink: str, resume: bool) -> None:
+        """On the driver, before the job starts: make sure this sink may write its
+        output (e.g. no other job owns the directory) and record that job ``job``'s sink
+        ``sink`` does. ``resume``: the job continues from its checkpoints. Default: nothing.
+
+        Raises:
+            ConfigError: naming the location and what to do.
+        """
+
 
 class SinkWriter(ABC):
     """Per-task writer driven by the runtime on the task thread, in this order:

@@ -17,15 +17,16 @@ Abort      delete the staged files (the IBM FileSink truncates on reset, seed 00
            a staging file per transaction makes the truncation a delete)
 =========  ===============================================================================
 
-Names. Final names carry epoch, subtask and sequence but no generation
-(``part-e0000000007-s0002-0000.jsonl``): a later generation re-committing the same
-transaction targets the same name. Staged names add the generation (``...-g000003``), so a
+Names. Final names carry a tag of the job and sink (8 hex digits of a hash of both, so two
+jobs or sinks that share a directory with ``take_over`` never overwrite each other), epoch,
+subtask and sequence but no generation (``part-3fa0c1d2-e0000000007-s0002-0000.jsonl``): a
+later generation re-committing the same transaction targets the same name. Staged names add the generation (``...-g000003``), so a
 zombie of an older attempt never collides with the current one. Readers that skip hidden
 files (``_staging``, names starting with ``_`` or ``.``) — ``pyarrow.dataset``,
 ``spark.read.parquet(dir)``, :func:`read_committed` — never see partial data.
 
 ``SinkMode.DIRECT`` (at-least-once) uses the same staging but publishes every part file at
-each barrier, named by generation instead of epoch (``part-g000003-s0002-000011.jsonl``):
+each barrier, named by generation instead of epoch (``part-3fa0c1d2-g000003-s0002-000011.jsonl``):
 output is visible one barrier after it was written, never half-written, and records
 replayed after a restore appear again in files of the new generation.
 
@@ -47,8 +48,10 @@ from __future__ import annotations
 
 import csv
 import functools
+import hashlib
 import io
 import json
+import os
 import posixpath
 import re
 from collections.abc import Mapping
@@ -87,6 +90,11 @@ class FileSink(Sink):
         max_records_per_file: roll to a new part file after this many records (None: one
             file per epoch and subtask).
         schema: pyarrow schema — column types for parquet, column order for csv.
+        take_over: write into ``path`` even if another job or sink owns it (its ownership
+            marker ``_epochal_sink.json`` names another job or sink) or it holds files not
+            written by epochal. Without it such a directory is refused when the job starts,
+            and so is this job's own directory holding the output of an earlier run unless
+            the job resumes (``resume=True``) — two runs never mix silently.
 
     Raises:
         ConfigError: for an unknown format, a non-positive ``max_records_per_file`` or a
@@ -94,7 +102,7 @@ class FileSink(Sink):
     """
 
     def __init__(self, path: str, *, format: str = "jsonl", max_records_per_file: int | None = None,
-                 schema: pa.Schema | None = None):
+                 schema: pa.Schema | None = None, take_over: bool = False):
         if not isinstance(path, str) or not path:
             raise ConfigError(f"FileSink path: expected a non-empty string, got {path!r}")
         if format not in _FORMATS:
@@ -111,6 +119,7 @@ class FileSink(Sink):
         self.format = format
         self.max_records_per_file = max_records_per_file
         self.schema = schema
+        self.take_over = bool(take_over)
 
     def create_writer(self, ctx: SinkContext) -> FileSinkWriter:
         return FileSinkWriter(self, ctx)
@@ -120,6 +129,15 @@ class FileSink(Sink):
 
     def locations(self) -> tuple[str, ...]:
         return (self.path,)
+
+    def exclusive_locations(self) -> tuple[str, ...]:
+        return (normalized_location(self.path),)
+
+    def claim(self, job: str, sink: str, resume: bool) -> None:
+        """Refuse a directory that is a file, is owned by another job or sink, holds files
+        epochal did not write, or holds an earlier run's output of this very sink while the
+        job starts afresh (see ``take_over``); then write the ownership marker."""
+        claim_directory(self.path, job, sink, resume, self.take_over)
 
 
 @dataclass
@@ -201,9 +219,11 @@ class FileSinkWriter(TwoPhaseCommitSink):
         if not self._fs.exists(staging):
             return
         own, p = self.ctx.subtask, self.ctx.parallelism
+        mine = f"part-{self._names.tag}-"  # never another job's or sink's staging (take_over)
         for path in self._fs.ls(staging, detail=False):
-            m = _STAGED_SUBTASK.search(posixpath.basename(path))
-            j = int(m.group(1)) if m else -1
+            name = posixpath.basename(path)
+            m = _STAGED_SUBTASK.search(name)
+            j = int(m.group(1)) if m and name.startswith(mine) else -1
             if j == own or (j >= p and j % p == own):
                 self._fs.rm(path)
 
@@ -220,21 +240,27 @@ class FileSinkWriter(TwoPhaseCommitSink):
         return posixpath.join(self._root, name)
 
 
+def name_tag(job: str, sink: str) -> str:
+    """The 8 hex digits that tag every file of job ``job``'s sink ``sink``."""
+    return hashlib.sha256(f"{job}\0{sink}".encode()).hexdigest()[:8]
+
+
 class _EpochNames:
-    """TRANSACTIONAL: ``part-e{epoch}-s{subtask}-{seq}``, seq counting within the epoch."""
+    """TRANSACTIONAL: ``part-{tag}-e{epoch}-s{subtask}-{seq}``, seq counting within the epoch."""
 
     def __init__(self, ctx: SinkContext, ext: str):
         self._subtask, self._generation, self._ext = ctx.subtask, ctx.generation, ext
+        self.tag = name_tag(ctx.job, ctx.sink_name)
 
     def final(self, epoch: int, index: int) -> str:
-        return f"part-e{epoch:010d}-s{self._subtask:04d}-{index:04d}.{self._ext}"
+        return f"part-{self.tag}-e{epoch:010d}-s{self._subtask:04d}-{index:04d}.{self._ext}"
 
     def staged(self, final: str) -> str:
         return f"{final[:-len(self._ext) - 1]}-g{self._generation:06d}.{self._ext}"
 
 
 class _GenerationNames(_EpochNames):
-    """DIRECT: ``part-g{generation}-s{subtask}-{seq}``, seq counting within the writer."""
+    """DIRECT: ``part-{tag}-g{generation}-s{subtask}-{seq}``, seq counting within the writer."""
 
     def __init__(self, ctx: SinkContext, ext: str):
         super().__init__(ctx, ext)
@@ -242,7 +268,7 @@ class _GenerationNames(_EpochNames):
 
     def final(self, epoch: int, index: int) -> str:
         self._seq += 1
-        return f"part-g{self._generation:06d}-s{self._subtask:04d}-{self._seq - 1:06d}.{self._ext}"
+        return f"part-{self.tag}-g{self._generation:06d}-s{self._subtask:04d}-{self._seq - 1:06d}.{self._ext}"
 
 
 _NAMES = {SinkMode.TRANSACTIONAL: _EpochNames, SinkMode.DIRECT: _GenerationNames}
@@ -469,3 +495,52 @@ _READERS = {
     "csv": lambda f: [dict(r) for r in csv.DictReader(io.StringIO(f.read().decode("utf-8"), newline=""))],
     "parquet": lambda f: pq.read_table(f).to_pylist(),
 }
+
+
+OWNER_FILE = "_epochal_sink.json"
+
+
+def normalized_location(path: str) -> str:
+    """``path`` as a comparable location: absolute for local paths, no trailing slash."""
+    protocol = fsspec.utils.get_protocol(path)
+    if protocol in ("file", "local"):
+        local = path.split("://", 1)[1] if "://" in path else path
+        return posixpath.normpath(os.path.abspath(local))
+    return path.rstrip("/")
+
+
+def claim_directory(path: str, job: str, sink: str, resume: bool, take_over: bool) -> None:
+    """Ownership of a FileSink's output directory (see :class:`FileSink` ``take_over``)."""
+    fs, root = fsspec.core.url_to_fs(path)
+    where = f"sink {sink!r}: {path}"
+    if fs.isfile(root):
+        raise ConfigError(f"{where} is a file, not a directory: choose a directory for the part files")
+    marker = posixpath.join(root, OWNER_FILE)
+    owner = None
+    if fs.exists(marker):
+        try:
+            owner = json.loads(fs.cat_file(marker))
+        except ValueError:
+            owner = {}
+    if not take_over:
+        fs.invalidate_cache(root)
+        try:
+            entries = [posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)]
+        except FileNotFoundError:
+            entries = []
+        output = [e for e in entries if not e.startswith(("_", "."))]
+        if owner is not None and (owner.get("job"), owner.get("sink")) != (job, sink):
+            raise ConfigError(
+                f"{where} is the output directory of job {owner.get('job')!r} sink {owner.get('sink')!r} "
+                f"({OWNER_FILE}); write elsewhere, or pass FileSink(..., take_over=True) to write into it anyway")
+        if owner is None and output:
+            raise ConfigError(
+                f"{where} is not empty ({len(output)} entries, e.g. {sorted(output)[0]!r}) and was not written by "
+                "epochal; use an empty or new directory, or pass FileSink(..., take_over=True)")
+        if owner is not None and output and not resume:
+            raise ConfigError(
+                f"{where} holds committed output of an earlier run of this job ({len(output)} part files): pass "
+                "resume=True to continue that run from its checkpoints, delete the directory to start afresh, or "
+                "pass FileSink(..., take_over=True) to add to it")
+    fs.makedirs(root, exist_ok=True)
+    fs.pipe_file(marker, json.dumps({"job": job, "sink": sink, "format": 1}).encode())
