@@ -36,6 +36,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, BinaryIO
 
+from epochal import serde
 from epochal.errors import CheckpointStorageError, EpochalError
 
 __all__ = [
@@ -70,7 +71,7 @@ def write_snapshot(out: BinaryIO, sections: Iterable[tuple[int, Section]]) -> in
     out.write(bytes(_INDEX.size * len(sections)))  # filled in once the lengths are known
     index = []
     for kg, (values, maps) in sections:
-        body = pickle.dumps((values, maps), protocol=pickle.HIGHEST_PROTOCOL)
+        body = serde.dumps((values, maps), protocol=pickle.HIGHEST_PROTOCOL)
         out.write(body)
         index.append(_INDEX.pack(kg, len(body)))
     end = out.tell()

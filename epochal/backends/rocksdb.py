@@ -64,6 +64,7 @@ from rocksdict import (
     WriteOptions,
 )
 
+from epochal import serde
 from epochal.backends.base import KeyedStateBackend, SnapshotJob, decode_snapshot, encode_snapshot
 from epochal.backends.keygroups import _encode  # the canonical key encoding of stable_hash
 from epochal.backends.workdir import make_workdir
@@ -203,7 +204,7 @@ class RocksDBStateBackend(KeyedStateBackend):
         return default if raw is None else pickle.loads(raw)[1]
 
     def put(self, state: str, kg: int, key, value) -> None:
-        self._db.put(self._key(_VALUE, state, kg, key, True), pickle.dumps((key, value), _DUMPS))
+        self._db.put(self._key(_VALUE, state, kg, key, True), serde.dumps((key, value), _DUMPS))
 
     def delete(self, state: str, kg: int, key) -> None:
         k = self._key(_VALUE, state, kg, key)
@@ -226,7 +227,7 @@ class RocksDBStateBackend(KeyedStateBackend):
 
     def map_put(self, state: str, kg: int, key, mk, value) -> None:
         k = self._map_key(state, kg, key, mk, True)
-        self._db.put(k, pickle.dumps((key, mk, value), _DUMPS))
+        self._db.put(k, serde.dumps((key, mk, value), _DUMPS))
 
     def map_delete(self, state: str, kg: int, key, mk) -> None:
         k = self._map_key(state, kg, key, mk)
@@ -386,7 +387,7 @@ class RocksDBStateBackend(KeyedStateBackend):
                 for state, entries in values.items():
                     for key, value in entries.items():
                         k = self._key(_VALUE, state, kg, key, True)
-                        batch.put(k, pickle.dumps((key, value), _DUMPS))
+                        batch.put(k, serde.dumps((key, value), _DUMPS))
                         if len(batch) >= 10_000:
                             self._db.write(batch)
                             batch = WriteBatch(raw_mode=True)
@@ -395,7 +396,7 @@ class RocksDBStateBackend(KeyedStateBackend):
                         prefix = self._key(_MAP, state, kg, key, True)
                         for mk, value in inner.items():
                             batch.put(prefix + _canonical(mk, "map key"),
-                                      pickle.dumps((key, mk, value), _DUMPS))
+                                      serde.dumps((key, mk, value), _DUMPS))
                         if len(batch) >= 10_000:
                             self._db.write(batch)
                             batch = WriteBatch(raw_mode=True)

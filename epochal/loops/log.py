@@ -14,6 +14,8 @@ import os
 import pickle
 import tempfile
 
+from epochal import serde
+
 
 class InTransitLog:
     """An append-only record log, bounded in memory, spilling to a temporary file."""
@@ -46,7 +48,7 @@ class InTransitLog:
             fd, path = tempfile.mkstemp(prefix="epochal-loop-log-")
             self._spill = os.fdopen(fd, "w+b")
             os.unlink(path)  # the open file lives until close(); nothing is left behind
-        pickle.dump(chunk, self._spill, protocol=5)
+        serde.dump(chunk, self._spill)
         self._chunks += 1
 
     def chunks(self):
@@ -67,13 +69,13 @@ class InTransitLog:
             self._spill.flush()
             self._spill.seek(0)
             for k in range(self._chunks):
-                blob = pickle.dumps(pickle.load(self._spill), protocol=5)
+                blob = serde.dumps(pickle.load(self._spill))
                 handle = storage.write_state(epoch, f"{base_name}.log{k}", blob)
                 segments.append(handle.to_dict())
                 size += len(blob)
         inline = list(self._mem)
         if inline:
-            size += len(pickle.dumps(inline, protocol=5))
+            size += len(serde.dumps(inline))
         return {"count": self.count, "segments": segments, "inline": inline, "bytes": size}
 
     def close(self) -> None:

@@ -22,6 +22,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from epochal import serde
+
 STATE_FORMAT = 1
 
 
@@ -48,8 +50,8 @@ def encode_task_state(operators: dict, source, keyed: bytes | None, loop: dict |
     """The task state file: operator states, source offsets, keyed state (or its
     descriptor), a loop head's in-transit log and the channel state of an unaligned
     snapshot (``[{"channel": id, **log descriptor}]``)."""
-    return pickle.dumps({"format": STATE_FORMAT, "operators": operators, "source": source, "keyed": keyed,
-                         "loop": loop, "channels": channels or []}, protocol=5)
+    return serde.dumps({"format": STATE_FORMAT, "operators": operators, "source": source, "keyed": keyed,
+                        "loop": loop, "channels": channels or []})
 
 
 def decode_task_state(blob: bytes, where: str) -> dict:

@@ -31,6 +31,7 @@ import struct
 import threading
 import time
 
+from epochal import serde
 from epochal.errors import EpochalError
 
 MAGIC = b"EPOCHAL1"
@@ -58,7 +59,7 @@ def derive_key(secret: bytes, job: str, generation: int) -> bytes:
 
 def encode(message) -> bytes:
     """The frame payload of ``message`` (what :meth:`Connection.send` sends; ``recv`` decodes it)."""
-    return pickle.dumps(message, protocol=5)
+    return serde.dumps(message)
 
 
 def _mac(key: bytes, *parts: bytes) -> bytes:
