@@ -56,6 +56,7 @@ from dataclasses import asdict, dataclass
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from epochal.durable import fsync_dir
 from epochal.errors import CheckpointStorageError, ConfigError
 
 __all__ = ["METADATA_FILE", "CheckpointStorage", "StateHandle"]
@@ -121,6 +122,21 @@ def _state_handles(meta) -> list[StateHandle]:
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
     return sorted(set(found), key=lambda h: h.path)
+
+
+def _makedirs_durable(directory: str) -> None:
+    """``os.makedirs`` whose new directories' entries are durable (each new directory's
+    parent is fsynced), so a checkpoint directory cannot vanish with its files."""
+    if os.path.isdir(directory):
+        return
+    parent = os.path.dirname(directory)
+    if parent and parent != directory:
+        _makedirs_durable(parent)
+    try:
+        os.mkdir(directory)
+    except FileExistsError:
+        return
+    fsync_dir(None, parent or ".")
 
 
 def referenced_bytes(meta) -> int:
@@ -215,7 +231,7 @@ class CheckpointStorage:
                 self.fs.pipe_file(path, data)
                 return
             directory, name = os.path.split(path)
-            os.makedirs(directory, exist_ok=True)
+            _makedirs_durable(directory)
             tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
             try:
                 with open(tmp, "wb") as f:
@@ -223,6 +239,7 @@ class CheckpointStorage:
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, path)
+                fsync_dir(None, directory)  # the rename is durable only with its directory
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
@@ -333,7 +350,7 @@ class CheckpointStorage:
             with self._io("write", path):
                 if self._local:
                     directory = os.path.dirname(path)
-                    os.makedirs(directory, exist_ok=True)
+                    _makedirs_durable(directory)
                     tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
                     try:
                         os.replace(local_path, tmp)
@@ -349,6 +366,7 @@ class CheckpointStorage:
                         os.fsync(f.fileno())
                 if self._local:
                     os.replace(local_path, path)
+                    fsync_dir(None, os.path.dirname(path))
                 else:
                     self.fs.put_file(local_path, path)
         finally:

@@ -64,7 +64,7 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 from epochal.alignment.factory import SinkMode
-from epochal.durable import fsync, fsync_path
+from epochal.durable import fsync, fsync_dir, fsync_path
 from epochal.errors import ConfigError
 from epochal.sinks.base import (
     Sink,
@@ -195,6 +195,9 @@ class FileSinkWriter(TwoPhaseCommitSink):
     def commit(self, txn: FileTransaction) -> None:
         for staged, final in txn.files:
             self._publish(staged, final)
+        if txn.files:  # the renames are durable only with both directories
+            fsync_dir(self._fs, self._root)
+            fsync_dir(self._fs, self._join(STAGING_DIR))
 
     def abort(self, txn: FileTransaction) -> None:
         part, self._part = self._part, None
@@ -276,11 +279,15 @@ _NAMES = {SinkMode.TRANSACTIONAL: _EpochNames, SinkMode.DIRECT: _GenerationNames
 
 def _make_durable(fs, part: _Part | None, unsynced: list[str]) -> None:
     """A FileSink transaction's durability step (uploader thread): touches only the sealed
-    part and the rolled files' paths, never the writer."""
+    part and the rolled files' paths, never the writer. The staging directory is fsynced
+    last, so the staged files' entries survive a power loss too."""
     if part is not None:
         part.close()
     for path in unsynced:
         fsync_path(fs, path)
+    staged = unsynced or ([part.path] if part is not None else [])
+    if staged:
+        fsync_dir(fs, posixpath.dirname(staged[0]))
 
 
 # ------------------------------------------------------------------------- formats

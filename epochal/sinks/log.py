@@ -82,7 +82,8 @@ from typing import Any
 from epochal.backends.keygroups import stable_hash
 from epochal.errors import ConfigError
 from epochal.sinks.base import Sink, SinkCommitError, SinkContext, SinkWriteError, TwoPhaseCommitSink
-from epochal.sources.log import TransactionalLog, check_name, fsync
+from epochal.durable import fsync, fsync_dir
+from epochal.sources.log import TransactionalLog, check_name
 
 __all__ = ["LogSink", "LogSinkWriter", "LogTransaction", "ProducerFencedError", "TransactionalLog"]
 
@@ -225,6 +226,8 @@ class LogSinkWriter(TwoPhaseCommitSink):
         for f in files:
             fsync(f)
             f.close()
+        for directory in {posixpath.dirname(self._staged(txn, p)) for p in txn.records}:
+            fsync_dir(self.log.fs, directory)
         # Step 4
         self._check_not_fenced("pre_commit", txn)
         # Step 5
@@ -330,6 +333,7 @@ class LogSinkWriter(TwoPhaseCommitSink):
         if fs.exists(staged):
             fs.makedirs(posixpath.dirname(segment), exist_ok=True)
             fs.mv(staged, segment)
+            fsync_dir(fs, posixpath.dirname(segment))  # before the marker that makes it visible
         elif not fs.exists(segment):
             raise SinkCommitError(
                 f"{self._where()}: cannot commit transaction {txn.name!r} of {txn.transactional_id!r} to "

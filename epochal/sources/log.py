@@ -34,7 +34,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from epochal.config import parse_duration
-from epochal.durable import fsync
+from epochal.durable import fsync, fsync_dir
 from epochal.errors import ConfigError
 from epochal.sources.base import Poll, Source, SourceReader, check_max_records, check_positive_int
 
@@ -176,8 +176,9 @@ class TransactionalLog:
         return self.fs.cat_file(path)
 
     def write_atomic(self, path: str, data: bytes) -> None:
-        """Replace ``path`` with ``data`` all at once (temp file + rename)."""
+        """Replace ``path`` with ``data`` all at once (temp file + rename), durably."""
         self.fs.mv(self._temp(path, data), path)
+        fsync_dir(self.fs, posixpath.dirname(path))
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
         """Create ``path`` with ``data`` unless it exists; readers never see a partial file."""
@@ -185,11 +186,12 @@ class TransactionalLog:
         if isinstance(self.fs, LocalFileSystem):
             try:
                 os.link(tmp, path)  # atomic, never overwrites
-                return True
             except FileExistsError:
                 return False
             finally:
                 os.unlink(tmp)
+            fsync_dir(self.fs, posixpath.dirname(path))
+            return True
         with _MEMORY_LOCK:  # memory:// (or a store without exclusive create: one process only)
             if self.fs.exists(path):
                 self.fs.rm(tmp)
