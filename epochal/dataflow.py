@@ -23,6 +23,7 @@ from epochal.errors import PipelineDefinitionError
 from epochal.graph import FORWARD, Input, Node, NodeKind, PartitionKind, Partitioning
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_API = {"hash": "key_by", "rebalance": "rebalance", "broadcast": "broadcast", "forward": "forward"}
 _MISSING = object()
 
 
@@ -182,6 +183,13 @@ class Stream:
         return Stream(self._flow, self._repartition(Partitioning(PartitionKind.BROADCAST)))
 
     def _repartition(self, partitioning: Partitioning) -> tuple[Input, ...]:
+        replaced = [p for p in self._ports if p.partitioning.kind is not PartitionKind.FORWARD]
+        if replaced:
+            first = replaced[0].partitioning.kind.value
+            raise PipelineDefinitionError(
+                f"after {replaced[0].node!r}: a {partitioning.kind.value} partitioning follows a {first} one "
+                f"(e.g. .{_API[first]}().{_API[partitioning.kind.value]}(...)); the second would silently replace "
+                "the first — keep only the one you mean")
         return tuple(Input(p.node, partitioning) for p in self._ports)
 
     def union(self, *others: "Stream") -> "Stream":

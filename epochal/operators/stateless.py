@@ -25,7 +25,9 @@ class MapOperator(RuntimeOperator):
 
 
 class FlatMapOperator(RuntimeOperator):
-    """``fn(record) -> iterable of records`` (``None`` counts as empty)."""
+    """``fn(record) -> iterable of records`` (``None`` counts as empty). A ``str`` or
+    ``bytes`` result is an error, not its characters: it is almost always a function that
+    returns one record where an iterable of records was meant."""
 
     def __init__(self, ctx, fn):
         super().__init__(ctx)
@@ -40,6 +42,9 @@ class FlatMapOperator(RuntimeOperator):
             for record in records:
                 produced = fn(record)
                 if produced is not None:
+                    if isinstance(produced, (str, bytes)):
+                        raise TypeError(f"flat_map returned a {type(produced).__name__} ({produced[:40]!r}); it "
+                                        "must return an iterable of records — wrap one record in a list, or use map")
                     extend(produced)
         except Exception as exc:
             raise self.fail(record, exc) from exc

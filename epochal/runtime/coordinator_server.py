@@ -50,6 +50,8 @@ class AttemptOutcome:
     cause: str = ""
     fatal: bool = False  # retrying cannot help (the tasks cannot even load the dataflow)
     task_metrics: dict = field(default_factory=dict)
+    #: (operator, record repr, error type) when a user function failed on a record
+    poison: tuple | None = None
 
 
 class CoordinatorServer:
@@ -242,7 +244,8 @@ class CoordinatorServer:
                 if self._secondary is None:
                     self._secondary = (now + SECONDARY_GRACE, msg[2])
             else:
-                self._finish_attempt(False, msg[2], fatal=flags.get("fatal", False))
+                self._finish_attempt(False, msg[2], fatal=flags.get("fatal", False),
+                                     poison=tuple(flags["poison"]) if flags.get("poison") else None)
         elif kind == "lost":
             if msg[1] not in self.finished and msg[1] not in self._reported:
                 cause = (f"task {msg[1]} disconnected without finishing (process crashed or was killed): "
@@ -325,13 +328,13 @@ class CoordinatorServer:
             else:
                 self._broadcast(("finish",))
 
-    def _finish_attempt(self, ok: bool, cause: str = "", fatal: bool = False) -> None:
+    def _finish_attempt(self, ok: bool, cause: str = "", fatal: bool = False, poison: tuple | None = None) -> None:
         if self.outcome is not None:
             return
         if not ok:
             self.times["failed"] = time.monotonic()
             self._broadcast(("cancel", cause[:2000]))
-        self.outcome = AttemptOutcome(ok, cause, fatal=fatal, task_metrics=dict(self.finished))
+        self.outcome = AttemptOutcome(ok, cause, fatal=fatal, task_metrics=dict(self.finished), poison=poison)
 
 
 def _task_sample(payload, trigger_time: float) -> dict:

@@ -232,6 +232,7 @@ class _Driver:
         restored_from: list = []
         timeline: list[dict] = []
         highest = max(self.storage.all_epochs(), default=0)  # includes incomplete epochs: never reuse an id
+        poison = None  # (operator, record, error type) the previous attempt failed on
         for attempt in range(self.restart.max_attempts + 1):
             started = time.monotonic() - t0
             generation = self.storage.next_generation()
@@ -269,6 +270,13 @@ class _Driver:
                 raise JobFailedError(f"job {self.plan.job!r} was cancelled", failures)
             if outcome.fatal:
                 raise JobFailedError(f"job {self.plan.job!r} cannot run (not retried): {outcome.cause}", failures)
+            if outcome.poison is not None and outcome.poison == poison and attempt < self.restart.max_attempts:
+                op, record, error = poison
+                raise JobFailedError(
+                    f"job {self.plan.job!r} stopped retrying: operator {op!r} failed on the same record in two "
+                    f"attempts in a row ({error}), so it fails deterministically: record {record}; last cause: "
+                    f"{outcome.cause} — fix the function or filter the record out upstream", failures)
+            poison = outcome.poison
             if attempt < self.restart.max_attempts:
                 time.sleep(self.restart.delay)
         raise JobFailedError(

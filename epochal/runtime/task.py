@@ -271,7 +271,10 @@ class Task:
         # A ConfigError (e.g. state that cannot be rescaled) is deterministic: restarting
         # the attempt would fail the same way, so the job fails at once.
         try:
-            self._send(("failed", self.spec.id, cause, {"secondary": secondary, "fatal": isinstance(exc, ConfigError)}))
+            flags = {"secondary": secondary, "fatal": isinstance(exc, ConfigError)}
+            if isinstance(exc, OperatorError):  # the driver stops retrying a record that fails every time
+                flags["poison"] = [exc.operator, exc.record_repr, exc.cause.split(":", 1)[0]]
+            self._send(("failed", self.spec.id, cause, flags))
         except Exception:
             return
         # Wait (briefly) for the coordinator's answer: closing the socket while its "cancel"
