@@ -114,6 +114,14 @@ def join(name: str, out: str, n: int = 2000, parallelism: int = 2) -> ep.Dataflo
     return flow
 
 
+def join_oracle(n: int = 2000) -> collections.Counter:
+    """The committed output of :func:`join` in plain Python: one joined record per id that
+    has both an order (3 splits of n // 3) and a payment (2 splits of n // 4)."""
+    orders = {s + 3 * i for s in range(3) for i in range(n // 3)}
+    payments = {2 * (s + 2 * i) for s in range(2) for i in range(n // 4)}
+    return canon({"id": oid, "order": f"o{oid}", "payment": oid * 10} for oid in orders & payments)
+
+
 def _orders(split: int, offset: int):
     i = offset
     while True:
@@ -367,6 +375,41 @@ def random_loop(name: str, out: str, topo: dict, n: int = 120) -> ep.Dataflow:
     start = src.map("init", lambda x: (x, x, 0, 0))
     (start.iterate("outer", outer) if topo["nested"] else inner(start)).sink("out", FileSink(out))
     return flow
+
+
+def random_loop_oracle(topo: dict, n: int = 120) -> collections.Counter:
+    """The committed output of :func:`random_loop` in plain Python: every number's record
+    walks the body stage by stage (a keyed stage counts the passes of its (number, round)
+    key), back through the feedback while not at 1, and through the outer loop's rounds."""
+    stages = topo["stages"]
+
+    def inner(r, visits):
+        while True:
+            for k, (kind, _p) in enumerate(stages):
+                if kind == "map":
+                    r = _step_only(r)
+                else:
+                    key = (k, r[0], r[3])
+                    visits[key] = visits.get(key, 0) + 1
+                    r = (r[0], r[1], visits[key], r[3])
+            if not any(kind == "map" for kind, _ in stages):
+                r = _step_only(r)
+            if r[1] == 1:
+                return r
+
+    out = []
+    for x in range(1, 2 * (n // 2) + 1):
+        r, visits = (x, x, 0, 0), {}
+        if not topo["nested"]:
+            out.append(list(inner(r, visits)))
+            continue
+        while True:
+            r = inner(r, visits)
+            r = (r[0], r[0] + r[2], r[2], r[3] + 1)
+            if r[3] >= 2:
+                out.append(list(r))
+                break
+    return canon(out)
 
 
 class CollatzVisits(ep.KeyedProcessFunction):

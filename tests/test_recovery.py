@@ -12,7 +12,7 @@ import epochal as ep
 from epochal.backends.choice import BackendSpec
 from epochal.testing import CrashAtRecord, CrashDuringAlignment, CrashDuringCommit, CrashDuringSnapshotUpload
 
-from pipelines import contains_all, join, output, unique_dir, wordcount
+from pipelines import contains_all, join, join_oracle, output, unique_dir, wordcount, wordcount_oracle
 
 CKPT = dict(interval=0.05)
 RESTART = ep.RestartStrategy(max_attempts=3, delay=0)
@@ -32,7 +32,10 @@ def golden_wordcount(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("golden")
     out = str(tmp / "out")
     _run(wordcount("wc", out), tmp, "local")
-    return output(out)
+    golden = output(out)
+    # an independent oracle: a bug that corrupts golden and faulty runs alike cannot pass
+    assert golden == wordcount_oracle(4000)
+    return golden
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +43,9 @@ def golden_join(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("golden-join")
     out = str(tmp / "out")
     _run(join("join", out), tmp, "local")
-    return output(out)
+    golden = output(out)
+    assert golden == join_oracle(2000)  # an independent oracle, as above
+    return golden
 
 
 FAULTS = {
