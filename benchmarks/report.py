@@ -17,7 +17,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BENCHMARKS = ("throughput", "latency", "chain", "chain_intervals", "alignment", "recovery", "state", "state_stress",
-              "window", "loops", "peers", "dataplane", "backpressure", "cluster")
+              "window", "loops", "peers", "dataplane", "serde", "backpressure", "cluster")
 
 
 # ---------------------------------------------------------------------- formatting
@@ -188,6 +188,9 @@ def section_dataplane(doc: dict) -> str:
                     + [_n(summ[e].get("ratio_to", {}).get(v), ".3f") if v in ceilings else "–" for e in epochal])
     wire = doc.get("epochal_wire", {}).get("channel_config", {})
     wb = doc.get("wire_bytes_per_record", {})
+    same_run = [f"`{v}` {_n(summ[v]['ratio_to_exactly_once'], '.2f')} (per repetition "
+                f"{', '.join(_n(x, '.2f') for x in summ[v].get('paired_ratios_to_exactly_once', []))})"
+                for v in epochal if summ[v].get("ratio_to_exactly_once") is not None]
     return (f"### The data plane against its ceiling\n\n"
             f"`GeneratorSource → rebalance() → counting sink`, parallelism 1, runtime `local` (two task "
             f"processes, one TCP channel) vs. two bare processes over loopback TCP sending the same records "
@@ -199,7 +202,9 @@ def section_dataplane(doc: dict) -> str:
             f"wire format without the engine, `arrow-py` = Python tuples through Arrow IPC and back, `arrow` = "
             f"pre-built Arrow batches, `bytes` = socket memcpy, `generate` = the record generator alone. "
             f"CPU ns/record per side in the steady window: send = sender process or source task, recv = "
-            f"receiver process or sink task (with its channel reader thread).\n\n"
+            f"receiver process or sink task (with its channel reader thread)."
+            + (f" Steady rate relative to `epochal exactly-once` in the same run: {'; '.join(same_run)}."
+               if same_run else "") + "\n\n"
             + _table(["variant", "steady rec/s", "min – max", "payload MB/s", "send CPU ns/rec", "recv CPU ns/rec"]
                      + [f"{e} / this" for e in epochal], rows))
 
@@ -313,17 +318,42 @@ def section_backpressure(doc: dict) -> str:
         for mode, c in modes.items():
             rows.append([case, mode, f"{_n(c['checkpoint_p50_s'], '.2f')} / {_n(c['checkpoint_p99_s'], '.2f')}",
                          _n(c["channel_state_records_per_checkpoint"]), _n(c["channel_state_mb_per_checkpoint"], ".2f"),
-                         _n(c["records_per_s"]), _n(c["throughput_vs_aligned"], ".2f"),
+                         _n(c.get("max_alignment_p50_s"), ".2f"), _n(c["records_per_s"]),
+                         _n(c["throughput_vs_aligned"], ".2f"),
                          f"{_n(c['latency_p50_s'], '.2f')} / {_n(c['latency_p99_s'], '.2f')}"])
     costs = ", ".join(f"{k}: {v['records']:,} records" for k, v in cases.items())
+    g = doc.get("goal")
+    verdict = ("" if not g else
+               f" Goal ({g['case']}, {g['interval_s']:g} s interval: checkpoint p99 < {g['p99_below_s']:g} s and "
+               f"throughput ≥ {g['throughput_vs_aligned_at_least']:.0%} of aligned) met by: "
+               f"{', '.join(f'`{m}`' for m, x in g['modes'].items() if x['met']) or 'no mode'}.")
     return (f"### Checkpoints under back-pressure\n\n`GeneratorSource → key_by → reduce → map → rebalance → FileSink`, "
             f"parallelism 2, exactly-once, checkpoint interval {cfg['interval']} s, runtime `local`, unthrottled "
             f"source; the map busy-waits 0.2 or 1 ms per record, or the sink is slowed to a tenth of the job's "
             f"unslowed rate ({costs}; sink cost {doc['calibration']['sink_cost_s'] * 1e6:.0f} µs/record). "
             f"Throughput = records / (last − first arrival at the sink); latency = produced → visible in the "
-            f"committed output ({_command(doc)}):\n\n"
+            f"committed output; *align p50*: median over epochs of the longest alignment of any task (for a "
+            f"timed-out epoch: first barrier → switch to unaligned) ({_command(doc)}).{verdict}\n\n"
             + _table(["case", "mode", "checkpoint p50 / p99 s", "channel state records / ckpt", "MB / ckpt",
-                      "records/s", "vs aligned", "latency p50 / p99 s"], rows))
+                      "align p50 s", "records/s", "vs aligned", "latency p50 / p99 s"], rows))
+
+
+def section_serde(doc: dict) -> str:
+    summ = doc["summary"]
+    base = summ.get("tuple / pickle", {})
+    floor = (base.get("encode_ns_per_record") or 0) + (base.get("decode_ns_per_record") or 0)
+    rows = [[v, _n(c["encode_ns_per_record"]), _n(c["decode_ns_per_record"]), _n(c["bytes_per_record"], ".1f"),
+             _n((c["encode_ns_per_record"] + c["decode_ns_per_record"]) / floor if floor else None, ".1f")]
+            for v, c in summ.items()]
+    cfg = doc["config"]
+    return (f"### Records of classes from `__main__`\n\n"
+            f"`epochal.serde` (plain pickle, cloudpickle only for what plain pickle cannot do) on batches of "
+            f"{doc.get('batch_records', 512)} records `(id, text)`, in one process: encode and decode ns per record, "
+            f"median of {cfg['repetitions']} interleaved repetitions of {cfg['batches']} batches "
+            f"({_command(doc)}). The `__main__` dataclass is shipped by value as a task process sees a class of "
+            f"the user's script: plain pickle fails on the batch and cloudpickle pickles it. The end-to-end effect "
+            f"on a channel is the `__main__ class` row of the data-plane table.\n\n"
+            + _table(["records / path", "encode ns", "decode ns", "bytes / record", "× tuple / pickle"], rows))
 
 
 def section_cluster(doc: dict) -> str:
@@ -351,7 +381,8 @@ def _one_line(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-SECTIONS = {"backpressure": section_backpressure, "cluster": section_cluster, "throughput": section_throughput, "latency": section_latency, "chain": section_chain,
+SECTIONS = {"backpressure": section_backpressure, "cluster": section_cluster, "serde": section_serde,
+            "throughput": section_throughput, "latency": section_latency, "chain": section_chain,
             "peers": section_peers, "window": section_window, "dataplane": section_dataplane,
             "state": section_state, "state_stress": section_state, "chain_intervals": section_chain,
             "loops": section_loops, "alignment": section_alignment,
@@ -695,7 +726,7 @@ def main(argv=None) -> int:
         print(f"no results in {args.results}", file=sys.stderr)
         return 1
     if not args.no_plots:
-        for name, doc in docs.items():
+        for name, doc in ((n, d) for n, d in docs.items() if n in PLOTS):  # serde: a table only
             try:
                 print(f"wrote {PLOTS[name](doc, out / f'{name}.png')}")
             except ImportError as exc:
