@@ -364,14 +364,23 @@ def section_cluster(doc: dict) -> str:
             continue
         rows.append([v, _n(c["steady_records_per_s"]["median"]), _n(c["ratio_to_local"], ".2f"),
                      f"{_ms(c['checkpoint_p50_s'])} / {_ms(c['checkpoint_p99_s'])}",
-                     _n(c["restart_s"]["median"], ".1f") if c["restart_s"]["median"] is not None else "–",
+                     _n(c["restart_s"]["median"], ".2f") if c["restart_s"]["median"] is not None else "–",
                      ", ".join(c["hosts"]), str(c["runs_ok"])])
+    by = {(r["variant"], r["repetition"]): r for r in doc["runs"] if "error" not in r}
+    paired = {f"{a} / {b}": [by[(a, k)]["steady_records_per_s"] / by[(b, k)]["steady_records_per_s"]
+                             for (v, k) in sorted(by) if v == a and (b, k) in by]
+              for a, b in (("cluster", "local"), ("cluster-plain", "local"), ("cluster", "cluster-plain"))}
+    parts = [r["restart_parts_s"] for r in doc["runs"] if "restart_parts_s" in r]
+    restart = "; ".join(" + ".join(_n(p[k], ".2f") for k in ("detect_to_stopped", "stopped_to_launched",
+                                                                "launched_to_running")) for p in parts)
     return (f"### On a two-host Spark cluster\n\nTwo-shuffle keyed word count of {cfg['lines']:,} lines, parallelism "
-            f"{cfg['parallelism']}, exactly-once, 1 s checkpoints to a path every host shares; embedded local Spark vs "
-            f"a Spark standalone cluster whose two workers (8 cores each) are network namespaces on a bridge "
-            f"({doc.get('setup', '')}). Steady rate = output records / (last − first record at the sink); restart = "
-            f"failure seen → every task of the next attempt running, after SIGKILLing every process of worker host 2 "
-            f"({_command(doc)}):\n\n"
+            f"{cfg['parallelism']}, exactly-once, 1 s checkpoints; embedded local Spark vs {doc.get('setup', '')}. "
+            f"Steady rate = output records / (last − first record at the sink), median of {cfg['repetitions']} "
+            f"interleaved repetition(s); per repetition: "
+            f"{'; '.join(f'{k} ' + ', '.join(_n(x, '.2f') for x in xs) for k, xs in paired.items() if xs)}. "
+            f"Restart = failure seen → every task of the next running attempt, after SIGKILLing every process of "
+            f"worker host 2 once the first checkpoint completed"
+            + (f" (stop + launch + run, s: {restart})" if restart else "") + f" ({_command(doc)}):\n\n"
             + _table(["variant", "steady records/s", "vs local", "checkpoint p50 / p99 ms", "restart s", "hosts",
                       "runs"], rows))
 
