@@ -102,6 +102,7 @@ def job(out: str, records: int, map_cost: float, sink_cost: float) -> ep.Dataflo
 
 
 def run(case: str, mode: str, records: int, map_cost: float, sink_cost: float, args) -> dict:
+    records -= records % 2  # two source splits of records // 2 each: an odd count was never produced
     work = tempfile.mkdtemp(prefix="epochal-backpressure-", dir=args.tmp)
     out = os.path.join(work, "out")
     ck_opts, ch_opts = MODES[mode]
@@ -198,7 +199,7 @@ def main(argv=None) -> int:
     cases = {  # name -> (map cost, sink cost, records for ~args.seconds)
         "map 0.2 ms": (0.0002, 0.0, int(2 / 0.0002 * args.seconds * 0.8)),
         "map 1 ms": (0.001, 0.0, int(2 / 0.001 * args.seconds * 0.8)),
-        "sink 10x": (0.0, cal["sink_cost_s"], int(cal["records_per_s"] / 10 * args.seconds)),
+        "sink 10x": (0.0, cal["sink_cost_s"], 2 * int(cal["records_per_s"] / 20 * args.seconds)),
     }
     runs = []
     for rep in range(args.repetitions):
