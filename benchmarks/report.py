@@ -43,6 +43,20 @@ def _command(doc: dict) -> str:
     return f"`{cmd}`" if cmd else "–"
 
 
+def _paired(runs: list[dict], field: str, a: dict, b: dict) -> list[float]:
+    """Per repetition, ``field`` of the run matching ``a`` over that of the run matching
+    ``b`` (matches: key → value, e.g. ``{"case": c, "mode": m}``); runs with errors skipped."""
+    def pick(match: dict, rep):
+        return next((r for r in runs if "error" not in r and r.get("repetition") == rep
+                     and all(r.get(k) == v for k, v in match.items())), None)
+    out = []
+    for rep in sorted({r.get("repetition") for r in runs if r.get("repetition") is not None}):
+        x, y = pick(a, rep), pick(b, rep)
+        if x and y and x.get(field) and y.get(field):
+            out.append(x[field] / y[field])
+    return out
+
+
 def describe_machine(m: dict) -> str:
     """One line: cores, CPU, memory, load, versions."""
     if not m:
@@ -319,7 +333,9 @@ def section_backpressure(doc: dict) -> str:
             rows.append([case, mode, f"{_n(c['checkpoint_p50_s'], '.2f')} / {_n(c['checkpoint_p99_s'], '.2f')}",
                          _n(c["channel_state_records_per_checkpoint"]), _n(c["channel_state_mb_per_checkpoint"], ".2f"),
                          _n(c.get("max_alignment_p50_s"), ".2f"), _n(c["records_per_s"]),
-                         _n(c["throughput_vs_aligned"], ".2f"),
+                         f"{_n(c['throughput_vs_aligned'], '.2f')} ("
+                         + ", ".join(_n(x, ".2f") for x in _paired(doc["runs"], "records_per_s", {"case": case, "mode": mode},
+                                                                   {"case": case, "mode": "aligned"})) + ")",
                          f"{_n(c['latency_p50_s'], '.2f')} / {_n(c['latency_p99_s'], '.2f')}"])
     costs = ", ".join(f"{k}: {v['records']:,} records" for k, v in cases.items())
     g = doc.get("goal")
@@ -335,7 +351,7 @@ def section_backpressure(doc: dict) -> str:
             f"committed output; *align p50*: median over epochs of the longest alignment of any task (for a "
             f"timed-out epoch: first barrier → switch to unaligned) ({_command(doc)}).{verdict}\n\n"
             + _table(["case", "mode", "checkpoint p50 / p99 s", "channel state records / ckpt", "MB / ckpt",
-                      "align p50 s", "records/s", "vs aligned", "latency p50 / p99 s"], rows))
+                      "align p50 s", "records/s", "vs aligned (per repetition)", "latency p50 / p99 s"], rows))
 
 
 def section_serde(doc: dict) -> str:
@@ -366,9 +382,7 @@ def section_cluster(doc: dict) -> str:
                      f"{_ms(c['checkpoint_p50_s'])} / {_ms(c['checkpoint_p99_s'])}",
                      _n(c["restart_s"]["median"], ".2f") if c["restart_s"]["median"] is not None else "–",
                      ", ".join(c["hosts"]), str(c["runs_ok"])])
-    by = {(r["variant"], r["repetition"]): r for r in doc["runs"] if "error" not in r}
-    paired = {f"{a} / {b}": [by[(a, k)]["steady_records_per_s"] / by[(b, k)]["steady_records_per_s"]
-                             for (v, k) in sorted(by) if v == a and (b, k) in by]
+    paired = {f"{a} / {b}": _paired(doc["runs"], "steady_records_per_s", {"variant": a}, {"variant": b})
               for a, b in (("cluster", "local"), ("cluster-plain", "local"), ("cluster", "cluster-plain"))}
     parts = [r["restart_parts_s"] for r in doc["runs"] if "restart_parts_s" in r]
     restart = "; ".join(" + ".join(_n(p[k], ".2f") for k in ("detect_to_stopped", "stopped_to_launched",
