@@ -3,7 +3,7 @@
 Stateful streaming dataflows written in Python run as long-running Spark tasks and are
 made fault tolerant by asynchronous epoch snapshots (Carbone et al.; see README).
 """
-from epochal import sinks, sources, testing
+from epochal import sinks, sources, testing, time, windows
 from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, Guarantee, RestartStrategy
 from epochal.dataflow import Dataflow, KeyedStream, Stream
 from epochal.errors import (CheckpointStorageError, ConfigError, EpochalError, JobFailedError, OperatorError,
@@ -15,5 +15,5 @@ __version__ = "0.1.0"
 __all__ = [
     "ChannelConfig", "CheckpointConfig", "ClusterConfig", "CheckpointStorageError", "ConfigError", "Dataflow", "EpochalError",
     "Guarantee", "JobFailedError", "KeyedProcessFunction", "KeyedStream", "OperatorError",
-    "PipelineDefinitionError", "RestartStrategy", "Stream", "sinks", "sources", "testing",
+    "PipelineDefinitionError", "RestartStrategy", "Stream", "sinks", "sources", "testing", "time", "windows",
 ]

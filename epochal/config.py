@@ -5,6 +5,7 @@ validation error names the offending config key.
 """
 from __future__ import annotations
 
+import datetime
 import enum
 import math
 import re
@@ -17,7 +18,7 @@ _UNIT = {None: 1.0, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
 def parse_duration(value, key: str, *, optional: bool = False) -> float | None:
-    """Seconds from ``1.5``, ``"200ms"``, ``"1s"``, ``"2min"``; ``None`` only if ``optional``.
+    """Seconds from ``1.5``, ``"200ms"``, ``"1s"``, ``"2min"``, a ``timedelta``; ``None`` only if ``optional``.
 
     Raises:
         ConfigError: naming ``key`` when the value is missing, negative, not finite or
@@ -29,6 +30,8 @@ def parse_duration(value, key: str, *, optional: bool = False) -> float | None:
         raise ConfigError(f"{key}: a duration is required, got None")
     if isinstance(value, bool):
         raise ConfigError(f"{key}: expected a duration, got {value!r}")
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
     if isinstance(value, (int, float)):
         seconds = float(value)
     else:

@@ -135,11 +135,65 @@ class Stream:
         ps = {self._flow._nodes[p.node].parallelism for p in self._ports}
         return ps.pop() if len(ps) == 1 else self._flow.parallelism
 
-    def _then(self, kind: NodeKind, name: str, payload, parallelism, key_fn=None, extra=()) -> Node:
+    @property
+    def has_event_time(self) -> bool:
+        """Whether this stream's records carry timestamps (it descends from
+        :meth:`with_watermarks`): event-time windows and timers need it."""
+        return self._timed(None)
+
+    def _timed(self, consumer: str | None) -> bool:
+        """Whether the records of every port carry timestamps; a mix is an error."""
+        nodes = self._flow._nodes
+        kinds = {p.node: _port_timed(nodes[p.node], p.port) for p in self._ports}
+        if len(set(kinds.values())) > 1:
+            timed = sorted(n for n, t in kinds.items() if t)
+            untimed = sorted(n for n, t in kinds.items() if not t)
+            raise PipelineDefinitionError(
+                f"{consumer or 'a stream'!r} reads streams with event time ({', '.join(map(repr, timed))}) and "
+                f"without ({', '.join(map(repr, untimed))}): call with_watermarks on the ones without, so every "
+                "record has a timestamp, before merging them")
+        return kinds.popitem()[1] if kinds else False
+
+    def _then(self, kind: NodeKind, name: str, payload, parallelism, key_fn=None, extra=(),
+              timed: bool | None = None) -> Node:
+        """Add a node reading this stream; its output carries timestamps if its input does
+        (``timed`` overrides: True for nodes that assign them)."""
+        timed_in = self._timed(name)
         return self._flow._add(
             Node(name, kind, self._ports, self._default_parallelism() if parallelism is None else parallelism,
-                 payload, key_fn, extra)
+                 payload, key_fn, extra, timed_in=timed_in, timed=timed_in if timed is None else timed)
         )
+
+    def with_watermarks(self, name: str, *, timestamp: Callable, max_out_of_orderness=0, idle_timeout=None,
+                        parallelism: int | None = None) -> "Stream":
+        """Assign each record its event time and emit watermarks (:mod:`epochal.time`).
+
+        Args:
+            name: the operator's name (its state: the highest timestamp seen).
+            timestamp: ``fn(record)`` → seconds (``int``/``float``) or a ``datetime`` (naive =
+                UTC). Records keep their value; the timestamp travels with them.
+            max_out_of_orderness: how far (a duration: seconds or ``"5s"``) a record may
+                arrive behind the highest timestamp seen and still be on time; the
+                watermark is ``max timestamp - max_out_of_orderness - 1 µs``.
+            idle_timeout: after this much processing time without records, this subtask
+                stops holding back downstream event time (a quiet partition must not stall
+                windows); ``None``: never idle. The end of a bounded input always ends
+                event time (every window and event-time timer fires).
+
+        Chained right after a source (same parallelism), it runs in the source's tasks.
+        Watermarks arriving from upstream are replaced by this operator's, except the end
+        of input, which passes.
+
+        Raises:
+            PipelineDefinitionError: ``timestamp`` is not callable or a duration is invalid,
+                naming the operator.
+        """
+        from epochal.time.assign import WatermarkSpec
+
+        _check_callable(timestamp, name, "with_watermarks")
+        spec = WatermarkSpec.build(name, timestamp, max_out_of_orderness, idle_timeout)
+        node = self._then(NodeKind.WATERMARKS, name, spec, parallelism, timed=True)
+        return Stream(self._flow, (Input(node.name, FORWARD),))
 
     def map(self, name: str, fn: Callable, *, parallelism: int | None = None) -> "Stream":
         """Emit ``fn(record)`` for every record."""
@@ -167,7 +221,15 @@ class Stream:
             raise PipelineDefinitionError(
                 f"key_by after {producers}: a key function is required (got {key_fn!r})"
             )
-        return KeyedStream(self._flow, self._repartition(Partitioning(PartitionKind.HASH, key_fn)), key_fn)
+        route_fn = ValueKey(key_fn) if self._timed("key_by") else key_fn  # routes (timestamp, value) pairs
+        return KeyedStream(self._flow, self._repartition(Partitioning(PartitionKind.HASH, route_fn)), key_fn)
+
+    def window(self, assigner, **_):
+        """Windows are per key: ``stream.key_by(fn).window(...)``."""
+        producers = ", ".join(repr(p.node) for p in self._ports)
+        raise PipelineDefinitionError(
+            f"window after {producers}: windows are kept per key — call key_by(...) first "
+            "(key_by(lambda r: 0) puts every record in one key, at parallelism 1)")
 
     def rebalance(self) -> "Stream":
         """Distribute records round-robin over the next operator's subtasks.
@@ -255,6 +317,17 @@ class KeyedStream(Stream):
         node = self._then(NodeKind.REDUCE, name, fn, parallelism, self._key_fn, extra)
         return Stream(self._flow, (Input(node.name, FORWARD),))
 
+    def window(self, assigner, *, allowed_lateness=0):
+        """Cut each key's records into windows: ``Tumbling(size)``, ``Sliding(size, slide)``
+        or ``Session(gap)`` from :mod:`epochal.windows`; finish with ``.reduce``,
+        ``.aggregate`` or ``.process``. Event-time windows need :meth:`with_watermarks`
+        upstream. ``allowed_lateness`` (a duration) keeps a window's state after it fired:
+        records up to that much behind the watermark update it (it fires again); later ones
+        go to the result's ``.late()`` side output."""
+        from epochal.windows.api import WindowedStream
+
+        return WindowedStream(self, assigner, allowed_lateness)
+
     def process(self, name: str, function, *, parallelism: int | None = None) -> Stream:
         """Run a :class:`~epochal.operators.keyed.KeyedProcessFunction` with keyed state."""
         from epochal.operators.keyed import KeyedProcessFunction
@@ -265,6 +338,28 @@ class KeyedStream(Stream):
             )
         node = self._then(NodeKind.PROCESS, name, function, parallelism, self._key_fn)
         return Stream(self._flow, (Input(node.name, FORWARD),))
+
+
+class ValueKey:
+    """The key function of a stream with event time as the router applies it: records are
+    ``(timestamp, value)`` pairs and the user's ``key_fn`` takes the value."""
+
+    __slots__ = ("key_fn",)
+
+    def __init__(self, key_fn: Callable):
+        self.key_fn = key_fn
+
+    def __call__(self, record):
+        return self.key_fn(record[1])
+
+    def __reduce__(self):
+        return ValueKey, (self.key_fn,)
+
+
+def _port_timed(node: Node, port: str) -> bool:
+    """Whether records of ``node``'s output ``port`` carry timestamps: the main output's
+    are ``node.timed``; side outputs (late records, dead letters) carry input records."""
+    return node.timed if port == "main" else node.timed_in
 
 
 def _check_name(name, what: str) -> None:

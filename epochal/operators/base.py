@@ -109,6 +109,36 @@ class RuntimeOperator(ABC):
     def notify_epoch_complete(self, epoch: int) -> None:
         """Epoch ``epoch`` is durable (its checkpoint metadata is written)."""
 
+    # -- time (epochal.time) ---------------------------------------------------------------
+    #: the operator replaces upstream watermarks by its own (``with_watermarks``): the task
+    #: asks it with :meth:`emit_watermark` after each batch instead of passing watermarks on
+    generates_watermarks = False
+
+    def on_watermark(self, watermark: int) -> list:
+        """Event time reached ``watermark`` (µs): every record before it in this task's
+        input was processed, none after. Called on the task thread with non-decreasing
+        values (repeats possible: must be idempotent); returns output records (e.g. fired windows),
+        which the task passes to the rest of the chain *before* the watermark."""
+        return []
+
+    def emit_watermark(self):
+        """Generators only: the :class:`~epochal.time.watermarks.WatermarkChange` to send
+        after the latest batch, or ``None``."""
+        return None
+
+    def next_processing_time(self) -> int | None:
+        """The wall-clock time (µs) at which :meth:`on_processing_time` is due, if any;
+        asked by the task loop before it waits, so it must be cheap."""
+        return None
+
+    def on_processing_time(self, now: int) -> list:
+        """Processing-time timers due at ``now`` (µs) fire; returns output records."""
+        return []
+
+    #: records for side outputs (``{port: [records]}``) produced since the task last took
+    #: them; ``None`` for operators without side outputs (e.g. a window's late records)
+    side_output: dict | None = None
+
     def close(self) -> None:
         """Clean end of input: flush and release resources."""
 

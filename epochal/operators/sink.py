@@ -12,8 +12,9 @@ class SinkOperator(RuntimeOperator):
     the snapshot's ``before_ack``) and commits when the coordinator reports the epoch
     complete."""
 
-    def __init__(self, ctx: OperatorContext, sink):
+    def __init__(self, ctx: OperatorContext, sink, timed: bool = False):
         super().__init__(ctx)
+        self.timed = timed  # records are (timestamp, value): the sink writes the values
         self.writer = sink.create_writer(
             SinkContext(
                 sink_name=ctx.operator,
@@ -30,6 +31,8 @@ class SinkOperator(RuntimeOperator):
 
     def process_batch(self, records: list) -> list:
         write = self.writer.write
+        if self.timed:
+            records = [r[1] for r in records]
         for record in records:
             write(record)  # SinkWriteError already names the sink and the record
         return []

@@ -31,6 +31,7 @@ import threading
 import time
 
 from epochal.runtime.wire import Connection, ConnectionClosed, encode
+from epochal.time.watermarks import WATERMARK, WatermarkMark
 
 DATA, BARRIER, END, CREDIT = "B", "E", "X", "C"
 #: credit granted on a loop's feedback channels: the Loop Tail must never block, or the
@@ -185,7 +186,8 @@ class InputGate:
 
     def queued_before(self, channel: int, epoch: int) -> list:
         """The records queued on ``channel`` before its barrier ``epoch`` (flattened, in
-        order); ``[]`` when that barrier is no longer queued (the task reached it)."""
+        order, watermarks among them as :class:`~epochal.time.watermarks.WatermarkMark`);
+        ``[]`` when that barrier is no longer queued (the task reached it)."""
         records: list = []
         with self.cv:
             for msg in self.queues[channel]:
@@ -193,6 +195,8 @@ class InputGate:
                     return records
                 if msg[0] == DATA:
                     records.extend(msg[1])
+                elif msg[0] == WATERMARK:
+                    records.append(WatermarkMark(msg[1], msg[2]))
         return []
 
     def close(self) -> None:

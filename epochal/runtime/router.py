@@ -110,7 +110,8 @@ class Router:
         self.should_stop = should_stop
         # outlets: (buffer, the channels it is sent on) — one per channel, one per BROADCAST gate
         self._outlets: list[tuple[list, tuple]] = []
-        self._gates = []
+        self._gates = []  # of the chain's main output
+        self._side: dict[tuple[str, str], list[_Gate]] = {}  # (producer, port) -> gates
         for g in gates:
             outs = tuple(channels[cid] for cid in g.channels)
             if g.partitioning.kind is PartitionKind.BROADCAST:
@@ -119,7 +120,11 @@ class Router:
             else:
                 buffers = [[] for _ in outs]
                 self._outlets.extend((b, (out,)) for b, out in zip(buffers, outs))
-            self._gates.append(_Gate(g, buffers, max_parallelism, task))
+            gate = _Gate(g, buffers, max_parallelism, task)
+            if g.port == "main":
+                self._gates.append(gate)
+            else:
+                self._side.setdefault((g.producer, g.port), []).append(gate)
         self._buffers = [buf for buf, _ in self._outlets]
         self._order = [cid for g in gates for cid in g.channels]
         self.oldest_unsent: float | None = None
@@ -127,10 +132,24 @@ class Router:
         self._urgent = False  # should_stop asked to stop waiting for credit in this call
 
     def route(self, records: list) -> None:
+        """Route the chain's main output."""
         if not records or not self._gates:
             return
+        self._route(self._gates, records)
+
+    def route_side(self, producer: str, port: str, records: list) -> bool:
+        """Route records of ``producer``'s side output ``port``; ``False`` (nothing routed)
+        when no edge reads that output."""
+        gates = self._side.get((producer, port))
+        if not gates:
+            return False
+        if records:
+            self._route(gates, records)
+        return True
+
+    def _route(self, gates: list, records: list) -> None:
         self.records_out += len(records)
-        for g in self._gates:
+        for g in gates:
             g.route(records)
         size = self.batch_size
         try:

@@ -37,6 +37,7 @@ from epochal.operators.base import OperatorContext, SnapshotResult
 from epochal.operators.factory import create_operator
 from epochal.runtime import wire
 from epochal.runtime.attempt import AttemptSpec
+from epochal.runtime.chain import OperatorChain
 from epochal.runtime.channels import BARRIER, DATA, END, ChannelFailure, InputGate, OutputChannel
 from epochal.loops.head import LOOP_LOG, LoopHeadProtocol
 from epochal.loops.log import replay
@@ -44,6 +45,8 @@ from epochal.runtime.restore import RestoredState, load_restored_state
 from epochal.runtime.router import Router
 from epochal.runtime.snapshots import PendingUpload, Uploader
 from epochal.testing import FaultInjector
+from epochal.time.units import MAX_TIME, now_micros
+from epochal.time.watermarks import WATERMARK, WatermarkMark, WatermarkTracker
 
 
 class TaskCancelled(EpochalError):
@@ -84,6 +87,8 @@ class Task:
                               unbounded=frozenset(range(self.n_aligned, len(self.spec.inputs))),
                               announce_barriers=self.priority, in_flight=attempt.channels.in_flight)
         self.handler = components.barrier_handler(self.n_aligned)
+        self.clock = WatermarkTracker(self.n_aligned)  # event time of the task's input (epochal.time)
+        self._end_held = False  # a loop head holds the end of input until the loop is quiescent
         memory = 100_000
         if self.spec.is_loop_head:
             memory = plan.nodes[self.spec.chain[0]].payload.log_memory_records
@@ -214,6 +219,7 @@ class Task:
             op = self.faults.wrap(name, create_operator(nodes[name], ctx))
             op.restore(restored.operators.get(name))
             self.operators.append(op)
+        self.chain = OperatorChain(self.operators, self.router, self.spec.id, self.metrics)
         if self.spec.is_source:
             source = nodes[self.spec.chain[0]].payload
             self.reader = source.create_reader(
@@ -221,6 +227,7 @@ class Task:
                 subtask=self.spec.subtask, parallelism=self.spec.parallelism,
             )
         self._send(("running", self.spec.id, {"setup_s": time.monotonic() - t_setup, "restore_s": restore_s}))
+        self.chain.after_batch()  # a restored watermark generator resumes event time first
         if restored.loop_logs:  # seed 004 §4.1.3.1: a loop head replays its log before anything else
             for records in replay(restored.loop_logs, storage):
                 self.metrics["loop_replayed"] += len(records)
@@ -228,13 +235,29 @@ class Task:
             self.router.flush()
         if restored.channel_state:  # the records in flight at an unaligned cut, before new input
             for descriptor, keep in restored.channel_state:
+                channel = self.gate.index.get(descriptor["channel"]) if keep is None else None
                 for records in replay([descriptor], storage):
-                    if keep is not None:
-                        records = [r for r in records if keep(r)]
-                    self.faults.on_replay(self.metrics["channel_state_replayed"] + len(records))
-                    self.metrics["channel_state_replayed"] += len(records)
-                    self._process(records)
+                    self._replay_channel_state(channel, records, keep)
             self.router.flush()
+
+    def _replay_channel_state(self, channel: int | None, records: list, keep) -> None:
+        """Replay one chunk of an input channel's state: records, and the watermarks that
+        were queued between them (applied to ``channel``'s event time; dropped when the
+        state was re-routed by a rescale — ``channel`` is then ``None``)."""
+        marks = [i for i, r in enumerate(records) if type(r) is WatermarkMark]
+        if channel is None or not marks:
+            records = [r for r in records if type(r) is not WatermarkMark and (keep is None or keep(r))]
+            self.faults.on_replay(self.metrics["channel_state_replayed"] + len(records))
+            self.metrics["channel_state_replayed"] += len(records)
+            self._process(records)
+            return
+        start = 0
+        for i in marks + [len(records)]:
+            if i > start:
+                self._replay_channel_state(channel, records[start:i], None)
+            if i < len(records):
+                self._on_watermark(channel, records[i].watermark, records[i].idle)
+            start = i + 1
 
     def _teardown(self) -> None:
         self.recorder.close()
@@ -299,12 +322,19 @@ class Task:
     # ------------------------------------------------------------------ main loop
     def _loop(self) -> None:
         linger = self.attempt.channels.linger
+        chain = self.chain
         while not self.finished:
             self._drain_control()
             if self.finished:
                 return
             progressed = self._step_source() if self.spec.is_source else self._step_inputs()
             self.router.flush_if_lingering(time.monotonic())
+            due = chain.next_processing_time()  # processing-time timers (epochal.time.timers)
+            if due is not None:
+                now = now_micros()
+                if now >= due:
+                    chain.fire_processing_time(now)
+                    continue
             if not progressed:
                 with self.cv:
                     if self.control or self._input_ready():
@@ -312,6 +342,8 @@ class Task:
                     timeout = linger if self.router.oldest_unsent is not None else 0.05
                     if self.spec.is_source and not self.exhausted:
                         timeout = min(timeout, 0.002)
+                    if due is not None:
+                        timeout = max(0.0, min(timeout, (due - now_micros()) / 1e6))
                     self.cv.wait(timeout)
 
     def _blocked(self) -> frozenset[int]:
@@ -330,10 +362,12 @@ class Task:
         if poll.records:
             self.metrics["records_in"] += len(poll.records)
             self._process(poll.records)
+            self.chain.after_batch()
         if poll.request_epoch:
             self._send(("request_epoch", self.spec.id))
         if poll.finished:
             self.exhausted = True
+            self.chain.end_of_input()  # the final watermark precedes the final barrier
             self.router.flush()
             self._send(("exhausted", self.spec.id))
         return bool(poll.records) or not poll.idle
@@ -359,6 +393,11 @@ class Task:
             if self.recorder.recording:
                 self.recorder.on_records(channel, msg[1])
             self._process(msg[1])
+            self.chain.after_batch()
+        elif kind == WATERMARK:
+            if self.recorder.recording:  # in order with the records of an unaligned epoch's channel state
+                self.recorder.on_records(channel, [WatermarkMark(msg[1], msg[2])])
+            self._on_watermark(channel, msg[1], msg[2])
         elif kind == BARRIER:
             self._barrier_ts[msg[1]] = msg[2]
             self._apply(self.handler.on_barrier(channel, Barrier(msg[1], msg[2])), channel, reached=True)
@@ -369,11 +408,15 @@ class Task:
         return True
 
     def _process(self, records: list) -> None:
-        for op in self.operators:
-            records = op.process_batch(records)
-            if not records:
+        self.chain.process(records)
+
+    def _on_watermark(self, channel: int, watermark: int, idle: bool) -> None:
+        change = self.clock.on_watermark(channel, watermark, idle)
+        if change is not None:
+            if self.loop is not None and change.watermark >= MAX_TIME:
+                self._end_held = True  # until the coordinator says the loop is empty (release_end)
                 return
-        self.router.route(records)
+            self.chain.advance(change)
 
     def _on_feedback(self, channel: int, msg: tuple) -> None:
         """A loop head's phantom channel (seed 004 Alg. 7 lines 9-13)."""
@@ -384,6 +427,9 @@ class Task:
             if logged:
                 self.faults.on_loop_log(logged[-1])
             self._process(msg[1])
+            self.chain.after_batch()
+        elif kind == WATERMARK:
+            pass  # a loop's event time comes from its external inputs only (epochal.time.watermarks)
         elif kind == BARRIER:
             self._apply_loop_events(self.loop.on_barrier(channel, msg[1]))
         elif kind == END:
@@ -505,6 +551,11 @@ class Task:
                     self.loop.abort(msg[1])
                 if self.backend is not None:
                     self.backend.notify_epoch_aborted(msg[1])
+            elif kind == "release_end":  # a loop head: the loop is quiescent, event time may end
+                if self._end_held:
+                    self.chain.end_of_input()
+                    self.router.flush()
+                self._send(("released", self.spec.id))
             elif kind == "finish":
                 self._finish()
                 return
@@ -524,4 +575,6 @@ class Task:
         m["records_out"] = self.router.records_out
         m["backpressure_s"] = sum(o.blocked_seconds for o in self.outputs.values())
         m["max_buffered_batches"] = self.gate.buffered_batches_max
+        if hasattr(self, "chain"):
+            m["watermark"] = self.chain.output.watermark
         return m

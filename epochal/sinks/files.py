@@ -30,7 +30,7 @@ each barrier, named by generation instead of epoch (``part-3fa0c1d2-g000003-s000
 output is visible one barrier after it was written, never half-written, and records
 replayed after a restore appear again in files of the new generation.
 
-Formats: ``jsonl`` (``json.dumps`` per line), ``csv`` (dict records, header from ``schema``
+Formats (named tuples are written as dicts): ``jsonl`` (``json.dumps`` per line), ``csv`` (dict records, header from ``schema``
 or the first record), ``parquet`` (dict records via pyarrow; schema inferred from the first
 batch unless given — pass ``schema=`` for stable column types).
 
@@ -329,8 +329,16 @@ class _Part:
             self._file.close()
 
 
+def _row(record: Any) -> Any:
+    """Named tuples (e.g. :class:`~epochal.windows.WindowResult`) are written as objects."""
+    if isinstance(record, tuple) and hasattr(record, "_asdict"):
+        return record._asdict()
+    return record
+
+
 class _JsonLinesPart(_Part):
     def write(self, record: Any) -> None:
+        record = _row(record)
         try:
             line = json.dumps(record).encode("utf-8") + b"\n"
         except (TypeError, ValueError, RecursionError) as exc:
@@ -342,6 +350,7 @@ class _JsonLinesPart(_Part):
 class _CsvPart(_Part):
     def write(self, record: Any) -> None:
         fmt = self._fmt
+        record = _row(record)
         if not isinstance(record, Mapping):
             raise SinkWriteError(fmt.sink_name, record,
                                  f"csv records must be dicts (column -> value), got {type(record).__name__}")
@@ -367,6 +376,7 @@ class _ParquetPart(_Part):
         self._writer: pq.ParquetWriter | None = None
 
     def write(self, record: Any) -> None:
+        record = _row(record)
         if not isinstance(record, Mapping):
             raise SinkWriteError(self._fmt.sink_name, record,
                                  f"parquet records must be dicts (column -> value), got {type(record).__name__}")
