@@ -8,12 +8,14 @@ from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, Guara
 from epochal.dataflow import Dataflow, KeyedStream, Stream
 from epochal.errors import (CheckpointStorageError, ConfigError, EpochalError, JobFailedError, OperatorError,
                             PipelineDefinitionError)
+from epochal.operators.base import DeadLetter
 from epochal.operators.keyed import KeyedProcessFunction
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ChannelConfig", "CheckpointConfig", "ClusterConfig", "CheckpointStorageError", "ConfigError", "Dataflow", "EpochalError",
+    "ChannelConfig", "CheckpointConfig", "ClusterConfig", "CheckpointStorageError", "ConfigError", "Dataflow", "DeadLetter",
+    "EpochalError",
     "Guarantee", "JobFailedError", "KeyedProcessFunction", "KeyedStream", "OperatorError",
     "PipelineDefinitionError", "RestartStrategy", "Stream", "sinks", "sources", "testing", "time", "windows",
 ]

@@ -155,17 +155,33 @@ class Stream:
         return kinds.popitem()[1] if kinds else False
 
     def _then(self, kind: NodeKind, name: str, payload, parallelism, key_fn=None, extra=(),
-              timed: bool | None = None) -> Node:
+              timed: bool | None = None, dead_letters: bool = False) -> Node:
         """Add a node reading this stream; its output carries timestamps if its input does
         (``timed`` overrides: True for nodes that assign them)."""
         timed_in = self._timed(name)
+        if not isinstance(dead_letters, bool):
+            raise PipelineDefinitionError(f"operator {name!r}: dead_letters must be True or False, got {dead_letters!r}")
         return self._flow._add(
             Node(name, kind, self._ports, self._default_parallelism() if parallelism is None else parallelism,
-                 payload, key_fn, extra, timed_in=timed_in, timed=timed_in if timed is None else timed)
+                 payload, key_fn, extra, timed_in=timed_in, timed=timed_in if timed is None else timed,
+                 dead_letters=dead_letters)
         )
 
+    def dead_letters(self) -> "Stream":
+        """The records the operator before this point failed on, as
+        :class:`~epochal.operators.base.DeadLetter` ``(operator, error, record)``, when it was
+        built with ``dead_letters=True`` — the job then goes on past poison records instead
+        of failing (a dead-letter queue). Sink them somewhere you will look."""
+        nodes = self._flow._nodes
+        if len(self._ports) != 1 or self._ports[0].port != "main" or not nodes[self._ports[0].node].dead_letters:
+            names = ", ".join(repr(p.node) for p in self._ports)
+            raise PipelineDefinitionError(
+                f"dead_letters() after {names}: only the output of one operator built with dead_letters=True "
+                "has dead letters (e.g. stream.map('parse', fn, dead_letters=True).dead_letters())")
+        return Stream(self._flow, (Input(self._ports[0].node, FORWARD, port="dead_letters"),))
+
     def with_watermarks(self, name: str, *, timestamp: Callable, max_out_of_orderness=0, idle_timeout=None,
-                        parallelism: int | None = None) -> "Stream":
+                        parallelism: int | None = None, dead_letters: bool = False) -> "Stream":
         """Assign each record its event time and emit watermarks (:mod:`epochal.time`).
 
         Args:
@@ -192,23 +208,29 @@ class Stream:
 
         _check_callable(timestamp, name, "with_watermarks")
         spec = WatermarkSpec.build(name, timestamp, max_out_of_orderness, idle_timeout)
-        node = self._then(NodeKind.WATERMARKS, name, spec, parallelism, timed=True)
+        node = self._then(NodeKind.WATERMARKS, name, spec, parallelism, timed=True, dead_letters=dead_letters)
         return Stream(self._flow, (Input(node.name, FORWARD),))
 
-    def map(self, name: str, fn: Callable, *, parallelism: int | None = None) -> "Stream":
+    def map(self, name: str, fn: Callable, *, parallelism: int | None = None,
+               dead_letters: bool = False) -> "Stream":
         """Emit ``fn(record)`` for every record."""
         _check_callable(fn, name, "map")
-        return Stream(self._flow, (Input(self._then(NodeKind.MAP, name, fn, parallelism).name, FORWARD),))
+        node = self._then(NodeKind.MAP, name, fn, parallelism, dead_letters=dead_letters)
+        return Stream(self._flow, (Input(node.name, FORWARD),))
 
-    def flat_map(self, name: str, fn: Callable, *, parallelism: int | None = None) -> "Stream":
+    def flat_map(self, name: str, fn: Callable, *, parallelism: int | None = None,
+                    dead_letters: bool = False) -> "Stream":
         """Emit every element of ``fn(record)`` (an iterable; ``None`` emits nothing)."""
         _check_callable(fn, name, "flat_map")
-        return Stream(self._flow, (Input(self._then(NodeKind.FLAT_MAP, name, fn, parallelism).name, FORWARD),))
+        node = self._then(NodeKind.FLAT_MAP, name, fn, parallelism, dead_letters=dead_letters)
+        return Stream(self._flow, (Input(node.name, FORWARD),))
 
-    def filter(self, name: str, fn: Callable, *, parallelism: int | None = None) -> "Stream":
+    def filter(self, name: str, fn: Callable, *, parallelism: int | None = None,
+                  dead_letters: bool = False) -> "Stream":
         """Keep the records for which ``fn(record)`` is truthy."""
         _check_callable(fn, name, "filter")
-        return Stream(self._flow, (Input(self._then(NodeKind.FILTER, name, fn, parallelism).name, FORWARD),))
+        node = self._then(NodeKind.FILTER, name, fn, parallelism, dead_letters=dead_letters)
+        return Stream(self._flow, (Input(node.name, FORWARD),))
 
     def key_by(self, key_fn: Callable) -> "KeyedStream":
         """Partition by ``key_fn(record)`` (hash of the key → key group → subtask).
@@ -307,14 +329,15 @@ class KeyedStream(Stream):
         super().__init__(flow, ports)
         self._key_fn = key_fn
 
-    def reduce(self, name: str, fn: Callable, *, initial: Any = _MISSING, parallelism: int | None = None) -> Stream:
+    def reduce(self, name: str, fn: Callable, *, initial: Any = _MISSING, parallelism: int | None = None,
+               dead_letters: bool = False) -> Stream:
         """Rolling reduce per key: ``acc = fn(acc, record)``; emits each new ``acc``.
 
         Without ``initial`` the key's first record is its first accumulator.
         """
         _check_callable(fn, name, "reduce")
         extra = () if initial is _MISSING else (initial,)
-        node = self._then(NodeKind.REDUCE, name, fn, parallelism, self._key_fn, extra)
+        node = self._then(NodeKind.REDUCE, name, fn, parallelism, self._key_fn, extra, dead_letters=dead_letters)
         return Stream(self._flow, (Input(node.name, FORWARD),))
 
     def window(self, assigner, *, allowed_lateness=0):
@@ -328,7 +351,7 @@ class KeyedStream(Stream):
 
         return WindowedStream(self, assigner, allowed_lateness)
 
-    def process(self, name: str, function, *, parallelism: int | None = None) -> Stream:
+    def process(self, name: str, function, *, parallelism: int | None = None, dead_letters: bool = False) -> Stream:
         """Run a :class:`~epochal.operators.keyed.KeyedProcessFunction` with keyed state."""
         from epochal.operators.keyed import KeyedProcessFunction
 
@@ -336,7 +359,7 @@ class KeyedStream(Stream):
             raise PipelineDefinitionError(
                 f"process {name!r}: expected a KeyedProcessFunction instance, got {type(function).__name__}"
             )
-        node = self._then(NodeKind.PROCESS, name, function, parallelism, self._key_fn)
+        node = self._then(NodeKind.PROCESS, name, function, parallelism, self._key_fn, dead_letters=dead_letters)
         return Stream(self._flow, (Input(node.name, FORWARD),))
 
 
@@ -359,6 +382,8 @@ class ValueKey:
 def _port_timed(node: Node, port: str) -> bool:
     """Whether records of ``node``'s output ``port`` carry timestamps: the main output's
     are ``node.timed``; side outputs (late records, dead letters) carry input records."""
+    if port == "dead_letters":
+        return False  # DeadLetter records carry the failed value, not its timestamp
     return node.timed if port == "main" else node.timed_in
 
 

@@ -74,6 +74,8 @@ class Node:
     extra: tuple = ()
     timed_in: bool = False
     timed: bool = False
+    #: records its user function fails on go to the ``"dead_letters"`` side output
+    dead_letters: bool = False
 
     @property
     def is_keyed(self) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from epochal.errors import OperatorError
 
@@ -41,6 +41,15 @@ class OperatorContext:
     keyed_backend: Any = None
     key_groups: range = range(0)
     extras: dict | None = None
+
+
+class DeadLetter(NamedTuple):
+    """A record a user function failed on, in an operator's ``dead_letters()`` output (like
+    a Kafka dead-letter queue): the operator's name, the error, and the record itself."""
+
+    operator: str
+    error: str
+    record: Any
 
 
 @dataclass(frozen=True)
@@ -141,6 +150,21 @@ class RuntimeOperator(ABC):
 
     def close(self) -> None:
         """Clean end of input: flush and release resources."""
+
+    def enable_dead_letters(self) -> None:
+        """Operator option ``dead_letters=True``: :meth:`reject` keeps the job running."""
+        self.side_output = dict(self.side_output or {}, dead_letters=[])
+
+    def reject(self, record: Any, exc: Exception) -> None:
+        """``record`` made the user's function raise ``exc``: put a :class:`DeadLetter` in
+        the ``"dead_letters"`` side output if the operator has one, else raise the
+        :class:`~epochal.errors.OperatorError` that fails the job naming operator and record.
+        Effects the function had before it raised (state it wrote) stay."""
+        side = self.side_output
+        if side is not None and "dead_letters" in side:
+            side["dead_letters"].append(DeadLetter(self.ctx.operator, f"{type(exc).__name__}: {exc}", record))
+            return
+        raise self.fail(record, exc) from exc
 
     def fail(self, record: Any, exc: BaseException) -> OperatorError:
         """Build the error that names this operator and the offending record."""

@@ -17,6 +17,13 @@ from epochal.operators.stateless import (
 
 def create_operator(node: Node, ctx: OperatorContext) -> RuntimeOperator:
     """Build ``node``'s runtime operator. Sources are not operators (the task owns the reader)."""
+    op = _create(node, ctx)
+    if node.dead_letters:
+        op.enable_dead_letters()
+    return op
+
+
+def _create(node: Node, ctx: OperatorContext) -> RuntimeOperator:
     kind, timed = node.kind, node.timed_in  # timed: records are (timestamp, value) pairs
     if kind is NodeKind.MAP:
         return (TimedMapOperator if timed else MapOperator)(ctx, node.payload)

@@ -180,7 +180,8 @@ class KeyedProcessFunction:
 
     def on_timer(self, key, timestamp: float, domain: str) -> Iterable | None:
         """A timer of ``key`` fired: ``timestamp`` in seconds, ``domain`` ``"event"`` (the
-        watermark reached it) or ``"processing"`` (the wall clock did). State and timers
+        watermark reached it) or ``"processing"`` (the wall clock did, or a bounded input
+        ended: then every pending timer fires, so no state waits forever). State and timers
         belong to ``key``; returns output records like :meth:`process`. Each timer fires
         exactly once in the committed output, however often the job restores."""
         raise NotImplementedError(f"{type(self).__name__} registered a timer but does not define on_timer")
@@ -217,10 +218,9 @@ class ReduceOperator(_KeyedOperator):
         backend, fn, state, initial = self.ctx.keyed_backend, self.fn, self.state, self.initial
         cur, timed = self.current, self.timed
         out = []
-        record = None
-        try:
-            for record in records:
-                value = record[1] if timed else record
+        for record in records:
+            value = record[1] if timed else record
+            try:
                 self._set_key(value)
                 acc = backend.get(state, cur.kg, cur.key, _MISSING)
                 if acc is _MISSING:
@@ -228,9 +228,10 @@ class ReduceOperator(_KeyedOperator):
                 else:
                     acc = fn(acc, value)
                 backend.put(state, cur.kg, cur.key, acc)
-                out.append((record[0], acc) if timed else acc)
-        except Exception as exc:
-            raise self.fail(record, exc) from exc
+            except Exception as exc:
+                self.reject(value, exc)
+                continue
+            out.append((record[0], acc) if timed else acc)
         return out
 
 
@@ -248,24 +249,25 @@ class KeyedProcessOperator(_KeyedOperator):
         process = self.function.process
         cur = self.current
         out = []
-        record = None
-        try:
-            if self.timed:
-                for record in records:
-                    ts, value = record
+        if self.timed:
+            for ts, value in records:
+                try:
                     self._set_key(value)
                     cur.ts = ts
                     produced = process(cur.key, value)
                     if produced is not None:
                         out.extend([(ts, v) for v in produced])
-                return out
-            for record in records:
+                except Exception as exc:
+                    self.reject(value, exc)
+            return out
+        for record in records:
+            try:
                 self._set_key(record)
                 produced = process(cur.key, record)
                 if produced is not None:
-                    out.extend(produced)
-        except Exception as exc:
-            raise self.fail(record, exc) from exc
+                    out.extend(produced if type(produced) is list else list(produced))
+            except Exception as exc:
+                self.reject(record, exc)
         return out
 
     def on_watermark(self, watermark: int) -> list:

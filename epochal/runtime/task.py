@@ -101,7 +101,7 @@ class Task:
             self.loop = LoopHeadProtocol(range(self.n_aligned, len(self.spec.inputs)), self.recorder)
         self._barrier_ts: dict[int, float] = {}  # epoch -> trigger time, for barriers forwarded later
         self.metrics = {"task": self.spec.id, "host": self.node, "source": self.spec.is_source, "records_in": 0,
-                        "snapshots": 0, "unaligned_snapshots": 0, "channel_state_replayed": 0,
+                        "snapshots": 0, "unaligned_snapshots": 0, "channel_state_replayed": 0, "channel_state_watermarks": 0,
                         "alignment_s": [], "sync_s": [], "loop_replayed": 0}
 
     # ------------------------------------------------------------------ lifecycle
@@ -251,6 +251,7 @@ class Task:
             self.metrics["channel_state_replayed"] += len(records)
             self._process(records)
             return
+        self.metrics["channel_state_watermarks"] += len(marks)
         start = 0
         for i in marks + [len(records)]:
             if i > start:

@@ -81,17 +81,18 @@ class WatermarkOperator(RuntimeOperator):
         out = []
         append = out.append
         high = self.gen.max_ts
-        record = None
-        try:
-            for record in records:
-                value = record[1] if self.timed_in else record
+        timed_in = self.timed_in
+        for record in records:
+            value = record[1] if timed_in else record
+            try:
                 ts = fn(value)
                 ts = ts * 1_000_000 if type(ts) is int else to_micros(ts, where)
-                if ts > high:
-                    high = ts
-                append((ts, value))
-        except Exception as exc:
-            raise self.fail(record, exc) from exc
+            except Exception as exc:
+                self.reject(value, exc)
+                continue
+            if ts > high:
+                high = ts
+            append((ts, value))
         if out:
             self.gen.on_event(high, now_micros() if self.gen.idle_timeout is not None else 0)
         return out

@@ -25,7 +25,7 @@ import heapq
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 
-from epochal.time.units import MIN_TIME, now_micros, to_micros, to_seconds
+from epochal.time.units import MAX_TIME, MIN_TIME, now_micros, to_micros, to_seconds
 
 __all__ = ["EVENT_TIME", "PROCESSING_TIME", "IndexedTimerQueue", "ScanTimerQueue", "TimerQueue",
            "TimerService", "decode_time", "encode_time", "timer_state"]
@@ -241,9 +241,14 @@ class TimerService:
 
     # -- operator API ----------------------------------------------------------------------
     def advance_watermark(self, watermark: int, fire: Fire) -> None:
+        """Fire event-time timers ``<= watermark``; at the end of a bounded input
+        (``MAX_TIME``) every pending processing-time timer fires too, so no state waits
+        for a wall-clock time the job will not live to see."""
         self.watermark_us = max(self.watermark_us, watermark)
         for ts, kg, key in self._event.pop_due(watermark):
             fire(key, kg, ts, EVENT_TIME)
+        if watermark >= MAX_TIME:
+            self.fire_processing_time(MAX_TIME, fire)
 
     def next_processing_time(self) -> int | None:
         head = self._processing.peek()

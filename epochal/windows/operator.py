@@ -20,7 +20,8 @@ Event time, per record ``(ts, value)`` of key ``k`` and the operator's watermark
 
 When the watermark advances, fire timers ``<= wm`` emit their windows (in time order), then
 cleanup timers ``<= wm`` delete the panes no unexpired window needs. Processing-time windows
-do the same on the wall clock (no lateness; records are never late).
+do the same on the wall clock (no lateness; records are never late); the end of a bounded
+input fires the ones still open.
 
 Restores: timers and panes come back with the keyed state; the watermark is regenerated
 (:mod:`epochal.time.watermarks`), and a window fires when it passes again — a firing whose
@@ -33,7 +34,7 @@ import copy
 
 from epochal.operators.keyed import _KeyedOperator
 from epochal.time.timers import make_queue
-from epochal.time.units import MIN_TIME, now_micros
+from epochal.time.units import MAX_TIME, MIN_TIME, now_micros
 from epochal.windows.assigners import PaneSpec, SessionSpec
 from epochal.windows.functions import Combiner, Window, WindowResult
 
@@ -92,8 +93,8 @@ class _WindowOperator(_KeyedOperator):
 
     # -- time ----------------------------------------------------------------------------
     def on_watermark(self, watermark: int) -> list:
-        if self.processing_time:
-            return []
+        if self.processing_time:  # only the end of input: open processing-time windows fire
+            return self._advance(MAX_TIME) if watermark >= MAX_TIME else []
         return self._advance(watermark)
 
     def next_processing_time(self) -> int | None:
