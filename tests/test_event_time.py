@@ -522,3 +522,84 @@ def test_processing_time_windows_count_every_record_once(tmp_path):
         assert round(r["end"] - r["start"], 6) == 0.2
     assert got == collections.Counter(e[0] for e in all_events())
     assert min(windows.values()) > 2  # windows closed while the job ran
+
+
+# ------------------------------------------------------------------------- idleness
+class StallingSource(ep.sources.Source):
+    """Split 0: ``N`` events; split 1: 10 events, then no data for ``stall`` seconds of wall
+    time (polls say idle), then the end. Replayable: offsets as in GeneratorSource."""
+
+    def __init__(self, stall: float):
+        self.stall = stall
+
+    def splits(self):
+        return [0, 1]
+
+    def create_reader(self, splits, state, *, subtask=0, parallelism=1):
+        return _StallingReader(self.stall, splits, state)
+
+
+class _StallingReader(ep.sources.base.SourceReader):
+    def __init__(self, stall, splits, state):
+        self.split = splits[0]
+        self.offset = (state or {}).get(str(self.split), 0)
+        self.limit = N if self.split == 0 else 10
+        self.stall, self.idle_since = stall, None
+
+    def poll(self, max_records):
+        if self.offset < self.limit:
+            n = min(max_records, self.limit - self.offset)
+            records = [event(self.split, i) for i in range(self.offset, self.offset + n)]
+            self.offset += n
+            return ep.sources.base.Poll(records, finished=self.split == 0 and self.offset >= self.limit)
+        if self.idle_since is None:
+            self.idle_since = time.monotonic()
+        if time.monotonic() - self.idle_since < self.stall:
+            time.sleep(0.01)
+            return ep.sources.base.Poll([], idle=True)
+        return ep.sources.base.Poll([], finished=True)
+
+    def snapshot(self):
+        return {str(self.split): self.offset}
+
+
+def fired_at(key, window, elements):
+    yield [len(elements), time.time()]
+
+
+@pytest.mark.parametrize("idle_timeout", [0.2, None])
+def test_an_idle_subtask_stops_holding_event_time_back(tmp_path, idle_timeout):
+    """Split 1 sends 10 events and then nothing for 2 s. With ``idle_timeout`` its subtask
+    turns idle and split 0's windows fire meanwhile; without, they wait for its end."""
+    out = unique_dir(tmp_path, "out")
+    flow = ep.Dataflow("idle", parallelism=2)
+    (flow.source("events", StallingSource(stall=2.0), parallelism=2)
+        .with_watermarks("ts", timestamp=lambda e: e[1], max_out_of_orderness=BOUND, idle_timeout=idle_timeout)
+        .key_by(lambda e: e[0]).window(Tumbling("2s")).process("win", fired_at)
+        .sink("out", FileSink(out)))
+    started = time.time()
+    result = _run(flow, tmp_path)
+    early = [r for r in read_committed(out) if r["value"][1] - started < 1.5]
+    assert sum(r["value"][0] for r in read_committed(out)) == N + 10
+    if idle_timeout:
+        assert len(early) > 5, f"no window fired while split 1 was idle ({result.duration_s:.1f} s run)"
+    else:
+        assert early == []
+
+
+def test_a_bad_timestamp_fails_naming_operator_and_record_or_becomes_a_dead_letter(tmp_path):
+    def flow(dead_letters, out):
+        f = ep.Dataflow("badts")
+        ts = f.source("in", ep.sources.CollectionSource([("a", 1.0), ("b", "noon"), ("c", 2.0)])) \
+            .with_watermarks("ts", timestamp=lambda e: e[1], dead_letters=dead_letters)
+        ts.key_by(lambda e: e[0]).window(Tumbling("10s")).aggregate("n", Count()).sink("out", FileSink(out))
+        if dead_letters:
+            ts.dead_letters().sink("dlq", FileSink(out + "-dlq"))
+        return f
+
+    with pytest.raises(ep.JobFailedError, match=r"(?s)operator 'ts'.*'noon'.*expected seconds \(int/float\) or a datetime"):
+        _run(flow(False, unique_dir(tmp_path, "o1")), tmp_path, restart=ep.RestartStrategy(max_attempts=3))
+    out = unique_dir(tmp_path, "o2")
+    _run(flow(True, out), tmp_path)
+    assert sorted(r["key"] for r in read_committed(out)) == ["a", "c"]
+    assert [d["record"] for d in read_committed(out + "-dlq")] == [["b", "noon"]]
