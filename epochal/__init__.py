@@ -4,7 +4,7 @@ Stateful streaming dataflows written in Python run as long-running Spark tasks a
 made fault tolerant by asynchronous epoch snapshots (Carbone et al.; see README).
 """
 from epochal import sinks, sources, testing, time, windows
-from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, Guarantee, RestartStrategy
+from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, Guarantee, MetricsConfig, RestartStrategy
 from epochal.dataflow import Dataflow, KeyedStream, Stream
 from epochal.errors import (CheckpointStorageError, ConfigError, EpochalError, JobFailedError, OperatorError,
                             PipelineDefinitionError)
@@ -16,6 +16,6 @@ __version__ = "0.1.0"
 __all__ = [
     "ChannelConfig", "CheckpointConfig", "ClusterConfig", "CheckpointStorageError", "ConfigError", "Dataflow", "DeadLetter",
     "EpochalError",
-    "Guarantee", "JobFailedError", "KeyedProcessFunction", "KeyedStream", "OperatorError",
+    "Guarantee", "JobFailedError", "MetricsConfig", "KeyedProcessFunction", "KeyedStream", "OperatorError",
     "PipelineDefinitionError", "RestartStrategy", "Stream", "sinks", "sources", "testing", "time", "windows",
 ]

@@ -115,9 +115,20 @@ class Dataflow:
         :class:`~epochal.backends.choice.BackendSpec`), ``cluster``
         (:class:`~epochal.config.ClusterConfig`), ``allow_non_restored_state`` (restore even
         though state of operators the dataflow no longer has would be dropped; see
-        :mod:`epochal.runtime.compatibility`).
+        :mod:`epochal.runtime.compatibility`), ``metrics`` (:class:`~epochal.config.MetricsConfig`:
+        live progress events, a listener, Prometheus, the terminal status line).
+
+        While it blocks in a terminal, a one-line status shows epoch, records/s and the last
+        checkpoint (``metrics=MetricsConfig(status=False)`` turns it off).
         """
-        return self.start(**options).wait()
+        import sys
+
+        handle = self.start(**options)
+        config = options.get("metrics")
+        status = getattr(config, "status", None)
+        if status is None:
+            status = sys.stderr.isatty()
+        return handle.wait(status=status)
 
 
 class Stream:

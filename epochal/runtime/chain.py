@@ -51,13 +51,17 @@ class OperatorChain:
         self._side = [i for i, op in enumerate(operators) if op.side_output is not None]
         self.output = WatermarkChange(MIN_TIME, False)  # last forwarded
         self._warned: set = set()
+        self.counts = [[0, 0] for _ in operators]  # records in / out per operator (live metrics)
 
     # -- records -------------------------------------------------------------------------
     def process(self, records: list, start: int = 0) -> None:
-        ops = self.ops
+        ops, counts = self.ops, self.counts
         for i in range(start, len(ops)):
             op = ops[i]
+            count = counts[i]
+            count[0] += len(records)
             records = op.process_batch(records)
+            count[1] += len(records)
             if op.side_output:
                 self._route_side(op)
             if not records:
@@ -78,6 +82,10 @@ class OperatorChain:
                                 "they are counted in the job's metrics (%s) — read that output to keep them",
                                 self.task, name, len(records), port, key)
             records.clear()
+
+    def operator_counts(self) -> dict:
+        """``{operator: [records in, records out]}`` since the task started."""
+        return {op.ctx.operator: list(c) for op, c in zip(self.ops, self.counts)}
 
     # -- event time ----------------------------------------------------------------------
     def after_batch(self) -> None:
@@ -109,6 +117,7 @@ class OperatorChain:
                 if op.side_output:
                     self._route_side(op)
                 if out:
+                    self.counts[i][1] += len(out)
                     self.process(out, i + 1)
         self._forward(change)
 
@@ -137,5 +146,6 @@ class OperatorChain:
             if op.side_output:
                 self._route_side(op)
             if out:
+                self.counts[i][1] += len(out)
                 self.process(out, i + 1)
         self.after_batch()  # a generator may have turned idle

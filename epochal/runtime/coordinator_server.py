@@ -74,6 +74,8 @@ class CoordinatorServer:
         self.loop_heads = plan.loop_head_tasks
         self.final_rounds = 0
         self._releasing: set[str] | None = None  # loop heads yet to release the end of input
+        #: the latest ("metrics", task, counters) of every task, for live metrics (epochal.metrics)
+        self.live: dict[str, dict] = {}
         self.coordinator = EpochCoordinator(config, self.tasks, first_epoch=first_epoch)
         self.conns: dict[str, wire.Connection] = {}
         self.addresses: dict[str, tuple] = {}
@@ -237,6 +239,8 @@ class CoordinatorServer:
             self.exhausted.add(msg[1])
             if self.exhausted >= self.sources:
                 self.coordinator.request_final(now)
+        elif kind == "metrics":
+            self.live[msg[1]] = msg[2]
         elif kind == "released":
             self._releasing.discard(msg[1])
             if not self._releasing:  # the end of event time went into every loop: commit what it fired

@@ -324,12 +324,18 @@ class Task:
     def _loop(self) -> None:
         linger = self.attempt.channels.linger
         chain = self.chain
+        interval = self.attempt.metrics_interval
+        next_report = time.monotonic()
         while not self.finished:
             self._drain_control()
             if self.finished:
                 return
             progressed = self._step_source() if self.spec.is_source else self._step_inputs()
-            self.router.flush_if_lingering(time.monotonic())
+            now_mono = time.monotonic()
+            self.router.flush_if_lingering(now_mono)
+            if now_mono >= next_report:
+                next_report = now_mono + interval
+                self._send(("metrics", self.spec.id, self.live_metrics()))
             due = chain.next_processing_time()  # processing-time timers (epochal.time.timers)
             if due is not None:
                 now = now_micros()
@@ -569,7 +575,23 @@ class Task:
             op.close()
         self.router.broadcast((END,))
         self.finished = True
+        self._send(("metrics", self.spec.id, self.live_metrics()))  # the final counts for the live metrics
         self._send(("finished", self.spec.id, self._final_metrics()))
+
+    def live_metrics(self) -> dict:
+        """Counters of this task now, for the driver's live metrics (:mod:`epochal.metrics`):
+        cumulative since the attempt started, so a lost report loses no count."""
+        operators = self.chain.operator_counts()
+        if self.spec.is_source:  # records read = records emitted by the source
+            operators[self.spec.chain[0]] = [self.metrics["records_in"]] * 2
+        return {
+            "records_in": self.metrics["records_in"], "records_out": self.router.records_out,
+            "backpressure_s": sum(o.blocked_seconds for o in self.outputs.values()),
+            "queued_batches": sum(len(q) for q in self.gate.queues),
+            "watermark": self.chain.output.watermark, "idle": self.chain.output.idle,
+            "operators": operators, "snapshots": self.metrics["snapshots"],
+            "late_dropped": self.metrics.get("late_dropped", 0), "host": self.node, "time": time.time(),
+        }
 
     def _final_metrics(self) -> dict:
         m = dict(self.metrics)
