@@ -3,7 +3,7 @@
 Stateful streaming dataflows written in Python run as long-running Spark tasks and are
 made fault tolerant by asynchronous epoch snapshots (Carbone et al.; see README).
 """
-from epochal import sinks, sources, testing, time, windows
+from epochal import columnar, sinks, sources, testing, time, windows
 from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, Guarantee, MetricsConfig, RestartStrategy
 from epochal.dataflow import Dataflow, KeyedStream, Stream
 from epochal.errors import (CheckpointStorageError, ConfigError, EpochalError, JobFailedError, OperatorError,
@@ -17,5 +17,5 @@ __all__ = [
     "ChannelConfig", "CheckpointConfig", "ClusterConfig", "CheckpointStorageError", "ConfigError", "Dataflow", "DeadLetter",
     "EpochalError",
     "Guarantee", "JobFailedError", "MetricsConfig", "KeyedProcessFunction", "KeyedStream", "OperatorError",
-    "PipelineDefinitionError", "RestartStrategy", "Stream", "sinks", "sources", "testing", "time", "windows",
+    "PipelineDefinitionError", "RestartStrategy", "Stream", "columnar", "sinks", "sources", "testing", "time", "windows",
 ]

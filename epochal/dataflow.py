@@ -63,7 +63,7 @@ class Dataflow:
                 f"source {name!r}: expected an epochal.sources.Source, got {type(source).__name__}"
             )
         node = self._add(Node(name, NodeKind.SOURCE, (), self.parallelism if parallelism is None else parallelism,
-                              source))
+                              source, columnar=source.schema is not None))
         return Stream(self, (Input(node.name, FORWARD),))
 
     def _add(self, node: Node) -> Node:
@@ -165,18 +165,84 @@ class Stream:
                 "record has a timestamp, before merging them")
         return kinds.popitem()[1] if kinds else False
 
+    @property
+    def is_columnar(self) -> bool:
+        """Whether this stream carries ``pyarrow.RecordBatch``es (:mod:`epochal.columnar`)."""
+        return self._columnar(None)
+
+    def _columnar(self, consumer: str | None) -> bool:
+        nodes = self._flow._nodes
+        kinds = {p.node: p.port == "main" and nodes[p.node].columnar for p in self._ports}
+        if len(set(kinds.values())) > 1:
+            raise PipelineDefinitionError(
+                f"{consumer or 'a stream'!r} reads streams of Arrow batches "
+                f"({', '.join(repr(n) for n, c in sorted(kinds.items()) if c)}) and of records "
+                f"({', '.join(repr(n) for n, c in sorted(kinds.items()) if not c)}): convert one side with "
+                "to_batches(...) or to_records(...) before merging them")
+        return kinds.popitem()[1] if kinds else False
+
     def _then(self, kind: NodeKind, name: str, payload, parallelism, key_fn=None, extra=(),
-              timed: bool | None = None, dead_letters: bool = False) -> Node:
+              timed: bool | None = None, dead_letters: bool = False, accepts: str = "records",
+              columnar: bool | None = None) -> Node:
         """Add a node reading this stream; its output carries timestamps if its input does
-        (``timed`` overrides: True for nodes that assign them)."""
+        (``timed`` overrides: True for nodes that assign them), and Arrow batches if its input
+        does (``columnar`` overrides). ``accepts``: ``"records"``, ``"batches"`` or ``"any"``."""
         timed_in = self._timed(name)
+        columnar_in = self._columnar(name)
+        if accepts == "records" and columnar_in:
+            raise PipelineDefinitionError(
+                f"{kind.value} {name!r}: its input carries Arrow batches, and {kind.value} works on records — use "
+                "map_batches / filter / select / with_column / key_by(column).aggregate on batches, or "
+                "to_records(...) first")
+        if accepts == "batches" and not columnar_in:
+            raise PipelineDefinitionError(
+                f"{kind.value} {name!r} works on Arrow batches but its input carries records — convert with "
+                "to_batches(name, schema) first, or read a source that produces batches")
         if not isinstance(dead_letters, bool):
             raise PipelineDefinitionError(f"operator {name!r}: dead_letters must be True or False, got {dead_letters!r}")
         return self._flow._add(
             Node(name, kind, self._ports, self._default_parallelism() if parallelism is None else parallelism,
                  payload, key_fn, extra, timed_in=timed_in, timed=timed_in if timed is None else timed,
-                 dead_letters=dead_letters)
+                 dead_letters=dead_letters, columnar=columnar_in if columnar is None else columnar)
         )
+
+    # -- columnar streams (epochal.columnar) ---------------------------------------------
+    def map_batches(self, name: str, fn: Callable, *, parallelism: int | None = None,
+                    dead_letters: bool = False) -> "Stream":
+        """``fn(batch)`` → a ``pyarrow.RecordBatch``, a ``pyarrow.Table`` or ``None``, for
+        every Arrow batch of this stream (vectorized work: ``pyarrow.compute``)."""
+        _check_callable(fn, name, "map_batches")
+        node = self._then(NodeKind.MAP_BATCHES, name, fn, parallelism, dead_letters=dead_letters, accepts="batches")
+        return Stream(self._flow, (Input(node.name, FORWARD),))
+
+    def select(self, name: str, *columns: str, parallelism: int | None = None) -> "Stream":
+        """Keep (and order) ``columns`` of every batch."""
+        from epochal.columnar.api import Select
+
+        return self.map_batches(name, Select(columns), parallelism=parallelism)
+
+    def with_column(self, name: str, column: str, fn: Callable, *, parallelism: int | None = None) -> "Stream":
+        """Add (or replace) ``column`` = ``fn(batch)`` (an array or scalar) in every batch."""
+        from epochal.columnar.api import WithColumn
+
+        _check_callable(fn, name, "with_column")
+        return self.map_batches(name, WithColumn(column, fn), parallelism=parallelism)
+
+    def to_records(self, name: str, *, parallelism: int | None = None) -> "Stream":
+        """Arrow batches → one ``dict`` per row (a record stream)."""
+        node = self._then(NodeKind.TO_RECORDS, name, None, parallelism, accepts="batches", columnar=False)
+        return Stream(self._flow, (Input(node.name, FORWARD),))
+
+    def to_batches(self, name: str, schema=None, *, parallelism: int | None = None) -> "Stream":
+        """Records (dicts, or tuples in ``schema`` order) → one Arrow batch per input batch."""
+        import pyarrow as pa
+
+        if schema is not None and not isinstance(schema, pa.Schema):
+            raise PipelineDefinitionError(f"to_batches {name!r}: schema must be a pyarrow.Schema, got {schema!r}")
+        if self._timed(name):
+            raise PipelineDefinitionError(f"to_batches {name!r}: streams of Arrow batches carry no event time yet")
+        node = self._then(NodeKind.TO_BATCHES, name, schema, parallelism, columnar=True)
+        return Stream(self._flow, (Input(node.name, FORWARD),))
 
     def dead_letters(self) -> "Stream":
         """The records the operator before this point failed on, as
@@ -239,6 +305,10 @@ class Stream:
     def filter(self, name: str, fn: Callable, *, parallelism: int | None = None,
                   dead_letters: bool = False) -> "Stream":
         """Keep the records for which ``fn(record)`` is truthy."""
+        if self._columnar(name):  # Arrow batches: a pyarrow.compute expression, or fn(batch) -> mask
+            from epochal.columnar.api import Filter
+
+            return self.map_batches(name, Filter.of(name, fn), parallelism=parallelism, dead_letters=dead_letters)
         _check_callable(fn, name, "filter")
         node = self._then(NodeKind.FILTER, name, fn, parallelism, dead_letters=dead_letters)
         return Stream(self._flow, (Input(node.name, FORWARD),))
@@ -249,6 +319,15 @@ class Stream:
         ``key_fn`` must be deterministic; keys must be str/int/float/bytes/bool/None or
         tuples of them (they are hashed identically in every process).
         """
+        if self._columnar("key_by"):
+            from epochal.columnar.keys import ColumnKey
+
+            if not isinstance(key_fn, str) or not key_fn:
+                raise PipelineDefinitionError(
+                    f"key_by after {', '.join(repr(p.node) for p in self._ports)}: a stream of Arrow batches is keyed "
+                    f"by a column name, got {key_fn!r}")
+            key = ColumnKey(key_fn)
+            return KeyedStream(self._flow, self._repartition(Partitioning(PartitionKind.HASH, key)), key)
         if key_fn is None or not callable(key_fn):
             producers = ", ".join(repr(p.node) for p in self._ports)
             raise PipelineDefinitionError(
@@ -330,7 +409,7 @@ class Stream:
 
         if not isinstance(sink, Sink):
             raise PipelineDefinitionError(f"sink {name!r}: expected an epochal.sinks.Sink, got {type(sink).__name__}")
-        self._then(NodeKind.SINK, name, sink, parallelism)
+        self._then(NodeKind.SINK, name, sink, parallelism, accepts="any")
 
 
 class KeyedStream(Stream):
@@ -361,6 +440,24 @@ class KeyedStream(Stream):
         from epochal.windows.api import WindowedStream
 
         return WindowedStream(self, assigner, allowed_lateness)
+
+    def aggregate(self, name: str, *, parallelism: int | None = None, **aggregations) -> Stream:
+        """Vectorized keyed aggregation of Arrow batches (:mod:`epochal.columnar.aggregates`):
+        ``key_by("word").aggregate("counts", n=count(), bytes=sum("size"))``. Emits, once per
+        epoch (before its barrier), one batch of the keys updated since the previous one:
+        the key column and one column per aggregation."""
+        from epochal.columnar.aggregates import Aggregation
+
+        if not aggregations:
+            raise PipelineDefinitionError(f"aggregate {name!r}: name at least one aggregation, e.g. n=count()")
+        for column, agg in aggregations.items():
+            if not isinstance(agg, Aggregation):
+                raise PipelineDefinitionError(
+                    f"aggregate {name!r}: {column}= must be an aggregation from epochal.columnar (count(), sum(col), "
+                    f"...), got {type(agg).__name__}")
+        node = self._then(NodeKind.AGGREGATE, name, (getattr(self._key_fn, "column", None), dict(aggregations)),
+                          parallelism, self._key_fn, accepts="batches")
+        return Stream(self._flow, (Input(node.name, FORWARD),))
 
     def process(self, name: str, function, *, parallelism: int | None = None, dead_letters: bool = False) -> Stream:
         """Run a :class:`~epochal.operators.keyed.KeyedProcessFunction` with keyed state."""

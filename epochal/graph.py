@@ -49,6 +49,10 @@ class NodeKind(enum.Enum):
     LOOP_HEAD = "loop_head"  # entry of a loop (Stream.iterate); see epochal/loops
     WATERMARKS = "watermarks"  # Stream.with_watermarks: timestamps + watermarks (epochal/time)
     WINDOW = "window"  # KeyedStream.window(...): keyed windows (epochal/windows)
+    MAP_BATCHES = "map_batches"  # Arrow batches → batches (epochal/columnar)
+    TO_RECORDS = "to_records"  # Arrow batches → Python records
+    TO_BATCHES = "to_batches"  # Python records → Arrow batches
+    AGGREGATE = "aggregate"  # keyed vectorized aggregation of Arrow batches
 
 
 @dataclass(frozen=True)
@@ -76,10 +80,12 @@ class Node:
     timed: bool = False
     #: records its user function fails on go to the ``"dead_letters"`` side output
     dead_letters: bool = False
+    #: its output elements are ``pyarrow.RecordBatch``es (a columnar stream, epochal/columnar)
+    columnar: bool = False
 
     @property
     def is_keyed(self) -> bool:
         return self.kind in KEYED_KINDS
 
 
-KEYED_KINDS = frozenset({NodeKind.REDUCE, NodeKind.PROCESS, NodeKind.WINDOW})
+KEYED_KINDS = frozenset({NodeKind.REDUCE, NodeKind.PROCESS, NodeKind.WINDOW, NodeKind.AGGREGATE})

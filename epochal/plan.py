@@ -33,6 +33,8 @@ class OutputGate:
     #: last operator and ``"main"``, or any operator's side output (e.g. late records)
     producer: str = ""
     port: str = "main"
+    #: the edge carries Arrow batches (each element one pyarrow.RecordBatch, sent at once)
+    columnar: bool = False
 
 
 @dataclass(frozen=True)
@@ -199,7 +201,8 @@ def compile_plan(flow) -> PhysicalPlan:
                     inputs_of.setdefault(task_id(c_head, down), []).append(cid)
                     gate_channels.append(cid)
                 gates_of.setdefault(task_id(p_head, up), []).append(
-                    OutputGate(node.name, partitioning, tuple(gate_channels), producer.name, inp.port)
+                    OutputGate(node.name, partitioning, tuple(gate_channels), producer.name, inp.port,
+                               producer.columnar and inp.port == "main")
                 )
 
     tasks = []

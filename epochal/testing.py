@@ -255,3 +255,6 @@ class _CrashingOperator(RuntimeOperator):
 
     def on_processing_time(self, now):
         return self.inner.on_processing_time(now)
+
+    def prepare_snapshot_pre_barrier(self, epoch):
+        return self.inner.prepare_snapshot_pre_barrier(epoch)

@@ -118,6 +118,13 @@ class RuntimeOperator(ABC):
     def notify_epoch_complete(self, epoch: int) -> None:
         """Epoch ``epoch`` is durable (its checkpoint metadata is written)."""
 
+    def prepare_snapshot_pre_barrier(self, epoch: int) -> list:
+        """The barrier of ``epoch`` is about to pass (before any operator of the task
+        snapshots): records returned here go through the rest of the chain and downstream
+        ahead of the barrier, so they belong to ``epoch`` (Flink's
+        ``prepareSnapshotPreBarrier``; e.g. a mini-batch aggregation's updates). Task thread."""
+        return []
+
     # -- time (epochal.time) ---------------------------------------------------------------
     #: the operator replaces upstream watermarks by its own (``with_watermarks``): the task
     #: asks it with :meth:`emit_watermark` after each batch instead of passing watermarks on

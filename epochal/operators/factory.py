@@ -15,6 +15,9 @@ from epochal.operators.stateless import (
 )
 
 
+_COLUMNAR = frozenset({NodeKind.MAP_BATCHES, NodeKind.TO_RECORDS, NodeKind.TO_BATCHES, NodeKind.AGGREGATE})
+
+
 def create_operator(node: Node, ctx: OperatorContext) -> RuntimeOperator:
     """Build ``node``'s runtime operator. Sources are not operators (the task owns the reader)."""
     op = _create(node, ctx)
@@ -41,6 +44,10 @@ def _create(node: Node, ctx: OperatorContext) -> RuntimeOperator:
         from epochal.time.assign import WatermarkOperator
 
         return WatermarkOperator(ctx, node.payload, timed)
+    if kind in _COLUMNAR:
+        from epochal.columnar.operators import create_columnar_operator
+
+        return create_columnar_operator(ctx, node)
     if kind is NodeKind.WINDOW:
         from epochal.windows.operator import create_window_operator
 

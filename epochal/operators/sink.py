@@ -2,6 +2,8 @@
 two-phase commit into the task's epoch lifecycle (seed 004 §4.1.3)."""
 from __future__ import annotations
 
+import pyarrow as pa
+
 from epochal.operators.base import OperatorContext, RuntimeOperator, SnapshotResult
 from epochal.sinks.base import SinkContext
 
@@ -30,6 +32,10 @@ class SinkOperator(RuntimeOperator):
         self.writer.restore(state)
 
     def process_batch(self, records: list) -> list:
+        if records and type(records[0]) is pa.RecordBatch:  # a stream of Arrow batches
+            for batch in records:
+                self.writer.write_batch(batch)
+            return []
         write = self.writer.write
         if self.timed:
             records = [r[1] for r in records]

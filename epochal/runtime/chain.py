@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 
+from epochal.columnar.keys import rows
 from epochal.operators.base import RuntimeOperator
 from epochal.time.units import MAX_TIME, MIN_TIME
 from epochal.time.watermarks import WATERMARK, WatermarkChange
@@ -49,6 +50,7 @@ class OperatorChain:
         self._generators = [i for i, op in enumerate(operators) if op.generates_watermarks]
         self._timed = [i for i, op in enumerate(operators) if _implements(op, "next_processing_time")]
         self._side = [i for i, op in enumerate(operators) if op.side_output is not None]
+        self._pre_barrier = [i for i, op in enumerate(operators) if _implements(op, "prepare_snapshot_pre_barrier")]
         self.output = WatermarkChange(MIN_TIME, False)  # last forwarded
         self._warned: set = set()
         self.counts = [[0, 0] for _ in operators]  # records in / out per operator (live metrics)
@@ -59,9 +61,9 @@ class OperatorChain:
         for i in range(start, len(ops)):
             op = ops[i]
             count = counts[i]
-            count[0] += len(records)
+            count[0] += rows(records)
             records = op.process_batch(records)
-            count[1] += len(records)
+            count[1] += rows(records)
             if op.side_output:
                 self._route_side(op)
             if not records:
@@ -82,6 +84,14 @@ class OperatorChain:
                                 "they are counted in the job's metrics (%s) — read that output to keep them",
                                 self.task, name, len(records), port, key)
             records.clear()
+
+    def pre_barrier(self, epoch: int) -> None:
+        """Operators emit what belongs to ``epoch`` before its barrier (mini-batches)."""
+        for i in self._pre_barrier:
+            out = self.ops[i].prepare_snapshot_pre_barrier(epoch)
+            if out:
+                self.counts[i][1] += rows(out)
+                self.process(out, i + 1)
 
     def operator_counts(self) -> dict:
         """``{operator: [records in, records out]}`` since the task started."""

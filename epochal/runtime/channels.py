@@ -30,7 +30,9 @@ import math
 import threading
 import time
 
-from epochal.runtime.wire import Connection, ConnectionClosed, encode
+import pyarrow as pa
+
+from epochal.runtime.wire import Connection, ConnectionClosed, encode, encode_arrow
 from epochal.time.watermarks import WATERMARK, WatermarkMark
 
 DATA, BARRIER, END, CREDIT = "B", "E", "X", "C"
@@ -41,7 +43,12 @@ UNBOUNDED_CREDIT = 1 << 60
 
 def encode_batch(records: list) -> bytes:
     """The frame of one data batch, to send the same batch on several channels (broadcast)
-    with one pickle: ``send_batch(records, should_stop, frame=encode_batch(records))``."""
+    with one pickle: ``send_batch(records, should_stop, frame=encode_batch(records))``.
+    A batch of Arrow record batches of one schema travels as Arrow IPC instead of a pickle."""
+    if records and type(records[0]) is pa.RecordBatch:
+        schema = records[0].schema
+        if all(type(b) is pa.RecordBatch and b.schema.equals(schema) for b in records):
+            return encode_arrow(records)
     return encode((DATA, records))
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import time
 
 from epochal.backends.keygroups import key_group_for
+from epochal.columnar.keys import rows
 from epochal.errors import OperatorError
 from epochal.graph import PartitionKind
 from epochal.plan import OutputGate
@@ -60,16 +61,27 @@ class _Gate:
         self.max_parallelism = max_parallelism
         self.task = task
         self._rr = 0  # REBALANCE: channel of the next record
+        self.columnar = gate.columnar
         if self.kind is PartitionKind.HASH:  # key group -> channel (subtask_for_key_group's formula)
             p = len(buffers)
             self._channel_of = [kg * p // max_parallelism for kg in range(max_parallelism)]
             self._appends = [b.append for b in buffers]
+            if self.columnar:  # whole Arrow batches: key groups per distinct key (epochal.columnar.keys)
+                import pyarrow as pa
+
+                from epochal.columnar.keys import KeyGroups
+
+                self._groups = KeyGroups(self.key_fn.column, max_parallelism)
+                self._channel_array = pa.array(self._channel_of, pa.int32())
 
     def route(self, records: list) -> None:
         kind = self.kind
         buffers = self.buffers
         if kind is PartitionKind.HASH:
-            self._route_by_key(records)
+            if self.columnar:
+                self._route_batches(records)
+            else:
+                self._route_by_key(records)
         elif kind is PartitionKind.REBALANCE and len(buffers) > 1:
             p, rr = len(buffers), self._rr
             for j, buf in enumerate(buffers):  # record i goes to channel (rr + i) % p
@@ -77,6 +89,21 @@ class _Gate:
             self._rr = (rr + len(records)) % p
         else:  # FORWARD, BROADCAST (one shared buffer), REBALANCE over one channel
             buffers[0].extend(records)
+
+    def _route_batches(self, batches: list) -> None:
+        """Split each Arrow batch by channel: one hash per distinct key, one ``take`` and one
+        ``filter`` per channel that gets rows (:mod:`epochal.columnar.keys`)."""
+        from epochal.columnar.keys import split_by_channel
+
+        n = len(self.buffers)
+        for batch in batches:
+            try:
+                channels = self._channel_array.take(self._groups.of(batch)) if n > 1 else None
+            except Exception as exc:
+                raise OperatorError(f"{self.gate.consumer} (key_by)", self.task,
+                                    f"<RecordBatch of {batch.num_rows} rows>", f"{type(exc).__name__}: {exc}") from exc
+            for channel, part in split_by_channel(batch, channels, n):
+                self.buffers[channel].append(part)
 
     def _route_by_key(self, records: list) -> None:
         key_fn, maxp = self.key_fn, self.max_parallelism
@@ -126,6 +153,10 @@ class Router:
             else:
                 self._side.setdefault((g.producer, g.port), []).append(gate)
         self._buffers = [buf for buf, _ in self._outlets]
+        # Arrow batches are large already: every one is sent as its own frame (no linger)
+        columnar = {id(b) for g in self._gates + [g for gs in self._side.values() for g in gs] if g.columnar
+                    for b in g.buffers}
+        self._sizes = [1 if id(buf) in columnar else batch_size for buf, _ in self._outlets]
         self._order = [cid for g in gates for cid in g.channels]
         self.oldest_unsent: float | None = None
         self.records_out = 0
@@ -148,12 +179,11 @@ class Router:
         return True
 
     def _route(self, gates: list, records: list) -> None:
-        self.records_out += len(records)
+        self.records_out += rows(records)
         for g in gates:
             g.route(records)
-        size = self.batch_size
         try:
-            for buf, outs in self._outlets:
+            for (buf, outs), size in zip(self._outlets, self._sizes):
                 full = len(buf) - len(buf) % size
                 if full:
                     for start in range(0, full, size):

@@ -30,6 +30,7 @@ import time
 import traceback
 
 from epochal.backends.storage import CheckpointStorage
+from epochal.columnar.keys import rows
 from epochal.alignment.channel_state import ChannelStateRecorder
 from epochal.epochs.barrier import Barrier
 from epochal.errors import ChannelSetupError, ConfigError, EpochalError, OperatorError, TaskStartError
@@ -222,6 +223,8 @@ class Task:
         self.chain = OperatorChain(self.operators, self.router, self.spec.id, self.metrics)
         if self.spec.is_source:
             source = nodes[self.spec.chain[0]].payload
+            # a source of Arrow batches returns whole batches: one per poll keeps barriers prompt
+            self._poll_size = 1 if source.schema is not None else self.attempt.channels.batch_size
             self.reader = source.create_reader(
                 list(self.spec.source_splits), restored.source,
                 subtask=self.spec.subtask, parallelism=self.spec.parallelism,
@@ -246,7 +249,9 @@ class Task:
         state was re-routed by a rescale — ``channel`` is then ``None``)."""
         marks = [i for i, r in enumerate(records) if type(r) is WatermarkMark]
         if channel is None or not marks:
-            records = [r for r in records if type(r) is not WatermarkMark and (keep is None or keep(r))]
+            records = [r for r in records if type(r) is not WatermarkMark]
+            if keep is not None:
+                records = [k for k in map(keep, records) if k is not None]
             self.faults.on_replay(self.metrics["channel_state_replayed"] + len(records))
             self.metrics["channel_state_replayed"] += len(records)
             self._process(records)
@@ -365,9 +370,9 @@ class Task:
     def _step_source(self) -> bool:
         if self.exhausted:
             return False
-        poll = self.reader.poll(self.attempt.channels.batch_size)
+        poll = self.reader.poll(self._poll_size)
         if poll.records:
-            self.metrics["records_in"] += len(poll.records)
+            self.metrics["records_in"] += rows(poll.records)
             self._process(poll.records)
             self.chain.after_batch()
         if poll.request_epoch:
@@ -396,7 +401,7 @@ class Task:
             return True
         kind = msg[0]
         if kind == DATA:
-            self.metrics["records_in"] += len(msg[1])
+            self.metrics["records_in"] += rows(msg[1])
             if self.recorder.recording:
                 self.recorder.on_records(channel, msg[1])
             self._process(msg[1])
@@ -497,6 +502,7 @@ class Task:
         t0 = time.monotonic()
         unaligned = plan is not None
         force = unaligned or (self.priority and not self.spec.inputs)  # a source's barrier overtakes too
+        self.chain.pre_barrier(epoch)  # e.g. a mini-batch aggregation's updates, ahead of the barrier
         self.router.flush(force)
         operators, before_ack = {}, []
         for op in self.operators:
