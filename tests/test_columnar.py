@@ -293,3 +293,24 @@ def test_build_errors_name_the_operator():
         batches.union(records).sink("s", FileSink("/tmp/x"))
     with pytest.raises(PipelineDefinitionError, match="filter 'f' on Arrow batches: expected a pyarrow.compute"):
         batches.filter("f", 3)
+
+
+def test_batches_through_the_transactional_log(tmp_path):
+    """A stream of batches into a LogSink (rows as JSON) and back out as batches: one
+    pipeline feeding another, exactly once."""
+    from epochal.sinks import LogSink
+    from epochal.sources import LogSource
+
+    root = unique_dir(tmp_path, "log")
+    first = ep.Dataflow("producer", parallelism=2)
+    (first.source("lines", ep.sources.GeneratorSource(line_batches, num_splits=SPLITS, schema=LINE_SCHEMA))
+        .map_batches("split", words).sink("log", LogSink(root, "words", partitions=2)))
+    first.run(runtime="local", checkpoint=ep.CheckpointConfig(interval=0.05, storage="file://" + unique_dir(tmp_path, "c1")))
+    out = unique_dir(tmp_path, "out")
+    second = ep.Dataflow("consumer", parallelism=2)
+    (second.source("words", LogSource(root, "words", schema=pa.schema([("word", pa.string())]), batch_rows=5000))
+        .key_by("word").aggregate("count", n=count()).sink("out", FileSink(out)))
+    result = second.run(runtime="local", faults=[CrashAtRecord("count", subtask=0, record=3, how="exit")],
+                        checkpoint=ep.CheckpointConfig(interval=0.05, storage="file://" + unique_dir(tmp_path, "c2")))
+    assert result.attempts == 2
+    check_exactly_once(out)
