@@ -184,9 +184,13 @@ def section_event_windows(doc: dict) -> str:
         ck = s.get("checkpoint_duration_s") or s.get("micro_batch_s") or {}
         kind = "checkpoint" if "checkpoint_duration_s" in s else "micro-batch" if "micro_batch_s" in s else ""
         lat = [s.get(k, {}) for k in ("fired_to_committed", "fired_to_visible")]
+        pr = s.get("paired_ratios_to_no_checkpoint", {"raw": []})
         rows.append([name, doc["settings"].get(name, {}).get("fault_tolerance", "–"),
                      _n(st["median"]) + (f" ({_n(st['min'])}–{_n(st['max'])})" if len(st["raw"]) > 1 else ""),
-                     _n(s["ratio_to_no_checkpoint"], ".2f"), _n(s["ratio_to_exactly_once"], ".2f"),
+                     _n(s["ratio_to_no_checkpoint"], ".2f") + (
+                         f" ({_n(pr['median'], '.2f')}: {_n(pr['min'], '.2f')}–{_n(pr['max'], '.2f')})"
+                         if len(pr["raw"]) > 1 and name != "epochal-no-checkpoint" else ""),
+                     _n(s["ratio_to_exactly_once"], ".2f"),
                      f"{kind} {_ms(ck['p50'])} / {_ms(ck['p99'])}" if ck.get("p50") is not None else "–",
                      *[f"{_n(x.get('p50'), '.2f')} / {_n(x.get('p99'), '.2f')}" if x else "–" for x in lat],
                      f"{'yes' if s['correct'] else 'NO'} ({s['runs_ok']}/{s['runs']})"])
@@ -198,13 +202,19 @@ def section_event_windows(doc: dict) -> str:
             f"every engine, {cfg['repetitions']} interleaved repetition(s) in one invocation ({_command(doc)}). "
             f"*Steady events/s*: the events between the firing of the window at 20 % of the event-time span and "
             f"that of the last window closed by the input's own watermark / the time between them (median, "
-            f"min–max); ratios divide medians. *fired*: the window's result was produced (its watermark passed "
+            f"min–max); ratios divide medians (in brackets: the median and range of the per-repetition ratios "
+            f"to the no-checkpoint run). *fired*: the window's result was produced (its watermark passed "
             f"the window's end); *committed*: part of the durable exactly-once output; *visible*: a reader of the "
             f"output directory sees it — latencies in s, p50 / p99 over the steady windows' rows, median over "
             f"repetitions. \"correct\": every run's rows equal a plain-Python oracle. What each time means per "
             f"engine, and every engine's settings, are in `event_windows.json` (`settings`).\n\n"
             + _table(["engine / mode", "fault tolerance", "steady events/s", "/ no-ckpt", "/ epochal EO",
                       "p50 / p99 ms", "fired → committed s", "fired → visible s", "correct"], rows))
+    loads = [r["loadavg_1m_before"] for r in doc["runs"] if r.get("loadavg_1m_before") is not None]
+    if loads:
+        text += (f"\n\nLoad average (1 min) before the runs: {min(loads):.1f}–{max(loads):.1f} on "
+                 f"{doc['machine'].get('cpu_count')} cores — other tenants' work shares the machine, so single runs "
+                 f"vary widely; read the ranges.")
     if spark:
         text += (f"\n\nSpark emits a window in the micro-batch after the one that moved its watermark past the "
                  f"window's end; from the end of that earlier micro-batch to the commit: p50 "
@@ -566,6 +576,7 @@ def plot_event_windows(doc: dict, path: Path) -> Path:
     hi = [(doc["summary"][n]["steady_events_per_s"]["max"] or m) - m for n, m in zip(names, med)]
     axes[0].barh(names, med, xerr=[lo, hi], capsize=3, color=[f"C{i}" for i in range(len(names))])
     axes[0].set_xlabel("steady events/s (median, min–max)")
+    axes[0].xaxis.set_major_formatter(lambda x, _pos: f"{x / 1000:.0f}k")
     for i, n in enumerate(names):
         lat = doc["summary"][n].get("fired_to_committed") or {}
         if lat.get("p50") is not None:
