@@ -21,8 +21,10 @@ import threading
 import time
 from pathlib import Path
 
-BENCHMARKS = ("throughput", "latency", "chain", "alignment", "recovery", "state", "window", "peers", "dataplane")
-RUNTIME_FLAG = {"throughput", "latency", "chain", "alignment", "recovery", "state", "window"}  # take --runtime
+BENCHMARKS = ("throughput", "latency", "chain", "alignment", "recovery", "state", "window", "event_windows", "peers",
+              "dataplane")
+RUNTIME_FLAG = {"throughput", "latency", "chain", "alignment", "recovery", "state", "window",
+                "event_windows"}  # take --runtime
 HEARTBEAT_S = 30.0
 
 

@@ -120,6 +120,7 @@ def test_report_from_the_checked_in_results(tmp_path):
     titles = {"throughput": "### Throughput", "latency": "### End-to-end latency", "chain": "### Stateless chain",
               "alignment": "### Alignment", "recovery": "### Recovery", "state": "### State backends at scale",
               "window": "### Large-state sliding window", "loops": "### Checkpointed loops",
+              "event_windows": "### Event-time windows against other engines",
               "peers": "### The same word count", "dataplane": "### The data plane against its ceiling",
               "chain_intervals": "### Stateless chain vs checkpoint interval", "state_stress": "### State backends at scale"}
     present = [n for n in titles if (results / f"{n}.json").exists()]
