@@ -258,13 +258,19 @@ class Stream:
         return Stream(self._flow, (Input(self._ports[0].node, FORWARD, port="dead_letters"),))
 
     def with_watermarks(self, name: str, *, timestamp: Callable, max_out_of_orderness=0, idle_timeout=None,
-                        parallelism: int | None = None, dead_letters: bool = False) -> "Stream":
+                        timestamp_unit: str = "s", parallelism: int | None = None,
+                        dead_letters: bool = False) -> "Stream":
         """Assign each record its event time and emit watermarks (:mod:`epochal.time`).
 
         Args:
             name: the operator's name (its state: the highest timestamp seen).
-            timestamp: ``fn(record)`` → seconds (``int``/``float``) or a ``datetime`` (naive =
-                UTC). Records keep their value; the timestamp travels with them.
+            timestamp: ``fn(record)`` → a number in ``timestamp_unit`` (seconds by default) or
+                a ``datetime`` (naive = UTC). Records keep their value; the timestamp travels
+                with them.
+            timestamp_unit: ``"s"``, ``"ms"``, ``"us"`` or ``"ns"`` for numeric timestamps
+                (epoch milliseconds, as Kafka and Flink use: ``"ms"``). A timestamp beyond the
+                year 10000 fails naming the unit it was read in (e.g. milliseconds read as
+                seconds).
             max_out_of_orderness: how far (a duration: seconds or ``"5s"``) a record may
                 arrive behind the highest timestamp seen and still be on time; the
                 watermark is ``max timestamp - max_out_of_orderness - 1 µs``.
@@ -284,7 +290,7 @@ class Stream:
         from epochal.time.assign import WatermarkSpec
 
         _check_callable(timestamp, name, "with_watermarks")
-        spec = WatermarkSpec.build(name, timestamp, max_out_of_orderness, idle_timeout)
+        spec = WatermarkSpec.build(name, timestamp, max_out_of_orderness, idle_timeout, timestamp_unit)
         node = self._then(NodeKind.WATERMARKS, name, spec, parallelism, timed=True, dead_letters=dead_letters)
         return Stream(self._flow, (Input(node.name, FORWARD),))
 

@@ -603,3 +603,23 @@ def test_a_bad_timestamp_fails_naming_operator_and_record_or_becomes_a_dead_lett
     _run(flow(True, out), tmp_path)
     assert sorted(r["key"] for r in read_committed(out)) == ["a", "c"]
     assert [d["record"] for d in read_committed(out + "-dlq")] == [["b", "noon"]]
+
+
+def test_timestamp_units_and_a_unit_mistake(tmp_path):
+    """Epoch milliseconds with timestamp_unit="ms" give the same windows as seconds; read
+    as seconds they fail at once, naming the operator and the likely unit."""
+    def flow(unit, scale, out):
+        f = ep.Dataflow(f"units-{unit}")
+        (f.source("in", ep.sources.CollectionSource([("a", t * scale) for t in (1_700_000_000.5, 1_700_000_003.0,
+                                                                                   1_700_000_011.0)]))
+            .with_watermarks("ts", timestamp=lambda e: e[1], timestamp_unit=unit)
+            .key_by(lambda e: e[0]).window(Tumbling("10s")).aggregate("n", Count()).sink("out", FileSink(out)))
+        return f
+
+    expected = [(1_700_000_000.0, 2), (1_700_000_010.0, 1)]
+    for unit, scale in (("s", 1), ("ms", 1000), ("us", 1_000_000)):
+        out = unique_dir(tmp_path, unit)
+        _run(flow(unit, scale, out), tmp_path)
+        assert sorted((r["start"], r["value"]) for r in read_committed(out)) == expected
+    with pytest.raises(ep.JobFailedError, match=r"(?s)operator 'ts'.*read as s.*timestamp_unit='ms'"):
+        _run(flow("s", 1000, unique_dir(tmp_path, "bad")), tmp_path, restart=ep.RestartStrategy(max_attempts=2))

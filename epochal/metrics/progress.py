@@ -10,6 +10,7 @@ latest ones, the completed epochs and the driver's attempt history into one JSON
 * throughput: ``records_in_per_s`` (read by the sources) and ``records_out_per_s`` (written
   by the sinks), per task and per operator too, as rates between this event and the
   previous one;
+* ``late_dropped``: late records of windows whose ``.late()`` output nothing reads;
 * ``backpressure_ratio`` per task (the share of the last interval it waited for credit),
   ``queued_batches`` (its input queues), ``watermark`` (its output event time, seconds);
 * checkpoints: ``last_completed_epoch``, its age, and duration / size p50 and p99 over the
@@ -102,6 +103,7 @@ class ProgressBuilder:
             "timestamp": _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(timespec="milliseconds"),
             "uptime_s": time.monotonic() - self.started, **driver_state,
             "records_in_per_s": rate_in, "records_out_per_s": rate_out,
+            "late_dropped": sum(t["late_dropped"] for t in tasks.values()),  # late records nothing read
             "watermark": min(watermarks) if watermarks and len(watermarks) == len(tasks) else None,
             "last_completed_epoch": last["epoch"] if last else None,
             "last_checkpoint_age_s": now - last["wall_time"] if last and last.get("wall_time") else None,

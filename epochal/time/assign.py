@@ -26,6 +26,13 @@ from epochal.time.watermarks import BoundedOutOfOrderness, WatermarkChange
 __all__ = ["GeneratorState", "WatermarkOperator", "WatermarkSpec"]
 
 
+#: microseconds per unit of a numeric timestamp (``with_watermarks(timestamp_unit=)``)
+UNITS = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": None}
+#: timestamps beyond the year 10000 (datetime's range; ± from 1970) are taken for a unit
+#: mistake: epoch milliseconds read as seconds land in the year 55,000
+_RANGE = 253_402_300_800 * 1_000_000
+
+
 @dataclass(frozen=True)
 class WatermarkSpec:
     """The payload of a ``with_watermarks`` node (durations in µs)."""
@@ -33,16 +40,21 @@ class WatermarkSpec:
     timestamp: Callable
     bound_us: int
     idle_timeout_us: int | None
+    unit: str = "s"
 
     @classmethod
-    def build(cls, name: str, timestamp: Callable, max_out_of_orderness, idle_timeout) -> "WatermarkSpec":
+    def build(cls, name: str, timestamp: Callable, max_out_of_orderness, idle_timeout,
+              unit: str = "s") -> "WatermarkSpec":
         try:
             bound = duration_micros(max_out_of_orderness, f"with_watermarks {name!r}: max_out_of_orderness")
             idle = None if idle_timeout is None else duration_micros(
                 idle_timeout, f"with_watermarks {name!r}: idle_timeout", positive=True)
         except ConfigError as exc:
             raise PipelineDefinitionError(str(exc)) from None
-        return cls(timestamp, bound, idle)
+        if unit not in UNITS:
+            raise PipelineDefinitionError(f"with_watermarks {name!r}: timestamp_unit must be one of "
+                                          f"{sorted(UNITS)}, got {unit!r}")
+        return cls(timestamp, bound, idle, unit)
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,12 @@ class GeneratorState:
         return cls(min((s.max_ts for s in states.values() if s is not None), default=MIN_TIME))
 
 
+def _out_of_range(ts_us: int, unit: str) -> str:
+    smaller = {"s": "ms", "ms": "us", "us": "ns"}.get(unit)
+    hint = f" — is it in {smaller}? pass timestamp_unit={smaller!r}" if smaller else ""
+    return f"timestamp {ts_us} µs (read as {unit}) lies beyond the year 10000{hint}"
+
+
 class WatermarkOperator(RuntimeOperator):
     """Assigns timestamps and generates watermarks (see the module docstring).
 
@@ -68,6 +86,7 @@ class WatermarkOperator(RuntimeOperator):
     def __init__(self, ctx: OperatorContext, spec: WatermarkSpec, timed_in: bool = False):
         super().__init__(ctx)
         self.fn = spec.timestamp
+        self.unit = spec.unit
         self.timed_in = timed_in
         self.gen = BoundedOutOfOrderness(spec.bound_us, spec.idle_timeout_us)
         self._where = f"timestamp of operator {ctx.operator!r}"
@@ -82,17 +101,45 @@ class WatermarkOperator(RuntimeOperator):
         append = out.append
         high = self.gen.max_ts
         timed_in = self.timed_in
+        if self.unit != "s":
+            return self._process_units(records)
         for record in records:
             value = record[1] if timed_in else record
             try:
                 ts = fn(value)
                 ts = ts * 1_000_000 if type(ts) is int else to_micros(ts, where)
+                if not -_RANGE < ts < _RANGE:
+                    raise ValueError(_out_of_range(ts, "s"))
             except Exception as exc:
                 self.reject(value, exc)
                 continue
             if ts > high:
                 high = ts
             append((ts, value))
+        if out:
+            self.gen.on_event(high, now_micros() if self.gen.idle_timeout is not None else 0)
+        return out
+
+    def _process_units(self, records: list) -> list:
+        """Numeric timestamps in ``ms`` / ``us`` / ``ns`` (datetimes as usual)."""
+        fn, where, per, timed_in = self.fn, self._where, UNITS[self.unit], self.timed_in
+        out, high = [], self.gen.max_ts
+        for record in records:
+            value = record[1] if timed_in else record
+            try:
+                t = fn(value)
+                if isinstance(t, (int, float)) and not isinstance(t, bool):
+                    ts = round(t * per) if per is not None else round(t) // 1000
+                else:
+                    ts = to_micros(t, where)
+                if not -_RANGE < ts < _RANGE:
+                    raise ValueError(_out_of_range(ts, self.unit))
+            except Exception as exc:
+                self.reject(value, exc)
+                continue
+            if ts > high:
+                high = ts
+            out.append((ts, value))
         if out:
             self.gen.on_event(high, now_micros() if self.gen.idle_timeout is not None else 0)
         return out
