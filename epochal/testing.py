@@ -258,3 +258,9 @@ class _CrashingOperator(RuntimeOperator):
 
     def prepare_snapshot_pre_barrier(self, epoch):
         return self.inner.prepare_snapshot_pre_barrier(epoch)
+
+    def bind_source_splits(self, splits):
+        self.inner.bind_source_splits(splits)
+
+    def set_input_split(self, split, finished):
+        self.inner.set_input_split(split, finished)

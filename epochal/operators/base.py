@@ -137,6 +137,15 @@ class RuntimeOperator(ABC):
         which the task passes to the rest of the chain *before* the watermark."""
         return []
 
+    def bind_source_splits(self, splits: list) -> None:
+        """The first operator chained after a source learns the source splits its task
+        reads (``with_watermarks`` keeps per-split event time). Default: ignored."""
+
+    def set_input_split(self, split, finished: bool) -> None:
+        """The next ``process_batch`` of the first operator after a source holds records of
+        ``split`` only (``Poll.split``; ``None``: the source does not say); ``finished``: the
+        split's last ones. Default: ignored."""
+
     def emit_watermark(self):
         """Generators only: the :class:`~epochal.time.watermarks.WatermarkChange` to send
         after the latest batch, or ``None``."""

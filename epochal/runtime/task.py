@@ -225,6 +225,8 @@ class Task:
             source = nodes[self.spec.chain[0]].payload
             # a source of Arrow batches returns whole batches: one per poll keeps barriers prompt
             self._poll_size = 1 if source.schema is not None else self.attempt.channels.batch_size
+            if self.operators:  # e.g. with_watermarks tracks event time per split
+                self.operators[0].bind_source_splits(list(self.spec.source_splits))
             self.reader = source.create_reader(
                 list(self.spec.source_splits), restored.source,
                 subtask=self.spec.subtask, parallelism=self.spec.parallelism,
@@ -371,9 +373,14 @@ class Task:
         if self.exhausted:
             return False
         poll = self.reader.poll(self._poll_size)
+        if (poll.records or poll.split_finished) and self.operators:
+            self.operators[0].set_input_split(poll.split, poll.split_finished)
         if poll.records:
             self.metrics["records_in"] += rows(poll.records)
             self._process(poll.records)
+            self.chain.after_batch()
+        elif poll.split_finished and self.operators:
+            self._process([])  # an empty last poll of a split still ends it
             self.chain.after_batch()
         if poll.request_epoch:
             self._send(("request_epoch", self.spec.id))

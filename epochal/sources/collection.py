@@ -93,17 +93,17 @@ class _CollectionReader(SourceReader):
                                  f"({r.start}..{r.stop}); the collection changed since the snapshot")
 
     def poll(self, max_records: int) -> Poll:
+        """Records of one split per poll (the splits one after another), tagged with it."""
         check_max_records(max_records, self._name)
-        records: list = []
         for s, r in self._ranges.items():
-            if len(records) >= max_records:
-                break
             start = self._next[s]
-            stop = min(r.stop, start + max_records - len(records))
-            records.extend(self._items[start:stop])
+            if start == r.stop:
+                continue
+            stop = min(r.stop, start + max_records)
             self._next[s] = stop
-        finished = all(self._next[s] == r.stop for s, r in self._ranges.items())
-        return Poll(records, finished=finished)
+            finished = all(self._next[k] == q.stop for k, q in self._ranges.items())
+            return Poll(self._items[start:stop], finished=finished, split=s, split_finished=stop == r.stop)
+        return Poll([], finished=True)
 
     def snapshot(self) -> dict:
         return {str(s): i for s, i in self._next.items()}
@@ -148,7 +148,7 @@ class GeneratorSource(Source):
 
         >>> src = GeneratorSource(lambda split, offset: itertools.count(offset), limit=3)
         >>> src.create_reader([0], {"0": 1}).poll(10)
-        Poll(records=[1, 2], finished=True, request_epoch=False, idle=False)
+        Poll(records=[1, 2], finished=True, request_epoch=False, idle=False, split=0, split_finished=True)
     """
 
     def __init__(self, fn: Callable[[int, int], Iterator], *, num_splits: int = 1,
@@ -206,7 +206,7 @@ class _GeneratorReader(SourceReader):
                     continue
             self._turn = (self._turn + i + 1) % n
             records = self._read(s, wanted)
-            return Poll(records, finished=len(self._done) == n)
+            return Poll(records, finished=len(self._done) == n, split=s, split_finished=s in self._done)
         if len(self._done) == n:
             return Poll([], finished=True)
         return Poll([], idle=True)

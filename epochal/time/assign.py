@@ -21,7 +21,7 @@ from typing import Callable
 from epochal.errors import ConfigError, PipelineDefinitionError
 from epochal.operators.base import OperatorContext, RuntimeOperator
 from epochal.time.units import MAX_TIME, MIN_TIME, duration_micros, now_micros, to_micros
-from epochal.time.watermarks import BoundedOutOfOrderness, WatermarkChange
+from epochal.time.watermarks import BoundedOutOfOrderness, WatermarkChange, WatermarkTracker
 
 __all__ = ["GeneratorState", "WatermarkOperator", "WatermarkSpec"]
 
@@ -59,14 +59,19 @@ class WatermarkSpec:
 
 @dataclass(frozen=True)
 class GeneratorState:
-    """A watermark generator's checkpointed state: the highest timestamp it saw (µs)."""
+    """A watermark generator's checkpointed state: the highest timestamp it saw (µs), and
+    per source split (``{str(split): max_ts}``) when it tracks splits."""
 
     max_ts: int
+    splits: dict | None = None
 
     @classmethod
     def rescale(cls, states: dict, subtask: int, parallelism: int) -> "GeneratorState":
-        """After a rescale every new subtask starts from the lowest old position."""
-        return cls(min((s.max_ts for s in states.values() if s is not None), default=MIN_TIME))
+        """After a rescale every new subtask starts from the lowest old position; per-split
+        positions move with their splits (the union: each subtask uses its own splits')."""
+        olds = [s for s in states.values() if s is not None]
+        splits = {k: v for s in olds for k, v in (s.splits or {}).items()}
+        return cls(min((s.max_ts for s in olds), default=MIN_TIME), splits or None)
 
 
 def _out_of_range(ts_us: int, unit: str) -> str:
@@ -94,6 +99,39 @@ class WatermarkOperator(RuntimeOperator):
     def restore(self, state) -> None:
         if state is not None:
             self.gen.restore(state.max_ts)
+            self._restored_splits = state.splits or {}
+
+    # -- per-split watermarks (chained right after a source whose polls name their split) ----
+    _splits: dict | None = None  # split -> BoundedOutOfOrderness
+    _restored_splits: dict = {}
+
+    def bind_source_splits(self, splits: list) -> None:
+        """The source splits this subtask reads: each gets its own generator, and the
+        subtask's watermark is the minimum over them (a split not read yet holds it back;
+        a finished one no longer does)."""
+        self._splits = {}
+        self._order: dict = {}
+        self._tracker = WatermarkTracker(0)
+        for split in splits:
+            self._add_split(split)
+
+    def _add_split(self, split):
+        gen = BoundedOutOfOrderness(self.gen.bound, self.gen.idle_timeout)
+        restored = self._restored_splits.get(str(split))
+        if restored is not None:
+            gen.restore(restored)
+        self._splits[split] = gen
+        self._order[split] = len(self._order)
+        self._tracker.add_channel()
+        self._tracker.on_watermark(self._order[split], gen.current)
+        return gen
+
+    def set_input_split(self, split, finished: bool) -> None:
+        """The next batch comes from ``split`` (``finished``: its last records); ``None``:
+        the source does not say — event time is then tracked for the whole subtask."""
+        if split is None:
+            self._splits = None
+        self._current, self._current_done = split, finished
 
     def process_batch(self, records: list) -> list:
         fn, where = self.fn, self._where
@@ -118,7 +156,20 @@ class WatermarkOperator(RuntimeOperator):
             append((ts, value))
         if out:
             self.gen.on_event(high, now_micros() if self.gen.idle_timeout is not None else 0)
+        self._split_event(out)
         return out
+
+    def _split_event(self, out: list) -> None:
+        """Per-split mode: the batch's highest timestamp goes to its split's generator."""
+        if self._splits is None:
+            return
+        split = getattr(self, "_current", None)
+        gen = self._splits.get(split) or self._add_split(split)
+        if out:
+            gen.on_event(max(ts for ts, _ in out), now_micros() if gen.idle_timeout is not None else 0)
+        if getattr(self, "_current_done", False):
+            gen.on_end()
+        self._tracker.on_watermark(self._order[split], gen.current, gen.emit_idle())
 
     def _process_units(self, records: list) -> list:
         """Numeric timestamps in ``ms`` / ``us`` / ``ns`` (datetimes as usual)."""
@@ -142,23 +193,41 @@ class WatermarkOperator(RuntimeOperator):
             out.append((ts, value))
         if out:
             self.gen.on_event(high, now_micros() if self.gen.idle_timeout is not None else 0)
+        self._split_event(out)
         return out
 
     def on_watermark(self, watermark: int) -> list:
         """Upstream event time is replaced by this operator's, except the end of input."""
         if watermark >= MAX_TIME:
             self.gen.on_end()
+            for split, gen in (self._splits or {}).items():
+                gen.on_end()
+                self._tracker.on_watermark(self._order[split], gen.current)
         return []
 
     def emit_watermark(self) -> WatermarkChange | None:
-        return self.gen.emit()
+        if self._splits is None:
+            return self.gen.emit()
+        t, last = self._tracker, getattr(self, "_emitted", None)
+        change = WatermarkChange(t.watermark, t.idle)
+        if change == last or (last is None and t.watermark <= MIN_TIME and not t.idle):
+            return None
+        self._emitted = change
+        return change
 
     def next_processing_time(self) -> int | None:
-        return self.gen.next_tick()
+        if self._splits is None:
+            return self.gen.next_tick()
+        ticks = [t for t in (g.next_tick() for g in self._splits.values()) if t is not None]
+        return min(ticks) if ticks else None
 
     def on_processing_time(self, now: int) -> list:
         self.gen.on_tick(now)
+        for split, gen in (self._splits or {}).items():
+            gen.on_tick(now)
+            self._tracker.on_watermark(self._order[split], gen.current, gen.emit_idle())
         return []
 
     def snapshot(self, epoch: int) -> GeneratorState:
-        return GeneratorState(self.gen.max_ts)
+        splits = None if self._splits is None else {str(s): g.max_ts for s, g in self._splits.items()}
+        return GeneratorState(self.gen.max_ts, splits)

@@ -133,6 +133,10 @@ class BoundedOutOfOrderness:
         if due is not None and now_us >= due:
             self._idle = True
 
+    def emit_idle(self) -> bool:
+        """Whether the stream is idle now (no records for ``idle_timeout``)."""
+        return self._idle
+
     def emit(self) -> WatermarkChange | None:
         """The output to forward now, if it changed since the last call."""
         w = self.current
@@ -173,6 +177,14 @@ class WatermarkTracker:
         self._idle = [False] * num_channels
         self.watermark = MIN_TIME
         self.idle = num_channels == 0
+
+    def add_channel(self) -> int:
+        """One more input (e.g. a source split found at run time); returns its index."""
+        self._wm.append(MIN_TIME)
+        self._idle.append(False)
+        if self.idle and len(self._wm) == 1:
+            self.idle = False
+        return len(self._wm) - 1
 
     def on_watermark(self, channel: int, watermark: int, idle: bool = False) -> WatermarkChange | None:
         """Channel ``channel`` delivered ``("W", watermark, idle)``; the task's new output
