@@ -7,7 +7,7 @@ from epochal import sinks, sources, testing
 from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, Guarantee, RestartStrategy
 from epochal.dataflow import Dataflow, KeyedStream, Stream
 from epochal.errors import (CheckpointStorageError, ConfigError, EpochalError, JobFailedError, OperatorError,
-                            PipelineDefinitionError)
+                            PipelineDefinitionError, SavepointError)
 from epochal.operators.keyed import KeyedProcessFunction
 
 __version__ = "0.1.0"
@@ -15,5 +15,14 @@ __version__ = "0.1.0"
 __all__ = [
     "ChannelConfig", "CheckpointConfig", "ClusterConfig", "CheckpointStorageError", "ConfigError", "Dataflow", "EpochalError",
     "Guarantee", "JobFailedError", "KeyedProcessFunction", "KeyedStream", "OperatorError",
-    "PipelineDefinitionError", "RestartStrategy", "Stream", "sinks", "sources", "testing",
+    "PipelineDefinitionError", "RestartStrategy", "SavepointError", "Stream", "sinks", "sources", "state", "testing",
 ]
+
+
+def __getattr__(name: str):
+    """``epochal.state`` (offline state access, needs pyarrow) is imported on first use."""
+    if name == "state":
+        import importlib
+
+        return importlib.import_module("epochal.state")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
