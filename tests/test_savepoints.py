@@ -145,19 +145,30 @@ def test_incremental_rocksdb_savepoint_is_self_contained(tmp_path):
     assert latest is not None and latest[0] > sp.epoch
 
 
-def test_savepoint_of_a_running_job_outlives_retention_and_holds_its_cut(tmp_path):
+def test_savepoint_of_a_running_job_outlives_retention_and_holds_its_cut(tmp_path, monkeypatch):
+    import epochal.state.savepoint as savepoint
+
+    copy_files, completed_meanwhile = savepoint.copy_files, []
+
+    def slow_copy(source, target, handles):  # epochs complete (and retention runs) while it copies
+        before = len(handle.completed_epochs)
+        time.sleep(0.6)
+        completed_meanwhile.append(len(handle.completed_epochs) - before)
+        return copy_files(source, target, handles)
+
+    monkeypatch.setattr(savepoint, "copy_files", slow_copy)
     out, storage = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "ckpt")
     handle = counting(out, rate=1000.0).start(
-        runtime="local", checkpoint=ep.CheckpointConfig(interval=0.1, storage=storage, retained=1))
+        runtime="local", checkpoint=ep.CheckpointConfig(interval=0.05, storage=storage, retained=1))
     while len(handle.completed_epochs) < 2:
         assert handle.running
         time.sleep(0.02)
     url = handle.savepoint(timeout=60)  # default location: <job root>/savepoints/...
-    result = handle.wait(60)  # the job runs on to its end; retention keeps only the newest checkpoint
+    assert completed_meanwhile[0] >= 2  # retention (retained=1) ran meanwhile: the epoch was pinned
+    result = handle.wait(60)  # the job runs on to its end
     sp = ep.state.open_checkpoint(url)
     assert url.startswith(f"{storage}/sp/savepoints/sp-") and sp.kind == "savepoint"
-    assert sp.epoch < result.completed_epochs[-1]["epoch"] - 1 and sp.epoch not in CheckpointStorage(
-        storage, "sp").completed_checkpoints()  # its checkpoint is long deleted
+    assert sp.epoch not in CheckpointStorage(storage, "sp").completed_checkpoints()  # its checkpoint is deleted
     sp.verify()  # every file still there and intact
     assert [s["epoch"] for s in result.savepoints] == [sp.epoch] and result.stopped_with_savepoint is None
     # the savepoint's state is the oracle of its cut, although the job did not stop there

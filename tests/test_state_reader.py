@@ -141,9 +141,10 @@ def test_loop_logs_are_listed_copied_and_replayed_after_a_rescale(tmp_path):
             assert len(r["items"]) == r["records"]
             for n, c, k, passes in r["items"]:  # each is a true Collatz state of its number
                 assert collatz_after(n, k) == c and passes == k
-        return epoch["loop_logged"] > 0
+        return any(r["segments"] for r in rows)  # some head's log spilled into its own files
 
-    url = hop_until(tmp_path, lambda hop: visits_loop("visits", out, 2, 400), logged, interval=0.1)
+    url = hop_until(tmp_path, lambda hop: visits_loop("visits", out, 2, 400, log_memory_records=3), logged,
+                    interval=0.1)
     moved = str(tmp_path / "moved")
     shutil.move(url, moved)
     visits_loop("visits", out, 3, 400).run(runtime="local", restore_from=moved, checkpoint=ep.CheckpointConfig(

@@ -29,9 +29,10 @@ file is published atomically — on local disks by writing a hidden temp file, f
 no reader ever sees a partial file under its final name. State files are checksummed
 (size + SHA-256 in their :class:`StateHandle`) and verified on read.
 
-Restore picks :meth:`CheckpointStorage.latest_restorable`: the newest completed checkpoint
-whose every state file is present and matches its checksum; a corrupted or partly
-deleted newer checkpoint is skipped with a WARNING on the ``epochal`` logger.
+Restore picks :meth:`CheckpointStorage.latest_restorable` (:mod:`epochal.backends.verification`):
+the newest completed checkpoint whose every state file is present and matches its
+checksum; a corrupted or partly deleted newer checkpoint is skipped with a WARNING on the
+``epochal`` logger.
 
 Object stores: file-system options (endpoint, credentials) come from ``storage_options``
 or, when not given, from the driver's standard configuration — for ``s3://`` botocore
@@ -51,7 +52,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import logging
 import os
 import re
 import shutil
@@ -67,8 +67,6 @@ from epochal.errors import CheckpointStorageError, ConfigError
 
 __all__ = ["METADATA_FILE", "CheckpointStorage", "StateHandle", "referenced_bytes", "state_handles"]
 
-log = logging.getLogger("epochal")
-
 METADATA_FILE = "_metadata"
 _FORMAT = "epochal-checkpoint"
 _FORMAT_VERSION = 1
@@ -76,7 +74,7 @@ _CHK = re.compile(r"^chk-(\d{10,})$")
 _SHARED = "shared"
 SHARED_EPOCH = re.compile(r"^e(\d{10,})-")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$")
-_HASH_CHUNK = 8 << 20  # bytes read at a time when verifying a state file
+HASH_CHUNK = 8 << 20  # bytes read at a time when verifying a state file
 
 
 @dataclass(frozen=True)
@@ -97,7 +95,7 @@ class StateHandle:
         return cls(path=str(d["path"]), size=int(d["size"]), sha256=str(d["sha256"]))
 
 
-def _mismatch(handle: StateHandle, size: int, digest: Callable[[], str] | None) -> str:
+def mismatch(handle: StateHandle, size: int, digest: Callable[[], str] | None) -> str:
     """How a file of ``size`` bytes (and SHA-256 ``digest()``, if given) differs from
     ``handle``; ``""`` if it does not. The digest is computed only when sizes match."""
     if size != handle.size:
@@ -107,10 +105,6 @@ def _mismatch(handle: StateHandle, size: int, digest: Callable[[], str] | None) 
         if found != handle.sha256:
             return f"sha256 mismatch, expected {handle.sha256}, found {found}"
     return ""
-
-
-def _corrupt(problem: str) -> str:
-    return f"corrupt: {problem}" if problem else ""
 
 
 def state_handles(meta) -> list[StateHandle]:
@@ -431,7 +425,7 @@ class CheckpointStorage:
                     local_path = tmp
                 digest, size = hashlib.sha256(), 0
                 with open(local_path, "rb") as f:
-                    while chunk := f.read(_HASH_CHUNK):
+                    while chunk := f.read(HASH_CHUNK):
                         digest.update(chunk)
                         size += len(chunk)
                     if self._local:
@@ -503,33 +497,10 @@ class CheckpointStorage:
                 raise CheckpointStorageError(
                     f"state file {self._display(path)} is missing (referenced by the checkpoint's _metadata)"
                 ) from None
-        problem = _mismatch(handle, len(data), lambda: hashlib.sha256(data).hexdigest())
+        problem = mismatch(handle, len(data), lambda: hashlib.sha256(data).hexdigest())
         if problem:
             raise CheckpointStorageError(f"state file {self._display(path)} is corrupt: {problem}")
         return data
-
-    def _check_state_file(self, handle: StateHandle, verify: bool) -> str:
-        """``""`` if the file matches ``handle`` (size; with ``verify`` also SHA-256, read
-        in chunks), else why not: ``"missing"`` or ``"corrupt: ..."``.
-
-        Raises:
-            CheckpointStorageError: the file system failed otherwise (not a verdict on the
-                checkpoint: the caller must not fall back to an older one because of it).
-        """
-        path = f"{self.root}/{handle.path}"
-        with self._io("read", path):
-            try:
-                if not verify:
-                    self.fs.invalidate_cache(path.rsplit("/", 1)[0])
-                    return _corrupt(_mismatch(handle, int(self.fs.size(path)), None))
-                digest, size = hashlib.sha256(), 0
-                with self.fs.open(path, "rb") as f:
-                    while chunk := f.read(_HASH_CHUNK):
-                        digest.update(chunk)
-                        size += len(chunk)
-            except FileNotFoundError:
-                return "missing"
-        return _corrupt(_mismatch(handle, size, digest.hexdigest))
 
     # ---------------------------------------------------------------- metadata
     def write_metadata(self, epoch: int, meta: dict) -> None:
@@ -578,70 +549,18 @@ class CheckpointStorage:
         return None
 
     def latest_restorable(self, verify: bool = True) -> tuple[int, dict] | None:
-        """``(epoch, meta)`` of the newest completed checkpoint whose state files are all
-        intact, or ``None`` if no checkpoint ever completed. What the driver restores from.
+        """``(epoch, meta)`` of the newest completed checkpoint whose files are all intact;
+        see :func:`epochal.backends.verification.latest_restorable`."""
+        from epochal.backends import verification
 
-        Walks completed checkpoints newest → oldest. A checkpoint is skipped when its
-        ``_metadata`` exists but is not valid, or a state file it references (every
-        ``{"path", "size", "sha256"}`` mapping in ``meta``, i.e. a :class:`StateHandle`)
-        is missing, has another size or (``verify=True``: the file is read and hashed;
-        ``verify=False``: sizes only, one metadata request per file) another SHA-256.
-        Each skip logs a WARNING naming the checkpoint, the file and the reason, and is
-        remembered in :attr:`unrestorable` so :meth:`retain` does not count it. Directories
-        without ``_metadata`` (epochs that never completed) are not candidates.
-
-        Falling back past a checkpoint whose epoch completed means its sinks' commits
-        already happened: the restored job replays those records, so transactional sinks
-        publish them again (at-least-once for the skipped epochs). The WARNING says so.
-
-        Raises:
-            CheckpointStorageError: checkpoints completed but none is restorable (the
-                message lists why; delete them or use another storage location to start
-                from scratch), or the file system failed while checking — a read error
-                is no proof of corruption, so it never causes a fallback.
-        """
-        skipped: list[tuple[int, str]] = []
-        for epoch in reversed(self._list_epochs()):
-            doc, why = self._inspect_metadata(epoch)
-            if doc is None and why == "missing":
-                continue  # never completed: not a checkpoint
-            if doc is None:
-                why = f"{METADATA_FILE} is {why}"
-            else:
-                why = self.first_bad_file(doc["meta"], verify)
-            if not why:
-                if skipped:
-                    log.warning(
-                        "job %s restores from checkpoint %s, not from the newer %s; output the "
-                        "skipped epochs already committed may be published again",
-                        self.job, self._chk_name(epoch), ", ".join(self._chk_name(e) for e, _ in skipped),
-                    )
-                return epoch, doc["meta"]
-            self.unrestorable[epoch] = why
-            skipped.append((epoch, why))
-            log.warning("checkpoint %s is not restorable, trying an older one: %s",
-                        self._display(self.epoch_dir(epoch)), why)
-        if skipped:
-            raise CheckpointStorageError(
-                f"no restorable checkpoint under {self._display(self.root)}: "
-                + "; ".join(f"{self._chk_name(e)}: {why}" for e, why in skipped)
-                + " — delete these checkpoints or use another checkpoint.storage to start from scratch"
-            )
-        return None
+        return verification.latest_restorable(self, verify)
 
     def first_bad_file(self, meta: dict, verify: bool = True) -> str:
-        """Why the first damaged state file referenced by ``meta`` (every state handle in
-        it) is damaged — ``"state file <name> is missing"`` / ``"... is corrupt: ..."`` —
-        or ``""`` when all are present and (``verify``: read and hashed) intact."""
-        try:
-            handles = state_handles(meta)
-        except (TypeError, ValueError) as e:
-            return f"{METADATA_FILE} holds a malformed state handle ({e})"
-        for handle in handles:
-            problem = self._check_state_file(handle, verify)
-            if problem:
-                return f"state file {handle.path.rsplit('/', 1)[-1]} is {problem}"
-        return ""
+        """Why the first damaged state file ``meta`` references is damaged, or ``""``;
+        see :func:`epochal.backends.verification.first_bad_file`."""
+        from epochal.backends import verification
+
+        return verification.first_bad_file(self, meta, verify)
 
     def _chk_name(self, epoch: int) -> str:
         return self.epoch_dir(epoch).rsplit("/", 1)[-1]

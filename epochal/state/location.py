@@ -125,11 +125,12 @@ class Checkpoint:
         Raises:
             CheckpointStorageError: naming the first missing or corrupt file's URL.
         """
+        from epochal.backends.verification import check_file
+
         for h in self.handles():
-            problem = self.storage.first_bad_file({"f": h.to_dict()}, hash)
+            problem = check_file(self.storage, h, hash)
             if problem:
-                raise CheckpointStorageError(f"{self.kind} {self.url}: file {self.storage.file_url(h.path)} "
-                                             f"is {problem.split(' is ', 1)[1]}")
+                raise CheckpointStorageError(f"{self.kind} {self.url}: file {self.storage.file_url(h.path)} is {problem}")
 
 
 def _metadata(storage: CheckpointStorage, epoch: int) -> dict:
