@@ -24,6 +24,8 @@ from epochal.sinks import FileSink, read_committed
 
 from pipelines import canon, line, lines_from, unique_dir
 
+pytest_plugins = ["s3server"]  # fixtures s3_server, s3_env
+
 SPLITS = 4
 PER_SPLIT = 1200
 
@@ -72,6 +74,19 @@ def cut_offsets(url) -> dict:
     return merged
 
 
+def slow_copies(monkeypatch, seconds: float = 0.6) -> None:
+    """Savepoint copies (in this process: the local runtime's driver) start ``seconds`` late."""
+    import epochal.state.savepoint as savepoint
+
+    copy_files = savepoint.copy_files
+
+    def slow_copy(source, target, handles):
+        time.sleep(seconds)
+        return copy_files(source, target, handles)
+
+    monkeypatch.setattr(savepoint, "copy_files", slow_copy)
+
+
 def stop_midway(tmp_path, backend, savepoint_name="sp"):
     """Run the job until 3 epochs completed, then stop it with a savepoint."""
     out, storage = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "ckpt")
@@ -112,8 +127,11 @@ def test_stop_with_savepoint_state_equals_committed_output_and_the_oracle(tmp_pa
     assert kinds == {SNAPSHOT_KIND[backend]}
 
 
-def test_restore_a_changed_job_from_a_moved_savepoint_finishes_with_the_oracle_output(tmp_path):
-    out, storage, url, _ = stop_midway(tmp_path, "heap")
+def test_restore_a_changed_job_from_a_moved_savepoint_finishes_with_the_oracle_output(tmp_path, monkeypatch):
+    slow_copies(monkeypatch)  # no epoch after the savepoint's may run meanwhile: it would commit more
+    out, storage, url, result = stop_midway(tmp_path, "heap")
+    assert result.completed_epochs[-1]["epoch"] == ep.state.open_checkpoint(url).epoch
+    assert canon(read_committed(out)) == running(word_counts(cut_offsets(url)))
     moved = str(tmp_path / "elsewhere" / "sp-moved")
     os.makedirs(os.path.dirname(moved))
     shutil.move(url, moved)  # savepoints are relocatable
@@ -145,26 +163,61 @@ def test_incremental_rocksdb_savepoint_is_self_contained(tmp_path):
     assert latest is not None and latest[0] > sp.epoch
 
 
+def test_s3_savepoint_moved_to_another_bucket_restores(tmp_path, s3_env):
+    """Incremental RocksDB checkpoints and the savepoint on S3; the savepoint's objects are
+    copied to another bucket (by boto3, not epochal) and the originals deleted."""
+    backend = BACKENDS["rocksdb-incremental"]
+    out = unique_dir(tmp_path, "out")
+    handle = counting(out).start(runtime="local", backend=backend, checkpoint=ep.CheckpointConfig(
+        interval=0.15, storage=s3_env.fresh_url("ckpt")))
+    while len(handle.completed_epochs) < 3:
+        assert handle.running
+        time.sleep(0.02)
+    url = handle.stop_with_savepoint(s3_env.fresh_url("sp"), timeout=60)
+    handle.wait(10)
+    client, other = s3_env.client(), f"moved-{time.monotonic_ns()}"
+    client.create_bucket(Bucket=other)
+    prefix = url.removeprefix(f"s3://{s3_env.bucket}/")
+    keys = s3_env.keys(url)
+    assert "/_savepoint" in keys and any(k.startswith("/shared/") for k in keys)
+    for key in keys:
+        client.copy_object(Bucket=other, Key=f"sp{key}", CopySource={"Bucket": s3_env.bucket, "Key": prefix + key})
+        client.delete_object(Bucket=s3_env.bucket, Key=prefix + key)
+    moved = f"s3://{other}/sp"
+    assert ep.state.open_checkpoint(moved).kind == "savepoint"
+    counting(out, count_parallelism=3).run(runtime="local", backend=backend, restore_from=moved,
+                                           checkpoint=ep.CheckpointConfig(interval=0.2, storage=s3_env.fresh_url("c2")))
+    assert canon(read_committed(out)) == running(word_counts({str(s): PER_SPLIT for s in range(SPLITS)}))
+
+
+def test_s3_reads_see_files_written_after_a_cached_listing(s3_env):
+    """The driver lists shared files at every retention; s3fs then answered a later read of
+    a file another process uploaded since from that stale listing ("missing") — which made
+    the savepoint copy of an incremental checkpoint fail, and could make a verifying
+    restore skip an intact checkpoint."""
+    import hashlib
+
+    storage = CheckpointStorage(s3_env.fresh_url("cache"), "job")
+    storage.write_shared("t-0", "e0000000001-a.sst", b"a")
+    assert storage.shared_files() == ["shared/t-0/e0000000001-a.sst"]  # listing cached by s3fs
+    key = storage.root.removeprefix(f"{s3_env.bucket}/") + "/shared/t-0/e0000000002-b.sst"
+    s3_env.client().put_object(Bucket=s3_env.bucket, Key=key, Body=b"b" * 10)  # "another process"
+    handle = {"path": "shared/t-0/e0000000002-b.sst", "size": 10, "sha256": hashlib.sha256(b"b" * 10).hexdigest()}
+    assert storage.first_bad_file({"h": handle}, verify=True) == ""
+    assert storage.read_state(handle) == b"b" * 10
+
+
 def test_savepoint_of_a_running_job_outlives_retention_and_holds_its_cut(tmp_path, monkeypatch):
-    import epochal.state.savepoint as savepoint
-
-    copy_files, completed_meanwhile = savepoint.copy_files, []
-
-    def slow_copy(source, target, handles):  # epochs complete (and retention runs) while it copies
-        before = len(handle.completed_epochs)
-        time.sleep(0.6)
-        completed_meanwhile.append(len(handle.completed_epochs) - before)
-        return copy_files(source, target, handles)
-
-    monkeypatch.setattr(savepoint, "copy_files", slow_copy)
+    slow_copies(monkeypatch)  # epochs complete (and retention runs) while it copies
     out, storage = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "ckpt")
     handle = counting(out, rate=1000.0).start(
         runtime="local", checkpoint=ep.CheckpointConfig(interval=0.05, storage=storage, retained=1))
     while len(handle.completed_epochs) < 2:
         assert handle.running
         time.sleep(0.02)
+    before = len(handle.completed_epochs)
     url = handle.savepoint(timeout=60)  # default location: <job root>/savepoints/...
-    assert completed_meanwhile[0] >= 2  # retention (retained=1) ran meanwhile: the epoch was pinned
+    assert len(handle.completed_epochs) >= before + 3  # retention (retained=1) ran meanwhile: it was pinned
     result = handle.wait(60)  # the job runs on to its end
     sp = ep.state.open_checkpoint(url)
     assert url.startswith(f"{storage}/sp/savepoints/sp-") and sp.kind == "savepoint"

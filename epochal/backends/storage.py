@@ -491,6 +491,9 @@ class CheckpointStorage:
             handle = StateHandle.from_dict(handle)
         path = f"{self.root}/{handle.path}"
         with self._io("read", path):
+            # s3fs may consult its cached listing of the directory (e.g. from retention's
+            # find) before a GET and find a newer file "missing": never trust it here
+            self.fs.invalidate_cache(path.rsplit("/", 1)[0])
             try:
                 data = self.fs.cat_file(path)
             except FileNotFoundError:

@@ -39,9 +39,9 @@ def check_file(storage, handle: StateHandle, verify: bool = True) -> str:
     """
     path = f"{storage.root}/{handle.path}"
     with storage._io("read", path):
+        storage.fs.invalidate_cache(path.rsplit("/", 1)[0])  # a cached listing may predate the file
         try:
             if not verify:
-                storage.fs.invalidate_cache(path.rsplit("/", 1)[0])
                 return _corrupt(mismatch(handle, int(storage.fs.size(path)), None))
             digest, size = hashlib.sha256(), 0
             with storage.fs.open(path, "rb") as f:
