@@ -293,6 +293,10 @@ class HeapStateBackend(KeyedStateBackend):
         b.owned.discard(key)
         self._drop_if_empty(self._maps, state, kg, b)
 
+    def map_keys(self, state: str, kg: int) -> list:
+        b = self._find(self._maps, state, kg)
+        return [] if b is None else list(b.data)
+
     # ------------------------------------------------------------------- snapshots
     def _capture(self) -> dict[int, tuple[dict, dict]]:
         """``{kg: (values, maps)}`` referencing the current bucket dicts (no copying)."""

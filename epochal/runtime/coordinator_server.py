@@ -16,7 +16,10 @@ storage. Protocol per attempt (task → coordinator / coordinator → task):
 4. sources report ``("exhausted", task)``; when all are, a FINAL epoch runs; after it
    completed — and, with loops, only once its loop heads logged nothing (quiescence,
    :mod:`epochal.loops.termination`; else another FINAL epoch runs) — every task receives
-   ``("finish",)`` and answers ``("finished", task, metrics)``;
+   ``("finish",)`` and answers ``("finished", task, metrics)``. With loops, the end of
+   event time waits for quiescence: loop heads hold the end-of-input watermark until the
+   first quiescent FINAL epoch, then get ``("release_end",)``, forward it, answer
+   ``("released", task)``, and one more FINAL epoch commits what it fired;
 5. a ``("failed", task, cause)`` message or a lost connection fails the attempt; every
    task then gets ``("cancel", cause)``.
 
@@ -83,6 +86,9 @@ class CoordinatorServer:
         self.sources = set(plan.source_tasks)
         self.loop_heads = plan.loop_head_tasks
         self.final_rounds = 0
+        self._releasing: set[str] | None = None  # loop heads yet to release the end of input
+        #: the latest ("metrics", task, counters) of every task, for live metrics (epochal.metrics)
+        self.live: dict[str, dict] = {}
         self.coordinator = EpochCoordinator(config, self.tasks, first_epoch=first_epoch)
         self.conns: dict[str, wire.Connection] = {}
         self.addresses: dict[str, tuple] = {}
@@ -279,6 +285,13 @@ class CoordinatorServer:
             self.exhausted.add(msg[1])
             if self.exhausted >= self.sources:
                 self.coordinator.request_final(now)
+        elif kind == "metrics":
+            self.live[msg[1]] = msg[2]
+        elif kind == "released":
+            self._releasing.discard(msg[1])
+            if not self._releasing:  # the end of event time went into every loop: commit what it fired
+                self.coordinator.continue_final(time.monotonic())
+                self.final_rounds += 1
         elif kind == "finished":
             self.finished[msg[1]] = msg[2]
             self._stopped.discard(msg[1])
@@ -379,6 +392,10 @@ class CoordinatorServer:
                 self.coordinator.continue_final(time.monotonic(), FINAL_ROUND_PAUSE if self.config.interval is None
                                                 else min(self.config.interval, FINAL_ROUND_PAUSE))
                 self.final_rounds += 1
+            elif self.loop_heads and self._releasing is None:
+                self._releasing = set(self.loop_heads)
+                for task in self.loop_heads:
+                    self._send(task, ("release_end",))
             elif self.savepoints.busy:
                 self._finish_held = True  # finish once the savepoints in progress are written
             else:

@@ -20,7 +20,7 @@ import cloudpickle
 from epochal.alignment.factory import components_for
 from epochal.backends.choice import backend_spec
 from epochal.backends.storage import CheckpointStorage, referenced_bytes
-from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, RestartStrategy
+from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, MetricsConfig, RestartStrategy
 from epochal.errors import ConfigError, EpochalError, JobFailedError
 from epochal.graph import NodeKind
 from epochal.runtime import compatibility, wire
@@ -98,6 +98,15 @@ class JobHandle:
     def cancel(self) -> None:
         self._driver.cancel()
 
+    def metrics(self) -> dict:
+        """The job's live metrics now: a progress event (:mod:`epochal.metrics.progress`)."""
+        return self._driver.reporter.snapshot()
+
+    @property
+    def prometheus_address(self) -> tuple[str, int] | None:
+        """``(host, port)`` of the Prometheus endpoint (``metrics.prometheus_port``), or None."""
+        return self._driver.reporter.prometheus_address
+
     def savepoint(self, url: str | None = None, timeout: float | None = None) -> str:
         """Take a savepoint: trigger an epoch and, once it completed, copy it to ``url``
         as a self-contained, relocatable savepoint that retention never deletes
@@ -134,7 +143,20 @@ class JobHandle:
         self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return url
 
-    def wait(self, timeout: float | None = None) -> JobResult:
+    def wait(self, timeout: float | None = None, status: bool = False) -> JobResult:
+        """Block until the job ends (or ``timeout``) and return its result; ``status``:
+        rewrite a one-line live status on standard error meanwhile."""
+        if status:
+            from epochal.metrics.reporter import StatusLine
+
+            line = StatusLine()
+            deadline = None if timeout is None else time.monotonic() + timeout
+            try:
+                while self._driver.thread.is_alive() and (deadline is None or time.monotonic() < deadline):
+                    self._driver.thread.join(0.5)
+                    line.show(self.metrics())
+            finally:
+                line.end()
         self._driver.thread.join(timeout)
         if self._driver.thread.is_alive():
             raise TimeoutError(f"job {self._driver.plan.job!r} still running after {timeout} s")
@@ -157,7 +179,8 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
               restart: RestartStrategy | None = None, channels: ChannelConfig | None = None,
               runtime: str = "spark", spark=None, resume: bool = False, faults=(),
               backend="heap", cluster: ClusterConfig | None = None,
-              allow_non_restored_state: bool = False, restore_from: str | None = None) -> JobHandle:
+              allow_non_restored_state: bool = False, metrics: MetricsConfig | None = None,
+              restore_from: str | None = None) -> JobHandle:
     """Validate everything that can be validated before any task starts, then start.
 
     ``restore_from``: a savepoint, a ``chk-<epoch>`` directory or a job's checkpoint
@@ -173,8 +196,10 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
     restart = restart or RestartStrategy()
     channels = channels or ChannelConfig()
     cluster = cluster or ClusterConfig()
+    metrics = metrics or MetricsConfig()
     for name, value, cls in (("checkpoint", checkpoint, CheckpointConfig), ("restart", restart, RestartStrategy),
-                             ("channels", channels, ChannelConfig), ("cluster", cluster, ClusterConfig)):
+                             ("channels", channels, ChannelConfig), ("cluster", cluster, ClusterConfig),
+                             ("metrics", metrics, MetricsConfig)):
         if not isinstance(value, cls):
             raise ConfigError(f"{name}: expected {cls.__name__}, got {type(value).__name__}")
     plan = flow.plan()
@@ -216,7 +241,7 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
         launcher = LocalLauncher()
     encrypted = launcher.is_cluster if channels.encryption is None else channels.encryption
     driver = _Driver(plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime,
-                     tuple(faults), backend, encrypted, allow_non_restored_state)
+                     tuple(faults), backend, encrypted, allow_non_restored_state, metrics)
     driver.restored_from_url = restore_from
     driver.thread.start()
     return JobHandle(driver)
@@ -275,7 +300,10 @@ def _ship(plan) -> bytes:
 
 class _Driver:
     def __init__(self, plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime,
-                 faults, backend, encrypted: bool = False, allow_non_restored_state: bool = False):
+                 faults, backend, encrypted: bool = False, allow_non_restored_state: bool = False,
+                 metrics: MetricsConfig | None = None):
+        from epochal.metrics.reporter import Reporter
+
         self.backend = backend
         self.allow_non_restored_state = allow_non_restored_state
         self.encrypted = encrypted
@@ -289,10 +317,22 @@ class _Driver:
         self.result: JobResult | None = None
         self.error: BaseException | None = None
         self._cancelled = False
+        self.metrics_config = metrics or MetricsConfig()
+        # live state for the metrics (epochal.metrics): read by the reporter thread
+        self.state, self.attempt_index, self.generation, self.restarts = "starting", 0, None, []
+        self.reporter = Reporter(plan, self.metrics_config, self._progress_source)
         self.restored_from_url: str | None = None
         self.savepoints = SavepointTracker(storage, lambda m: log.info("job %s: %s", plan.job, m))
         self.stopped_with_savepoint: str | None = None
         self.thread = threading.Thread(target=self._run_guarded, name=f"epochal-driver-{plan.job}", daemon=True)
+
+    def _progress_source(self):
+        server = self.server
+        state = {"state": self.state, "attempt": self.attempt_index, "generation": self.generation,
+                 "restarts": list(self.restarts)}
+        if server is None or isinstance(server, _NotStarted):
+            return state, {}, []
+        return state, dict(server.live), list(server.completed)
 
     def trigger_epoch(self) -> None:
         with self._server_lock:
@@ -317,11 +357,14 @@ class _Driver:
     def _run_guarded(self) -> None:
         try:
             self.result = self._run()
+            self.state = "finished"
         except BaseException as exc:
             self.error = exc
+            self.state = "failed"
         finally:
             self.savepoints.close(f"job {self.plan.job!r} is not running")
             self.launcher.close()
+            self.reporter.close()
 
     def _run(self) -> JobResult:
         t0 = time.monotonic()
@@ -333,6 +376,7 @@ class _Driver:
         for attempt in range(self.restart.max_attempts + 1):
             started = time.monotonic() - t0
             generation = self.storage.next_generation()
+            self.attempt_index, self.generation = attempt, generation
             # the newest checkpoint whose files all verify; a damaged one is skipped with a
             # WARNING (falling back past a committed epoch can repeat its sink output)
             latest = self.storage.latest_restorable()
@@ -364,6 +408,8 @@ class _Driver:
                     restored_from_url=self.restored_from_url,
                 )
             failures.append(outcome.cause)
+            self.state = "restarting"
+            self.restarts.append({"generation": generation, "cause": (outcome.cause or "").splitlines()[0][:500]})
             log.warning("job %s attempt %d (generation %d) failed: %s", self.plan.job, attempt, generation,
                         outcome.cause.splitlines()[0] if outcome.cause else "")
             if self._cancelled:
@@ -411,7 +457,7 @@ class _Driver:
         if early:
             server.trigger_epoch()
         attempt = AttemptSpec(self.plan_blob, generation, key, server.address, self.components, self.channels,
-                              self.url, self.faults, bind, self.backend, tls)
+                              self.url, self.faults, bind, self.backend, tls, self.metrics_config.interval)
         payload = cloudpickle.dumps(attempt)
 
         exited = threading.Event()
@@ -426,6 +472,7 @@ class _Driver:
                     server.fail("all tasks exited but the coordinator did not see the job finish")
 
         entry["launched_s"] = time.monotonic() - t0
+        self.state = "running"
         self.launcher.launch(payload, len(self.plan.tasks), on_exit)
         outcome: AttemptOutcome = server.wait()
         if outcome.ok:

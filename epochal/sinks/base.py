@@ -151,6 +151,12 @@ class SinkWriter(ABC):
     def write(self, record: Any) -> None:
         """Write one record of the current epoch. Raises :class:`SinkWriteError`."""
 
+    def write_batch(self, batch) -> None:
+        """Write every row of a ``pyarrow.RecordBatch`` (a stream of Arrow batches), as
+        :meth:`write` of one dict per row unless the writer has a faster way."""
+        for row in batch.to_pylist():
+            self.write(row)
+
     @abstractmethod
     def snapshot(self, epoch: int) -> Any:
         """Barrier ``epoch`` reached: return picklable state for checkpoint ``epoch``."""
@@ -170,7 +176,7 @@ class SinkWriter(ABC):
         """Clean end of the task; release resources."""
 
 
-_FINAL_METHODS = ("restore", "write", "snapshot", "durability_job", "notify_epoch_complete", "close")
+_FINAL_METHODS = ("restore", "write", "write_batch", "snapshot", "durability_job", "notify_epoch_complete", "close")
 
 
 class TwoPhaseCommitSink(SinkWriter):
@@ -236,6 +242,12 @@ class TwoPhaseCommitSink(SinkWriter):
     @abstractmethod
     def write_to(self, txn: Any, record: Any) -> None:
         """Write ``record`` into ``txn``; invisible to readers in TRANSACTIONAL mode."""
+
+    def write_batch_to(self, txn: Any, batch) -> None:
+        """Write the rows of a ``pyarrow.RecordBatch`` into ``txn``: one dict per row through
+        :meth:`write_to` unless overridden (a Parquet file takes the batch whole)."""
+        for row in batch.to_pylist():
+            self.write_to(txn, row)
 
     @abstractmethod
     def pre_commit(self, txn: Any) -> Callable[[], None] | None:
@@ -323,6 +335,20 @@ class TwoPhaseCommitSink(SinkWriter):
             self.write_to(txn.handle, record)
         except BaseException as exc:
             self._fail(txn, "write_to", exc)
+            raise
+        if self._publishes_between_barriers:
+            self._protocol.after_write(self, txn)
+
+    @final
+    def write_batch(self, batch) -> None:
+        """Final. Write a ``pyarrow.RecordBatch`` into the open transaction (``write_batch_to``)."""
+        txn = self._open
+        if txn is None:
+            raise self._unusable("write")
+        try:
+            self.write_batch_to(txn.handle, batch)
+        except BaseException as exc:
+            self._fail(txn, "write_batch_to", exc)
             raise
         if self._publishes_between_barriers:
             self._protocol.after_write(self, txn)

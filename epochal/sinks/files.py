@@ -30,7 +30,7 @@ each barrier, named by generation instead of epoch (``part-3fa0c1d2-g000003-s000
 output is visible one barrier after it was written, never half-written, and records
 replayed after a restore appear again in files of the new generation.
 
-Formats: ``jsonl`` (``json.dumps`` per line), ``csv`` (dict records, header from ``schema``
+Formats (named tuples are written as dicts): ``jsonl`` (``json.dumps`` per line), ``csv`` (dict records, header from ``schema``
 or the first record), ``parquet`` (dict records via pyarrow; schema inferred from the first
 batch unless given — pass ``schema=`` for stable column types).
 
@@ -166,14 +166,29 @@ class FileSinkWriter(TwoPhaseCommitSink):
     def begin_transaction(self, epoch: int) -> FileTransaction:
         return FileTransaction(epoch)  # files appear with the first record: empty epochs publish nothing
 
-    def write_to(self, txn: FileTransaction, record: Any) -> None:
+    def _current_part(self, txn: FileTransaction) -> "_Part":
         part = self._part
         if part is None:
             final = self._names.final(txn.epoch, len(txn.files))
             staged = posixpath.join(STAGING_DIR, self._names.staged(final))
             part = self._part = self._format.part(self._fs, self._join(staged))
             txn.files.append((staged, final))
+        return part
+
+    def write_to(self, txn: FileTransaction, record: Any) -> None:
+        part = self._current_part(txn)
         part.write(record)
+        self._roll_if_full(part)
+
+    def write_batch_to(self, txn: FileTransaction, batch) -> None:
+        """Parquet takes a ``pyarrow.RecordBatch`` whole (row groups); other formats row by row."""
+        if not isinstance(self._format, _Parquet):
+            return super().write_batch_to(txn, batch)
+        part = self._current_part(txn)
+        part.write_batch(batch)
+        self._roll_if_full(part)
+
+    def _roll_if_full(self, part: "_Part") -> None:
         if self._max is not None and part.count >= self._max:
             self._part = None
             part.close(sync=False)  # cheap: the fsync is the durability step's
@@ -329,8 +344,16 @@ class _Part:
             self._file.close()
 
 
+def _row(record: Any) -> Any:
+    """Named tuples (e.g. :class:`~epochal.windows.WindowResult`) are written as objects."""
+    if isinstance(record, tuple) and hasattr(record, "_asdict"):
+        return record._asdict()
+    return record
+
+
 class _JsonLinesPart(_Part):
     def write(self, record: Any) -> None:
+        record = _row(record)
         try:
             line = json.dumps(record).encode("utf-8") + b"\n"
         except (TypeError, ValueError, RecursionError) as exc:
@@ -342,6 +365,7 @@ class _JsonLinesPart(_Part):
 class _CsvPart(_Part):
     def write(self, record: Any) -> None:
         fmt = self._fmt
+        record = _row(record)
         if not isinstance(record, Mapping):
             raise SinkWriteError(fmt.sink_name, record,
                                  f"csv records must be dicts (column -> value), got {type(record).__name__}")
@@ -367,6 +391,7 @@ class _ParquetPart(_Part):
         self._writer: pq.ParquetWriter | None = None
 
     def write(self, record: Any) -> None:
+        record = _row(record)
         if not isinstance(record, Mapping):
             raise SinkWriteError(self._fmt.sink_name, record,
                                  f"parquet records must be dicts (column -> value), got {type(record).__name__}")
@@ -378,9 +403,29 @@ class _ParquetPart(_Part):
     def _flush(self) -> None:
         rows, self._rows = self._rows, []
         table = self._fmt.to_table(rows)  # raises SinkWriteError before anything is written
+        self._write_table(table)
+
+    def _write_table(self, table) -> None:
         if self._writer is None:
             self._writer = pq.ParquetWriter(self._open(), table.schema)
         self._writer.write_table(table)
+
+    def write_batch(self, batch) -> None:
+        """A ``pyarrow.RecordBatch`` as row group(s), after any buffered dict rows."""
+        if self._rows:
+            self._flush()
+        schema = self._fmt.schema
+        if schema is not None and not batch.schema.equals(schema):
+            try:
+                batch = batch.select(schema.names).cast(schema)
+            except Exception as exc:
+                raise SinkWriteError(self._fmt.sink_name, f"<RecordBatch of {batch.num_rows} rows>",
+                                     f"does not fit parquet schema {schema}: {exc}") from exc
+        if self._writer is not None and not batch.schema.equals(self._writer.schema):
+            raise SinkWriteError(self._fmt.sink_name, f"<RecordBatch of {batch.num_rows} rows>",
+                                 f"schema {batch.schema} differs from the part file's {self._writer.schema}")
+        self._write_table(pa.Table.from_batches([batch]))
+        self.count += batch.num_rows
 
     def seal(self) -> None:
         if self._rows:

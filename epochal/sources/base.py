@@ -101,6 +101,12 @@ class Source(ABC):
         """A short human-readable name used in error messages."""
         return type(self).__name__
 
+    @property
+    def schema(self):
+        """A ``pyarrow.Schema`` when the source produces Arrow batches (every record a poll
+        returns is one ``pyarrow.RecordBatch``: a columnar stream); ``None`` for records."""
+        return None
+
     def locations(self) -> tuple[str, ...]:
         """The storage URLs or paths this source reads (directories, logs); none by default.
 
