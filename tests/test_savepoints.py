@@ -87,15 +87,23 @@ def slow_copies(monkeypatch, seconds: float = 0.6) -> None:
     monkeypatch.setattr(savepoint, "copy_files", slow_copy)
 
 
-def stop_midway(tmp_path, backend, savepoint_name="sp"):
-    """Run the job until 3 epochs completed, then stop it with a savepoint."""
+def stop_midway(tmp_path, backend, savepoint_name="sp", interval=0.15, epochs=3):
+    """Run the job until ``epochs`` epochs completed, then stop it with a savepoint
+    (``interval`` None: manual epochs 0.2 s apart, so the savepoint is epoch ``epochs + 1``)."""
     out, storage = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "ckpt")
     url = str(tmp_path / savepoint_name)
     handle = counting(out).start(runtime="local", backend=backend,
-                                 checkpoint=ep.CheckpointConfig(interval=0.15, storage=storage))
+                                 checkpoint=ep.CheckpointConfig(interval=interval, storage=storage))
     deadline = time.monotonic() + 60
-    while len(handle.completed_epochs) < 3:
-        assert time.monotonic() < deadline and handle.running, "no 3 epochs within 60 s"
+    while len(handle.completed_epochs) < epochs:
+        assert time.monotonic() < deadline and handle.running, f"no {epochs} epochs within 60 s"
+        if interval is None:
+            done = len(handle.completed_epochs)
+            time.sleep(0.2)
+            handle.trigger_epoch()
+            while len(handle.completed_epochs) == done:
+                assert time.monotonic() < deadline and handle.running
+                time.sleep(0.01)
         time.sleep(0.02)
     assert handle.stop_with_savepoint(url, timeout=60) == url
     return out, storage, url, handle.wait(10)
@@ -147,11 +155,12 @@ def test_restore_a_changed_job_from_a_moved_savepoint_finishes_with_the_oracle_o
 
 def test_incremental_rocksdb_savepoint_is_self_contained(tmp_path):
     backend = BACKENDS["rocksdb-incremental"]
-    out, storage, url, result = stop_midway(tmp_path, backend)
+    # manual epochs: one SST file per epoch, fewer than the 4 that start a RocksDB compaction
+    out, storage, url, result = stop_midway(tmp_path, backend, interval=None, epochs=2)
     sp = ep.state.open_checkpoint(url)
     shared = [h for h in sp.handles() if h.path.startswith("shared/")]
     # incremental: the savepoint's epoch reuses SST files first uploaded by older epochs
-    assert any(int(h.path.rsplit("/", 1)[1][1:11]) < sp.epoch for h in shared), [h.path for h in shared]
+    assert sp.epoch == 3 and any(int(h.path.rsplit("/", 1)[1][1:11]) < sp.epoch for h in shared), [h.path for h in shared]
     shutil.rmtree(storage[len("file://"):])  # the original job's checkpoints are gone
     new_storage = "file://" + unique_dir(tmp_path, "ckpt2")
     counting(out).run(runtime="local", backend=backend, restore_from=url,
