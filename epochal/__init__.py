@@ -7,7 +7,7 @@ from epochal import columnar, sinks, sources, testing, time, windows
 from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, Guarantee, MetricsConfig, RestartStrategy
 from epochal.dataflow import Dataflow, KeyedStream, Stream
 from epochal.errors import (CheckpointStorageError, ConfigError, EpochalError, JobFailedError, OperatorError,
-                            PipelineDefinitionError)
+                            PipelineDefinitionError, SavepointError)
 from epochal.operators.base import DeadLetter
 from epochal.operators.keyed import KeyedProcessFunction
 
@@ -17,5 +17,15 @@ __all__ = [
     "ChannelConfig", "CheckpointConfig", "ClusterConfig", "CheckpointStorageError", "ConfigError", "Dataflow", "DeadLetter",
     "EpochalError",
     "Guarantee", "JobFailedError", "MetricsConfig", "KeyedProcessFunction", "KeyedStream", "OperatorError",
-    "PipelineDefinitionError", "RestartStrategy", "Stream", "columnar", "sinks", "sources", "testing", "time", "windows",
+    "PipelineDefinitionError", "RestartStrategy", "SavepointError", "Stream", "columnar", "sinks", "sources", "state",
+    "testing", "time", "windows",
 ]
+
+
+def __getattr__(name: str):
+    """``epochal.state`` (offline state access, needs pyarrow) is imported on first use."""
+    if name == "state":
+        import importlib
+
+        return importlib.import_module("epochal.state")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

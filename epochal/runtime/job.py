@@ -26,6 +26,7 @@ from epochal.graph import NodeKind
 from epochal.runtime import compatibility, wire
 from epochal.runtime.attempt import AttemptSpec
 from epochal.runtime.coordinator_server import AttemptOutcome, CoordinatorServer
+from epochal.runtime.savepoints import SavepointRequest, SavepointTracker
 
 log = logging.getLogger("epochal")
 
@@ -65,6 +66,14 @@ class JobResult:
     attempt_timeline: list = field(default_factory=list)
     #: connections were TLS-encrypted (ChannelConfig.encryption, resolved for the runtime)
     encrypted: bool = False
+    #: every savepoint written while the job ran: ``epoch``, ``url``, ``bytes``, ``copy_s``,
+    #: ``wall_time``, ``stop``
+    savepoints: list = field(default_factory=list)
+    #: the savepoint's URL when the job ended by :meth:`JobHandle.stop_with_savepoint`
+    #: (every sink transaction up to its epoch committed, none after), else ``None``
+    stopped_with_savepoint: str | None = None
+    #: the checkpoint or savepoint the job started from (``restore_from``), else ``None``
+    restored_from_url: str | None = None
 
     @property
     def records_in(self) -> int:
@@ -73,7 +82,8 @@ class JobResult:
 
 
 class JobHandle:
-    """A running job: :meth:`wait` for its result, :meth:`trigger_epoch`, :meth:`cancel`."""
+    """A running job: :meth:`wait` for its result, :meth:`trigger_epoch`, :meth:`cancel`,
+    :meth:`savepoint`, :meth:`stop_with_savepoint`."""
 
     def __init__(self, driver: "_Driver"):
         self._driver = driver
@@ -97,6 +107,42 @@ class JobHandle:
         """``(host, port)`` of the Prometheus endpoint (``metrics.prometheus_port``), or None."""
         return self._driver.reporter.prometheus_address
 
+    def savepoint(self, url: str | None = None, timeout: float | None = None) -> str:
+        """Take a savepoint: trigger an epoch and, once it completed, copy it to ``url``
+        as a self-contained, relocatable savepoint that retention never deletes
+        (:mod:`epochal.state.savepoint`). Blocks until it is written; returns its URL.
+
+        Args:
+            url: an empty or absent location (any fsspec URL); ``None``:
+                ``<checkpoint root>/savepoints/sp-<epoch>-<random>``.
+            timeout: seconds to wait at most.
+
+        Raises:
+            ConfigError: ``url`` is not empty, or lies inside the job's ``chk-*`` or
+                ``shared`` directories (retention deletes there).
+            SavepointError: its epoch was aborted, the job failed or finished first, or
+                the copy failed (the job keeps running). TimeoutError: not within ``timeout``.
+        """
+        return self._driver.request_savepoint(url, stop=False).wait(timeout)
+
+    def stop_with_savepoint(self, url: str | None = None, timeout: float | None = None) -> str:
+        """Take a savepoint (as :meth:`savepoint`), make sure every sink transaction up to
+        its epoch is committed, and stop the job cleanly: no epoch after it is triggered,
+        the tasks commit the savepoint's epoch, then finish (open transactions, holding
+        records after the savepoint, are aborted). Blocks until the job has stopped;
+        returns the savepoint's URL (also in :meth:`wait`'s ``JobResult.stopped_with_savepoint``).
+
+        A job started with ``restore_from=url`` continues exactly where this one stopped.
+
+        Raises:
+            As :meth:`savepoint`; if it fails the job keeps running (a failed attempt
+            restarts it from its latest checkpoint). The job's own failure, from :meth:`wait`.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        url = self._driver.request_savepoint(url, stop=True).wait(timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return url
+
     def wait(self, timeout: float | None = None, status: bool = False) -> JobResult:
         """Block until the job ends (or ``timeout``) and return its result; ``status``:
         rewrite a one-line live status on standard error meanwhile."""
@@ -119,6 +165,11 @@ class JobHandle:
         return self._driver.result
 
     @property
+    def running(self) -> bool:
+        """Whether the job still runs (:meth:`wait` would block)."""
+        return self._driver.thread.is_alive()
+
+    @property
     def completed_epochs(self) -> list[dict]:
         server = self._driver.server
         return list(server.completed) if server is not None else []
@@ -128,8 +179,15 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
               restart: RestartStrategy | None = None, channels: ChannelConfig | None = None,
               runtime: str = "spark", spark=None, resume: bool = False, faults=(),
               backend="heap", cluster: ClusterConfig | None = None,
-              allow_non_restored_state: bool = False, metrics: MetricsConfig | None = None) -> JobHandle:
-    """Validate everything that can be validated before any task starts, then start."""
+              allow_non_restored_state: bool = False, metrics: MetricsConfig | None = None,
+              restore_from: str | None = None) -> JobHandle:
+    """Validate everything that can be validated before any task starts, then start.
+
+    ``restore_from``: a savepoint, a ``chk-<epoch>`` directory or a job's checkpoint
+    directory (its newest checkpoint). It is checked against the dataflow like any restore
+    (:mod:`epochal.runtime.compatibility`), then copied into this job's checkpoint storage
+    — which must hold no completed checkpoint — as its first checkpoint, and the job
+    starts from it (:func:`epochal.state.savepoint.import_checkpoint`)."""
     checkpoint = checkpoint or CheckpointConfig()
     if not isinstance(checkpoint, CheckpointConfig):
         raise ConfigError(f"checkpoint: expected CheckpointConfig, got {type(checkpoint).__name__}")
@@ -164,6 +222,9 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
     storage = CheckpointStorage(url, flow.name)
     if not isinstance(allow_non_restored_state, bool):
         raise ConfigError(f"allow_non_restored_state: expected True or False, got {allow_non_restored_state!r}")
+    if restore_from is not None:
+        _import_restore_point(restore_from, storage, plan, resume, allow_non_restored_state)
+        resume = True
     latest = storage.latest_completed() if storage.has_checkpoints() else None
     if storage.has_checkpoints() and not resume:
         raise ConfigError(
@@ -181,8 +242,34 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
     encrypted = launcher.is_cluster if channels.encryption is None else channels.encryption
     driver = _Driver(plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime,
                      tuple(faults), backend, encrypted, allow_non_restored_state, metrics)
+    driver.restored_from_url = restore_from
     driver.thread.start()
     return JobHandle(driver)
+
+
+def _import_restore_point(restore_from: str, storage: CheckpointStorage, plan, resume: bool,
+                          allow_non_restored_state: bool) -> None:
+    """``restore_from``: check the checkpoint against ``plan``, then copy it into ``storage``."""
+    from epochal.state.location import open_checkpoint
+    from epochal.state.savepoint import import_checkpoint
+
+    if resume:
+        raise ConfigError("restore_from and resume=True exclude each other: restore_from starts the job's history "
+                          "from a savepoint or checkpoint, resume continues the one in checkpoint.storage")
+    if not isinstance(restore_from, str):
+        raise ConfigError(f"restore_from: expected a URL, got {type(restore_from).__name__}")
+    latest = storage.latest_completed()
+    if latest is not None:
+        raise ConfigError(
+            f"restore_from: checkpoint.storage {storage.root_url} already holds checkpoints of job {plan.job!r} "
+            f"(latest completed epoch {latest[0]}); a restore starts the job's history from {restore_from}: use "
+            "another checkpoint.storage (or job name), or resume=True to continue from the latest checkpoint there")
+    point = open_checkpoint(restore_from)
+    compatibility.enforce(plan, point.meta, allow_non_restored_state, log)  # before anything is copied
+    t0 = time.monotonic()
+    copied = import_checkpoint(point, storage)
+    log.info("job %s: %s %s (epoch %d, %d bytes) copied into %s in %.2f s", plan.job, point.kind, restore_from,
+             point.epoch, copied, storage.root_url, time.monotonic() - t0)
 
 
 class _NotStarted:
@@ -234,6 +321,9 @@ class _Driver:
         # live state for the metrics (epochal.metrics): read by the reporter thread
         self.state, self.attempt_index, self.generation, self.restarts = "starting", 0, None, []
         self.reporter = Reporter(plan, self.metrics_config, self._progress_source)
+        self.restored_from_url: str | None = None
+        self.savepoints = SavepointTracker(storage, lambda m: log.info("job %s: %s", plan.job, m))
+        self.stopped_with_savepoint: str | None = None
         self.thread = threading.Thread(target=self._run_guarded, name=f"epochal-driver-{plan.job}", daemon=True)
 
     def _progress_source(self):
@@ -252,6 +342,13 @@ class _Driver:
                 return
         server.trigger_epoch()
 
+    def request_savepoint(self, url: str | None, stop: bool) -> SavepointRequest:
+        if url is not None:
+            _check_savepoint_target(url, self.storage)
+        request = SavepointRequest(url, stop)
+        self.savepoints.add(request)
+        return request
+
     def cancel(self) -> None:
         self._cancelled = True
         if self.server is not None:
@@ -265,6 +362,7 @@ class _Driver:
             self.error = exc
             self.state = "failed"
         finally:
+            self.savepoints.close(f"job {self.plan.job!r} is not running")
             self.launcher.close()
             self.reporter.close()
 
@@ -297,6 +395,7 @@ class _Driver:
             timeline.append(entry)
             outcome, server = self._attempt(generation, restore, highest + 1, entry, t0)
             highest = max(highest, server.highest_triggered)
+            self.stopped_with_savepoint = getattr(server, "stopped_with_savepoint", None)
             entry["cause"] = None if outcome.ok else outcome.cause
             if outcome.ok:
                 return JobResult(
@@ -305,6 +404,8 @@ class _Driver:
                     aborted_epochs=server.aborted, task_metrics=outcome.task_metrics,
                     duration_s=time.monotonic() - t0, checkpoint_root=f"{self.url}/{self.plan.job}",
                     restored_from=restored_from, attempt_timeline=timeline, encrypted=self.encrypted,
+                    savepoints=list(self.savepoints.written), stopped_with_savepoint=self.stopped_with_savepoint,
+                    restored_from_url=self.restored_from_url,
                 )
             failures.append(outcome.cause)
             self.state = "restarting"
@@ -348,7 +449,8 @@ class _Driver:
         server = CoordinatorServer(self.plan, generation, key, self.storage, self.checkpoint, restore,
                                    first_epoch, bind, lambda m: log.info("job %s: %s", self.plan.job, m),
                                    startup_timeout=self.launcher.startup_timeout,
-                                   advertised_host=self.launcher.advertised_host, tls=tls)
+                                   advertised_host=self.launcher.advertised_host, tls=tls,
+                                   savepoints=self.savepoints)
         with self._server_lock:
             self.server = server
             early, self._early_trigger = self._early_trigger, False
@@ -382,3 +484,19 @@ class _Driver:
             entry[f"{name}_s"] = server.times[name] - t0 if name in server.times else None
         entry["tasks"] = {t: dict(v) for t, v in server.task_setup.items()}
         return outcome, server
+
+
+def _check_savepoint_target(url: str, storage: CheckpointStorage) -> None:
+    """Refuse a savepoint location retention would delete, or one that is not empty."""
+    target = CheckpointStorage.at_root(url, storage.storage_options)
+    if type(target.fs) is type(storage.fs):
+        rel = target.root[len(storage.root) + 1:] if target.root.startswith(storage.root + "/") else None
+        if target.root == storage.root or rel is not None and rel.split("/")[0].startswith(("chk-", "shared")):
+            raise ConfigError(f"savepoint location {url}: inside the job's checkpoint directory only a subdirectory "
+                              "other than chk-* and shared/ is safe from retention (e.g. <root>/savepoints/...)")
+    try:
+        present = target.fs.ls(target.root, detail=False)
+    except FileNotFoundError:
+        present = []
+    if present:
+        raise ConfigError(f"savepoint location {url} is not empty; savepoints are never overwritten: choose a new one")

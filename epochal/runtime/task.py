@@ -564,6 +564,8 @@ class Task:
                     op.notify_epoch_complete(msg[1])
                 if self.backend is not None:
                     self.backend.notify_epoch_complete(msg[1])
+                if len(msg) > 2 and msg[2]:  # stopping with a savepoint: confirm the commit (runtime/savepoints.py)
+                    self._send(("committed", self.spec.id, msg[1]))
             elif kind == "abort":  # coordinator gave up the epoch: release alignment and loop logging
                 self.handler.abort_epoch(msg[1])
                 self.recorder.drop(msg[1])
