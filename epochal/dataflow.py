@@ -116,7 +116,9 @@ class Dataflow:
         (:class:`~epochal.config.ClusterConfig`), ``allow_non_restored_state`` (restore even
         though state of operators the dataflow no longer has would be dropped; see
         :mod:`epochal.runtime.compatibility`), ``metrics`` (:class:`~epochal.config.MetricsConfig`:
-        live progress events, a listener, Prometheus, the terminal status line).
+        live progress events, a listener, Prometheus, the terminal status line),
+        ``restore_from`` (start from a savepoint or retained checkpoint URL, with the same
+        compatibility rules; see :mod:`epochal.state`).
 
         While it blocks in a terminal, a one-line status shows epoch, records/s and the last
         checkpoint (``metrics=MetricsConfig(status=False)`` turns it off).

@@ -166,14 +166,15 @@ def test_unaligned_channel_state_of_batches_is_rerouted_by_key_group(tmp_path):
         return f
 
     handle = flow(2, 60.0).start(runtime="local", channels=ep.ChannelConfig(credits=2),
-                                 checkpoint=ep.CheckpointConfig(interval=0.05, storage=url, unaligned=True))
+                                 checkpoint=ep.CheckpointConfig(interval=0.3, storage=url, unaligned=True))
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not any(e["channel_state_records"] for e in handle.completed_epochs):
-        time.sleep(0.01)
-    handle.cancel()
+    while time.monotonic() < deadline and not (handle.completed_epochs and
+                                               handle.completed_epochs[-1]["channel_state_records"]):
+        time.sleep(0.005)
+    handle.cancel()  # right after the newest checkpoint holds channel state (the next is 0.3 s away)
     with pytest.raises(ep.JobFailedError):
         handle.wait(60)
-    assert any(e["channel_state_records"] for e in handle.completed_epochs)
+    assert handle.completed_epochs[-1]["channel_state_records"]
     result = flow(3, None).run(runtime="local", resume=True, channels=ep.ChannelConfig(credits=2),
                               checkpoint=ep.CheckpointConfig(interval=0.05, storage=url, unaligned=True))
     assert result.restored_from[0] is not None
