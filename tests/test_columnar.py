@@ -23,7 +23,7 @@ from epochal.runtime.wire import decode
 from epochal.sinks import FileSink, read_committed
 from epochal.testing import CrashAtRecord, CrashDuringCommit, CrashDuringSnapshotUpload
 
-from pipelines import line, unique_dir
+from pipelines import line, run_until_checkpoints, unique_dir
 
 SPLITS, LINES, ROWS = 4, 24_000, 1000
 LINE_SCHEMA = pa.schema([("line", pa.string())])
@@ -123,20 +123,10 @@ def test_columnar_parquet_sink_writes_batches_as_row_groups(tmp_path):
     assert result.records_in == LINES  # sources count rows, not batches
 
 
-def _run_until(flow, url, epochs):
-    handle = flow.start(runtime="local", resume=True, checkpoint=ep.CheckpointConfig(interval=0.05, storage=url))
-    deadline = time.monotonic() + 60
-    while len(handle.completed_epochs) < epochs and time.monotonic() < deadline:
-        time.sleep(0.01)
-    handle.cancel()
-    with pytest.raises(ep.JobFailedError, match="cancelled"):
-        handle.wait(60)
-
-
 def test_columnar_aggregate_rescales_2_to_3_to_1(tmp_path):
     out, url = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "c")
-    _run_until(wordcount("resc", out, parallelism=2, rate=4.0), url, 3)
-    _run_until(wordcount("resc", out, parallelism=3, rate=4.0), url, 3)
+    run_until_checkpoints(wordcount("resc", out, parallelism=2, rate=4.0), url, 3, resume=True)
+    run_until_checkpoints(wordcount("resc", out, parallelism=3, rate=4.0), url, 3, resume=True)
     result = wordcount("resc", out, parallelism=1).run(
         runtime="local", resume=True, checkpoint=ep.CheckpointConfig(interval=0.05, storage=url))
     assert result.restored_from[0] is not None

@@ -21,7 +21,7 @@ from epochal.sinks import FileSink, read_committed
 from epochal.testing import CrashAtRecord, CrashDuringAlignment, CrashDuringCommit, CrashDuringSnapshotUpload
 from epochal.windows import AggregateFunction, Count, Session, Sliding, Tumbling
 
-from pipelines import unique_dir
+from pipelines import run_until_checkpoints, unique_dir
 
 N = 3000  # events per split
 SPLITS = 2
@@ -334,22 +334,11 @@ def test_event_time_timers_fire_exactly_once_despite_a_crash(tmp_path, backend):
     assert buckets(out) == bucket_oracle()
 
 
-def _run_until_checkpoints(flow, url, epochs: int, resume: bool):
-    handle = flow.start(runtime="local", resume=resume, checkpoint=ep.CheckpointConfig(interval=0.05, storage=url))
-    deadline = time.monotonic() + 60
-    while len(handle.completed_epochs) < epochs and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert len(handle.completed_epochs) >= epochs
-    handle.cancel()
-    with pytest.raises(ep.JobFailedError, match="cancelled"):
-        handle.wait(60)
-
-
 def test_timers_and_open_windows_rescale_2_to_3_to_1(tmp_path):
     """Pending timers and open sessions are keyed state: they follow their key groups."""
     out, wout, url = unique_dir(tmp_path, "out"), unique_dir(tmp_path, "wout"), "file://" + unique_dir(tmp_path, "c")
-    _run_until_checkpoints(timers_flow("r", out, wout, 2, rate=1500.0), url, 3, resume=False)
-    _run_until_checkpoints(timers_flow("r", out, wout, 3, rate=1500.0), url, 3, resume=True)
+    run_until_checkpoints(timers_flow("r", out, wout, 2, rate=1500.0), url, 3, resume=False)
+    run_until_checkpoints(timers_flow("r", out, wout, 3, rate=1500.0), url, 3, resume=True)
     result = timers_flow("r", out, wout, 1, rate=None).run(
         runtime="local", resume=True, checkpoint=ep.CheckpointConfig(interval=0.05, storage=url))
     assert len(result.restored_from) and result.restored_from[0] is not None
@@ -422,7 +411,7 @@ def test_processing_time_timers_due_while_the_job_was_down_fire_after_restore(tm
             .key_by(lambda e: e[0]).process("remind", Reminder()).sink("out", FileSink(out)))
         return f
 
-    _run_until_checkpoints(flow(300.0), url, 2, resume=False)
+    run_until_checkpoints(flow(300.0), url, 2, resume=False)
     time.sleep(1.2)  # every reminder registered before the cancel is due now
     restarted = time.time()
     flow(None).run(runtime="local", resume=True, checkpoint=ep.CheckpointConfig(interval=0.05, storage=url))
@@ -641,7 +630,7 @@ def test_per_split_watermarks_make_split_skew_harmless(tmp_path):
             .sink("out", FileSink(out)))
         return f
 
-    _run_until_checkpoints(flow(1, 2000.0), url, 3, resume=False)
+    run_until_checkpoints(flow(1, 2000.0), url, 3, resume=False)
     result = flow(2, None).run(runtime="local", resume=True, faults=[CrashAtRecord("win", record=700, how="exit",
                                                                                   generation=1)],
                                checkpoint=ep.CheckpointConfig(interval=0.05, storage=url))

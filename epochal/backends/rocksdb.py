@@ -49,7 +49,6 @@ import os
 import pickle
 import shutil
 import struct
-import tempfile
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any

@@ -41,7 +41,7 @@ from epochal.runtime.attempt import AttemptSpec
 from epochal.runtime.chain import OperatorChain
 from epochal.runtime.channels import BARRIER, DATA, END, ChannelFailure, InputGate, OutputChannel
 from epochal.loops.head import LOOP_LOG, LoopHeadProtocol
-from epochal.loops.log import replay
+from epochal.runtime.replay import replay_restored
 from epochal.runtime.restore import RestoredState, load_restored_state
 from epochal.runtime.router import Router
 from epochal.runtime.snapshots import PendingUpload, Uploader
@@ -233,39 +233,7 @@ class Task:
             )
         self._send(("running", self.spec.id, {"setup_s": time.monotonic() - t_setup, "restore_s": restore_s}))
         self.chain.after_batch()  # a restored watermark generator resumes event time first
-        if restored.loop_logs:  # seed 004 §4.1.3.1: a loop head replays its log before anything else
-            for records in replay(restored.loop_logs, storage):
-                self.metrics["loop_replayed"] += len(records)
-                self._process(records)
-            self.router.flush()
-        if restored.channel_state:  # the records in flight at an unaligned cut, before new input
-            for descriptor, keep in restored.channel_state:
-                channel = self.gate.index.get(descriptor["channel"]) if keep is None else None
-                for records in replay([descriptor], storage):
-                    self._replay_channel_state(channel, records, keep)
-            self.router.flush()
-
-    def _replay_channel_state(self, channel: int | None, records: list, keep) -> None:
-        """Replay one chunk of an input channel's state: records, and the watermarks that
-        were queued between them (applied to ``channel``'s event time; dropped when the
-        state was re-routed by a rescale — ``channel`` is then ``None``)."""
-        marks = [i for i, r in enumerate(records) if type(r) is WatermarkMark]
-        if channel is None or not marks:
-            records = [r for r in records if type(r) is not WatermarkMark]
-            if keep is not None:
-                records = [k for k in map(keep, records) if k is not None]
-            self.faults.on_replay(self.metrics["channel_state_replayed"] + len(records))
-            self.metrics["channel_state_replayed"] += len(records)
-            self._process(records)
-            return
-        self.metrics["channel_state_watermarks"] += len(marks)
-        start = 0
-        for i in marks + [len(records)]:
-            if i > start:
-                self._replay_channel_state(channel, records[start:i], None)
-            if i < len(records):
-                self._on_watermark(channel, records[i].watermark, records[i].idle)
-            start = i + 1
+        replay_restored(self, restored, storage)  # loop logs, then channel state: before new input
 
     def _teardown(self) -> None:
         self.recorder.close()
@@ -416,7 +384,7 @@ class Task:
         elif kind == WATERMARK:
             if self.recorder.recording:  # in order with the records of an unaligned epoch's channel state
                 self.recorder.on_records(channel, [WatermarkMark(msg[1], msg[2])])
-            self._on_watermark(channel, msg[1], msg[2])
+            self.on_input_watermark(channel, msg[1], msg[2])
         elif kind == BARRIER:
             self._barrier_ts[msg[1]] = msg[2]
             self._apply(self.handler.on_barrier(channel, Barrier(msg[1], msg[2])), channel, reached=True)
@@ -429,7 +397,7 @@ class Task:
     def _process(self, records: list) -> None:
         self.chain.process(records)
 
-    def _on_watermark(self, channel: int, watermark: int, idle: bool) -> None:
+    def on_input_watermark(self, channel: int, watermark: int, idle: bool) -> None:
         change = self.clock.on_watermark(channel, watermark, idle)
         if change is not None:
             if self.loop is not None and change.watermark >= MAX_TIME:
