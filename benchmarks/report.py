@@ -126,7 +126,8 @@ def section_peers(doc: dict) -> str:
         if "words_per_s" in p:  # Spark continuous: stateless half only, at an offered rate
             stateless.append(f"- **{p['name']}**: {_one_line(p.get('note', ''), 600)}")
             continue
-        rows.append([p["name"], p.get("guarantee_short", "–"), _n(p.get("steady_lines_per_s")),
+        rows.append([p["name"], p.get("guarantee_short", "–"), _n(p.get("engine_steady_words_per_s")),
+                     _n(p.get("steady_lines_per_s")),
                      _n(p.get("large", {}).get("lines_per_s")), _n(p.get("large", {}).get("seconds"), ".1f"),
                      _n(p.get("fixed_cost_s"), ".1f"), "yes" if p.get("counts_verified") else "no"])
     cfg = doc["config"]
@@ -139,9 +140,12 @@ def section_peers(doc: dict) -> str:
             f"\"counts ok\": the emitted counts equal a plain-Python count. epochal, PyFlink and Bytewax write one "
             f"running count per input word to a file sink; Structured Streaming (update mode) writes one row per "
             f"word changed in a micro-batch to the memory sink, so it writes far less. Settings and exactly-once "
-            f"caveats of every engine are in `peers.json`.\n\n"
-            + _table(["engine / mode", "fault tolerance", "marginal lines/s", "whole lines/s", "T_large s",
-                      "fixed cost s", "counts ok"], rows))
+            f"caveats of every engine are in `peers.json`. *Steady words/s*: the engine's own throughput "
+            f"samples (epochal: the sources' lines/s in its progress events; Structured Streaming: "
+            f"processedRowsPerSecond per micro-batch), median without the first and last, × 3.5 words per line; "
+            f"the columnar engine reads {cfg.get('columnar_scale', 1)}× as many lines (the same generator).\n\n"
+            + _table(["engine / mode", "fault tolerance", "steady words/s", "marginal lines/s", "whole lines/s",
+                      "T_large s", "fixed cost s", "counts ok"], rows))
     for m in doc.get("merges", []):
         text += (f"\n\nRe-run separately and merged into the JSON ({m.get('started_at', '')}): "
                  f"{', '.join(m['engines'])} (`{' '.join(Path(c).name if i == 0 else c for i, c in enumerate(m['command']))}`).")
