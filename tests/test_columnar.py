@@ -196,8 +196,8 @@ def test_columnar_loop(tmp_path):
 @pytest.mark.spark
 def test_columnar_word_count_on_spark(tmp_path, spark):
     out = unique_dir(tmp_path, "out")
-    result = wordcount("cwc-spark", out, rate=30.0).run(
-        runtime="spark", spark=spark, faults=[CrashAtRecord("count", subtask=0, record=8, how="exit", after_epoch=1)],
+    result = wordcount("cwc-spark", out, rate=6.0).run(
+        runtime="spark", spark=spark, faults=[CrashAtRecord("count", subtask=0, record=3, how="exit", after_epoch=1)],
         checkpoint=ep.CheckpointConfig(interval=0.1, storage="file://" + unique_dir(tmp_path, "c")))
     assert result.attempts == 2
     check_exactly_once(out)
