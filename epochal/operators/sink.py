@@ -30,11 +30,9 @@ class SinkOperator(RuntimeOperator):
         self.writer.restore(state)
 
     def process_batch(self, records: list) -> list:
-        write = self.writer.write
         if self.timed:
             records = [r[1] for r in records]
-        for record in records:
-            write(record)  # SinkWriteError already names the sink and the record
+        self.writer.write_many(records)  # SinkWriteError already names the sink and the record
         return []
 
     def snapshot(self, epoch: int):
