@@ -153,6 +153,17 @@ def stage_functions(lines: list[str], tmp: str) -> dict:
             key_group_for(w, MAX_PARALLELISM)
     stages["  component: key_group_for alone"] = ("component", hash_only)
 
+    try:
+        from epochal.backends.keygroups import KeyGroupAssigner
+    except ImportError:  # an older commit
+        KeyGroupAssigner = None
+    if KeyGroupAssigner is not None:
+        def assigner_only():
+            assign_all = KeyGroupAssigner(MAX_PARALLELISM).assign_all
+            for b in word_batches:
+                assign_all(b)
+        stages["  component: KeyGroupAssigner.assign_all alone"] = ("component", assigner_only)
+
     def pickle_stage():
         for b in word_batches:
             encode_batch(b)
