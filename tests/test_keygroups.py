@@ -221,10 +221,10 @@ def test_assign_all_equals_key_group_for_on_batches(monkeypatch, vectorized, mak
 
 
 @settings(max_examples=400, deadline=None)
-@given(batches=st.lists(batch_keys, max_size=6), max_p=st.sampled_from([1, 2, 3, 128, 1000, 32768]),
-       limit=st.integers(1, 64))
-def test_assigner_equals_key_group_for_property(batches, max_p, limit):
-    kgs = KeyGroupAssigner(max_p, memo_limit=limit)
+@given(batches=st.lists(batch_keys | st.lists(st.text(), min_size=30, max_size=60), max_size=6),
+       max_p=st.sampled_from([1, 2, 3, 128, 1000, 32768]), limit=st.integers(1, 64), bypass=st.integers(0, 2))
+def test_assigner_equals_key_group_for_property(batches, max_p, limit, bypass):
+    kgs = KeyGroupAssigner(max_p, memo_limit=limit, bypass_batches=bypass)
     for batch in batches:
         assert kgs.assign_all(batch) == _reference(batch, max_p)
         assert [kgs.assign(k) for k in batch] == _reference(batch, max_p)
@@ -236,6 +236,20 @@ def test_assigner_equals_key_group_for_property(batches, max_p, limit):
 def test_equal_plain_keys_hash_equal_which_the_memo_relies_on(a, b):
     if a == b:
         assert stable_hash(a) == stable_hash(b)
+
+
+def test_assign_all_skips_the_memo_while_most_keys_are_new_then_probes_it_again():
+    kgs = KeyGroupAssigner(128, bypass_batches=2)
+    ids = [[f"id-{b}-{i}" for i in range(64)] for b in range(4)]
+    words = [f"w{i % 5}" for i in range(64)]
+    assert kgs.assign_all(ids[0]) == _reference(ids[0], 128)
+    assert kgs._bypass == 2 and len(kgs._memo) == 64
+    for batch in (ids[1], words):  # two batches without the memo: nothing learnt
+        assert kgs.assign_all(batch) == _reference(batch, 128)
+    assert kgs._bypass == 0 and len(kgs._memo) == 64
+    assert kgs.assign_all(words) == _reference(words, 128)  # the probe: 5 new keys of 64, memo on
+    assert kgs._bypass == 0 and len(kgs._memo) == 69
+    assert kgs.assign_all(words) == _reference(words, 128) and len(kgs._memo) == 69
 
 
 def test_assigner_rejects_what_stable_hash_rejects_even_if_an_equal_key_is_memoized():

@@ -254,7 +254,9 @@ class KeyGroupAssigner:
     (bounded: cleared once it would exceed ``memo_limit`` keys; it holds only plain
     ``str``/``int``/``float``/``bytes``/``bool``/``None`` keys and flat tuples of them, whose
     equality agrees with :func:`stable_hash`), and :meth:`assign_all`, which hashes the new
-    ``str`` or ``int`` keys of a batch at once. A key type :func:`stable_hash` rejects is
+    ``str`` or ``int`` keys of a batch at once. When most keys of a batch are new (ids, not
+    words), the memo costs more than it saves: the next ``bypass_batches`` batches are hashed
+    without it, then a batch probes it again. A key type :func:`stable_hash` rejects is
     rejected here too, with its ``TypeError``. One instance per thread (the task thread's).
 
     >>> kgs = KeyGroupAssigner(128)
@@ -265,13 +267,16 @@ class KeyGroupAssigner:
     True
     """
 
-    __slots__ = ("max_parallelism", "_memo", "_limit")
+    __slots__ = ("max_parallelism", "_memo", "_limit", "_bypass", "_bypass_batches")
 
-    def __init__(self, max_parallelism: int = DEFAULT_MAX_PARALLELISM, memo_limit: int = _MEMO_LIMIT):
+    def __init__(self, max_parallelism: int = DEFAULT_MAX_PARALLELISM, memo_limit: int = _MEMO_LIMIT,
+                 bypass_batches: int = 16):
         _check_max_parallelism(max_parallelism)
         self.max_parallelism = max_parallelism
         self._memo: dict = {}
         self._limit = memo_limit
+        self._bypass = 0  # batches left to hash without the memo
+        self._bypass_batches = bypass_batches
 
     def assign(self, key) -> int:
         """The key group of ``key``.
@@ -301,19 +306,18 @@ class KeyGroupAssigner:
         if not types <= _PLAIN:
             assign = self.assign
             return [assign(k) for k in keys]
+        if self._bypass:
+            self._bypass -= 1
+            return self._hash(keys, types)
         get = self._memo.get
         kgs = [get(k) for k in keys]
         if None not in kgs:
             return kgs
         new = keys if kgs.count(None) == len(kgs) else [k for k, kg in zip(keys, kgs) if kg is None]
-        maxp = self.max_parallelism
-        if types <= _STR:
-            groups = _key_groups_of_str(new, maxp)
-        elif types <= _INT:
-            groups = _key_groups_of_int(new, maxp)
-        else:
-            groups = [stable_hash(k) % maxp for k in new]
+        groups = self._hash(new, types)
         fresh = dict(zip(new, groups))
+        if len(fresh) * 2 > len(keys) >= _VECTOR_MIN:  # mostly keys never seen: skip the memo a while
+            self._bypass = self._bypass_batches
         memo = self._memo
         if len(memo) + len(fresh) > self._limit:
             memo.clear()
@@ -322,3 +326,11 @@ class KeyGroupAssigner:
         if new is keys:
             return groups
         return [fresh[k] if kg is None else kg for k, kg in zip(keys, kgs)]
+
+    def _hash(self, keys: list, types: set) -> list[int]:
+        maxp = self.max_parallelism
+        if types <= _STR:
+            return _key_groups_of_str(keys, maxp)
+        if types <= _INT:
+            return _key_groups_of_int(keys, maxp)
+        return [stable_hash(k) % maxp for k in keys]
