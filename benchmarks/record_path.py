@@ -18,10 +18,12 @@ py-spy profile of a real run, quoted in the report, puts them at a few percent).
 
     python benchmarks/record_path.py                     # ~1 min, JSON to benchmarks/results/record_path.json
     python benchmarks/record_path.py --smoke             # seconds, JSON to a temp dir
-    PYTHONPATH=/path/to/old/checkout python benchmarks/record_path.py --out old.json   # the same stages, old code
+    python benchmarks/record_path.py --baseline /path/to/old/checkout --baseline-label COMMIT   # old code first
 
-Only public-enough entry points the runtime itself uses are called, so the script runs
-unchanged against older commits (stages an older commit lacks are skipped).
+Only entry points the runtime itself uses are called, so the script runs unchanged against
+older commits (components an older commit lacks are skipped): ``--baseline DIR`` runs it
+first with ``PYTHONPATH=DIR`` (a checkout of another commit, e.g. ``git archive`` into a
+directory), then on this checkout, and reports both and the ratios per stage.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import pickle
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -239,6 +242,9 @@ def parse_args(argv=None):
     p.add_argument("--lines", type=int, default=None, help="input lines (default 200000, 8000 with --smoke)")
     p.add_argument("--repetitions", type=int, default=None, help="default 5 (2 with --smoke)")
     p.add_argument("--only", default=None, help="run only the stages whose name contains this text")
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="a checkout of another commit: measured first, with PYTHONPATH=BASELINE")
+    p.add_argument("--baseline-label", default=None, help="what the baseline is, e.g. its commit")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args(argv)
@@ -250,8 +256,22 @@ def parse_args(argv=None):
     return args
 
 
+def run_baseline(args) -> dict:
+    """This script on the code in ``args.baseline``, in a subprocess; its JSON document."""
+    out = Path(tempfile.mkdtemp(prefix="epochal-record-path-baseline-")) / "baseline.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--lines", str(args.lines),
+           "--repetitions", str(args.repetitions), "--out", str(out)] + (["--only", args.only] if args.only else [])
+    env = dict(os.environ, PYTHONPATH=str(args.baseline.resolve()))
+    print(f"baseline: {args.baseline}", flush=True)
+    subprocess.run(cmd, env=env, check=True, cwd=out.parent)
+    doc = json.loads(out.read_text())
+    shutil.rmtree(out.parent, ignore_errors=True)
+    return doc
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    baseline = run_baseline(args) if args.baseline else None
     info = harness.machine()
     lines = [workload.line(s, i) for s in range(4) for i in range(args.lines // 4)]
     tmp = tempfile.mkdtemp(prefix="epochal-record-path-")
@@ -278,6 +298,18 @@ def main(argv=None) -> int:
     doc = {**harness.new_doc("record_path", args, info), "words": next(iter(stages.values()))[2],
            "batch_size": BATCH, "stages": results, "totals_ns_per_word": totals,
            "loadavg_at_end": list(os.getloadavg())}
+    if baseline is not None:
+        doc["baseline"] = {"label": args.baseline_label, "path": str(args.baseline),
+                           **{k: baseline[k] for k in ("stages", "totals_ns_per_word", "loadavg_at_end")},
+                           "loadavg_at_start": baseline["machine"]["loadavg_at_start"]}
+        before = {st["stage"]: st["ns_per_word"] for st in baseline["stages"]}
+        doc["speedup_vs_baseline"] = {st["stage"]: before[st["stage"]] / st["ns_per_word"]
+                                      for st in results if st["stage"] in before}
+        doc["speedup_vs_baseline"].update({f"total {k}": baseline["totals_ns_per_word"][k] / v
+                                           for k, v in totals.items() if k in baseline["totals_ns_per_word"]})
+        print("speed-up vs baseline (baseline ns / this ns):")
+        for name, ratio in doc["speedup_vs_baseline"].items():
+            print(f"  {name:62s} {ratio:5.2f}x")
     harness.write_json(args.out, doc)
     shutil.rmtree(tmp, ignore_errors=True)
     print(f"wrote {args.out}")
