@@ -207,12 +207,12 @@ class _KeyedOperator(RuntimeOperator):
         self.current = _CurrentKey()
         self.max_parallelism = ctx.max_parallelism
         self.timed = timed
-        self.key_groups = KeyGroupAssigner(ctx.max_parallelism)
+        self.assigner = KeyGroupAssigner(ctx.max_parallelism)  # key -> key group, memoized
 
     def _set_key(self, record) -> None:
         key = self.key_fn(record)
         self.current.key = key
-        self.current.kg = self.key_groups.assign(key)
+        self.current.kg = self.assigner.assign(key)
 
     def _keys(self, values: list) -> tuple[list, list] | None:
         """The keys of ``values`` and their key groups, or ``None`` if a key fails (the
@@ -220,7 +220,7 @@ class _KeyedOperator(RuntimeOperator):
         key_fn = self.key_fn
         try:
             keys = [key_fn(value) for value in values]
-            return keys, self.key_groups.assign_all(keys)
+            return keys, self.assigner.assign_all(keys)
         except Exception:
             return None
 
