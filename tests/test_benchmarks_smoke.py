@@ -146,3 +146,16 @@ def test_event_windows_oracle_catches_lost_and_repeated_windows():
     for broken in (rows[1:], rows + rows[:1]):
         bad = event_windows.analyse("x", {**raw, "rows": broken}, oracle)
         assert not bad["correct"] and bad["mismatch"]["missing"] + bad["mismatch"]["unexpected"] == 1
+
+
+def test_record_path_smoke(tmp_path):
+    """benchmarks/record_path.py --smoke: every stage of the word count's record path, in ns per word."""
+    out = tmp_path / "record_path.json"
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "record_path.py"), "--smoke", "--lines", "2000",
+                           "--out", str(out)], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    doc = json.loads(out.read_text())
+    tasks = {s["task"] for s in doc["stages"]}
+    assert {"source+split", "count+sink", "component"} <= tasks
+    assert all(s["ns_per_word"] > 0 for s in doc["stages"])
+    assert set(doc["totals_ns_per_word"]) == {"source+split", "count+sink", "both"}

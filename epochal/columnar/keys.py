@@ -18,11 +18,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from epochal.backends.keygroups import key_group_for
+from epochal.backends.keygroups import KeyGroupAssigner
 
 __all__ = ["ColumnKey", "KeyGroups", "split_by_channel"]
-
-_CACHE_LIMIT = 1 << 16
 
 
 class ColumnKey:
@@ -59,20 +57,11 @@ class KeyGroups:
     def __init__(self, column: str, max_parallelism: int):
         self.column = column
         self.max_parallelism = max_parallelism
-        self._cache: dict = {}
+        self._assigner = KeyGroupAssigner(max_parallelism)  # the record path's, memo and all
 
     def of_values(self, values: list) -> list[int]:
-        """Key groups of distinct Python key values (cached)."""
-        cache, maxp = self._cache, self.max_parallelism
-        if len(cache) > _CACHE_LIMIT:
-            cache.clear()
-        out = []
-        for v in values:
-            kg = cache.get(v)
-            if kg is None:
-                kg = cache[v] = key_group_for(v, maxp)
-            out.append(kg)
-        return out
+        """Key groups of distinct Python key values."""
+        return self._assigner.assign_all(values)
 
     def encode(self, batch: pa.RecordBatch) -> tuple[pa.Array, pa.Array]:
         """``(distinct keys, per-row index into them)`` of ``batch``'s key column."""

@@ -3,12 +3,18 @@
 Keyed state is partitioned by key group (seed 004 §4.2.1): every access goes to the
 task's :class:`~epochal.backends.base.KeyedStateBackend` under the current record's key
 group, so a snapshot (and a later rescale) can be cut per key group.
+
+Per batch, the operators compute every record's key first and their key groups at once
+(:class:`~epochal.backends.keygroups.KeyGroupAssigner`), then run the function record by
+record. If a key fails, the batch is processed record by record instead (the key function
+then runs twice for the records before the failing one), so the failing record is rejected
+exactly where it stands.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from epochal.backends.keygroups import key_group_for
+from epochal.backends.keygroups import KeyGroupAssigner
 from epochal.operators.base import OperatorContext, RuntimeOperator
 from epochal.time.timers import EVENT_TIME, TimerService
 from epochal.time.units import to_seconds
@@ -33,19 +39,23 @@ class ValueState:
     unless you :meth:`update` it afterwards; the backend protects pending snapshots
     from in-place mutation either way."""
 
-    __slots__ = ("_backend", "_name", "_cur", "_default")
+    __slots__ = ("_get", "_put", "_delete", "_name", "_cur", "_default")
 
     def __init__(self, backend, name: str, current: _CurrentKey, default: Any):
-        self._backend, self._name, self._cur, self._default = backend, name, current, default
+        self._get, self._put, self._delete = backend.get, backend.put, backend.delete  # one lookup, not per call
+        self._name, self._cur, self._default = name, current, default
 
     def value(self) -> Any:
-        return self._backend.get(self._name, self._cur.kg, self._cur.key, self._default)
+        cur = self._cur
+        return self._get(self._name, cur.kg, cur.key, self._default)
 
     def update(self, value: Any) -> None:
-        self._backend.put(self._name, self._cur.kg, self._cur.key, value)
+        cur = self._cur
+        self._put(self._name, cur.kg, cur.key, value)
 
     def clear(self) -> None:
-        self._backend.delete(self._name, self._cur.kg, self._cur.key)
+        cur = self._cur
+        self._delete(self._name, cur.kg, cur.key)
 
 
 class MapState:
@@ -197,11 +207,22 @@ class _KeyedOperator(RuntimeOperator):
         self.current = _CurrentKey()
         self.max_parallelism = ctx.max_parallelism
         self.timed = timed
+        self.assigner = KeyGroupAssigner(ctx.max_parallelism)  # key -> key group, memoized
 
     def _set_key(self, record) -> None:
         key = self.key_fn(record)
         self.current.key = key
-        self.current.kg = key_group_for(key, self.max_parallelism)
+        self.current.kg = self.assigner.assign(key)
+
+    def _keys(self, values: list) -> tuple[list, list] | None:
+        """The keys of ``values`` and their key groups, or ``None`` if a key fails (the
+        caller then goes record by record)."""
+        key_fn = self.key_fn
+        try:
+            keys = [key_fn(value) for value in values]
+            return keys, self.assigner.assign_all(keys)
+        except Exception:
+            return None
 
 
 class ReduceOperator(_KeyedOperator):
@@ -215,6 +236,30 @@ class ReduceOperator(_KeyedOperator):
         self.state = f"{ctx.operator}/acc"
 
     def process_batch(self, records: list) -> list:
+        timed = self.timed
+        values = [r[1] for r in records] if timed else records
+        keyed = self._keys(values)
+        if keyed is None:
+            return self._process_one_by_one(records)
+        backend, fn, state, initial = self.ctx.keyed_backend, self.fn, self.state, self.initial
+        get, put = backend.get, backend.put
+        out = []
+        append = out.append
+        for record, value, key, kg in zip(records, values, *keyed):
+            try:
+                acc = get(state, kg, key, _MISSING)
+                if acc is _MISSING:
+                    acc = value if initial is _MISSING else fn(initial, value)
+                else:
+                    acc = fn(acc, value)
+                put(state, kg, key, acc)
+            except Exception as exc:
+                self.reject(value, exc)
+                continue
+            append((record[0], acc) if timed else acc)
+        return out
+
+    def _process_one_by_one(self, records: list) -> list:
         backend, fn, state, initial = self.ctx.keyed_backend, self.fn, self.state, self.initial
         cur, timed = self.current, self.timed
         out = []
@@ -246,6 +291,36 @@ class KeyedProcessOperator(_KeyedOperator):
         function.open(StateContext(ctx, self.current, self.timers))
 
     def process_batch(self, records: list) -> list:
+        timed = self.timed
+        values = [r[1] for r in records] if timed else records
+        keyed = self._keys(values)
+        if keyed is None:
+            return self._process_one_by_one(records)
+        process = self.function.process
+        cur = self.current
+        out = []
+        extend = out.extend
+        if timed:
+            for (ts, value), key, kg in zip(records, *keyed):
+                cur.key, cur.kg, cur.ts = key, kg, ts
+                try:
+                    produced = process(key, value)
+                    if produced is not None:
+                        extend([(ts, v) for v in produced])
+                except Exception as exc:
+                    self.reject(value, exc)
+            return out
+        for record, key, kg in zip(records, *keyed):
+            cur.key, cur.kg = key, kg
+            try:
+                produced = process(key, record)
+                if produced is not None:
+                    extend(produced if type(produced) is list else list(produced))
+            except Exception as exc:
+                self.reject(record, exc)
+        return out
+
+    def _process_one_by_one(self, records: list) -> list:
         process = self.function.process
         cur = self.current
         out = []

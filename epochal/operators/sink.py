@@ -36,11 +36,9 @@ class SinkOperator(RuntimeOperator):
             for batch in records:
                 self.writer.write_batch(batch)
             return []
-        write = self.writer.write
         if self.timed:
             records = [r[1] for r in records]
-        for record in records:
-            write(record)  # SinkWriteError already names the sink and the record
+        self.writer.write_many(records)  # SinkWriteError already names the sink and the record
         return []
 
     def snapshot(self, epoch: int):

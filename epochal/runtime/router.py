@@ -31,14 +31,16 @@ against a record-by-record reference):
 Routing works per batch, never per record where the partitioning allows it: REBALANCE
 gives each channel one strided slice of the batch, FORWARD and BROADCAST one ``extend``
 (a BROADCAST gate keeps one buffer for all its channels and pickles each batch once for
-all of them); only HASH looks at every record (its key), appending through a key group →
-channel table. The result is the same as routing record by record.
+all of them); only HASH looks at every record (its key): the batch's keys go to a
+:class:`~epochal.backends.keygroups.KeyGroupAssigner` at once, then each record is appended
+through a key group → channel table. The result is the same as routing record by record
+(a key that fails fails before any record of the batch is buffered).
 """
 from __future__ import annotations
 
 import time
 
-from epochal.backends.keygroups import key_group_for
+from epochal.backends.keygroups import KeyGroupAssigner
 from epochal.columnar.keys import rows
 from epochal.errors import OperatorError
 from epochal.graph import PartitionKind
@@ -66,6 +68,7 @@ class _Gate:
             p = len(buffers)
             self._channel_of = [kg * p // max_parallelism for kg in range(max_parallelism)]
             self._appends = [b.append for b in buffers]
+            self._key_groups = KeyGroupAssigner(max_parallelism)
             if self.columnar:  # whole Arrow batches: key groups per distinct key (epochal.columnar.keys)
                 import pyarrow as pa
 
@@ -106,22 +109,31 @@ class _Gate:
                 self.buffers[channel].append(part)
 
     def _route_by_key(self, records: list) -> None:
-        key_fn, maxp = self.key_fn, self.max_parallelism
-        record = None
+        key_fn = self.key_fn
         try:
-            if len(self.buffers) == 1:  # every key goes to subtask 0; keys are still checked
-                for record in records:
-                    key_group_for(key_fn(record), maxp)
-                self.buffers[0].extend(records)
-                return
-            appends, channel_of = self._appends, self._channel_of
-            for record in records:
-                appends[channel_of[key_group_for(key_fn(record), maxp)]](record)
+            kgs = self._key_groups.assign_all([key_fn(record) for record in records])
         except Exception as exc:
-            text = repr(record)
-            raise OperatorError(
-                f"{self.gate.consumer} (key_by)", self.task, text[:200], f"{type(exc).__name__}: {exc}"
-            ) from exc
+            raise self._key_error(records, exc) from exc
+        if len(self.buffers) == 1:  # every key goes to subtask 0; keys are still checked
+            self.buffers[0].extend(records)
+            return
+        appends, channel_of = self._appends, self._channel_of
+        for record, kg in zip(records, kgs):
+            appends[channel_of[kg]](record)
+
+    def _key_error(self, records: list, exc: Exception) -> OperatorError:
+        """The error naming the first record of ``records`` whose key fails (``exc``, raised
+        for the batch, if none fails on its own)."""
+        key_fn, assign = self.key_fn, self._key_groups.assign
+        culprit = records[0] if records else None
+        for record in records:
+            try:
+                assign(key_fn(record))
+            except Exception as err:
+                culprit, exc = record, err
+                break
+        return OperatorError(f"{self.gate.consumer} (key_by)", self.task, repr(culprit)[:200],
+                             f"{type(exc).__name__}: {exc}")
 
 
 class Router:
