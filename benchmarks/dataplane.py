@@ -5,10 +5,14 @@ One invocation measures, side by side and interleaved (rotated order per repetit
 * **epochal** ``GeneratorSource → rebalance() → counting sink``, parallelism 1, runtime
   ``local``: two task processes, every record crosses one real TCP channel. Three modes:
   ``no-checkpoint`` (exactly-once components, only the final epoch), ``exactly-once``
-  with a 1 s checkpoint interval, and ``tls exactly-once``: the same with
-  ``ChannelConfig(encryption=True)`` — the TLS 1.3 connections a cluster uses by default. The sink (``dataplane_sink.CountingSink``, public sink
-  API) only counts, and stamps wall clock and the CPU time of both tasks every
-  ``--stamp-every`` records.
+  with a 1 s checkpoint interval, ``tls exactly-once``: the same with
+  ``ChannelConfig(encryption=True)`` — the TLS 1.3 connections a cluster uses by default —
+  and ``exactly-once __main__ class``: the same records as instances of a dataclass of the
+  driver's ``__main__``, which the tasks only have by value, so every batch takes
+  ``epochal.serde``'s cloudpickle fallback (issue 11; the difference to ``exactly-once``
+  also holds building one dataclass instance per record in the source). The sink
+  (``dataplane_sink.CountingSink``, public sink API) only counts, and stamps wall clock and
+  the CPU time of both tasks every ``--stamp-every`` records.
 * **ceilings** (``dataplane_ceilings.py``, two processes over 127.0.0.1, no engine):
   ``pickle`` (epochal's wire format: length-framed ``pickle.dumps(("B", batch))``),
   ``arrow-py`` (the same Python tuples through Arrow IPC and back), ``arrow`` (one pre-built
@@ -56,26 +60,42 @@ from epochal.runtime import channels as ep_channels  # noqa: E402
 from epochal.runtime import wire as ep_wire  # noqa: E402
 
 CEILING = Path(ceilings.__file__).resolve()
-#: name -> (checkpoint interval, encryption)
-EPOCHAL_MODES = {"epochal no-checkpoint": (None, False), "epochal exactly-once": (1.0, False),
-                 "epochal tls exactly-once": (1.0, True)}
+#: name -> (checkpoint interval, encryption, records of a ``__main__`` class)
+EPOCHAL_MODES = {"epochal no-checkpoint": (None, False, False), "epochal exactly-once": (1.0, False, False),
+                 "epochal tls exactly-once": (1.0, True, False),
+                 "epochal exactly-once __main__ class": (1.0, False, True)}
 CEILING_KINDS = ("pickle", "arrow-py", "arrow", "bytes", "generate")
 STEADY_WINDOW = (0.05, 0.95)
 
 
-def records_fn(payload: int, batch_size: int):
-    """``ceilings.records`` with payload and pool bound (a closure: the module itself never ships)."""
+def main_class():
+    """``Record(id, blob)``: a dataclass as the user's script defines it (module ``__main__``,
+    whichever way this file was loaded), so cloudpickle ships it to the tasks by value and
+    plain pickle cannot pickle its instances there."""
+    ns: dict = {"__name__": "__main__"}
+    exec("import dataclasses\n@dataclasses.dataclass\nclass Record:\n    id: int\n    blob: bytes\n", ns)
+    return ns["Record"]
+
+
+def records_fn(payload: int, batch_size: int, record_class=None):
+    """``ceilings.records`` with payload and pool bound (a closure: the module itself never
+    ships); with ``record_class``, each ``(id, blob)`` becomes ``record_class(id, blob)``."""
     gen, distinct = ceilings.records, ceilings.pool_size(payload, batch_size)
 
     def fn(split: int, offset: int):
         return gen(split, offset, payload, distinct)
-    return fn
+
+    def objects(split: int, offset: int):
+        return (record_class(i, blob) for i, blob in gen(split, offset, payload, distinct))
+    return fn if record_class is None else objects
 
 
-def passthrough_job(records: int, payload: int, batch_size: int, out: str, stamp_every: int) -> ep.Dataflow:
+def passthrough_job(records: int, payload: int, batch_size: int, out: str, stamp_every: int,
+                    record_class=None) -> ep.Dataflow:
     """GeneratorSource → rebalance() → CountingSink: 2 tasks, 1 channel at parallelism 1."""
     flow = ep.Dataflow("dataplane", parallelism=1)
-    (flow.source("gen", ep.sources.GeneratorSource(records_fn(payload, batch_size), num_splits=1, limit=records))
+    (flow.source("gen", ep.sources.GeneratorSource(records_fn(payload, batch_size, record_class), num_splits=1,
+                                                   limit=records))
      .rebalance()
      .sink("count", CountingSink(out, stamp_every)))
     return flow
@@ -105,14 +125,16 @@ def steady(stamps: list, cpu_fields: tuple[int, ...] = (2,)) -> dict:
 
 
 def run_epochal(name: str, records: int, args) -> dict:
-    interval, encryption = EPOCHAL_MODES[name]
+    interval, encryption, main = EPOCHAL_MODES[name]
     work = tempfile.mkdtemp(prefix="epochal-dataplane-", dir=args.tmp)
     out = os.path.join(work, "out")
     os.makedirs(out)
-    flow = passthrough_job(records, args.payload, args.channel_config.batch_size, out, args.stamp_every)
+    flow = passthrough_job(records, args.payload, args.channel_config.batch_size, out, args.stamp_every,
+                           main_class() if main else None)
     plan = flow.plan()
     rec = {"variant": name, "records": records, "tasks": len(plan.tasks), "channels": len(plan.channels),
-           "interval_s": interval, "encryption": encryption, "loadavg_1m_before": os.getloadavg()[0]}
+           "interval_s": interval, "encryption": encryption, "main_class_records": main,
+           "loadavg_1m_before": os.getloadavg()[0]}
     try:
         channels = dataclasses.replace(args.channel_config, encryption=encryption)
         handle = flow.start(guarantee="exactly-once", runtime="local", channels=channels,
@@ -223,6 +245,11 @@ def aggregate(runs: list[dict], variants: list[str], record_bytes: int) -> dict:
                                   if mine and out[c]["records_per_s"]["median"] else None)
                               for c in variants if c not in EPOCHAL_MODES}
         out[v]["paired_ratios_to"] = {c: _paired(ok, v, c) for c in variants if c not in EPOCHAL_MODES}
+    base = "epochal exactly-once"  # the tls and __main__-class variants differ from it in one thing
+    for v in (v for v in variants if v in EPOCHAL_MODES and v != base and base in variants):
+        mine, theirs = out[v]["records_per_s"]["median"], out[base]["records_per_s"]["median"]
+        out[v]["ratio_to_exactly_once"] = mine / theirs if mine and theirs else None
+        out[v]["paired_ratios_to_exactly_once"] = _paired(ok, v, base)
     return out
 
 
@@ -329,7 +356,11 @@ def main(argv=None) -> int:
                           "runtime local: 2 task processes + 1 TCP channel; guarantee exactly-once with "
                           "CheckpointConfig(interval=None) (no-checkpoint) or interval=1 s (exactly-once: "
                           "aligned barriers through the channel and snapshots of the source offset and the "
-                          "sink's count; the counting sink has no transactions, so no two-phase commit cost)",
+                          "sink's count; the counting sink has no transactions, so no two-phase commit cost); "
+                          "tls: ChannelConfig(encryption=True); __main__ class: the same records as instances "
+                          "of a dataclass defined in __main__ (shipped by value: every batch is pickled by "
+                          "epochal.serde's cloudpickle fallback after a failed plain-pickle attempt; the "
+                          "source also builds one instance per record)",
                "ceilings": ceilings.DESCRIPTIONS,
                "steady_rate": f"records between the first receiver stamps at ≥ {STEADY_WINDOW[0]:.0%} and "
                               f"≥ {STEADY_WINDOW[1]:.0%} of the run's records / time between them",

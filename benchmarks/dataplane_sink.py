@@ -16,9 +16,10 @@ class CountingSink(Sink):
     """Discards records; counts them and stamps every ``stamp_every``-th with
     ``(count, perf_counter, CPU s of this task, CPU s of the other tasks of the job)``;
     writes count and stamps as JSON into ``directory`` at ``close``. Checks the id of every
-    stamped record against its position (records are ``(id, blob)`` in order from 0), so
-    loss or reordering shows. CPU is read at most every ``CPU_PERIOD`` s; "other tasks"
-    are the sink's sibling processes (forked from the same zygote: runtime local only)."""
+    stamped record against its position (records are ``(id, blob)``, or objects with an
+    ``id``, in order from 0), so loss or reordering shows. CPU is read at most every
+    ``CPU_PERIOD`` s; "other tasks" are the sink's sibling processes (forked from the same
+    zygote: runtime local only)."""
 
     def __init__(self, directory: str, stamp_every: int):
         self.directory = directory
@@ -48,7 +49,7 @@ class _CountingWriter(SinkWriter):
         self.n += 1
         if self.n >= self.next_stamp:
             self._stamp()
-            self.bad += record[0] != self.n - 1
+            self.bad += (record[0] if type(record) is tuple else record.id) != self.n - 1
             self.next_stamp += self.every
 
     def _stamp(self) -> None:

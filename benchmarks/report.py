@@ -17,7 +17,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BENCHMARKS = ("throughput", "latency", "chain", "chain_intervals", "alignment", "recovery", "state", "state_stress",
-              "window", "event_windows", "loops", "peers", "dataplane", "backpressure", "cluster")
+              "window", "event_windows", "loops", "peers", "dataplane", "serde", "backpressure", "cluster")
 
 
 # ---------------------------------------------------------------------- formatting
@@ -41,6 +41,20 @@ def _command(doc: dict) -> str:
         cmd = " ".join(Path(c).name if i == 0 else c for i, c in enumerate(cmd))
         cmd = cmd.replace(str(Path(__file__).resolve().parent.parent) + "/", "")
     return f"`{cmd}`" if cmd else "–"
+
+
+def _paired(runs: list[dict], field: str, a: dict, b: dict) -> list[float]:
+    """Per repetition, ``field`` of the run matching ``a`` over that of the run matching
+    ``b`` (matches: key → value, e.g. ``{"case": c, "mode": m}``); runs with errors skipped."""
+    def pick(match: dict, rep):
+        return next((r for r in runs if "error" not in r and r.get("repetition") == rep
+                     and all(r.get(k) == v for k, v in match.items())), None)
+    out = []
+    for rep in sorted({r.get("repetition") for r in runs if r.get("repetition") is not None}):
+        x, y = pick(a, rep), pick(b, rep)
+        if x and y and x.get(field) and y.get(field):
+            out.append(x[field] / y[field])
+    return out
 
 
 def describe_machine(m: dict) -> str:
@@ -240,6 +254,9 @@ def section_dataplane(doc: dict) -> str:
                     + [_n(summ[e].get("ratio_to", {}).get(v), ".3f") if v in ceilings else "–" for e in epochal])
     wire = doc.get("epochal_wire", {}).get("channel_config", {})
     wb = doc.get("wire_bytes_per_record", {})
+    same_run = [f"`{v}` {_n(summ[v]['ratio_to_exactly_once'], '.2f')} (per repetition "
+                f"{', '.join(_n(x, '.2f') for x in summ[v].get('paired_ratios_to_exactly_once', []))})"
+                for v in epochal if summ[v].get("ratio_to_exactly_once") is not None]
     return (f"### The data plane against its ceiling\n\n"
             f"`GeneratorSource → rebalance() → counting sink`, parallelism 1, runtime `local` (two task "
             f"processes, one TCP channel) vs. two bare processes over loopback TCP sending the same records "
@@ -251,7 +268,9 @@ def section_dataplane(doc: dict) -> str:
             f"wire format without the engine, `arrow-py` = Python tuples through Arrow IPC and back, `arrow` = "
             f"pre-built Arrow batches, `bytes` = socket memcpy, `generate` = the record generator alone. "
             f"CPU ns/record per side in the steady window: send = sender process or source task, recv = "
-            f"receiver process or sink task (with its channel reader thread).\n\n"
+            f"receiver process or sink task (with its channel reader thread)."
+            + (f" Steady rate relative to `epochal exactly-once` in the same run: {'; '.join(same_run)}."
+               if same_run else "") + "\n\n"
             + _table(["variant", "steady rec/s", "min – max", "payload MB/s", "send CPU ns/rec", "recv CPU ns/rec"]
                      + [f"{e} / this" for e in epochal], rows))
 
@@ -365,17 +384,44 @@ def section_backpressure(doc: dict) -> str:
         for mode, c in modes.items():
             rows.append([case, mode, f"{_n(c['checkpoint_p50_s'], '.2f')} / {_n(c['checkpoint_p99_s'], '.2f')}",
                          _n(c["channel_state_records_per_checkpoint"]), _n(c["channel_state_mb_per_checkpoint"], ".2f"),
-                         _n(c["records_per_s"]), _n(c["throughput_vs_aligned"], ".2f"),
+                         _n(c.get("max_alignment_p50_s"), ".2f"), _n(c["records_per_s"]),
+                         f"{_n(c['throughput_vs_aligned'], '.2f')} ("
+                         + ", ".join(_n(x, ".2f") for x in _paired(doc["runs"], "records_per_s", {"case": case, "mode": mode},
+                                                                   {"case": case, "mode": "aligned"})) + ")",
                          f"{_n(c['latency_p50_s'], '.2f')} / {_n(c['latency_p99_s'], '.2f')}"])
     costs = ", ".join(f"{k}: {v['records']:,} records" for k, v in cases.items())
+    g = doc.get("goal")
+    verdict = ("" if not g else
+               f" Goal ({g['case']}, {g['interval_s']:g} s interval: checkpoint p99 < {g['p99_below_s']:g} s and "
+               f"throughput ≥ {g['throughput_vs_aligned_at_least']:.0%} of aligned) met by: "
+               f"{', '.join(f'`{m}`' for m, x in g['modes'].items() if x['met']) or 'no mode'}.")
     return (f"### Checkpoints under back-pressure\n\n`GeneratorSource → key_by → reduce → map → rebalance → FileSink`, "
             f"parallelism 2, exactly-once, checkpoint interval {cfg['interval']} s, runtime `local`, unthrottled "
             f"source; the map busy-waits 0.2 or 1 ms per record, or the sink is slowed to a tenth of the job's "
             f"unslowed rate ({costs}; sink cost {doc['calibration']['sink_cost_s'] * 1e6:.0f} µs/record). "
             f"Throughput = records / (last − first arrival at the sink); latency = produced → visible in the "
-            f"committed output ({_command(doc)}):\n\n"
+            f"committed output; *align p50*: median over epochs of the longest alignment of any task (for a "
+            f"timed-out epoch: first barrier → switch to unaligned) ({_command(doc)}).{verdict}\n\n"
             + _table(["case", "mode", "checkpoint p50 / p99 s", "channel state records / ckpt", "MB / ckpt",
-                      "records/s", "vs aligned", "latency p50 / p99 s"], rows))
+                      "align p50 s", "records/s", "vs aligned (per repetition)", "latency p50 / p99 s"], rows))
+
+
+def section_serde(doc: dict) -> str:
+    summ = doc["summary"]
+    base = summ.get("tuple / pickle", {})
+    floor = (base.get("encode_ns_per_record") or 0) + (base.get("decode_ns_per_record") or 0)
+    rows = [[v, _n(c["encode_ns_per_record"]), _n(c["decode_ns_per_record"]), _n(c["bytes_per_record"], ".1f"),
+             _n((c["encode_ns_per_record"] + c["decode_ns_per_record"]) / floor if floor else None, ".1f")]
+            for v, c in summ.items()]
+    cfg = doc["config"]
+    return (f"### Records of classes from `__main__`\n\n"
+            f"`epochal.serde` (plain pickle, cloudpickle only for what plain pickle cannot do) on batches of "
+            f"{doc.get('batch_records', 512)} records `(id, text)`, in one process: encode and decode ns per record, "
+            f"median of {cfg['repetitions']} interleaved repetitions of {cfg['batches']} batches "
+            f"({_command(doc)}). The `__main__` dataclass is shipped by value as a task process sees a class of "
+            f"the user's script: plain pickle fails on the batch and cloudpickle pickles it. The end-to-end effect "
+            f"on a channel is the `__main__ class` row of the data-plane table.\n\n"
+            + _table(["records / path", "encode ns", "decode ns", "bytes / record", "× tuple / pickle"], rows))
 
 
 def section_cluster(doc: dict) -> str:
@@ -386,14 +432,21 @@ def section_cluster(doc: dict) -> str:
             continue
         rows.append([v, _n(c["steady_records_per_s"]["median"]), _n(c["ratio_to_local"], ".2f"),
                      f"{_ms(c['checkpoint_p50_s'])} / {_ms(c['checkpoint_p99_s'])}",
-                     _n(c["restart_s"]["median"], ".1f") if c["restart_s"]["median"] is not None else "–",
+                     _n(c["restart_s"]["median"], ".2f") if c["restart_s"]["median"] is not None else "–",
                      ", ".join(c["hosts"]), str(c["runs_ok"])])
+    paired = {f"{a} / {b}": _paired(doc["runs"], "steady_records_per_s", {"variant": a}, {"variant": b})
+              for a, b in (("cluster", "local"), ("cluster-plain", "local"), ("cluster", "cluster-plain"))}
+    parts = [r["restart_parts_s"] for r in doc["runs"] if "restart_parts_s" in r]
+    restart = "; ".join(" + ".join(_n(p[k], ".2f") for k in ("detect_to_stopped", "stopped_to_launched",
+                                                                "launched_to_running")) for p in parts)
     return (f"### On a two-host Spark cluster\n\nTwo-shuffle keyed word count of {cfg['lines']:,} lines, parallelism "
-            f"{cfg['parallelism']}, exactly-once, 1 s checkpoints to a path every host shares; embedded local Spark vs "
-            f"a Spark standalone cluster whose two workers (8 cores each) are network namespaces on a bridge "
-            f"({doc.get('setup', '')}). Steady rate = output records / (last − first record at the sink); restart = "
-            f"failure seen → every task of the next attempt running, after SIGKILLing every process of worker host 2 "
-            f"({_command(doc)}):\n\n"
+            f"{cfg['parallelism']}, exactly-once, 1 s checkpoints; embedded local Spark vs {doc.get('setup', '')}. "
+            f"Steady rate = output records / (last − first record at the sink), median of {cfg['repetitions']} "
+            f"interleaved repetition(s); per repetition: "
+            f"{'; '.join(f'{k} ' + ', '.join(_n(x, '.2f') for x in xs) for k, xs in paired.items() if xs)}. "
+            f"Restart = failure seen → every task of the next running attempt, after SIGKILLing every process of "
+            f"worker host 2 once the first checkpoint completed"
+            + (f" (stop + launch + run, s: {restart})" if restart else "") + f" ({_command(doc)}):\n\n"
             + _table(["variant", "steady records/s", "vs local", "checkpoint p50 / p99 ms", "restart s", "hosts",
                       "runs"], rows))
 
@@ -403,7 +456,8 @@ def _one_line(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-SECTIONS = {"backpressure": section_backpressure, "cluster": section_cluster, "throughput": section_throughput, "latency": section_latency, "chain": section_chain,
+SECTIONS = {"backpressure": section_backpressure, "cluster": section_cluster, "serde": section_serde,
+            "throughput": section_throughput, "latency": section_latency, "chain": section_chain,
             "peers": section_peers, "window": section_window, "event_windows": section_event_windows,
             "dataplane": section_dataplane,
             "state": section_state, "state_stress": section_state, "chain_intervals": section_chain,
@@ -778,7 +832,7 @@ def main(argv=None) -> int:
         print(f"no results in {args.results}", file=sys.stderr)
         return 1
     if not args.no_plots:
-        for name, doc in docs.items():
+        for name, doc in ((n, d) for n, d in docs.items() if n in PLOTS):  # serde: a table only
             try:
                 print(f"wrote {PLOTS[name](doc, out / f'{name}.png')}")
             except ImportError as exc:

@@ -122,7 +122,9 @@ def test_report_from_the_checked_in_results(tmp_path):
               "window": "### Large-state sliding window", "loops": "### Checkpointed loops",
               "event_windows": "### Event-time windows against other engines",
               "peers": "### The same word count", "dataplane": "### The data plane against its ceiling",
-              "chain_intervals": "### Stateless chain vs checkpoint interval", "state_stress": "### State backends at scale"}
+              "chain_intervals": "### Stateless chain vs checkpoint interval", "state_stress": "### State backends at scale",
+              "serde": "### Records of classes from `__main__`", "backpressure": "### Checkpoints under back-pressure",
+              "cluster": "### On a two-host Spark cluster"}
     present = [n for n in titles if (results / f"{n}.json").exists()]
     assert present, "no benchmark results checked in"
     _run([sys.executable, str(BENCHMARKS / "report.py"), "--results", str(results)], timeout=60)

@@ -57,8 +57,8 @@ def test_dataplane_smoke(tmp_path):
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     doc = json.loads(out.read_text())
     assert doc["errors"] == []
-    variants = {"epochal no-checkpoint", "epochal exactly-once", "epochal tls exactly-once", "pickle", "arrow-py",
-                "arrow", "bytes", "generate"}
+    variants = {"epochal no-checkpoint", "epochal exactly-once", "epochal tls exactly-once",
+                "epochal exactly-once __main__ class", "pickle", "arrow-py", "arrow", "bytes", "generate"}
     assert set(doc["summary"]) == variants
     for name, s in doc["summary"].items():
         assert s["runs_ok"] == 1 and s["records_per_s"]["median"] > 0, name
@@ -72,6 +72,8 @@ def test_dataplane_smoke(tmp_path):
     ratios = doc["summary"]["epochal no-checkpoint"]["ratio_to"]
     assert set(ratios) == variants - {v for v in variants if v.startswith("epochal")} and all(ratios.values())
     assert {r["variant"]: r["encryption"] for r in epochal}["epochal tls exactly-once"] is True
+    assert [r["variant"] for r in epochal if r["main_class_records"]] == ["epochal exactly-once __main__ class"]
+    assert doc["summary"]["epochal exactly-once __main__ class"]["ratio_to_exactly_once"] > 0
     from epochal.config import ChannelConfig
 
     d = ChannelConfig()  # the documented wire settings are the ones epochal really uses by default
