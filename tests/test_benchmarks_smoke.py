@@ -5,10 +5,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+import pytest
+
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
+@pytest.mark.bench
 def test_throughput_smoke(tmp_path):
     out = tmp_path / "throughput.json"
     proc = subprocess.run(
@@ -31,6 +34,7 @@ def test_throughput_smoke(tmp_path):
     assert doc["machine"]["cpu_count"] >= 1
 
 
+@pytest.mark.bench
 def test_latency_smoke(tmp_path):
     """benchmarks/latency.py --smoke runs end to end (so the script cannot rot)."""
     import json
@@ -47,6 +51,7 @@ def test_latency_smoke(tmp_path):
     assert all(r["records"] == r["expected"] and r["latency_s"]["p50"] is not None for r in runs)
 
 
+@pytest.mark.bench
 def test_dataplane_smoke(tmp_path):
     """benchmarks/dataplane.py --smoke: epochal pass-through and every raw ceiling, side by side."""
     out = tmp_path / "dataplane.json"
@@ -105,6 +110,7 @@ def test_dataplane_steady_window_and_counting_sink():
     assert (w.n, w.bad, [s[0] for s in w.stamps]) == (4, 1, [2, 4])
 
 
+@pytest.mark.bench
 def test_event_windows_smoke(tmp_path):
     """benchmarks/event_windows.py --smoke: epochal (both modes) and the installed peers, same input,
     every engine's windows equal the oracle, rates and latencies are measured."""
@@ -152,6 +158,7 @@ def test_event_windows_oracle_catches_lost_and_repeated_windows():
         assert not bad["correct"] and bad["mismatch"]["missing"] + bad["mismatch"]["unexpected"] == 1
 
 
+@pytest.mark.bench
 def test_record_path_smoke(tmp_path):
     """benchmarks/record_path.py --smoke: every stage of the word count's record path, in ns per word."""
     out = tmp_path / "record_path.json"
