@@ -10,7 +10,11 @@ One invocation measures, side by side and interleaved (rotated order per repetit
   and ``exactly-once __main__ class``: the same records as instances of a dataclass of the
   driver's ``__main__``, which the tasks only have by value, so every batch takes
   ``epochal.serde``'s cloudpickle fallback (issue 11; the difference to ``exactly-once``
-  also holds building one dataclass instance per record in the source). The sink
+  also holds building one dataclass instance per record in the source), and ``columnar
+  exactly-once``: the columnar path — the source yields one pre-built Arrow RecordBatch of
+  ``--columnar-rows`` rows again and again (exactly what the ``arrow-columnar`` ceiling, the
+  ``arrow`` ceiling at that batch size, sends), the channel carries Arrow IPC frames, the sink
+  counts rows (issue 14's goal: ≥ 50 % of that ceiling). The sink
   (``dataplane_sink.CountingSink``, public sink API) only counts, and stamps wall clock and
   the CPU time of both tasks every ``--stamp-every`` records.
 * **ceilings** (``dataplane_ceilings.py``, two processes over 127.0.0.1, no engine):
@@ -61,10 +65,14 @@ from epochal.runtime import wire as ep_wire  # noqa: E402
 
 CEILING = Path(ceilings.__file__).resolve()
 #: name -> (checkpoint interval, encryption, records of a ``__main__`` class)
-EPOCHAL_MODES = {"epochal no-checkpoint": (None, False, False), "epochal exactly-once": (1.0, False, False),
-                 "epochal tls exactly-once": (1.0, True, False),
-                 "epochal exactly-once __main__ class": (1.0, False, True)}
-CEILING_KINDS = ("pickle", "arrow-py", "arrow", "bytes", "generate")
+#: name -> (checkpoint interval, encryption, records: "tuples" | "__main__ class" | "arrow batches")
+EPOCHAL_MODES = {"epochal no-checkpoint": (None, False, "tuples"), "epochal exactly-once": (1.0, False, "tuples"),
+                 "epochal tls exactly-once": (1.0, True, "tuples"),
+                 "epochal exactly-once __main__ class": (1.0, False, "__main__ class"),
+                 "epochal columnar exactly-once": (1.0, False, "arrow batches")}
+CEILING_KINDS = ("pickle", "arrow-py", "arrow", "arrow-columnar", "bytes", "generate")
+#: the columnar variant runs this many times the calibrated records (about as long a run)
+COLUMNAR_SCALE = 6
 STEADY_WINDOW = (0.05, 0.95)
 
 
@@ -90,12 +98,32 @@ def records_fn(payload: int, batch_size: int, record_class=None):
     return fn if record_class is None else objects
 
 
+def arrow_batches_fn(payload: int, batch_size: int):
+    """The ``arrow`` ceiling's input as a source of batches: one RecordBatch of the first
+    ``batch_size`` records, yielded again and again (its ids repeat: the sink counts rows)."""
+    import pyarrow as pa
+
+    first = list(itertools.islice(ceilings.records(0, 0, payload, ceilings.pool_size(payload, batch_size)),
+                                  batch_size))
+    batch = pa.RecordBatch.from_arrays([pa.array([r[0] for r in first], pa.int64()),
+                                        pa.array([r[1] for r in first], pa.binary())], names=["id", "blob"])
+
+    def fn(split: int, offset: int):
+        return itertools.repeat(batch)
+    return fn, batch.schema
+
+
 def passthrough_job(records: int, payload: int, batch_size: int, out: str, stamp_every: int,
-                    record_class=None) -> ep.Dataflow:
+                    record_class=None, columnar: bool = False) -> ep.Dataflow:
     """GeneratorSource → rebalance() → CountingSink: 2 tasks, 1 channel at parallelism 1."""
     flow = ep.Dataflow("dataplane", parallelism=1)
-    (flow.source("gen", ep.sources.GeneratorSource(records_fn(payload, batch_size, record_class), num_splits=1,
-                                                   limit=records))
+    if columnar:
+        fn, schema = arrow_batches_fn(payload, batch_size)
+        source = ep.sources.GeneratorSource(fn, num_splits=1, limit=max(1, records // batch_size), schema=schema)
+    else:
+        source = ep.sources.GeneratorSource(records_fn(payload, batch_size, record_class), num_splits=1,
+                                            limit=records)
+    (flow.source("gen", source)
      .rebalance()
      .sink("count", CountingSink(out, stamp_every)))
     return flow
@@ -125,15 +153,18 @@ def steady(stamps: list, cpu_fields: tuple[int, ...] = (2,)) -> dict:
 
 
 def run_epochal(name: str, records: int, args) -> dict:
-    interval, encryption, main = EPOCHAL_MODES[name]
+    interval, encryption, kind = EPOCHAL_MODES[name]
+    main, columnar = kind == "__main__ class", kind == "arrow batches"
+    if columnar:  # several times faster than the record path: a run as long needs more records
+        records = max(1, records * COLUMNAR_SCALE // args.columnar_rows) * args.columnar_rows
     work = tempfile.mkdtemp(prefix="epochal-dataplane-", dir=args.tmp)
     out = os.path.join(work, "out")
     os.makedirs(out)
-    flow = passthrough_job(records, args.payload, args.channel_config.batch_size, out, args.stamp_every,
-                           main_class() if main else None)
+    flow = passthrough_job(records, args.payload, args.columnar_rows if columnar else args.channel_config.batch_size,
+                           out, args.stamp_every, main_class() if main else None, columnar)
     plan = flow.plan()
     rec = {"variant": name, "records": records, "tasks": len(plan.tasks), "channels": len(plan.channels),
-           "interval_s": interval, "encryption": encryption, "main_class_records": main,
+           "interval_s": interval, "encryption": encryption, "main_class_records": main, "records_kind": kind,
            "loadavg_1m_before": os.getloadavg()[0]}
     try:
         channels = dataclasses.replace(args.channel_config, encryption=encryption)
@@ -172,9 +203,10 @@ def run_epochal(name: str, records: int, args) -> dict:
 
 
 def run_ceiling(kind: str, args) -> dict:
-    common = ["--seconds", str(args.target_seconds), "--batch-size", str(args.channel_config.batch_size),
-              "--payload", str(args.payload)]
-    rec = {"variant": kind, "loadavg_1m_before": os.getloadavg()[0]}
+    rows = args.columnar_rows if kind == "arrow-columnar" else args.channel_config.batch_size
+    common = ["--seconds", str(args.target_seconds), "--batch-size", str(rows), "--payload", str(args.payload)]
+    rec = {"variant": kind, "batch_rows": rows, "loadavg_1m_before": os.getloadavg()[0]}
+    kind = "arrow" if kind == "arrow-columnar" else kind
     py = [sys.executable, str(CEILING)]
     try:
         if kind == "generate":
@@ -282,6 +314,8 @@ def parse_args(argv=None):
     p.add_argument("--variants", nargs="+", choices=(*EPOCHAL_MODES, *CEILING_KINDS),
                    default=[*EPOCHAL_MODES, *CEILING_KINDS])
     p.add_argument("--batch-size", type=int, default=None, help="ChannelConfig.batch_size (default: epochal's)")
+    p.add_argument("--columnar-rows", type=int, default=8192,
+                   help="rows per Arrow batch of the columnar variant and the arrow-columnar ceiling")
     p.add_argument("--linger", type=float, default=None, help="ChannelConfig.linger s (default: epochal's)")
     p.add_argument("--credits", type=int, default=None, help="ChannelConfig.credits (default: epochal's)")
     p.add_argument("--run-timeout", type=float, default=180.0, help="s before an epochal run is cancelled as hung")

@@ -52,6 +52,13 @@ class _CountingWriter(SinkWriter):
             self.bad += (record[0] if type(record) is tuple else record.id) != self.n - 1
             self.next_stamp += self.every
 
+    def write_batch(self, batch) -> None:
+        """A stream of Arrow batches: count its rows (the ids repeat: no order check)."""
+        self.n += batch.num_rows
+        if self.n >= self.next_stamp:
+            self._stamp()
+            self.next_stamp = (self.n // self.every + 1) * self.every
+
     def _stamp(self) -> None:
         now = time.perf_counter()
         if now < self.next_cpu:

@@ -45,6 +45,15 @@ SETTINGS = {
         "exactly_once": "end to end: aligned barriers + two-phase-commit file sink; a restart replays from the "
                         "last completed epoch and the committed output equals a failure-free run",
     },
+    "epochal-columnar": {
+        "engine": "epochal on embedded Spark (local mode), columnar path (Arrow batches)",
+        "guarantee_short": "exactly-once, 1 s epochs",
+        "settings": "guarantee='exactly-once', CheckpointConfig(interval=1.0), heap backend; ArrowFileSource over "
+                    "the same text files Spark reads → map_batches(pyarrow.compute split) → key_by('word') → "
+                    "vectorized count() emitting the updated words per epoch → transactional jsonl FileSink; "
+                    "parallelism 2. Output volume like Spark's update mode (one row per word updated in an epoch)",
+        "exactly_once": "as epochal: aligned barriers + two-phase-commit file sink",
+    },
     "spark-ss-builtin": {
         "engine": "Spark Structured Streaming, micro-batch, built-in expressions",
         "guarantee_short": "micro-batch, checkpointLocation, 1 s trigger",
@@ -101,7 +110,7 @@ SETTINGS = {
     },
 }
 ENGINES = list(SETTINGS)
-IMPORTS = {"epochal": "epochal", "spark-ss-builtin": "pyspark", "spark-ss-python-udf": "pyspark",
+IMPORTS = {"epochal": "epochal", "epochal-columnar": "epochal", "spark-ss-builtin": "pyspark", "spark-ss-python-udf": "pyspark",
            "spark-continuous-builtin": "pyspark", "spark-continuous-python-udf": "pyspark",
            "pyflink": "pyflink", "bytewax": "bytewax"}
 
@@ -172,11 +181,19 @@ def summarise(engine: str, small: dict, large: dict) -> dict:
                          f"{large.get('explode_error', '')}").strip("; ")
         return entry
     entry["counts_verified"] = bool(small.get("counts_verified") and large.get("counts_verified"))
+    if large.get("steady_lines_per_s"):  # the engine's own steady-state rate (see the runner)
+        entry["engine_steady_lines_per_s"] = large["steady_lines_per_s"]
+        entry["engine_steady_words_per_s"] = large["steady_lines_per_s"] * WORDS_PER_LINE
+        entry["engine_steady_source"] = large.get("steady_source")
     dt = large["seconds"] - small["seconds"]
     entry["steady_lines_per_s"] = (large["lines"] - small["lines"]) / dt if dt > 0 else None
     entry["fixed_cost_s"] = (small["seconds"] - small["lines"] / entry["steady_lines_per_s"]
                              if entry["steady_lines_per_s"] else None)
     return entry
+
+
+#: words per line of the shared input (``peer_runners.line``: 1–6 words, uniform): 3.5
+WORDS_PER_LINE = 3.5
 
 
 def parse_args(argv=None):
@@ -185,6 +202,9 @@ def parse_args(argv=None):
     p.add_argument("--engines", nargs="+", choices=ENGINES, default=ENGINES)
     p.add_argument("--small-lines", type=int, default=None, help="default 20000 (2000 with --smoke)")
     p.add_argument("--large-lines", type=int, default=None, help="default 200000 (8000 with --smoke)")
+    p.add_argument("--columnar-scale", type=int, default=None,
+                   help="the columnar engine reads this many times more lines (default 20, 2 with --smoke): at "
+                        "millions of words/s, 200k lines last 0.1 s — too short for a steady state")
     p.add_argument("--splits", type=int, default=4)
     p.add_argument("--parallelism", type=int, default=2)
     p.add_argument("--run-timeout", type=float, default=300.0, help="s per engine run")
@@ -197,6 +217,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.small_lines = args.small_lines or (2000 if args.smoke else 20_000)
     args.large_lines = args.large_lines or (8000 if args.smoke else 200_000)
+    args.columnar_scale = args.columnar_scale or (2 if args.smoke else 20)
     if args.out is None:
         args.out = (Path(tempfile.mkdtemp(prefix="epochal-bench-smoke-")) / "peers.json" if args.smoke
                     else harness.RESULTS / "peers.json")
@@ -227,10 +248,11 @@ def main(argv=None) -> int:
         if missing:
             entry = {"name": engine, **SETTINGS[engine], "status": "not installed", "error": missing}
         else:
-            small = run_engine(engine, args.small_lines, args, work)
+            scale = args.columnar_scale if engine == "epochal-columnar" else 1
+            small = run_engine(engine, args.small_lines * scale, args, work)
             once = "continuous" in engine  # a fixed-duration run at an offered rate: once is enough
-            large = run_engine(engine, args.large_lines, args, work) if small.get("status") == "ok" and not once \
-                else small
+            large = run_engine(engine, args.large_lines * scale, args, work) if small.get("status") == "ok" \
+                and not once else small
             entry = summarise(engine, small, large)
         entry["started_at"] = started
         doc["peers"].append(entry)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BENCHMARKS = ("throughput", "latency", "chain", "chain_intervals", "alignment", "recovery", "state", "state_stress",
-              "window", "loops", "peers", "dataplane", "serde", "backpressure", "cluster")
+              "window", "event_windows", "loops", "peers", "dataplane", "serde", "backpressure", "cluster")
 
 
 # ---------------------------------------------------------------------- formatting
@@ -140,7 +140,8 @@ def section_peers(doc: dict) -> str:
         if "words_per_s" in p:  # Spark continuous: stateless half only, at an offered rate
             stateless.append(f"- **{p['name']}**: {_one_line(p.get('note', ''), 600)}")
             continue
-        rows.append([p["name"], p.get("guarantee_short", "–"), _n(p.get("steady_lines_per_s")),
+        rows.append([p["name"], p.get("guarantee_short", "–"), _n(p.get("engine_steady_words_per_s")),
+                     _n(p.get("steady_lines_per_s")),
                      _n(p.get("large", {}).get("lines_per_s")), _n(p.get("large", {}).get("seconds"), ".1f"),
                      _n(p.get("fixed_cost_s"), ".1f"), "yes" if p.get("counts_verified") else "no"])
     cfg = doc["config"]
@@ -153,9 +154,12 @@ def section_peers(doc: dict) -> str:
             f"\"counts ok\": the emitted counts equal a plain-Python count. epochal, PyFlink and Bytewax write one "
             f"running count per input word to a file sink; Structured Streaming (update mode) writes one row per "
             f"word changed in a micro-batch to the memory sink, so it writes far less. Settings and exactly-once "
-            f"caveats of every engine are in `peers.json`.\n\n"
-            + _table(["engine / mode", "fault tolerance", "marginal lines/s", "whole lines/s", "T_large s",
-                      "fixed cost s", "counts ok"], rows))
+            f"caveats of every engine are in `peers.json`. *Steady words/s*: the engine's own throughput "
+            f"samples (epochal: the sources' lines/s in its progress events; Structured Streaming: "
+            f"processedRowsPerSecond per micro-batch), median without the first and last, × 3.5 words per line; "
+            f"the columnar engine reads {cfg.get('columnar_scale', 1)}× as many lines (the same generator).\n\n"
+            + _table(["engine / mode", "fault tolerance", "steady words/s", "marginal lines/s", "whole lines/s",
+                      "T_large s", "fixed cost s", "counts ok"], rows))
     for m in doc.get("merges", []):
         text += (f"\n\nRe-run separately and merged into the JSON ({m.get('started_at', '')}): "
                  f"{', '.join(m['engines'])} (`{' '.join(Path(c).name if i == 0 else c for i, c in enumerate(m['command']))}`).")
@@ -190,6 +194,54 @@ def section_window(doc: dict) -> str:
             f"94 % at 512 MB with non-blocking ones ({_command(doc)}):\n\n"
             + _table(["MB", "mode", "steady rec/s", "ratio", "min–max", "ckpts", "checkpoint p50 / p99 ms",
                       "sync p50 / p99 ms", "MB / ckpt"], rows))
+
+def section_event_windows(doc: dict) -> str:
+    wl, cfg, rows = doc["workload"], doc["config"], []
+    for name, s in doc["summary"].items():
+        st = s["steady_events_per_s"]
+        ck = s.get("checkpoint_duration_s") or s.get("micro_batch_s") or {}
+        kind = "checkpoint" if "checkpoint_duration_s" in s else "micro-batch" if "micro_batch_s" in s else ""
+        lat = [s.get(k, {}) for k in ("fired_to_committed", "fired_to_visible")]
+        pr = s.get("paired_ratios_to_no_checkpoint", {"raw": []})
+        rows.append([name, doc["settings"].get(name, {}).get("fault_tolerance", "–"),
+                     _n(st["median"]) + (f" ({_n(st['min'])}–{_n(st['max'])})" if len(st["raw"]) > 1 else ""),
+                     _n(s["ratio_to_no_checkpoint"], ".2f") + (
+                         f" ({_n(pr['median'], '.2f')}: {_n(pr['min'], '.2f')}–{_n(pr['max'], '.2f')})"
+                         if len(pr["raw"]) > 1 and name != "epochal-no-checkpoint" else ""),
+                     _n(s["ratio_to_exactly_once"], ".2f"),
+                     f"{kind} {_ms(ck['p50'])} / {_ms(ck['p99'])}" if ck.get("p50") is not None else "–",
+                     *[f"{_n(x.get('p50'), '.2f')} / {_n(x.get('p99'), '.2f')}" if x else "–" for x in lat],
+                     f"{'yes' if s['correct'] else 'NO'} ({s['runs_ok']}/{s['runs']})"])
+    spark = doc["summary"].get("spark-ss", {}).get("watermark_to_committed")
+    text = (f"### Event-time windows against other engines\n\n"
+            f"Sum per key over {cfg['window_s']} s tumbling event-time windows, {cfg['keys']:,} keys, "
+            f"{wl['events']:,} events ({wl['windows']} windows; out of order by ≤ {cfg['disorder_us'] / 1e6:g} s, "
+            f"watermark bound {cfg['bound_us'] / 1e6:g} s), parallelism {cfg['parallelism']}, the same events on "
+            f"every engine, {cfg['repetitions']} interleaved repetition(s) in one invocation ({_command(doc)}). "
+            f"*Steady events/s*: the events between the firing of the window at 20 % of the event-time span and "
+            f"that of the last window closed by the input's own watermark / the time between them (median, "
+            f"min–max); ratios divide medians (in brackets: the median and range of the per-repetition ratios "
+            f"to the no-checkpoint run). *fired*: the window's result was produced (its watermark passed "
+            f"the window's end); *committed*: part of the durable exactly-once output; *visible*: a reader of the "
+            f"output directory sees it — latencies in s, p50 / p99 over the steady windows' rows, median over "
+            f"repetitions. \"correct\": every run's rows equal a plain-Python oracle. What each time means per "
+            f"engine, and every engine's settings, are in `event_windows.json` (`settings`).\n\n"
+            + _table(["engine / mode", "fault tolerance", "steady events/s", "/ no-ckpt", "/ epochal EO",
+                      "p50 / p99 ms", "fired → committed s", "fired → visible s", "correct"], rows))
+    loads = [r["loadavg_1m_before"] for r in doc["runs"] if r.get("loadavg_1m_before") is not None]
+    if loads:
+        text += (f"\n\nLoad average (1 min) before the runs: {min(loads):.1f}–{max(loads):.1f} on "
+                 f"{doc['machine'].get('cpu_count')} cores — other tenants' work shares the machine, so single runs "
+                 f"vary widely; read the ranges.")
+    if spark:
+        text += (f"\n\nSpark emits a window in the micro-batch after the one that moved its watermark past the "
+                 f"window's end; from the end of that earlier micro-batch to the commit: p50 "
+                 f"{_n(spark['p50'], '.2f')} s, p99 {_n(spark['p99'], '.2f')} s.")
+    if doc.get("errors"):
+        text += "\n\nErrors:\n\n" + "\n".join(f"- `{_one_line(e)}`" for e in doc["errors"])
+    return text
+
+
 def section_dataplane(doc: dict) -> str:
     cfg, summ = doc["config"], doc["summary"]
     epochal = [v for v in summ if v.startswith("epochal")]
@@ -406,7 +458,8 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 SECTIONS = {"backpressure": section_backpressure, "cluster": section_cluster, "serde": section_serde,
             "throughput": section_throughput, "latency": section_latency, "chain": section_chain,
-            "peers": section_peers, "window": section_window, "dataplane": section_dataplane,
+            "peers": section_peers, "window": section_window, "event_windows": section_event_windows,
+            "dataplane": section_dataplane,
             "state": section_state, "state_stress": section_state, "chain_intervals": section_chain,
             "loops": section_loops, "alignment": section_alignment,
             "recovery": section_recovery}
@@ -571,6 +624,36 @@ def plot_window(doc: dict, path: Path) -> Path:
     return Path(path)
 
 
+def plot_event_windows(doc: dict, path: Path) -> Path:
+    """Steady events/s per engine (median, min–max) and fired → committed latency (p50, p99)."""
+    plt = _pyplot()
+    names = list(doc["summary"])
+    fig, axes = plt.subplots(1, 2, figsize=(12, 0.55 * max(3, len(names)) + 1.6))
+    med = [doc["summary"][n]["steady_events_per_s"]["median"] or 0 for n in names]
+    lo = [m - (doc["summary"][n]["steady_events_per_s"]["min"] or m) for n, m in zip(names, med)]
+    hi = [(doc["summary"][n]["steady_events_per_s"]["max"] or m) - m for n, m in zip(names, med)]
+    axes[0].barh(names, med, xerr=[lo, hi], capsize=3, color=[f"C{i}" for i in range(len(names))])
+    axes[0].set_xlabel("steady events/s (median, min–max)")
+    axes[0].xaxis.set_major_formatter(lambda x, _pos: f"{x / 1000:.0f}k")
+    for i, n in enumerate(names):
+        lat = doc["summary"][n].get("fired_to_committed") or {}
+        if lat.get("p50") is not None:
+            axes[1].barh(i, lat["p99"], color=f"C{i}", alpha=0.35, label="p99" if i == 0 else None)
+            axes[1].barh(i, lat["p50"], color=f"C{i}", label="p50" if i == 0 else None)
+    axes[1].set_yticks(range(len(names)), names)
+    axes[1].set_xscale("log")
+    axes[1].set_xlabel("window fired → result committed (s, log; p50 dark, p99 light)")
+    for ax in axes:
+        ax.invert_yaxis()
+        ax.grid(axis="x", alpha=0.3)
+    cfg = doc["config"]
+    fig.suptitle(f"Tumbling {cfg['window_s']} s event-time windows, {cfg['keys']:,} keys, same input on every engine")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
 def plot_alignment(doc: dict, path: Path) -> Path:
     """Checkpoint duration and alignment (p50 / p99) vs parallelism; critical-task parts."""
     plt = _pyplot()
@@ -724,7 +807,7 @@ def plot_cluster(doc: dict, path: Path) -> Path:
 
 
 PLOTS = {"backpressure": plot_backpressure, "cluster": plot_cluster, "throughput": plot_throughput, "latency": plot_latency, "chain": plot_chain, "chain_intervals": plot_chain,
-         "peers": plot_peers, "window": plot_window, "dataplane": plot_dataplane, "alignment": plot_alignment, "recovery": plot_recovery}
+         "peers": plot_peers, "window": plot_window, "event_windows": plot_event_windows, "dataplane": plot_dataplane, "alignment": plot_alignment, "recovery": plot_recovery}
 
 
 def load(results: Path) -> dict[str, dict]:

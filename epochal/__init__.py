@@ -3,17 +3,29 @@
 Stateful streaming dataflows written in Python run as long-running Spark tasks and are
 made fault tolerant by asynchronous epoch snapshots (Carbone et al.; see README).
 """
-from epochal import sinks, sources, testing
-from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, Guarantee, RestartStrategy
+from epochal import columnar, sinks, sources, testing, time, windows
+from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, Guarantee, MetricsConfig, RestartStrategy
 from epochal.dataflow import Dataflow, KeyedStream, Stream
 from epochal.errors import (CheckpointStorageError, ConfigError, EpochalError, JobFailedError, OperatorError,
-                            PipelineDefinitionError)
+                            PipelineDefinitionError, SavepointError)
+from epochal.operators.base import DeadLetter
 from epochal.operators.keyed import KeyedProcessFunction
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ChannelConfig", "CheckpointConfig", "ClusterConfig", "CheckpointStorageError", "ConfigError", "Dataflow", "EpochalError",
-    "Guarantee", "JobFailedError", "KeyedProcessFunction", "KeyedStream", "OperatorError",
-    "PipelineDefinitionError", "RestartStrategy", "Stream", "sinks", "sources", "testing",
+    "ChannelConfig", "CheckpointConfig", "ClusterConfig", "CheckpointStorageError", "ConfigError", "Dataflow", "DeadLetter",
+    "EpochalError",
+    "Guarantee", "JobFailedError", "MetricsConfig", "KeyedProcessFunction", "KeyedStream", "OperatorError",
+    "PipelineDefinitionError", "RestartStrategy", "SavepointError", "Stream", "columnar", "sinks", "sources", "state",
+    "testing", "time", "windows",
 ]
+
+
+def __getattr__(name: str):
+    """``epochal.state`` (offline state access, needs pyarrow) is imported on first use."""
+    if name == "state":
+        import importlib
+
+        return importlib.import_module("epochal.state")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

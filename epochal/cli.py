@@ -1,4 +1,6 @@
-"""The ``epochal`` command: ``epochal bench ...`` runs the benchmarks and regenerates their report.
+"""The ``epochal`` command: ``epochal bench ...`` runs the benchmarks and regenerates their report;
+``epochal checkpoints | state | savepoint ...`` look inside checkpoints and savepoints
+(:mod:`epochal.state.commands`).
 
     epochal bench chain --smoke            # one benchmark, tiny sizes, local runtime, results in a temp dir
     epochal bench all                      # every benchmark below → benchmarks/results/
@@ -21,8 +23,10 @@ import threading
 import time
 from pathlib import Path
 
-BENCHMARKS = ("throughput", "latency", "chain", "alignment", "recovery", "state", "window", "peers", "dataplane")
-RUNTIME_FLAG = {"throughput", "latency", "chain", "alignment", "recovery", "state", "window"}  # take --runtime
+BENCHMARKS = ("throughput", "latency", "chain", "alignment", "recovery", "state", "window", "event_windows", "peers",
+              "dataplane")
+RUNTIME_FLAG = {"throughput", "latency", "chain", "alignment", "recovery", "state", "window",
+                "event_windows"}  # take --runtime
 HEARTBEAT_S = 30.0
 
 
@@ -48,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--benchmarks", type=Path, default=None, help="the benchmarks/ directory of the source tree")
     bench.add_argument("--no-report", action="store_true", help="do not regenerate plots and README_SECTION.md")
     bench.epilog = "Arguments after a lone -- are passed to the benchmark script (one benchmark only)."
+    from epochal.state.commands import add_parsers
+
+    add_parsers(sub)
     return parser
 
 
@@ -130,7 +137,11 @@ def main(argv=None) -> int:
     args.script_args = script_args
     if args.command == "bench":
         return bench(args)
-    return 2  # pragma: no cover - argparse requires a command
+    if script_args:
+        build_parser().error("arguments after -- are for 'epochal bench' only")
+    from epochal.state.commands import run
+
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ validation error names the offending config key.
 """
 from __future__ import annotations
 
+import datetime
 import enum
 import math
 import re
@@ -17,7 +18,7 @@ _UNIT = {None: 1.0, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
 def parse_duration(value, key: str, *, optional: bool = False) -> float | None:
-    """Seconds from ``1.5``, ``"200ms"``, ``"1s"``, ``"2min"``; ``None`` only if ``optional``.
+    """Seconds from ``1.5``, ``"200ms"``, ``"1s"``, ``"2min"``, a ``timedelta``; ``None`` only if ``optional``.
 
     Raises:
         ConfigError: naming ``key`` when the value is missing, negative, not finite or
@@ -29,6 +30,8 @@ def parse_duration(value, key: str, *, optional: bool = False) -> float | None:
         raise ConfigError(f"{key}: a duration is required, got None")
     if isinstance(value, bool):
         raise ConfigError(f"{key}: expected a duration, got {value!r}")
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
     if isinstance(value, (int, float)):
         seconds = float(value)
     else:
@@ -206,3 +209,39 @@ class ClusterConfig:
         if not isinstance(paths, (tuple, list)) or not all(isinstance(p, str) and p for p in paths):
             raise ConfigError(f"cluster.shared_paths: expected a list of paths, got {self.shared_paths!r}")
         object.__setattr__(self, "shared_paths", tuple(paths))
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Live metrics of a running job (:mod:`epochal.metrics`).
+
+    Attributes:
+        interval: how often tasks report their counters to the driver and the driver
+            publishes one progress event (a dict, like Spark's ``StreamingQueryProgress``).
+        listener: called with each progress event on the driver's reporter thread; keep it
+            quick (it delays the next event, never the job).
+        log: log each progress event as one JSON line on the ``epochal.progress`` logger
+            (INFO) — the progress lines of a job that runs without a terminal.
+        prometheus_port: serve the metrics at ``http://<driver>:<port>/metrics`` for
+            Prometheus (needs ``pip install 'epochal[metrics]'``); ``None``: off.
+        status: a live one-line status on the terminal while :meth:`Dataflow.run` blocks:
+            ``None`` = when standard error is a terminal.
+    """
+
+    interval: float | str = 1.0
+    listener: object = None
+    log: bool = True
+    prometheus_port: int | None = None
+    status: bool | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "interval", parse_duration(self.interval, "metrics.interval"))
+        if self.interval <= 0:
+            raise ConfigError("metrics.interval: must be > 0")
+        if self.listener is not None and not callable(self.listener):
+            raise ConfigError(f"metrics.listener: expected a function of one progress dict, got {self.listener!r}")
+        port = self.prometheus_port
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536):
+            raise ConfigError(f"metrics.prometheus_port: expected a TCP port number, got {port!r}")
+        if self.status not in (None, True, False):
+            raise ConfigError(f"metrics.status: expected None, True or False, got {self.status!r}")

@@ -64,3 +64,8 @@ class TaskStartError(EpochalError):
 class ChannelSetupError(EpochalError):
     """A task cannot bind its data server or connect to a peer task; the message names the
     task, its host and the address."""
+
+
+class SavepointError(EpochalError):
+    """A savepoint could not be taken (its epoch was aborted, the job failed or finished
+    first, or the copy failed); the message says which. The job keeps running."""

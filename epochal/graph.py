@@ -33,6 +33,9 @@ class Input:
     #: a back-edge of a loop (``Stream.iterate``): records flow from the loop's tail back
     #: to its head. The only way a cycle may appear in the graph (seed 004 §3.4.4.4).
     feedback: bool = False
+    #: which output of ``node`` this edge reads: ``"main"``, or a side output such as a
+    #: window's ``"late"`` records. Side outputs are never chained (always channels).
+    port: str = "main"
 
 
 class NodeKind(enum.Enum):
@@ -44,6 +47,12 @@ class NodeKind(enum.Enum):
     PROCESS = "process"
     SINK = "sink"
     LOOP_HEAD = "loop_head"  # entry of a loop (Stream.iterate); see epochal/loops
+    WATERMARKS = "watermarks"  # Stream.with_watermarks: timestamps + watermarks (epochal/time)
+    WINDOW = "window"  # KeyedStream.window(...): keyed windows (epochal/windows)
+    MAP_BATCHES = "map_batches"  # Arrow batches → batches (epochal/columnar)
+    TO_RECORDS = "to_records"  # Arrow batches → Python records
+    TO_BATCHES = "to_batches"  # Python records → Arrow batches
+    AGGREGATE = "aggregate"  # keyed vectorized aggregation of Arrow batches
 
 
 @dataclass(frozen=True)
@@ -51,8 +60,13 @@ class Node:
     """A logical operator. ``name`` is stable and keys the operator's state.
 
     ``payload`` is the user object: the Source, the function, the KeyedProcessFunction
-    or the Sink; ``key_fn`` is set for keyed operators (reduce, process); ``extra`` holds
-    operator options (e.g. the reduce's initial value).
+    or the Sink; ``key_fn`` is set for keyed operators (reduce, process, window); ``extra``
+    holds operator options (e.g. the reduce's initial value).
+
+    Event time (:mod:`epochal.time`): records of a stream with timestamps travel as
+    ``(timestamp_us, value)`` pairs; operators see and produce values, the pairs are the
+    runtime's business. ``timed_in``: this node's input records carry timestamps;
+    ``timed``: its output records do (decided when the graph is built).
     """
 
     name: str
@@ -62,7 +76,16 @@ class Node:
     payload: Any
     key_fn: Callable | None = None
     extra: tuple = ()
+    timed_in: bool = False
+    timed: bool = False
+    #: records its user function fails on go to the ``"dead_letters"`` side output
+    dead_letters: bool = False
+    #: its output elements are ``pyarrow.RecordBatch``es (a columnar stream, epochal/columnar)
+    columnar: bool = False
 
     @property
     def is_keyed(self) -> bool:
-        return self.kind in (NodeKind.REDUCE, NodeKind.PROCESS)
+        return self.kind in KEYED_KINDS
+
+
+KEYED_KINDS = frozenset({NodeKind.REDUCE, NodeKind.PROCESS, NodeKind.WINDOW, NodeKind.AGGREGATE})

@@ -29,6 +29,12 @@ class OutputGate:
     consumer: str
     partitioning: Partitioning
     channels: tuple[str, ...]
+    #: the operator of the task's chain whose output ``port`` feeds this edge: the chain's
+    #: last operator and ``"main"``, or any operator's side output (e.g. late records)
+    producer: str = ""
+    port: str = "main"
+    #: the edge carries Arrow batches (each element one pyarrow.RecordBatch, sent at once)
+    columnar: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,11 +127,16 @@ def compile_plan(flow) -> PhysicalPlan:
     nodes: dict[str, Node] = flow.nodes
     if not nodes:
         raise PipelineDefinitionError(f"dataflow {flow.name!r} has no operators")
-    consumers: dict[str, list[tuple[str, int]]] = {n: [] for n in nodes}
+    consumers: dict[str, list[tuple[str, int]]] = {n: [] for n in nodes}  # of the main output
+    side_consumers: dict[str, list[str]] = {n: [] for n in nodes}
     for node in nodes.values():
         for i, inp in enumerate(node.inputs):
-            consumers[inp.node].append((node.name, i))
-    dangling = [n.name for n in nodes.values() if n.kind != NodeKind.SINK and not consumers[n.name]]
+            if inp.port == "main":
+                consumers[inp.node].append((node.name, i))
+            else:
+                side_consumers[inp.node].append(node.name)
+    dangling = [n.name for n in nodes.values()
+                if n.kind != NodeKind.SINK and not consumers[n.name] and not side_consumers[n.name]]
     if dangling:
         raise PipelineDefinitionError(
             f"dataflow {flow.name!r}: the output of {', '.join(map(repr, dangling))} is not consumed by any "
@@ -144,7 +155,8 @@ def compile_plan(flow) -> PhysicalPlan:
         inp = node.inputs[0]
         producer = nodes[inp.node]
         return (
-            inp.partitioning.kind == PartitionKind.FORWARD
+            inp.port == "main"
+            and inp.partitioning.kind == PartitionKind.FORWARD
             and producer.parallelism == node.parallelism
             and len(consumers[producer.name]) == 1
         )
@@ -168,7 +180,7 @@ def compile_plan(flow) -> PhysicalPlan:
     for node in nodes.values():
         for i, inp in enumerate(node.inputs):
             producer = nodes[inp.node]
-            if chain_of[node.name] == chain_of[producer.name] and not inp.feedback:
+            if chain_of[node.name] == chain_of[producer.name] and not inp.feedback and inp.port == "main":
                 continue  # chained (a feedback edge is always a channel, even to its own task)
             kind = inp.partitioning.kind
             if kind == PartitionKind.FORWARD and producer.parallelism != node.parallelism:
@@ -184,12 +196,13 @@ def compile_plan(flow) -> PhysicalPlan:
                     targets = list(range(node.parallelism))
                 gate_channels = []
                 for down in targets:
-                    cid = f"{producer.name}>{node.name}.{i}:{up}>{down}"
+                    cid = f"{producer.name}>{node.name}.{i}:{up}>{down}"  # restore.edge_of parses it
                     channels[cid] = Channel(cid, task_id(p_head, up), task_id(c_head, down), inp.feedback)
                     inputs_of.setdefault(task_id(c_head, down), []).append(cid)
                     gate_channels.append(cid)
                 gates_of.setdefault(task_id(p_head, up), []).append(
-                    OutputGate(node.name, partitioning, tuple(gate_channels))
+                    OutputGate(node.name, partitioning, tuple(gate_channels), producer.name, inp.port,
+                               producer.columnar and inp.port == "main")
                 )
 
     tasks = []

@@ -234,3 +234,33 @@ class _CrashingOperator(RuntimeOperator):
 
     def close(self):
         self.inner.close()
+
+    # event time: the wrapper is transparent
+    @property
+    def generates_watermarks(self):
+        return self.inner.generates_watermarks
+
+    @property
+    def side_output(self):
+        return self.inner.side_output
+
+    def on_watermark(self, watermark):
+        return self.inner.on_watermark(watermark)
+
+    def emit_watermark(self):
+        return self.inner.emit_watermark()
+
+    def next_processing_time(self):
+        return self.inner.next_processing_time()
+
+    def on_processing_time(self, now):
+        return self.inner.on_processing_time(now)
+
+    def prepare_snapshot_pre_barrier(self, epoch):
+        return self.inner.prepare_snapshot_pre_barrier(epoch)
+
+    def bind_source_splits(self, splits):
+        self.inner.bind_source_splits(splits)
+
+    def set_input_split(self, split, finished):
+        self.inner.set_input_split(split, finished)

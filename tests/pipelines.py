@@ -459,3 +459,22 @@ def visits_golden(n: int) -> collections.Counter:
                 break
         out.append([*r, passes])
     return canon(out)
+
+
+def run_until_checkpoints(flow, url: str, epochs: int, resume: bool, backend="heap", interval: float = 0.05):
+    """Run ``flow`` locally until ``epochs`` checkpoints completed, then cancel it (a job
+    stopped mid-way, to resume from its storage ``url``)."""
+    import time
+
+    import pytest
+
+    handle = flow.start(runtime="local", resume=resume, backend=backend,
+                        checkpoint=ep.CheckpointConfig(interval=interval, storage=url))
+    deadline = time.monotonic() + 60
+    while len(handle.completed_epochs) < epochs and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(handle.completed_epochs) >= epochs
+    handle.cancel()
+    with pytest.raises(ep.JobFailedError, match="cancelled"):
+        handle.wait(60)
+    return handle

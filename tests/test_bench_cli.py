@@ -31,6 +31,7 @@ def _has_matplotlib() -> bool:
     return True
 
 
+@pytest.mark.bench
 def test_bench_chain_smoke_through_the_cli(tmp_path):
     """`epochal bench chain --smoke` runs the chain benchmark, then the report, into --results."""
     proc = _run([sys.executable, "-m", "epochal.cli", "bench", "chain", "--smoke", "--runtime", "local",
@@ -48,6 +49,7 @@ def test_bench_chain_smoke_through_the_cli(tmp_path):
     assert section.startswith("## Results") and "Stateless chain" in section
 
 
+@pytest.mark.bench
 def test_bench_dataplane_smoke_through_the_cli(tmp_path):
     """`epochal bench dataplane --smoke` (two variants) writes the JSON, the plot and its report section."""
     proc = _run([sys.executable, "-m", "epochal.cli", "bench", "dataplane", "--smoke", "--results", str(tmp_path),
@@ -59,6 +61,7 @@ def test_bench_dataplane_smoke_through_the_cli(tmp_path):
     if _has_matplotlib():
         assert (tmp_path / "dataplane.png").stat().st_size > 0
     assert "### The data plane against its ceiling" in (tmp_path / "README_SECTION.md").read_text()
+@pytest.mark.bench
 def test_bench_alignment_smoke_through_the_cli(tmp_path):
     """`epochal bench alignment --smoke`: every (parallelism, guarantee) cell measured, report section."""
     _run([sys.executable, "-m", "epochal.cli", "bench", "alignment", "--smoke", "--results", str(tmp_path),
@@ -82,6 +85,7 @@ def test_bench_alignment_smoke_through_the_cli(tmp_path):
     assert "### Alignment and checkpoint duration vs parallelism" in (tmp_path / "README_SECTION.md").read_text()
 
 
+@pytest.mark.bench
 def test_bench_recovery_smoke_through_the_cli(tmp_path):
     """`epochal bench recovery --smoke`: a crash per cell, restored from a checkpoint, output equal."""
     _run([sys.executable, "-m", "epochal.cli", "bench", "recovery", "--smoke", "--results", str(tmp_path),
@@ -120,6 +124,7 @@ def test_report_from_the_checked_in_results(tmp_path):
     titles = {"throughput": "### Throughput", "latency": "### End-to-end latency", "chain": "### Stateless chain",
               "alignment": "### Alignment", "recovery": "### Recovery", "state": "### State backends at scale",
               "window": "### Large-state sliding window", "loops": "### Checkpointed loops",
+              "event_windows": "### Event-time windows against other engines",
               "peers": "### The same word count", "dataplane": "### The data plane against its ceiling",
               "chain_intervals": "### Stateless chain vs checkpoint interval", "state_stress": "### State backends at scale",
               "serde": "### Records of classes from `__main__`", "backpressure": "### Checkpoints under back-pressure",
@@ -158,6 +163,7 @@ def test_peer_runners_use_the_test_suites_lines():
 
 
 @pytest.mark.spark
+@pytest.mark.bench
 def test_peer_line_sql_matches_line(spark):
     """The Spark continuous peer builds each line in SQL from the rate source's ``value``: same lines."""
     sys.path.insert(0, str(BENCHMARKS))

@@ -5,10 +5,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+import pytest
+
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
+@pytest.mark.bench
 def test_throughput_smoke(tmp_path):
     out = tmp_path / "throughput.json"
     proc = subprocess.run(
@@ -31,6 +34,7 @@ def test_throughput_smoke(tmp_path):
     assert doc["machine"]["cpu_count"] >= 1
 
 
+@pytest.mark.bench
 def test_latency_smoke(tmp_path):
     """benchmarks/latency.py --smoke runs end to end (so the script cannot rot)."""
     import json
@@ -47,6 +51,7 @@ def test_latency_smoke(tmp_path):
     assert all(r["records"] == r["expected"] and r["latency_s"]["p50"] is not None for r in runs)
 
 
+@pytest.mark.bench
 def test_dataplane_smoke(tmp_path):
     """benchmarks/dataplane.py --smoke: epochal pass-through and every raw ceiling, side by side."""
     out = tmp_path / "dataplane.json"
@@ -58,7 +63,8 @@ def test_dataplane_smoke(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["errors"] == []
     variants = {"epochal no-checkpoint", "epochal exactly-once", "epochal tls exactly-once",
-                "epochal exactly-once __main__ class", "pickle", "arrow-py", "arrow", "bytes", "generate"}
+                "epochal exactly-once __main__ class", "epochal columnar exactly-once", "pickle", "arrow-py", "arrow",
+                "arrow-columnar", "bytes", "generate"}
     assert set(doc["summary"]) == variants
     for name, s in doc["summary"].items():
         assert s["runs_ok"] == 1 and s["records_per_s"]["median"] > 0, name
@@ -66,7 +72,8 @@ def test_dataplane_smoke(tmp_path):
     epochal = [r for r in doc["runs"] if r["variant"].startswith("epochal")]
     for r in epochal:  # every record crossed the one channel between the two task processes, in order
         assert (r["tasks"], r["channels"], r["sibling_processes"]) == (2, 1, 1)
-        assert r["received"] == r["records"] == doc["calibration"]["records"] and r["bad_stamps"] == 0
+        assert r["received"] == r["records"] and r["bad_stamps"] == 0
+        assert r["records"] == doc["calibration"]["records"] or r["records_kind"] == "arrow batches"
         assert r["consumer_cpu_ns_per_record"] > 0
     assert {r["completed_epochs"] >= 1 for r in epochal} == {True}
     ratios = doc["summary"]["epochal no-checkpoint"]["ratio_to"]
@@ -101,3 +108,65 @@ def test_dataplane_steady_window_and_counting_sink():
     for i in (0, 1, 2, 4):  # record 3 is lost: the 4th record written carries id 4
         w.write((i, b""))
     assert (w.n, w.bad, [s[0] for s in w.stamps]) == (4, 1, [2, 4])
+
+
+@pytest.mark.bench
+def test_event_windows_smoke(tmp_path):
+    """benchmarks/event_windows.py --smoke: epochal (both modes) and the installed peers, same input,
+    every engine's windows equal the oracle, rates and latencies are measured."""
+    import importlib.util
+
+    engines = ["epochal-exactly-once", "epochal-no-checkpoint", "spark-ss"]
+    engines += ["bytewax"] if importlib.util.find_spec("bytewax") else []  # the `peers` extra
+    out = tmp_path / "event_windows.json"
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "event_windows.py"), "--smoke", "--out", str(out),
+                           "--engines", *engines], capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    doc = json.loads(out.read_text())
+    assert doc["errors"] == []
+    assert set(doc["summary"]) == set(engines)
+    for name, s in doc["summary"].items():
+        assert s["runs_ok"] == 1 and s["correct"] and s["late_dropped"] == 0, name
+        assert s["steady_events_per_s"]["median"] > 0, name
+        assert s["fired_to_committed"]["p50"] is not None, name
+    for r in doc["runs"]:  # nothing is committed before it fired
+        assert r["latency_s"]["fired_to_committed"]["min"] >= -0.01, r["engine"]
+    assert doc["summary"]["epochal-exactly-once"]["checkpoint_duration_s"]["n"] >= 1
+    assert doc["summary"]["epochal-no-checkpoint"]["ratio_to_no_checkpoint"] == 1.0
+    assert "watermark_to_committed" in doc["summary"]["spark-ss"]
+
+
+def test_event_windows_oracle_catches_lost_and_repeated_windows():
+    """The correctness check of event_windows.py: a lost row or a row written twice is an error."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import event_windows
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    args = event_windows.parse_args(["--smoke", "--out", "/dev/null"])
+    oracle = event_windows.Oracle(args)
+    assert sum(oracle.per_window.values()) == oracle.events == args.events
+    assert oracle.first < oracle.a <= oracle.b  # steady windows exist
+    rows = [[k, s, e, v, 1.0 + s / 1e9, 2.0 + s / 1e9, 2.1 + s / 1e9] for (k, s, e, v), n in oracle.rows.items()
+            for _ in range(n)]
+    raw = {"status": "ok", "rows": rows, "started_at": 0.0}
+    good = event_windows.analyse("x", raw, oracle)
+    assert good["correct"] and good["steady_events_per_s"] > 0
+    assert abs(good["latency_s"]["fired_to_committed"]["p50"] - 1.0) < 1e-6
+    for broken in (rows[1:], rows + rows[:1]):
+        bad = event_windows.analyse("x", {**raw, "rows": broken}, oracle)
+        assert not bad["correct"] and bad["mismatch"]["missing"] + bad["mismatch"]["unexpected"] == 1
+
+
+@pytest.mark.bench
+def test_record_path_smoke(tmp_path):
+    """benchmarks/record_path.py --smoke: every stage of the word count's record path, in ns per word."""
+    out = tmp_path / "record_path.json"
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "record_path.py"), "--smoke", "--lines", "2000",
+                           "--out", str(out)], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    doc = json.loads(out.read_text())
+    tasks = {s["task"] for s in doc["stages"]}
+    assert {"source+split", "count+sink", "component"} <= tasks
+    assert all(s["ns_per_word"] > 0 for s in doc["stages"])
+    assert set(doc["totals_ns_per_word"]) == {"source+split", "count+sink", "both"}

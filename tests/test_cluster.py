@@ -331,6 +331,7 @@ def test_spark_submit_with_a_packed_virtualenv(s3, tmp_path):
     assert unpacked, "no executor unpacked the archive"
 
 
+@pytest.mark.bench
 def test_cluster_benchmark_smoke(s3, tmp_path):
     """benchmarks/cluster.py measures local and cluster runs whose output equals its oracle."""
     import argparse

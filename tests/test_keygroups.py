@@ -11,8 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from epochal.backends import keygroups
 from epochal.backends.keygroups import (
     DEFAULT_MAX_PARALLELISM,
+    KeyGroupAssigner,
     key_group_for,
     key_group_range,
     stable_hash,
@@ -174,3 +176,111 @@ def test_invalid_arguments_raise_config_error(call):
 def test_parallelism_above_max_parallelism_message():
     with pytest.raises(ConfigError, match="exceeds max_parallelism 128"):
         key_group_range(0, 129, 128)
+
+
+# ------------------------------------------------------------------ KeyGroupAssigner
+
+TRICKY = SAMPLE_KEYS + [
+    1.0, 0.0, 0, False, True, 2.0**64, 2**64, -(2**63) - 1, 2**63 - 1, float("-inf"),
+    "1", b"1", "\u00e9", "e\u0301", "\U0001f600", "\udfff", "a\x00b", ("a",), ((),), (1, 1.0, True),
+    (None, b"x", "y", -0.0), frozenset({1}), frozenset({1.0}),
+]
+#: plain keys only (the memo's domain); tuples of them
+plain = st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.binary()
+batch_keys = st.lists(plain | st.tuples(plain, plain) | st.sampled_from(TRICKY), max_size=80)
+
+
+def _reference(keys_, max_p):
+    return [key_group_for(k, max_p) for k in keys_]
+
+
+@pytest.mark.parametrize("max_p", [1, 7, 128, 32768])
+def test_assigner_equals_key_group_for_on_tricky_keys(max_p):
+    kgs = KeyGroupAssigner(max_p)
+    assert [kgs.assign(k) for k in TRICKY] == _reference(TRICKY, max_p)
+    assert [kgs.assign(k) for k in TRICKY] == _reference(TRICKY, max_p)  # now from the memo
+    assert KeyGroupAssigner(max_p).assign_all(TRICKY) == _reference(TRICKY, max_p)
+    assert kgs.assign_all(TRICKY * 3) == _reference(TRICKY, max_p) * 3
+
+
+@pytest.mark.parametrize("vectorized", [True, False])
+@pytest.mark.parametrize("make", [
+    lambda i: f"user-{i}", lambda i: f"ünï-{i % 50}", lambda i: f"\udc80{i % 40}", lambda i: i * 2654435761, lambda i: -i,
+    lambda i: i % 2 == 0, lambda i: 2**64 + i if i % 97 == 0 else i,  # beyond 64 bits: stable_hash's path
+])
+def test_assign_all_equals_key_group_for_on_batches(monkeypatch, vectorized, make):
+    if not vectorized:
+        monkeypatch.setattr(keygroups, "_np", None)
+    kgs = KeyGroupAssigner(128, memo_limit=300)
+    seen = []
+    for start in range(0, 2000, 250):  # batches of new and repeated keys; the memo is cleared on the way
+        batch = [make(i) for i in range(start // 2, start // 2 + 250)]
+        seen.append(kgs.assign_all(batch) == _reference(batch, 128))
+        assert len(kgs._memo) <= 300
+    assert all(seen)
+
+
+@settings(max_examples=400, deadline=None)
+@given(batches=st.lists(batch_keys | st.lists(st.text(), min_size=30, max_size=60), max_size=6),
+       max_p=st.sampled_from([1, 2, 3, 128, 1000, 32768]), limit=st.integers(1, 64), bypass=st.integers(0, 2))
+def test_assigner_equals_key_group_for_property(batches, max_p, limit, bypass):
+    kgs = KeyGroupAssigner(max_p, memo_limit=limit, bypass_batches=bypass)
+    for batch in batches:
+        assert kgs.assign_all(batch) == _reference(batch, max_p)
+        assert [kgs.assign(k) for k in batch] == _reference(batch, max_p)
+        assert len(kgs._memo) <= limit
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=plain | st.tuples(plain, plain), b=plain | st.tuples(plain, plain))
+def test_equal_plain_keys_hash_equal_which_the_memo_relies_on(a, b):
+    if a == b:
+        assert stable_hash(a) == stable_hash(b)
+
+
+def test_assign_all_skips_the_memo_while_most_keys_are_new_then_probes_it_again():
+    kgs = KeyGroupAssigner(128, bypass_batches=2)
+    ids = [[f"id-{b}-{i}" for i in range(64)] for b in range(4)]
+    words = [f"w{i % 5}" for i in range(64)]
+    assert kgs.assign_all(ids[0]) == _reference(ids[0], 128)
+    assert kgs._bypass == 2 and len(kgs._memo) == 64
+    for batch in (ids[1], words):  # two batches without the memo: nothing learnt
+        assert kgs.assign_all(batch) == _reference(batch, 128)
+    assert kgs._bypass == 0 and len(kgs._memo) == 64
+    assert kgs.assign_all(words) == _reference(words, 128)  # the probe: 5 new keys of 64, memo on
+    assert kgs._bypass == 0 and len(kgs._memo) == 69
+    assert kgs.assign_all(words) == _reference(words, 128) and len(kgs._memo) == 69
+
+
+def test_assigner_rejects_what_stable_hash_rejects_even_if_an_equal_key_is_memoized():
+    import decimal
+    import fractions
+
+    import numpy as np
+
+    kgs = KeyGroupAssigner(128)
+    kgs.assign_all([1, 1, 1])
+    kgs.assign((1, "a"))
+    for bad in [decimal.Decimal(1), fractions.Fraction(1), np.int64(1), (decimal.Decimal(1), "a"), [1], {1: 2}]:
+        with pytest.raises(TypeError, match="is not supported by key_by"):
+            kgs.assign(bad)
+        with pytest.raises(TypeError, match="is not supported by key_by"):
+            kgs.assign_all([1, bad])
+
+
+def test_assigner_subclass_keys_hash_like_their_values():
+    import enum
+
+    class Color(enum.IntEnum):
+        RED = 3
+
+    class Name(str, enum.Enum):
+        A = "a"
+
+    kgs = KeyGroupAssigner(128)
+    assert kgs.assign_all([Color.RED, 3, Name.A, "a"]) == _reference([3, 3, "a", "a"], 128)
+
+
+def test_assigner_validates_max_parallelism():
+    with pytest.raises(ConfigError):
+        KeyGroupAssigner(0)

@@ -3,7 +3,6 @@ redistributes key groups (seed 004 §4.2), source splits and the two-phase-commi
 pending transactions, and still produces the golden output exactly once."""
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -15,7 +14,7 @@ from epochal.sinks import FileSink, LogSink
 from epochal.sources.log import read_committed_log
 from epochal.testing import CrashDuringCommit
 
-from pipelines import BucketCount, canon, lines_from, output, unique_dir
+from pipelines import BucketCount, canon, lines_from, output, run_until_checkpoints, unique_dir
 
 
 def _flow(out: str, parallelism: int, rate: float | None, sink_parallelism: int = 2, sink=None) -> ep.Dataflow:
@@ -35,18 +34,6 @@ def _pair(n):
     return n
 
 
-def _run_until_checkpoints(flow, url, epochs: int, resume: bool, backend):
-    handle = flow.start(runtime="local", resume=resume, backend=backend,
-                        checkpoint=ep.CheckpointConfig(interval=0.05, storage=url))
-    deadline = time.monotonic() + 60
-    while len(handle.completed_epochs) < epochs and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert len(handle.completed_epochs) >= epochs
-    handle.cancel()
-    with pytest.raises(ep.JobFailedError, match="cancelled"):
-        handle.wait(60)
-
-
 @pytest.mark.parametrize("backend", ["heap", "rocksdb", BackendSpec("rocksdb", {"incremental": True})],
                          ids=["heap", "rocksdb", "rocksdb-incremental"])
 def test_rescale_2_to_3_to_1_equals_golden(tmp_path, backend):
@@ -55,8 +42,8 @@ def test_rescale_2_to_3_to_1_equals_golden(tmp_path, backend):
         storage="file://" + unique_dir(tmp_path, "g")))
 
     out, url = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "ckpt")
-    _run_until_checkpoints(_flow(out, 2, 300.0), url, 3, resume=False, backend=backend)
-    _run_until_checkpoints(_flow(out, 3, 300.0), url, 3, resume=True, backend=backend)
+    run_until_checkpoints(_flow(out, 2, 300.0), url, 3, resume=False, backend=backend)
+    run_until_checkpoints(_flow(out, 3, 300.0), url, 3, resume=True, backend=backend)
     result = _flow(out, 1, 300.0).run(runtime="local", resume=True, backend=backend,
                                      checkpoint=ep.CheckpointConfig(interval=0.05, storage=url))
     assert result.restored_from[0] is not None
@@ -88,7 +75,7 @@ def test_sinks_rescale_and_hand_pending_transactions_over(tmp_path, sink_kind):
             runtime="local", restart=ep.RestartStrategy(max_attempts=0),
             checkpoint=ep.CheckpointConfig(interval=0.05, storage=url),
             faults=[CrashDuringCommit("out", epoch=2, subtask=2, how="exit", after_epoch=1)])
-    _run_until_checkpoints(make(out, 2, 1, 300.0), url, 3, resume=True, backend="heap")
+    run_until_checkpoints(make(out, 2, 1, 300.0), url, 3, resume=True, backend="heap")
     result = make(out, 3, 2, 300.0).run(runtime="local", resume=True,
                                         checkpoint=ep.CheckpointConfig(interval=0.05, storage=url))
     assert result.restored_from[0] is not None
@@ -99,7 +86,7 @@ def test_a_non_redistributable_state_names_operator_and_parallelisms(tmp_path):
     """A sink writer whose state has no ``rescale`` cannot change parallelism: the error
     names the operator, both parallelisms and the state's type."""
     out, url = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "ckpt")
-    _run_until_checkpoints(_flow(out, 1, 300.0, sink_parallelism=2, sink=CountingSink()), url, 2,
+    run_until_checkpoints(_flow(out, 1, 300.0, sink_parallelism=2, sink=CountingSink()), url, 2,
                            resume=False, backend="heap")
     with pytest.raises(ep.JobFailedError, match=r"not retried.*operator 'out'.*parallelism 1.*parallelism 2.*\(int\)"):
         _flow(out, 1, 300.0, sink_parallelism=1, sink=CountingSink()).run(  # not retried: it cannot help

@@ -160,8 +160,8 @@ def test_generator_snapshot_restore_no_loss_no_dup(limit, num_splits, parallelis
 def test_generator_limit_and_finished():
     src = GeneratorSource(lambda split, offset: itertools.count(offset), limit=3)
     reader = src.create_reader([0], None)
-    assert reader.poll(2) == Poll([0, 1])
-    assert reader.poll(10) == Poll([2], finished=True)
+    assert reader.poll(2) == Poll([0, 1], split=0)
+    assert reader.poll(10) == Poll([2], finished=True, split=0, split_finished=True)
     assert src.create_reader([0], {"0": 3}).poll(1) == Poll([], finished=True)
 
 

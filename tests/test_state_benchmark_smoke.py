@@ -5,10 +5,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+import pytest
+
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
+@pytest.mark.bench
 def test_state_benchmark_smoke(tmp_path):
     out = tmp_path / "state.json"
     proc = subprocess.run(

@@ -29,6 +29,7 @@ def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.bench
 def test_window_benchmark_smoke(tmp_path, window):
     out = tmp_path / "window.json"
     _run([sys.executable, str(BENCHMARKS / "window.py"), "--smoke", "--out", str(out), "--tmp", str(tmp_path)],
@@ -53,6 +54,7 @@ def test_window_benchmark_smoke(tmp_path, window):
         assert out.with_suffix(".png").stat().st_size > 0
 
 
+@pytest.mark.bench
 def test_bench_window_through_the_cli(tmp_path):
     """`epochal bench window --smoke` runs the benchmark, then the report section and plot."""
     proc = _run([sys.executable, "-m", "epochal.cli", "bench", "window", "--smoke", "--results", str(tmp_path),

@@ -290,6 +290,23 @@ class KeyedStateBackend(ABC):
     def map_clear(self, state: str, kg: int, key) -> None:
         """Remove ``key``'s whole map; idempotent."""
 
+    #: ``True`` when :meth:`map_first_key` can find the smallest key of a map state in a
+    #: key group without reading the others (keys kept sorted by their canonical bytes, as
+    #: RocksDB does). Timer queues then keep only one head per key group in memory
+    #: (:mod:`epochal.time.timers`); otherwise they index every timer in memory.
+    ordered_map_keys: bool = False
+
+    @abstractmethod
+    def map_keys(self, state: str, kg: int) -> list:
+        """Every key of key group ``kg`` whose map in ``state`` is not empty (a copy, any
+        order). Task thread; used to rebuild in-memory indexes after a restore."""
+
+    def map_first_key(self, state: str, kg: int):
+        """The key of ``kg`` with a non-empty map in ``state`` whose canonical encoding
+        (:func:`~epochal.backends.keygroups.stable_hash`'s) sorts first, or ``None``.
+        Only for backends with :attr:`ordered_map_keys`."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no key order (ordered_map_keys is False)")
+
     # -------------------------------------------------------------- epoch snapshot
     @abstractmethod
     def snapshot(self, epoch: int) -> SnapshotJob:

@@ -199,7 +199,8 @@ class HeapStateBackend(KeyedStateBackend):
 
     # -------------------------------------------------------------------- value state
     def get(self, state: str, kg: int, key, default=None):
-        b = self._find(self._values, state, kg)
+        table = self._values.get(state)  # _find, inlined: this runs once per record
+        b = None if table is None else table.get(kg)
         if b is None:
             return default
         value = b.data.get(key, _MISSING)
@@ -210,7 +211,13 @@ class HeapStateBackend(KeyedStateBackend):
         return self._private_value(b, key, value)
 
     def put(self, state: str, kg: int, key, value) -> None:
-        b = self._bucket(self._values, state, kg)
+        table = self._values.get(state)
+        b = None if table is None else table.get(kg)
+        if b is None:
+            b = self._bucket(self._values, state, kg)
+        elif b.version >= self._highest_required and not b.values_shared:
+            b.data[key] = value  # not frozen, nothing shared: what _writable would return as is
+            return
         self._writable(b)[key] = value
         if b.values_shared:
             b.owned.add(key)
@@ -292,6 +299,10 @@ class HeapStateBackend(KeyedStateBackend):
         del self._writable(b)[key]
         b.owned.discard(key)
         self._drop_if_empty(self._maps, state, kg, b)
+
+    def map_keys(self, state: str, kg: int) -> list:
+        b = self._find(self._maps, state, kg)
+        return [] if b is None else list(b.data)
 
     # ------------------------------------------------------------------- snapshots
     def _capture(self) -> dict[int, tuple[dict, dict]]:

@@ -12,6 +12,9 @@ the hash must be identical in every process of a job and across restarts. Python
     [range(0, 43), range(43, 86), range(86, 128)]
     >>> subtask_for_key_group(43, 3, 128)
     1
+
+Per record, the runtime asks a :class:`KeyGroupAssigner` instead of calling
+:func:`key_group_for`: same values, a bounded memo and batches hashed at once.
 """
 from __future__ import annotations
 
@@ -19,10 +22,16 @@ import math
 import struct
 import zlib
 
+try:  # pyarrow imports numpy where it is installed; without it the pure-Python path runs
+    import numpy as _np
+except ImportError:  # pragma: no cover - numpy ships with every environment tested here
+    _np = None
+
 from epochal.errors import ConfigError
 
 __all__ = [
     "DEFAULT_MAX_PARALLELISM",
+    "KeyGroupAssigner",
     "MAX_MAX_PARALLELISM",
     "key_group_for",
     "key_group_range",
@@ -187,3 +196,141 @@ def subtask_for_key_group(kg: int, parallelism: int, max_parallelism: int) -> in
     if not 0 <= kg < max_parallelism:
         raise ConfigError(f"key group {kg!r} is outside [0, {max_parallelism})")
     return kg * parallelism // max_parallelism
+
+
+# ------------------------------------------------------------------- per-record fast path
+_MEMO_LIMIT = 1 << 16
+#: Key types a memo may hold: for them ``==`` (how a dict finds a key) implies equal
+#: stable hashes (``1 == True == 1.0`` hash alike), so a key can never pick up the group of
+#: another. Not subclasses (an ``IntEnum``, a ``str`` enum) and never types stable_hash
+#: rejects that compare equal to supported keys (``Decimal(1) == 1``, numpy scalars): those
+#: always go through :func:`stable_hash`, which accepts or rejects them as before.
+_PLAIN = frozenset({str, int, float, bytes, bool, type(None)})
+_STR = frozenset({str})
+_INT = frozenset({int, bool})
+_CRC_S = zlib.crc32(b"s")  # crc32(b"s" + x) == crc32(x, _CRC_S): the str tag without a copy
+_VECTOR_MIN = 32  # fewer keys: numpy's fixed cost exceeds what it saves
+
+
+def _key_groups_of_str(keys: list, max_parallelism: int) -> list[int]:
+    """``[key_group_for(k, max_parallelism) for k in keys]`` for ``str`` keys: CRC32 per
+    key, then :func:`_fmix32` and the modulo vectorized (uint32 arithmetic wraps exactly
+    like the masks)."""
+    crc32, seed = zlib.crc32, _CRC_S
+    crcs = [crc32(k.encode("utf-8", "surrogatepass"), seed) for k in keys]
+    if _np is None or len(crcs) < _VECTOR_MIN:
+        return [_fmix32(h) % max_parallelism for h in crcs]
+    h = _np.array(crcs, dtype=_np.uint32)
+    h ^= h >> _np.uint32(16)
+    h *= _np.uint32(0x85EBCA6B)
+    h ^= h >> _np.uint32(13)
+    h *= _np.uint32(0xC2B2AE35)
+    h ^= h >> _np.uint32(16)
+    return (h % _np.uint32(max_parallelism)).tolist()
+
+
+def _key_groups_of_int(keys: list, max_parallelism: int) -> list[int]:
+    """The same for ``int``/``bool`` keys: :func:`_fmix64` vectorized over the 64-bit two's
+    complement (``key & _M64``) when every key fits in 64 bits."""
+    if _np is not None and len(keys) >= _VECTOR_MIN:
+        try:
+            k = _np.array(keys, dtype=_np.int64).view(_np.uint64)
+        except OverflowError:  # a key beyond 64 bits takes stable_hash's encoded path
+            pass
+        else:
+            k ^= k >> _np.uint64(33)
+            k *= _np.uint64(0xFF51AFD7ED558CCD)
+            k ^= k >> _np.uint64(33)
+            k *= _np.uint64(0xC4CEB9FE1A85EC53)
+            k ^= k >> _np.uint64(33)
+            return (k % _np.uint64(max_parallelism)).tolist()
+    return [stable_hash(key) % max_parallelism for key in keys]
+
+
+class KeyGroupAssigner:
+    """:func:`key_group_for` for one ``max_parallelism``, cheap enough per record.
+
+    Two things make it cheap, neither changes a value: a memo of the keys seen last
+    (bounded: cleared once it would exceed ``memo_limit`` keys; it holds only plain
+    ``str``/``int``/``float``/``bytes``/``bool``/``None`` keys and flat tuples of them, whose
+    equality agrees with :func:`stable_hash`), and :meth:`assign_all`, which hashes the new
+    ``str`` or ``int`` keys of a batch at once. When most keys of a batch are new (ids, not
+    words), the memo costs more than it saves: the next ``bypass_batches`` batches are hashed
+    without it, then a batch probes it again. A key type :func:`stable_hash` rejects is
+    rejected here too, with its ``TypeError``. One instance per thread (the task thread's).
+
+    >>> kgs = KeyGroupAssigner(128)
+    >>> kgs.assign("word") == key_group_for("word", 128)
+    True
+    >>> batch = ["word", 7, "word", None]
+    >>> kgs.assign_all(batch) == [key_group_for(k, 128) for k in batch]
+    True
+    """
+
+    __slots__ = ("max_parallelism", "_memo", "_limit", "_bypass", "_bypass_batches")
+
+    def __init__(self, max_parallelism: int = DEFAULT_MAX_PARALLELISM, memo_limit: int = _MEMO_LIMIT,
+                 bypass_batches: int = 16):
+        _check_max_parallelism(max_parallelism)
+        self.max_parallelism = max_parallelism
+        self._memo: dict = {}
+        self._limit = memo_limit
+        self._bypass = 0  # batches left to hash without the memo
+        self._bypass_batches = bypass_batches
+
+    def assign(self, key) -> int:
+        """The key group of ``key``.
+
+        Raises:
+            TypeError: the key type is not supported (see :func:`stable_hash`).
+        """
+        t = type(key)
+        if t in _PLAIN or (t is tuple and set(map(type, key)) <= _PLAIN):
+            memo = self._memo
+            kg = memo.get(key)
+            if kg is None:
+                kg = stable_hash(key) % self.max_parallelism
+                if len(memo) >= self._limit:
+                    memo.clear()
+                memo[key] = kg
+            return kg
+        return stable_hash(key) % self.max_parallelism
+
+    def assign_all(self, keys: list) -> list[int]:
+        """``[assign(k) for k in keys]``, faster for a batch of plain keys.
+
+        Raises:
+            TypeError: a key type is not supported (see :func:`stable_hash`).
+        """
+        types = set(map(type, keys))
+        if not types <= _PLAIN:
+            assign = self.assign
+            return [assign(k) for k in keys]
+        if self._bypass:
+            self._bypass -= 1
+            return self._hash(keys, types)
+        get = self._memo.get
+        kgs = [get(k) for k in keys]
+        if None not in kgs:
+            return kgs
+        new = keys if kgs.count(None) == len(kgs) else [k for k, kg in zip(keys, kgs) if kg is None]
+        groups = self._hash(new, types)
+        fresh = dict(zip(new, groups))
+        if len(fresh) * 2 > len(keys) >= _VECTOR_MIN:  # mostly keys never seen: skip the memo a while
+            self._bypass = self._bypass_batches
+        memo = self._memo
+        if len(memo) + len(fresh) > self._limit:
+            memo.clear()
+        if len(fresh) <= self._limit:
+            memo.update(fresh)
+        if new is keys:
+            return groups
+        return [fresh[k] if kg is None else kg for k, kg in zip(keys, kgs)]
+
+    def _hash(self, keys: list, types: set) -> list[int]:
+        maxp = self.max_parallelism
+        if types <= _STR:
+            return _key_groups_of_str(keys, maxp)
+        if types <= _INT:
+            return _key_groups_of_int(keys, maxp)
+        return [stable_hash(k) % maxp for k in keys]

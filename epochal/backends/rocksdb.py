@@ -49,7 +49,6 @@ import os
 import pickle
 import shutil
 import struct
-import tempfile
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -254,6 +253,34 @@ class RocksDBStateBackend(KeyedStateBackend):
             batch.delete(k)
         if len(batch):
             self._db.write(batch)
+
+    ordered_map_keys = True
+
+    def _map_prefix(self, state: str, kg: int) -> bytes | None:
+        sid = self._sids.get((_MAP, state))
+        return None if sid is None else _HEAD.pack(kg, sid, 0)[:4]
+
+    def map_keys(self, state: str, kg: int) -> list:
+        prefix = self._map_prefix(state, kg)
+        if prefix is None:
+            return []
+        keys, last = [], None
+        for k, raw in _scan(self._db, prefix, _prefix_end(prefix)):
+            head = k[: _HEAD.size + _HEAD.unpack_from(k)[2]]
+            if head != last:
+                keys.append(pickle.loads(raw)[0])
+                last = head
+        return keys
+
+    def map_first_key(self, state: str, kg: int):
+        """One seek: the first entry of ``(kg, state)``; keys sort by length-prefixed
+        canonical bytes, so fixed-width ``bytes`` keys sort by value."""
+        prefix = self._map_prefix(state, kg)
+        if prefix is None:
+            return None
+        for _k, raw in _scan(self._db, prefix, _prefix_end(prefix)):
+            return pickle.loads(raw)[0]
+        return None
 
     # ------------------------------------------------------------------- snapshots
     def _create_checkpoint(self, epoch: int) -> str:

@@ -10,11 +10,17 @@ Layout under ``<url>/<job>/``::
         e<epoch>-<name>-<hash>.sst   incremental RocksDB snapshots' SST files (write_shared),
                                      referenced by the _metadata of one or more checkpoints
 
-Shared files are garbage-collected by :meth:`CheckpointStorage.retain` by reachability:
-the set referenced by the retained checkpoints' ``_metadata`` is computed afresh each
-time and every other shared file (first uploaded at an epoch not newer than the newest
-completed one, i.e. not possibly in flight) is deleted. No reference counters: a crash
-anywhere leaves at worst unreferenced files, which the next retention deletes.
+Shared files are garbage-collected by :meth:`CheckpointStorage.retain` by reachability
+(:mod:`epochal.backends.retention`): the set referenced by the retained checkpoints'
+``_metadata`` is computed afresh each time and every other shared file (first uploaded at
+an epoch not newer than the newest completed one, i.e. not possibly in flight) is deleted.
+No reference counters: a crash anywhere leaves at worst unreferenced files, which the next
+retention deletes.
+
+Every path inside a checkpoint (in ``_metadata`` and in the task state files) is relative
+to the job root, so a directory holding ``chk-<n>/`` and the ``shared/`` files it
+references is a self-contained checkpoint wherever it lies: :meth:`CheckpointStorage.at_root`
+opens one (a savepoint, :mod:`epochal.state.savepoint`).
 
 A checkpoint is *complete* iff its ``_metadata`` exists and parses: state files without
 it are an incomplete (in-flight or abandoned) epoch and are never restored from. Every
@@ -23,9 +29,10 @@ file is published atomically — on local disks by writing a hidden temp file, f
 no reader ever sees a partial file under its final name. State files are checksummed
 (size + SHA-256 in their :class:`StateHandle`) and verified on read.
 
-Restore picks :meth:`CheckpointStorage.latest_restorable`: the newest completed checkpoint
-whose every state file is present and matches its checksum; a corrupted or partly
-deleted newer checkpoint is skipped with a WARNING on the ``epochal`` logger.
+Restore picks :meth:`CheckpointStorage.latest_restorable` (:mod:`epochal.backends.verification`):
+the newest completed checkpoint whose every state file is present and matches its
+checksum; a corrupted or partly deleted newer checkpoint is skipped with a WARNING on the
+``epochal`` logger.
 
 Object stores: file-system options (endpoint, credentials) come from ``storage_options``
 or, when not given, from the driver's standard configuration — for ``s3://`` botocore
@@ -45,7 +52,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import logging
 import os
 import re
 import shutil
@@ -59,18 +65,16 @@ from fsspec.implementations.local import LocalFileSystem
 from epochal.durable import fsync_dir
 from epochal.errors import CheckpointStorageError, ConfigError
 
-__all__ = ["METADATA_FILE", "CheckpointStorage", "StateHandle"]
-
-log = logging.getLogger("epochal")
+__all__ = ["METADATA_FILE", "CheckpointStorage", "StateHandle", "referenced_bytes", "state_handles"]
 
 METADATA_FILE = "_metadata"
 _FORMAT = "epochal-checkpoint"
 _FORMAT_VERSION = 1
 _CHK = re.compile(r"^chk-(\d{10,})$")
 _SHARED = "shared"
-_SHARED_EPOCH = re.compile(r"^e(\d{10,})-")
+SHARED_EPOCH = re.compile(r"^e(\d{10,})-")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$")
-_HASH_CHUNK = 8 << 20  # bytes read at a time when verifying a state file
+HASH_CHUNK = 8 << 20  # bytes read at a time when verifying a state file
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,7 @@ class StateHandle:
         return cls(path=str(d["path"]), size=int(d["size"]), sha256=str(d["sha256"]))
 
 
-def _mismatch(handle: StateHandle, size: int, digest: Callable[[], str] | None) -> str:
+def mismatch(handle: StateHandle, size: int, digest: Callable[[], str] | None) -> str:
     """How a file of ``size`` bytes (and SHA-256 ``digest()``, if given) differs from
     ``handle``; ``""`` if it does not. The digest is computed only when sizes match."""
     if size != handle.size:
@@ -103,11 +107,7 @@ def _mismatch(handle: StateHandle, size: int, digest: Callable[[], str] | None) 
     return ""
 
 
-def _corrupt(problem: str) -> str:
-    return f"corrupt: {problem}" if problem else ""
-
-
-def _state_handles(meta) -> list[StateHandle]:
+def state_handles(meta) -> list[StateHandle]:
     """Every state file referenced anywhere in checkpoint metadata: each mapping with
     exactly the :class:`StateHandle` fields (how :meth:`StateHandle.to_dict` writes one)."""
     found: list[StateHandle] = []
@@ -142,7 +142,7 @@ def _makedirs_durable(directory: str) -> None:
 def referenced_bytes(meta) -> int:
     """Total size of the distinct state files a checkpoint's metadata references (its own
     files plus, for incremental snapshots, the shared files it reuses)."""
-    return sum(h.size for h in _state_handles(meta))
+    return sum(h.size for h in state_handles(meta))
 
 
 def _json_default(obj):
@@ -175,6 +175,27 @@ class CheckpointStorage:
                 f"job name {job!r} cannot name a checkpoint directory: use letters, digits "
                 "and . _ = + - (not starting with . _ + = or -)"
             )
+        base = self._open(url, storage_options)
+        self.job = job
+        self.root = f"{base.rstrip('/')}/{job}"
+
+    @classmethod
+    def at_root(cls, url: str, storage_options: Mapping | None = None) -> "CheckpointStorage":
+        """The storage whose job root is ``url`` itself: a savepoint directory, or a job's
+        directory ``<checkpoint.storage>/<job>`` named by one URL. State handles resolve
+        against ``url``; :attr:`job` is its last path component (not validated).
+
+        Raises:
+            CheckpointStorageError: the file system cannot be opened.
+        """
+        self = cls.__new__(cls)
+        base = self._open(url, storage_options).rstrip("/")
+        self.root = base or "/"
+        self.job = base.rsplit("/", 1)[-1]
+        return self
+
+    def _open(self, url: str, storage_options: Mapping | None) -> str:
+        """Set up the file system of ``url``; return its path in that file system."""
         if storage_options is not None and not isinstance(storage_options, Mapping):
             raise ConfigError(
                 f"checkpoint storage options: expected a dict of file-system arguments, "
@@ -187,15 +208,23 @@ class CheckpointStorage:
                 f"checkpoint storage {url!r} cannot be opened: {type(e).__name__}: {e}"
             ) from e
         self.url = url
-        self.job = job
         self.storage_options = dict(storage_options or {})
-        self.root = f"{base.rstrip('/')}/{job}"
         self._local = isinstance(self.fs, LocalFileSystem)
         # epoch -> reason, found by latest_restorable(); retain() does not count these
         self.unrestorable: dict[int, str] = {}
         # shared files retain() deleted (relative paths): a checkpoint still referencing
         # one (a task with a stale base) must not complete
         self.deleted_shared: set[str] = set()
+        return base
+
+    @property
+    def root_url(self) -> str:
+        """The job root as a URL (``file:///...``, ``s3://...``)."""
+        return self._display(self.root)
+
+    def file_url(self, rel: str) -> str:
+        """The URL of ``rel`` (a path relative to the job root), for messages."""
+        return self._display(f"{self.root}/{rel}")
 
     def __repr__(self) -> str:
         return f"CheckpointStorage({self._display(self.root)!r})"
@@ -250,21 +279,58 @@ class CheckpointStorage:
         reuse, since a zombie task of an older attempt may still write there."""
         return self._list_epochs()
 
-    def next_generation(self) -> int:
-        """Claim the next attempt generation of this job (0 for its first attempt ever).
+    def next_generation(self, at_least: int = 0) -> int:
+        """Claim the next attempt generation of this job (0 for its first attempt ever, and
+        never less than ``at_least``).
 
         Persisted in ``<root>/_generation`` so generations keep increasing across drivers
         (``resume=True``): names derived from them (sink staging files, producer epochs)
         never collide with those of a previous driver's zombie tasks. Only the job's single
-        driver calls this.
+        driver calls this; importing a savepoint claims the savepoint's generation, so the
+        restored job's generations continue above the old job's.
         """
         path = f"{self.root}/_generation"
         current = -1
         with self._io("read", path):
             if self.fs.exists(path):
                 current = int(self.fs.cat_file(path).decode().strip() or -1)
-        self._put(path, str(current + 1).encode())
-        return current + 1
+        claimed = max(current + 1, at_least)
+        self._put(path, str(claimed).encode())
+        return claimed
+
+    def write_document(self, rel: str, doc: dict) -> None:
+        """Publish the small JSON document ``doc`` at ``rel`` (relative to the job root;
+        plain names separated by ``/``) atomically: a savepoint's marker, a savepoint record.
+
+        Raises:
+            ValueError: ``rel`` is not a relative path of plain names.
+            CheckpointStorageError: the write failed.
+        """
+        if not isinstance(rel, str) or not all(_NAME.match(p.removeprefix("_")) for p in rel.split("/")) \
+                or rel.rsplit("/", 1)[-1] == METADATA_FILE:
+            raise ValueError(f"document path {rel!r} is invalid: plain names separated by /, not {METADATA_FILE}")
+        text = json.dumps(doc, default=_json_default, sort_keys=True, indent=1)
+        self._put(f"{self.root}/{rel}", text.encode("utf-8"))
+
+    def read_document(self, rel: str) -> dict | None:
+        """The JSON document at ``rel`` (see :meth:`write_document`), ``None`` if absent.
+
+        Raises:
+            CheckpointStorageError: it is unreadable or not a JSON object (naming the file).
+        """
+        path = f"{self.root}/{rel}"
+        with self._io("read", path):
+            try:
+                raw = self.fs.cat_file(path)
+            except FileNotFoundError:
+                return None
+        try:
+            doc = json.loads(raw)
+        except ValueError as e:
+            raise CheckpointStorageError(f"{self._display(path)} is corrupt: not valid JSON ({e})") from None
+        if not isinstance(doc, dict):
+            raise CheckpointStorageError(f"{self._display(path)} is corrupt: not a JSON object")
+        return doc
 
     def _list_epochs(self) -> list[int]:
         """Epochs with a ``chk-*`` directory (complete or not), ascending."""
@@ -359,7 +425,7 @@ class CheckpointStorage:
                     local_path = tmp
                 digest, size = hashlib.sha256(), 0
                 with open(local_path, "rb") as f:
-                    while chunk := f.read(_HASH_CHUNK):
+                    while chunk := f.read(HASH_CHUNK):
                         digest.update(chunk)
                         size += len(chunk)
                     if self._local:
@@ -390,7 +456,7 @@ class CheckpointStorage:
         for what, value in (("owner", owner), ("shared file name", name)):
             if not isinstance(value, str) or not _NAME.match(value):
                 raise ValueError(f"{what} {value!r} is invalid: use letters, digits and . _ = + -")
-        if not _SHARED_EPOCH.match(name):
+        if not SHARED_EPOCH.match(name):
             raise ValueError(f"shared file name {name!r} must start with e<epoch, 10 digits>-")
         data = bytes(data)
         rel = f"{_SHARED}/{owner}/{name}"
@@ -425,39 +491,19 @@ class CheckpointStorage:
             handle = StateHandle.from_dict(handle)
         path = f"{self.root}/{handle.path}"
         with self._io("read", path):
+            # s3fs may consult its cached listing of the directory (e.g. from retention's
+            # find) before a GET and find a newer file "missing": never trust it here
+            self.fs.invalidate_cache(path.rsplit("/", 1)[0])
             try:
                 data = self.fs.cat_file(path)
             except FileNotFoundError:
                 raise CheckpointStorageError(
                     f"state file {self._display(path)} is missing (referenced by the checkpoint's _metadata)"
                 ) from None
-        problem = _mismatch(handle, len(data), lambda: hashlib.sha256(data).hexdigest())
+        problem = mismatch(handle, len(data), lambda: hashlib.sha256(data).hexdigest())
         if problem:
             raise CheckpointStorageError(f"state file {self._display(path)} is corrupt: {problem}")
         return data
-
-    def _check_state_file(self, handle: StateHandle, verify: bool) -> str:
-        """``""`` if the file matches ``handle`` (size; with ``verify`` also SHA-256, read
-        in chunks), else why not: ``"missing"`` or ``"corrupt: ..."``.
-
-        Raises:
-            CheckpointStorageError: the file system failed otherwise (not a verdict on the
-                checkpoint: the caller must not fall back to an older one because of it).
-        """
-        path = f"{self.root}/{handle.path}"
-        with self._io("read", path):
-            try:
-                if not verify:
-                    self.fs.invalidate_cache(path.rsplit("/", 1)[0])
-                    return _corrupt(_mismatch(handle, int(self.fs.size(path)), None))
-                digest, size = hashlib.sha256(), 0
-                with self.fs.open(path, "rb") as f:
-                    while chunk := f.read(_HASH_CHUNK):
-                        digest.update(chunk)
-                        size += len(chunk)
-            except FileNotFoundError:
-                return "missing"
-        return _corrupt(_mismatch(handle, size, digest.hexdigest))
 
     # ---------------------------------------------------------------- metadata
     def write_metadata(self, epoch: int, meta: dict) -> None:
@@ -485,11 +531,11 @@ class CheckpointStorage:
         Raises:
             CheckpointStorageError: epoch ``epoch`` has no valid ``_metadata``.
         """
-        doc = self._load_metadata(epoch)
+        doc, why = self._inspect_metadata(epoch)
         if doc is None:
+            directory = self._display(self.epoch_dir(epoch))
             raise CheckpointStorageError(
-                f"checkpoint {self._display(self.epoch_dir(epoch))} is not complete: "
-                f"its {METADATA_FILE} is missing or not valid"
+                f"checkpoint {directory} is not complete: {directory}/{METADATA_FILE} is {why}"
             )
         return doc["meta"]
 
@@ -506,68 +552,18 @@ class CheckpointStorage:
         return None
 
     def latest_restorable(self, verify: bool = True) -> tuple[int, dict] | None:
-        """``(epoch, meta)`` of the newest completed checkpoint whose state files are all
-        intact, or ``None`` if no checkpoint ever completed. What the driver restores from.
+        """``(epoch, meta)`` of the newest completed checkpoint whose files are all intact;
+        see :func:`epochal.backends.verification.latest_restorable`."""
+        from epochal.backends import verification
 
-        Walks completed checkpoints newest → oldest. A checkpoint is skipped when its
-        ``_metadata`` exists but is not valid, or a state file it references (every
-        ``{"path", "size", "sha256"}`` mapping in ``meta``, i.e. a :class:`StateHandle`)
-        is missing, has another size or (``verify=True``: the file is read and hashed;
-        ``verify=False``: sizes only, one metadata request per file) another SHA-256.
-        Each skip logs a WARNING naming the checkpoint, the file and the reason, and is
-        remembered in :attr:`unrestorable` so :meth:`retain` does not count it. Directories
-        without ``_metadata`` (epochs that never completed) are not candidates.
+        return verification.latest_restorable(self, verify)
 
-        Falling back past a checkpoint whose epoch completed means its sinks' commits
-        already happened: the restored job replays those records, so transactional sinks
-        publish them again (at-least-once for the skipped epochs). The WARNING says so.
+    def first_bad_file(self, meta: dict, verify: bool = True) -> str:
+        """Why the first damaged state file ``meta`` references is damaged, or ``""``;
+        see :func:`epochal.backends.verification.first_bad_file`."""
+        from epochal.backends import verification
 
-        Raises:
-            CheckpointStorageError: checkpoints completed but none is restorable (the
-                message lists why; delete them or use another storage location to start
-                from scratch), or the file system failed while checking — a read error
-                is no proof of corruption, so it never causes a fallback.
-        """
-        skipped: list[tuple[int, str]] = []
-        for epoch in reversed(self._list_epochs()):
-            doc, why = self._inspect_metadata(epoch)
-            if doc is None and why == "missing":
-                continue  # never completed: not a checkpoint
-            if doc is None:
-                why = f"{METADATA_FILE} is {why}"
-            else:
-                why = self._first_bad_file(doc["meta"], verify)
-            if not why:
-                if skipped:
-                    log.warning(
-                        "job %s restores from checkpoint %s, not from the newer %s; output the "
-                        "skipped epochs already committed may be published again",
-                        self.job, self._chk_name(epoch), ", ".join(self._chk_name(e) for e, _ in skipped),
-                    )
-                return epoch, doc["meta"]
-            self.unrestorable[epoch] = why
-            skipped.append((epoch, why))
-            log.warning("checkpoint %s is not restorable, trying an older one: %s",
-                        self._display(self.epoch_dir(epoch)), why)
-        if skipped:
-            raise CheckpointStorageError(
-                f"no restorable checkpoint under {self._display(self.root)}: "
-                + "; ".join(f"{self._chk_name(e)}: {why}" for e, why in skipped)
-                + " — delete these checkpoints or use another checkpoint.storage to start from scratch"
-            )
-        return None
-
-    def _first_bad_file(self, meta: dict, verify: bool) -> str:
-        """Why the first damaged state file referenced by ``meta`` is damaged, or ``""``."""
-        try:
-            handles = _state_handles(meta)
-        except (TypeError, ValueError) as e:
-            return f"{METADATA_FILE} holds a malformed state handle ({e})"
-        for handle in handles:
-            problem = self._check_state_file(handle, verify)
-            if problem:
-                return f"state file {handle.path.rsplit('/', 1)[-1]} is {problem}"
-        return ""
+        return verification.first_bad_file(self, meta, verify)
 
     def _chk_name(self, epoch: int) -> str:
         return self.epoch_dir(epoch).rsplit("/", 1)[-1]
@@ -577,81 +573,16 @@ class CheckpointStorage:
         return self.latest_completed() is not None
 
     # ------------------------------------------------------------- clean-up
-    def _delete_dir(self, epoch: int, complete: bool) -> None:
-        directory = self.epoch_dir(epoch)
-        with self._io("delete", directory):
-            if complete:  # un-complete it first: an interrupted delete leaves no half checkpoint
-                with contextlib.suppress(FileNotFoundError):
-                    self.fs.rm_file(f"{directory}/{METADATA_FILE}")
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm(directory, recursive=True)
-            self.fs.invalidate_cache(self.root)
+    def retain(self, n: int, protect=(), pinned=()) -> list[int]:
+        """Keep the newest ``n`` completed checkpoints (and ``pinned`` ones); return the
+        epochs deleted. See :func:`epochal.backends.retention.retain`."""
+        from epochal.backends import retention
 
-    def retain(self, n: int, protect=()) -> list[int]:
-        """Keep the newest ``n`` completed checkpoints; return the epochs deleted.
-
-        Then garbage-collect shared files (see the module docstring): delete every one
-        that no retained checkpoint's ``_metadata`` and no path in ``protect`` (the
-        coordinator passes files named by acknowledgements of epochs still in flight)
-        references, unless its epoch is newer than the newest completed one.
-
-        Deletes older completed checkpoints and incomplete ``chk-*`` directories below the
-        newest completed epoch (abandoned: the coordinator aborts older pending epochs when
-        a newer one completes, seed 004 §4.5.3). Incomplete directories above it may be
-        in flight and are kept. Never deletes the newest completed checkpoint; with no
-        completed checkpoint nothing is deleted.
-
-        Checkpoints this instance's :meth:`latest_restorable` found damaged do not count
-        as completed here: they never displace a restorable fallback, and are deleted like
-        abandoned ones once a newer checkpoint completed. The coordinator calls this right
-        after each completion, when the new checkpoint was written but never read back:
-        with ``n == 1`` no fallback survives that moment, so keep ``n >= 2`` (the default
-        ``checkpoint.retained``) for a damaged newest checkpoint to have one.
-
-        Raises:
-            ConfigError: ``n`` < 1.
-        """
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ConfigError(f"checkpoint.retained: must be an integer >= 1, got {n!r}")
-        epochs = self._list_epochs()
-        complete = [e for e in epochs if e not in self.unrestorable and self._load_metadata(e) is not None]
-        if not complete:
-            return []
-        keep, newest, done = set(complete[-n:]), complete[-1], set(complete)
-        deleted = [e for e in epochs if e not in keep and (e in done or e < newest)]
-        for e in deleted:
-            self._delete_dir(e, complete=e in done or e in self.unrestorable)
-            self.unrestorable.pop(e, None)
-        self._collect_shared([e for e in complete if e in keep], newest, set(protect))
-        return deleted
-
-    def _collect_shared(self, kept: list[int], newest: int, referenced: set[str]) -> None:
-        """Delete shared files unreachable from checkpoints ``kept`` and ``referenced``."""
-        files = self.shared_files()
-        if not files:
-            return
-        for epoch in kept:
-            doc = self._load_metadata(epoch)
-            if doc is None:  # vanished meanwhile: be safe, delete nothing this time
-                return
-            referenced.update(h.path for h in _state_handles(doc["meta"]))
-        for rel in files:
-            m = _SHARED_EPOCH.match(rel.rsplit("/", 1)[-1])
-            if rel in referenced or m is None or int(m.group(1)) > newest:
-                continue
-            path = f"{self.root}/{rel}"
-            self.deleted_shared.add(rel)
-            with self._io("delete", path), contextlib.suppress(FileNotFoundError):
-                self.fs.rm_file(path)
+        return retention.retain(self, n, protect, pinned)
 
     def discard(self, epoch: int) -> None:
-        """Delete aborted epoch ``epoch``'s directory; idempotent.
+        """Delete aborted epoch ``epoch``'s directory; idempotent. See
+        :func:`epochal.backends.retention.discard`."""
+        from epochal.backends import retention
 
-        Raises:
-            CheckpointStorageError: epoch ``epoch`` is complete (never discarded).
-        """
-        if self._load_metadata(epoch) is not None:
-            raise CheckpointStorageError(
-                f"refusing to discard {self._display(self.epoch_dir(epoch))}: it is a completed checkpoint"
-            )
-        self._delete_dir(epoch, complete=False)
+        retention.discard(self, epoch)

@@ -30,7 +30,7 @@ def build_loop(stream, name: str, body, parallelism, log_memory_records: int):
         raise PipelineDefinitionError(f"iterate {name!r}: log_memory_records must be an integer >= 1, "
                                       f"got {log_memory_records!r}")
     flow = stream.flow
-    head = stream._then(NodeKind.LOOP_HEAD, name, LoopOptions(log_memory_records), parallelism)
+    head = stream._then(NodeKind.LOOP_HEAD, name, LoopOptions(log_memory_records), parallelism, accepts="any")
     result = body(Stream(flow, (Input(head.name, FORWARD),)))
     if (not isinstance(result, tuple) or len(result) != 2
             or not all(isinstance(s, Stream) and s.flow is flow for s in result)):
@@ -49,6 +49,10 @@ def build_loop(stream, name: str, body, parallelism, log_memory_records: int):
         raise PipelineDefinitionError(
             f"iterate {name!r}: the feedback stream comes from {', '.join(map(repr, outside))}, which does not "
             "read the loop's input; the feedback must be computed from the stream the body receives")
+    if feedback._timed(name) != head.timed_in or feedback._columnar(name) != head.columnar:
+        raise PipelineDefinitionError(
+            f"iterate {name!r}: the feedback stream must carry the same kind of records as the loop's input "
+            "(with or without event time; records or Arrow batches)")
     fb_inputs = tuple(replace(p, feedback=True) for p in ports)
     flow._nodes[name] = replace(flow._nodes[name], inputs=flow._nodes[name].inputs + fb_inputs)
     return output

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from epochal.errors import OperatorError
 
@@ -41,6 +41,15 @@ class OperatorContext:
     keyed_backend: Any = None
     key_groups: range = range(0)
     extras: dict | None = None
+
+
+class DeadLetter(NamedTuple):
+    """A record a user function failed on, in an operator's ``dead_letters()`` output (like
+    a Kafka dead-letter queue): the operator's name, the error, and the record itself."""
+
+    operator: str
+    error: str
+    record: Any
 
 
 @dataclass(frozen=True)
@@ -109,8 +118,69 @@ class RuntimeOperator(ABC):
     def notify_epoch_complete(self, epoch: int) -> None:
         """Epoch ``epoch`` is durable (its checkpoint metadata is written)."""
 
+    def prepare_snapshot_pre_barrier(self, epoch: int) -> list:
+        """The barrier of ``epoch`` is about to pass (before any operator of the task
+        snapshots): records returned here go through the rest of the chain and downstream
+        ahead of the barrier, so they belong to ``epoch`` (Flink's
+        ``prepareSnapshotPreBarrier``; e.g. a mini-batch aggregation's updates). Task thread."""
+        return []
+
+    # -- time (epochal.time) ---------------------------------------------------------------
+    #: the operator replaces upstream watermarks by its own (``with_watermarks``): the task
+    #: asks it with :meth:`emit_watermark` after each batch instead of passing watermarks on
+    generates_watermarks = False
+
+    def on_watermark(self, watermark: int) -> list:
+        """Event time reached ``watermark`` (µs): every record before it in this task's
+        input was processed, none after. Called on the task thread with non-decreasing
+        values (repeats possible: must be idempotent); returns output records (e.g. fired windows),
+        which the task passes to the rest of the chain *before* the watermark."""
+        return []
+
+    def bind_source_splits(self, splits: list) -> None:
+        """The first operator chained after a source learns the source splits its task
+        reads (``with_watermarks`` keeps per-split event time). Default: ignored."""
+
+    def set_input_split(self, split, finished: bool) -> None:
+        """The next ``process_batch`` of the first operator after a source holds records of
+        ``split`` only (``Poll.split``; ``None``: the source does not say); ``finished``: the
+        split's last ones. Default: ignored."""
+
+    def emit_watermark(self):
+        """Generators only: the :class:`~epochal.time.watermarks.WatermarkChange` to send
+        after the latest batch, or ``None``."""
+        return None
+
+    def next_processing_time(self) -> int | None:
+        """The wall-clock time (µs) at which :meth:`on_processing_time` is due, if any;
+        asked by the task loop before it waits, so it must be cheap."""
+        return None
+
+    def on_processing_time(self, now: int) -> list:
+        """Processing-time timers due at ``now`` (µs) fire; returns output records."""
+        return []
+
+    #: records for side outputs (``{port: [records]}``) produced since the task last took
+    #: them; ``None`` for operators without side outputs (e.g. a window's late records)
+    side_output: dict | None = None
+
     def close(self) -> None:
         """Clean end of input: flush and release resources."""
+
+    def enable_dead_letters(self) -> None:
+        """Operator option ``dead_letters=True``: :meth:`reject` keeps the job running."""
+        self.side_output = dict(self.side_output or {}, dead_letters=[])
+
+    def reject(self, record: Any, exc: Exception) -> None:
+        """``record`` made the user's function raise ``exc``: put a :class:`DeadLetter` in
+        the ``"dead_letters"`` side output if the operator has one, else raise the
+        :class:`~epochal.errors.OperatorError` that fails the job naming operator and record.
+        Effects the function had before it raised (state it wrote) stay."""
+        side = self.side_output
+        if side is not None and "dead_letters" in side:
+            side["dead_letters"].append(DeadLetter(self.ctx.operator, f"{type(exc).__name__}: {exc}", record))
+            return
+        raise self.fail(record, exc) from exc
 
     def fail(self, record: Any, exc: BaseException) -> OperatorError:
         """Build the error that names this operator and the offending record."""

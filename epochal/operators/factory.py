@@ -5,24 +5,53 @@ from epochal.graph import Node, NodeKind
 from epochal.operators.base import OperatorContext, RuntimeOperator
 from epochal.operators.keyed import KeyedProcessOperator, ReduceOperator
 from epochal.operators.sink import SinkOperator
-from epochal.operators.stateless import FilterOperator, FlatMapOperator, MapOperator
+from epochal.operators.stateless import (
+    FilterOperator,
+    FlatMapOperator,
+    MapOperator,
+    TimedFilterOperator,
+    TimedFlatMapOperator,
+    TimedMapOperator,
+)
+
+
+_COLUMNAR = frozenset({NodeKind.MAP_BATCHES, NodeKind.TO_RECORDS, NodeKind.TO_BATCHES, NodeKind.AGGREGATE})
 
 
 def create_operator(node: Node, ctx: OperatorContext) -> RuntimeOperator:
     """Build ``node``'s runtime operator. Sources are not operators (the task owns the reader)."""
-    kind = node.kind
+    op = _create(node, ctx)
+    if node.dead_letters:
+        op.enable_dead_letters()
+    return op
+
+
+def _create(node: Node, ctx: OperatorContext) -> RuntimeOperator:
+    kind, timed = node.kind, node.timed_in  # timed: records are (timestamp, value) pairs
     if kind is NodeKind.MAP:
-        return MapOperator(ctx, node.payload)
+        return (TimedMapOperator if timed else MapOperator)(ctx, node.payload)
     if kind is NodeKind.FLAT_MAP:
-        return FlatMapOperator(ctx, node.payload)
+        return (TimedFlatMapOperator if timed else FlatMapOperator)(ctx, node.payload)
     if kind is NodeKind.FILTER:
-        return FilterOperator(ctx, node.payload)
+        return (TimedFilterOperator if timed else FilterOperator)(ctx, node.payload)
     if kind is NodeKind.REDUCE:
-        return ReduceOperator(ctx, node.key_fn, node.payload, *node.extra)
+        return ReduceOperator(ctx, node.key_fn, node.payload, *node.extra, timed=timed)
     if kind is NodeKind.PROCESS:
-        return KeyedProcessOperator(ctx, node.key_fn, node.payload)
+        return KeyedProcessOperator(ctx, node.key_fn, node.payload, timed=timed)
     if kind is NodeKind.SINK:
-        return SinkOperator(ctx, node.payload)
+        return SinkOperator(ctx, node.payload, timed=timed)
+    if kind is NodeKind.WATERMARKS:
+        from epochal.time.assign import WatermarkOperator
+
+        return WatermarkOperator(ctx, node.payload, timed)
+    if kind in _COLUMNAR:
+        from epochal.columnar.operators import create_columnar_operator
+
+        return create_columnar_operator(ctx, node)
+    if kind is NodeKind.WINDOW:
+        from epochal.windows.operator import create_window_operator
+
+        return create_window_operator(ctx, node)
     if kind is NodeKind.LOOP_HEAD:
         from epochal.loops.head import LoopHeadOperator
 

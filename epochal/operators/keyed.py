@@ -3,25 +3,35 @@
 Keyed state is partitioned by key group (seed 004 §4.2.1): every access goes to the
 task's :class:`~epochal.backends.base.KeyedStateBackend` under the current record's key
 group, so a snapshot (and a later rescale) can be cut per key group.
+
+Per batch, the operators compute every record's key first and their key groups at once
+(:class:`~epochal.backends.keygroups.KeyGroupAssigner`), then run the function record by
+record. If a key fails, the batch is processed record by record instead (the key function
+then runs twice for the records before the failing one), so the failing record is rejected
+exactly where it stands.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from epochal.backends.keygroups import key_group_for
+from epochal.backends.keygroups import KeyGroupAssigner
 from epochal.operators.base import OperatorContext, RuntimeOperator
+from epochal.time.timers import EVENT_TIME, TimerService
+from epochal.time.units import to_seconds
 
 _MISSING = object()
 
 
 class _CurrentKey:
-    """The key (and its key group) of the record being processed; set by the operator."""
+    """The key (and its key group) of the record being processed, and its event time
+    (µs, ``None`` without event time); set by the operator."""
 
-    __slots__ = ("key", "kg")
+    __slots__ = ("key", "kg", "ts")
 
     def __init__(self):
         self.key = None
         self.kg = -1
+        self.ts = None
 
 
 class ValueState:
@@ -29,19 +39,23 @@ class ValueState:
     unless you :meth:`update` it afterwards; the backend protects pending snapshots
     from in-place mutation either way."""
 
-    __slots__ = ("_backend", "_name", "_cur", "_default")
+    __slots__ = ("_get", "_put", "_delete", "_name", "_cur", "_default")
 
     def __init__(self, backend, name: str, current: _CurrentKey, default: Any):
-        self._backend, self._name, self._cur, self._default = backend, name, current, default
+        self._get, self._put, self._delete = backend.get, backend.put, backend.delete  # one lookup, not per call
+        self._name, self._cur, self._default = name, current, default
 
     def value(self) -> Any:
-        return self._backend.get(self._name, self._cur.kg, self._cur.key, self._default)
+        cur = self._cur
+        return self._get(self._name, cur.kg, cur.key, self._default)
 
     def update(self, value: Any) -> None:
-        self._backend.put(self._name, self._cur.kg, self._cur.key, value)
+        cur = self._cur
+        self._put(self._name, cur.kg, cur.key, value)
 
     def clear(self) -> None:
-        self._backend.delete(self._name, self._cur.kg, self._cur.key)
+        cur = self._cur
+        self._delete(self._name, cur.kg, cur.key)
 
 
 class MapState:
@@ -83,12 +97,39 @@ class StateContext:
     State names are scoped to the operator, so two operators may both use ``"count"``.
     """
 
-    def __init__(self, ctx: OperatorContext, current: _CurrentKey):
+    def __init__(self, ctx: OperatorContext, current: _CurrentKey, timers: TimerService | None = None):
         self._ctx = ctx
         self._current = current
+        self._timers = timers
         self._declared: set[str] = set()
         self.subtask = ctx.subtask
         self.parallelism = ctx.parallelism
+
+    @property
+    def timers(self) -> TimerService:
+        """Timers of the current key (:class:`~epochal.time.timers.TimerService`):
+        ``register_event_time(t)``, ``register_processing_time(t)``, ``delete_*``; they are
+        keyed state, so they are checkpointed, restored and rescaled with it."""
+        if self._timers is None:
+            raise ValueError(f"operator {self._ctx.operator!r}: timers exist in KeyedStream.process only")
+        return self._timers
+
+    @property
+    def timestamp(self) -> float | None:
+        """Event time (seconds) of the record being processed, or of the event-time timer
+        firing; ``None`` on a stream without event time and in processing-time timers."""
+        ts = self._current.ts
+        return None if ts is None else to_seconds(ts)
+
+    @property
+    def watermark(self) -> float:
+        """The operator's current event time (seconds; ``-inf`` before the first watermark,
+        ``inf`` once a bounded input ended)."""
+        return self.timers.watermark
+
+    def processing_time(self) -> float:
+        """The wall clock, in seconds."""
+        return TimerService.processing_time()
 
     def _scoped(self, name: str) -> str:
         if not isinstance(name, str) or not name:
@@ -116,11 +157,29 @@ class KeyedProcessFunction:
         ...         self.n.update(self.n.value() + 1)
         ...         yield (key, self.n.value())
 
-    ``open`` is called once per task before any record (declare state there);
-    ``process(key, value)`` returns an iterable of output records (or ``None``). State
-    read and written in ``process`` belongs to ``key``. The function object is copied
-    into every task, so per-instance attributes other than state handles are not
-    checkpointed: keep everything that must survive a failure in state.
+    ``open`` is called once per task before any record (declare state there; keep ``ctx``
+    for its ``timers``, ``timestamp`` and ``watermark``); ``process(key, value)`` returns an
+    iterable of output records (or ``None``). State read and written in ``process``
+    belongs to ``key``. The function object is copied into every task, so per-instance
+    attributes other than state handles are not checkpointed: keep everything that must
+    survive a failure in state.
+
+    Timers (Flink's ``KeyedProcessFunction.onTimer``)::
+
+        class Silence(KeyedProcessFunction):        # alert after 30 s without a heartbeat
+            def open(self, ctx):
+                self.ctx, self.due = ctx, ctx.value_state("due")
+            def process(self, key, beat):
+                if self.due.value() is not None:
+                    self.ctx.timers.delete_event_time(self.due.value())
+                self.due.update(self.ctx.timestamp + 30)
+                self.ctx.timers.register_event_time(self.due.value())
+            def on_timer(self, key, timestamp, domain):
+                self.due.clear()
+                yield ("silent", key, timestamp)
+
+    Output records inherit the event time of the record being processed; those of an
+    event-time timer get the timer's time, those of a processing-time timer none.
     """
 
     def open(self, ctx: StateContext) -> None:
@@ -129,69 +188,183 @@ class KeyedProcessFunction:
     def process(self, key, value) -> Iterable | None:
         raise NotImplementedError
 
+    def on_timer(self, key, timestamp: float, domain: str) -> Iterable | None:
+        """A timer of ``key`` fired: ``timestamp`` in seconds, ``domain`` ``"event"`` (the
+        watermark reached it) or ``"processing"`` (the wall clock did, or a bounded input
+        ended: then every pending timer fires, so no state waits forever). State and timers
+        belong to ``key``; returns output records like :meth:`process`. Each timer fires
+        exactly once in the committed output, however often the job restores."""
+        raise NotImplementedError(f"{type(self).__name__} registered a timer but does not define on_timer")
+
 
 class _KeyedOperator(RuntimeOperator):
-    def __init__(self, ctx: OperatorContext, key_fn: Callable):
+    """``timed``: input records are ``(timestamp_us, value)`` pairs (event time), and so
+    are the outputs."""
+
+    def __init__(self, ctx: OperatorContext, key_fn: Callable, timed: bool = False):
         super().__init__(ctx)
         self.key_fn = key_fn
         self.current = _CurrentKey()
         self.max_parallelism = ctx.max_parallelism
+        self.timed = timed
+        self.assigner = KeyGroupAssigner(ctx.max_parallelism)  # key -> key group, memoized
 
     def _set_key(self, record) -> None:
         key = self.key_fn(record)
         self.current.key = key
-        self.current.kg = key_group_for(key, self.max_parallelism)
+        self.current.kg = self.assigner.assign(key)
+
+    def _keys(self, values: list) -> tuple[list, list] | None:
+        """The keys of ``values`` and their key groups, or ``None`` if a key fails (the
+        caller then goes record by record)."""
+        key_fn = self.key_fn
+        try:
+            keys = [key_fn(value) for value in values]
+            return keys, self.assigner.assign_all(keys)
+        except Exception:
+            return None
 
 
 class ReduceOperator(_KeyedOperator):
     """Keyed rolling reduce: ``acc = fn(acc, record)`` per key (the first record is the
     initial accumulator unless ``initial`` is given); emits the new accumulator."""
 
-    def __init__(self, ctx, key_fn, fn, initial=_MISSING):
-        super().__init__(ctx, key_fn)
+    def __init__(self, ctx, key_fn, fn, initial=_MISSING, timed: bool = False):
+        super().__init__(ctx, key_fn, timed)
         self.fn = fn
         self.initial = initial
         self.state = f"{ctx.operator}/acc"
 
     def process_batch(self, records: list) -> list:
+        timed = self.timed
+        values = [r[1] for r in records] if timed else records
+        keyed = self._keys(values)
+        if keyed is None:
+            return self._process_one_by_one(records)
         backend, fn, state, initial = self.ctx.keyed_backend, self.fn, self.state, self.initial
-        cur = self.current
+        get, put = backend.get, backend.put
         out = []
-        record = None
-        try:
-            for record in records:
-                self._set_key(record)
+        append = out.append
+        for record, value, key, kg in zip(records, values, *keyed):
+            try:
+                acc = get(state, kg, key, _MISSING)
+                if acc is _MISSING:
+                    acc = value if initial is _MISSING else fn(initial, value)
+                else:
+                    acc = fn(acc, value)
+                put(state, kg, key, acc)
+            except Exception as exc:
+                self.reject(value, exc)
+                continue
+            append((record[0], acc) if timed else acc)
+        return out
+
+    def _process_one_by_one(self, records: list) -> list:
+        backend, fn, state, initial = self.ctx.keyed_backend, self.fn, self.state, self.initial
+        cur, timed = self.current, self.timed
+        out = []
+        for record in records:
+            value = record[1] if timed else record
+            try:
+                self._set_key(value)
                 acc = backend.get(state, cur.kg, cur.key, _MISSING)
                 if acc is _MISSING:
-                    acc = record if initial is _MISSING else fn(initial, record)
+                    acc = value if initial is _MISSING else fn(initial, value)
                 else:
-                    acc = fn(acc, record)
+                    acc = fn(acc, value)
                 backend.put(state, cur.kg, cur.key, acc)
-                out.append(acc)
-        except Exception as exc:
-            raise self.fail(record, exc) from exc
+            except Exception as exc:
+                self.reject(value, exc)
+                continue
+            out.append((record[0], acc) if timed else acc)
         return out
 
 
 class KeyedProcessOperator(_KeyedOperator):
-    """Runs a :class:`KeyedProcessFunction` with its declared keyed state."""
+    """Runs a :class:`KeyedProcessFunction` with its declared keyed state and timers."""
 
-    def __init__(self, ctx, key_fn, function: KeyedProcessFunction):
-        super().__init__(ctx, key_fn)
+    def __init__(self, ctx, key_fn, function: KeyedProcessFunction, timed: bool = False):
+        super().__init__(ctx, key_fn, timed)
         self.function = function
-        function.open(StateContext(ctx, self.current))
+        self.timers = TimerService(ctx.keyed_backend, ctx.operator, self.current, ctx.key_groups)
+        self._fired: list = []
+        function.open(StateContext(ctx, self.current, self.timers))
 
     def process_batch(self, records: list) -> list:
+        timed = self.timed
+        values = [r[1] for r in records] if timed else records
+        keyed = self._keys(values)
+        if keyed is None:
+            return self._process_one_by_one(records)
         process = self.function.process
         cur = self.current
         out = []
-        record = None
-        try:
-            for record in records:
+        extend = out.extend
+        if timed:
+            for (ts, value), key, kg in zip(records, *keyed):
+                cur.key, cur.kg, cur.ts = key, kg, ts
+                try:
+                    produced = process(key, value)
+                    if produced is not None:
+                        extend([(ts, v) for v in produced])
+                except Exception as exc:
+                    self.reject(value, exc)
+            return out
+        for record, key, kg in zip(records, *keyed):
+            cur.key, cur.kg = key, kg
+            try:
+                produced = process(key, record)
+                if produced is not None:
+                    extend(produced if type(produced) is list else list(produced))
+            except Exception as exc:
+                self.reject(record, exc)
+        return out
+
+    def _process_one_by_one(self, records: list) -> list:
+        process = self.function.process
+        cur = self.current
+        out = []
+        if self.timed:
+            for ts, value in records:
+                try:
+                    self._set_key(value)
+                    cur.ts = ts
+                    produced = process(cur.key, value)
+                    if produced is not None:
+                        out.extend([(ts, v) for v in produced])
+                except Exception as exc:
+                    self.reject(value, exc)
+            return out
+        for record in records:
+            try:
                 self._set_key(record)
                 produced = process(cur.key, record)
                 if produced is not None:
-                    out.extend(produced)
-        except Exception as exc:
-            raise self.fail(record, exc) from exc
+                    out.extend(produced if type(produced) is list else list(produced))
+            except Exception as exc:
+                self.reject(record, exc)
         return out
+
+    def on_watermark(self, watermark: int) -> list:
+        self.timers.advance_watermark(watermark, self._fire)
+        fired, self._fired = self._fired, []
+        return fired
+
+    def next_processing_time(self) -> int | None:
+        return self.timers.next_processing_time()
+
+    def on_processing_time(self, now: int) -> list:
+        self.timers.fire_processing_time(now, self._fire)
+        fired, self._fired = self._fired, []
+        return fired
+
+    def _fire(self, key, kg: int, ts: int, domain: str) -> None:
+        cur = self.current
+        cur.key, cur.kg = key, kg
+        cur.ts = ts if domain == EVENT_TIME else None
+        try:
+            produced = self.function.on_timer(key, to_seconds(ts), domain)
+            if produced is not None:
+                self._fired.extend([(cur.ts, v) for v in produced] if self.timed else produced)
+        except Exception as exc:
+            raise self.fail(f"{domain}-time timer of key {key!r} at {to_seconds(ts)}", exc) from exc

@@ -2,6 +2,8 @@
 two-phase commit into the task's epoch lifecycle (seed 004 §4.1.3)."""
 from __future__ import annotations
 
+import pyarrow as pa
+
 from epochal.operators.base import OperatorContext, RuntimeOperator, SnapshotResult
 from epochal.sinks.base import SinkContext
 
@@ -12,8 +14,9 @@ class SinkOperator(RuntimeOperator):
     the snapshot's ``before_ack``) and commits when the coordinator reports the epoch
     complete."""
 
-    def __init__(self, ctx: OperatorContext, sink):
+    def __init__(self, ctx: OperatorContext, sink, timed: bool = False):
         super().__init__(ctx)
+        self.timed = timed  # records are (timestamp, value): the sink writes the values
         self.writer = sink.create_writer(
             SinkContext(
                 sink_name=ctx.operator,
@@ -29,9 +32,13 @@ class SinkOperator(RuntimeOperator):
         self.writer.restore(state)
 
     def process_batch(self, records: list) -> list:
-        write = self.writer.write
-        for record in records:
-            write(record)  # SinkWriteError already names the sink and the record
+        if records and type(records[0]) is pa.RecordBatch:  # a stream of Arrow batches
+            for batch in records:
+                self.writer.write_batch(batch)
+            return []
+        if self.timed:
+            records = [r[1] for r in records]
+        self.writer.write_many(records)  # SinkWriteError already names the sink and the record
         return []
 
     def snapshot(self, epoch: int):

@@ -45,3 +45,4 @@ class AttemptSpec:
     bind_host: str = "127.0.0.1"
     backend: BackendSpec = BackendSpec()
     tls: object = field(default=None, repr=False)  # TLSMaterial or None
+    metrics_interval: float = 1.0  # seconds between a task's ("metrics", ...) reports

@@ -30,7 +30,10 @@ import math
 import threading
 import time
 
-from epochal.runtime.wire import Connection, ConnectionClosed, encode
+import pyarrow as pa
+
+from epochal.runtime.wire import Connection, ConnectionClosed, encode, encode_arrow
+from epochal.time.watermarks import WATERMARK, WatermarkMark
 
 DATA, BARRIER, END, CREDIT = "B", "E", "X", "C"
 #: credit granted on a loop's feedback channels: the Loop Tail must never block, or the
@@ -40,7 +43,12 @@ UNBOUNDED_CREDIT = 1 << 60
 
 def encode_batch(records: list) -> bytes:
     """The frame of one data batch, to send the same batch on several channels (broadcast)
-    with one pickle: ``send_batch(records, should_stop, frame=encode_batch(records))``."""
+    with one pickle: ``send_batch(records, should_stop, frame=encode_batch(records))``.
+    A batch of Arrow record batches of one schema travels as Arrow IPC instead of a pickle."""
+    if records and type(records[0]) is pa.RecordBatch:
+        schema = records[0].schema
+        if all(type(b) is pa.RecordBatch and b.schema.equals(schema) for b in records):
+            return encode_arrow(records)
     return encode((DATA, records))
 
 
@@ -185,7 +193,8 @@ class InputGate:
 
     def queued_before(self, channel: int, epoch: int) -> list:
         """The records queued on ``channel`` before its barrier ``epoch`` (flattened, in
-        order); ``[]`` when that barrier is no longer queued (the task reached it)."""
+        order, watermarks among them as :class:`~epochal.time.watermarks.WatermarkMark`);
+        ``[]`` when that barrier is no longer queued (the task reached it)."""
         records: list = []
         with self.cv:
             for msg in self.queues[channel]:
@@ -193,6 +202,8 @@ class InputGate:
                     return records
                 if msg[0] == DATA:
                     records.extend(msg[1])
+                elif msg[0] == WATERMARK:
+                    records.append(WatermarkMark(msg[1], msg[2]))
         return []
 
     def close(self) -> None:

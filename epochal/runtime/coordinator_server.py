@@ -16,9 +16,22 @@ storage. Protocol per attempt (task → coordinator / coordinator → task):
 4. sources report ``("exhausted", task)``; when all are, a FINAL epoch runs; after it
    completed — and, with loops, only once its loop heads logged nothing (quiescence,
    :mod:`epochal.loops.termination`; else another FINAL epoch runs) — every task receives
-   ``("finish",)`` and answers ``("finished", task, metrics)``;
+   ``("finish",)`` and answers ``("finished", task, metrics)``. With loops, the end of
+   event time waits for quiescence: loop heads hold the end-of-input watermark until the
+   first quiescent FINAL epoch, then get ``("release_end",)``, forward it, answer
+   ``("released", task)``, and one more FINAL epoch commits what it fired;
 5. a ``("failed", task, cause)`` message or a lost connection fails the attempt; every
    task then gets ``("cancel", cause)``.
+
+Savepoints (:mod:`epochal.runtime.savepoints`): a request triggers an epoch (MANUAL) whose
+completion is copied to the savepoint's location while retention keeps it pinned. A stop
+request suspends further triggers; its epoch n goes out as ``("complete", n, True)``, which
+every task confirms with ``("committed", task, n)`` after its sinks committed; once all
+confirmed and the savepoint is written, the tasks get ``("finish",)`` upstream first (a task
+once every task feeding it finished, so no task sends into a finished one; feedback edges of
+loops excepted). From then on the attempt is stopping: a task that fails or disconnects
+instead of finishing (a loop's finished head broke its feedback channel) ends like a
+finished one — it confirmed its commits already.
 """
 from __future__ import annotations
 
@@ -33,6 +46,7 @@ from epochal.epochs.coordinator import EpochCoordinator
 from epochal.epochs.pending import TriggerReason
 from epochal.loops.termination import in_flight_at_cut
 from epochal.runtime import wire
+from epochal.runtime.savepoints import SavepointTracker
 
 TICK = 0.005
 #: pause between FINAL epochs while a loop is still busy (at most the checkpoint interval)
@@ -59,7 +73,7 @@ class CoordinatorServer:
 
     def __init__(self, plan, generation: int, key: bytes, storage, config, restore: dict | None,
                  first_epoch: int, bind_host: str, log, startup_timeout: float = 300.0,
-                 advertised_host: str | None = None, tls=None):
+                 advertised_host: str | None = None, tls=None, savepoints: SavepointTracker | None = None):
         self.plan = plan
         self.generation = generation
         self.storage = storage
@@ -67,9 +81,14 @@ class CoordinatorServer:
         self.restore = restore
         self.log = log
         self.tasks = [t.id for t in plan.tasks]
+        self._upstream = {t: {c.producer for c in plan.channels.values() if c.consumer == t and not c.feedback}
+                          for t in self.tasks}
         self.sources = set(plan.source_tasks)
         self.loop_heads = plan.loop_head_tasks
         self.final_rounds = 0
+        self._releasing: set[str] | None = None  # loop heads yet to release the end of input
+        #: the latest ("metrics", task, counters) of every task, for live metrics (epochal.metrics)
+        self.live: dict[str, dict] = {}
         self.coordinator = EpochCoordinator(config, self.tasks, first_epoch=first_epoch)
         self.conns: dict[str, wire.Connection] = {}
         self.addresses: dict[str, tuple] = {}
@@ -90,10 +109,20 @@ class CoordinatorServer:
         self.times: dict[str, float] = {}
         self.task_setup: dict[str, dict] = {}  # task → {"setup_s", "restore_s"} from its "running"
         self._done = threading.Event()
+        #: savepoint requests (the driver's, shared by its attempts)
+        self.savepoints = savepoints if savepoints is not None else SavepointTracker(storage, log)
+        self._finish_held = False  # the job may finish once the savepoints in progress are written
+        #: the savepoint URL the job stopped with (stop_with_savepoint), once it stops
+        self.stopped_with_savepoint: str | None = None
+        self._stop_url: str | None = None  # the stop's savepoint is written
+        self._committed: set[str] = set()  # tasks that confirmed committing the stop epoch
+        self._stopped: set[str] = set()  # tasks gone (failed, lost) after the stop's "finish"
+        self._finish_sent: set[str] = set()
         self.server = wire.Server(key, self._on_connection, host=bind_host, name="coordinator", tls=tls)
         #: where tasks reach the coordinator (the driver's advertised host, its bound port)
         self.address = (advertised_host or bind_host, self.server.address[1])
         self._thread = threading.Thread(target=self._loop, name="epochal-coordinator", daemon=True)
+        self.savepoints.attach(self.inbox.put)
         self._thread.start()
 
     # ------------------------------------------------------------------ public
@@ -189,8 +218,11 @@ class CoordinatorServer:
             self._finish_attempt(False, f"more than {self.config.tolerable_failures} consecutive failed "
                                         f"checkpoints (checkpoint.tolerable_failures); last: {last}")
             return
+        if self.savepoints.stop_epoch is not None:
+            return  # stopping with a savepoint: no epoch after the savepoint's
         pending = self.coordinator.maybe_trigger(now)
         if pending is not None:
+            self.savepoints.on_trigger(pending.epoch)
             self.highest_triggered = pending.epoch
             ts = time.time()
             for task in self.sources:
@@ -199,7 +231,9 @@ class CoordinatorServer:
     def _handle(self, msg: tuple) -> None:
         kind = msg[0]
         now = time.monotonic()
-        if kind == "hello":
+        if self.stopped_with_savepoint is not None and kind in ("failed", "lost"):
+            self._gone_while_stopping(msg[1], msg[2])
+        elif kind == "hello":
             _, task, address, conn = msg
             self.conns[task] = conn
             if address is not None:
@@ -229,14 +263,42 @@ class CoordinatorServer:
             self.coordinator.request_trigger(TriggerReason.SOURCE_REQUEST, now)
         elif kind == "manual":
             self.coordinator.request_trigger(TriggerReason.MANUAL, now)
+        elif kind == "savepoint":  # a FINAL epoch in flight serves it; else the next trigger does
+            final = [p.epoch for p in self.coordinator.pending if p.reason is TriggerReason.FINAL]
+            if final:
+                self.savepoints.on_trigger(final[-1])
+            elif self.savepoints.has_waiting:
+                self.coordinator.request_trigger(TriggerReason.MANUAL, now)
+        elif kind == "committed":
+            if msg[2] == self.savepoints.stop_epoch:
+                self._committed.add(msg[1])
+                self._maybe_stop()
+        elif kind == "savepoint_done":
+            stopping = self.savepoints.stop_ready()
+            if stopping is not None:
+                self._stop_url = stopping.url
+                self._maybe_stop()
+            elif self._finish_held and not self.savepoints.busy and self._stop_url is None:
+                self._finish_held = False
+                self._broadcast(("finish",))
         elif kind == "exhausted":
             self.exhausted.add(msg[1])
             if self.exhausted >= self.sources:
                 self.coordinator.request_final(now)
+        elif kind == "metrics":
+            self.live[msg[1]] = msg[2]
+        elif kind == "released":
+            self._releasing.discard(msg[1])
+            if not self._releasing:  # the end of event time went into every loop: commit what it fired
+                self.coordinator.continue_final(time.monotonic())
+                self.final_rounds += 1
         elif kind == "finished":
             self.finished[msg[1]] = msg[2]
-            if len(self.finished) == len(self.tasks):
+            self._stopped.discard(msg[1])
+            if len(self.finished) + len(self._stopped) >= len(self.tasks):
                 self._finish_attempt(True)
+            elif self.stopped_with_savepoint is not None:
+                self._finish_upstream_first()
         elif kind == "failed":
             self._reported.add(msg[1])
             flags = msg[3] if len(msg) > 3 else {}
@@ -264,7 +326,9 @@ class CoordinatorServer:
                 self.storage.discard(aborted.epoch)
             except Exception as exc:
                 self.log(f"could not delete aborted checkpoint {aborted.epoch}: {exc}")
-            if aborted.trigger_reason is TriggerReason.FINAL:
+            final = aborted.trigger_reason is TriggerReason.FINAL
+            self.savepoints.on_abort(aborted.epoch, aborted.detail, final)
+            if final:
                 self.coordinator.request_final(time.monotonic())
         for completed in progress.completed:
             self._complete(completed)
@@ -292,12 +356,15 @@ class CoordinatorServer:
         t_meta = time.monotonic()
         self.storage.write_metadata(completed.epoch, meta)
         metadata_s = time.monotonic() - t_meta
-        # Step 2: commit phase — tasks (sinks) publish everything up to this epoch.
-        self._broadcast(("complete", completed.epoch))
-        # Step 3: retention.
+        # Step 2: commit phase — tasks (sinks) publish everything up to this epoch (and confirm
+        # it when the job stops with a savepoint of this epoch).
+        self._broadcast(("complete", completed.epoch, True) if completed.epoch == self.savepoints.stop_epoch
+                        else ("complete", completed.epoch))
+        # Step 3: savepoints of this epoch are copied (it stays pinned meanwhile), then retention.
+        self.savepoints.on_complete(completed.epoch, meta)
         in_flight_files = {h["path"] for p in self.coordinator.pending for a in p.acks.values() if a
                            for h in a.get("shared", ())}
-        self.storage.retain(self.config.retained, protect=in_flight_files)
+        self.storage.retain(self.config.retained, protect=in_flight_files, pinned=self.savepoints.pinned)
         metrics = [dict(p.get("metrics", {})) for p in completed.acks.values()]
         self.completed.append({
             "epoch": completed.epoch,
@@ -325,8 +392,41 @@ class CoordinatorServer:
                 self.coordinator.continue_final(time.monotonic(), FINAL_ROUND_PAUSE if self.config.interval is None
                                                 else min(self.config.interval, FINAL_ROUND_PAUSE))
                 self.final_rounds += 1
+            elif self.loop_heads and self._releasing is None:
+                self._releasing = set(self.loop_heads)
+                for task in self.loop_heads:
+                    self._send(task, ("release_end",))
+            elif self.savepoints.busy:
+                self._finish_held = True  # finish once the savepoints in progress are written
             else:
                 self._broadcast(("finish",))
+
+    def _maybe_stop(self) -> None:
+        """Stop with a savepoint: finish once it is written and every task committed."""
+        if self._stop_url is not None and self._committed >= set(self.tasks) and self.stopped_with_savepoint is None:
+            self.stopped_with_savepoint = self._stop_url
+            self.log(f"every task committed epoch {self.savepoints.stop_epoch} and the savepoint is written: stopping")
+            self._finish_upstream_first()
+
+    def _finish_upstream_first(self) -> None:
+        """Send "finish" to every task whose upstream tasks (over non-feedback channels) all ended."""
+        ended = set(self.finished) | self._stopped
+        for task in self.tasks:
+            if task not in self._finish_sent and self._upstream[task] <= ended:
+                self._finish_sent.add(task)
+                self._send(task, ("finish",))
+
+    def _gone_while_stopping(self, task: str, cause: str) -> None:
+        """A task failed or disconnected after the stop's "finish": it committed the stop
+        epoch already (confirmed), so it counts as stopped (a finished peer broke its channel)."""
+        if task in self.tasks and task not in self.finished:
+            self.log(f"task {task} ended while stopping: {str(cause).splitlines()[0][:200]}")
+            self._stopped.add(task)
+            self._send(task, ("cancel", "the job stopped with a savepoint"))
+            if len(self.finished) + len(self._stopped) >= len(self.tasks):
+                self._finish_attempt(True)
+            else:
+                self._finish_upstream_first()
 
     def _finish_attempt(self, ok: bool, cause: str = "", fatal: bool = False, poison: tuple | None = None) -> None:
         if self.outcome is not None:
@@ -334,6 +434,7 @@ class CoordinatorServer:
         if not ok:
             self.times["failed"] = time.monotonic()
             self._broadcast(("cancel", cause[:2000]))
+        self.savepoints.attempt_ended(None if ok else cause)
         self.outcome = AttemptOutcome(ok, cause, fatal=fatal, task_metrics=dict(self.finished), poison=poison)
 
 

@@ -20,12 +20,13 @@ import cloudpickle
 from epochal.alignment.factory import components_for
 from epochal.backends.choice import backend_spec
 from epochal.backends.storage import CheckpointStorage, referenced_bytes
-from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, RestartStrategy
+from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, MetricsConfig, RestartStrategy
 from epochal.errors import ConfigError, EpochalError, JobFailedError
 from epochal.graph import NodeKind
 from epochal.runtime import compatibility, wire
 from epochal.runtime.attempt import AttemptSpec
 from epochal.runtime.coordinator_server import AttemptOutcome, CoordinatorServer
+from epochal.runtime.savepoints import SavepointRequest, SavepointTracker
 
 log = logging.getLogger("epochal")
 
@@ -65,6 +66,14 @@ class JobResult:
     attempt_timeline: list = field(default_factory=list)
     #: connections were TLS-encrypted (ChannelConfig.encryption, resolved for the runtime)
     encrypted: bool = False
+    #: every savepoint written while the job ran: ``epoch``, ``url``, ``bytes``, ``copy_s``,
+    #: ``wall_time``, ``stop``
+    savepoints: list = field(default_factory=list)
+    #: the savepoint's URL when the job ended by :meth:`JobHandle.stop_with_savepoint`
+    #: (every sink transaction up to its epoch committed, none after), else ``None``
+    stopped_with_savepoint: str | None = None
+    #: the checkpoint or savepoint the job started from (``restore_from``), else ``None``
+    restored_from_url: str | None = None
 
     @property
     def records_in(self) -> int:
@@ -73,7 +82,8 @@ class JobResult:
 
 
 class JobHandle:
-    """A running job: :meth:`wait` for its result, :meth:`trigger_epoch`, :meth:`cancel`."""
+    """A running job: :meth:`wait` for its result, :meth:`trigger_epoch`, :meth:`cancel`,
+    :meth:`savepoint`, :meth:`stop_with_savepoint`."""
 
     def __init__(self, driver: "_Driver"):
         self._driver = driver
@@ -88,13 +98,76 @@ class JobHandle:
     def cancel(self) -> None:
         self._driver.cancel()
 
-    def wait(self, timeout: float | None = None) -> JobResult:
+    def metrics(self) -> dict:
+        """The job's live metrics now: a progress event (:mod:`epochal.metrics.progress`)."""
+        return self._driver.reporter.snapshot()
+
+    @property
+    def prometheus_address(self) -> tuple[str, int] | None:
+        """``(host, port)`` of the Prometheus endpoint (``metrics.prometheus_port``), or None."""
+        return self._driver.reporter.prometheus_address
+
+    def savepoint(self, url: str | None = None, timeout: float | None = None) -> str:
+        """Take a savepoint: trigger an epoch and, once it completed, copy it to ``url``
+        as a self-contained, relocatable savepoint that retention never deletes
+        (:mod:`epochal.state.savepoint`). Blocks until it is written; returns its URL.
+
+        Args:
+            url: an empty or absent location (any fsspec URL); ``None``:
+                ``<checkpoint root>/savepoints/sp-<epoch>-<random>``.
+            timeout: seconds to wait at most.
+
+        Raises:
+            ConfigError: ``url`` is not empty, or lies inside the job's ``chk-*`` or
+                ``shared`` directories (retention deletes there).
+            SavepointError: its epoch was aborted, the job failed or finished first, or
+                the copy failed (the job keeps running). TimeoutError: not within ``timeout``.
+        """
+        return self._driver.request_savepoint(url, stop=False).wait(timeout)
+
+    def stop_with_savepoint(self, url: str | None = None, timeout: float | None = None) -> str:
+        """Take a savepoint (as :meth:`savepoint`), make sure every sink transaction up to
+        its epoch is committed, and stop the job cleanly: no epoch after it is triggered,
+        the tasks commit the savepoint's epoch, then finish (open transactions, holding
+        records after the savepoint, are aborted). Blocks until the job has stopped;
+        returns the savepoint's URL (also in :meth:`wait`'s ``JobResult.stopped_with_savepoint``).
+
+        A job started with ``restore_from=url`` continues exactly where this one stopped.
+
+        Raises:
+            As :meth:`savepoint`; if it fails the job keeps running (a failed attempt
+            restarts it from its latest checkpoint). The job's own failure, from :meth:`wait`.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        url = self._driver.request_savepoint(url, stop=True).wait(timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return url
+
+    def wait(self, timeout: float | None = None, status: bool = False) -> JobResult:
+        """Block until the job ends (or ``timeout``) and return its result; ``status``:
+        rewrite a one-line live status on standard error meanwhile."""
+        if status:
+            from epochal.metrics.reporter import StatusLine
+
+            line = StatusLine()
+            deadline = None if timeout is None else time.monotonic() + timeout
+            try:
+                while self._driver.thread.is_alive() and (deadline is None or time.monotonic() < deadline):
+                    self._driver.thread.join(0.5)
+                    line.show(self.metrics())
+            finally:
+                line.end()
         self._driver.thread.join(timeout)
         if self._driver.thread.is_alive():
             raise TimeoutError(f"job {self._driver.plan.job!r} still running after {timeout} s")
         if self._driver.error is not None:
             raise self._driver.error
         return self._driver.result
+
+    @property
+    def running(self) -> bool:
+        """Whether the job still runs (:meth:`wait` would block)."""
+        return self._driver.thread.is_alive()
 
     @property
     def completed_epochs(self) -> list[dict]:
@@ -106,8 +179,15 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
               restart: RestartStrategy | None = None, channels: ChannelConfig | None = None,
               runtime: str = "spark", spark=None, resume: bool = False, faults=(),
               backend="heap", cluster: ClusterConfig | None = None,
-              allow_non_restored_state: bool = False) -> JobHandle:
-    """Validate everything that can be validated before any task starts, then start."""
+              allow_non_restored_state: bool = False, metrics: MetricsConfig | None = None,
+              restore_from: str | None = None) -> JobHandle:
+    """Validate everything that can be validated before any task starts, then start.
+
+    ``restore_from``: a savepoint, a ``chk-<epoch>`` directory or a job's checkpoint
+    directory (its newest checkpoint). It is checked against the dataflow like any restore
+    (:mod:`epochal.runtime.compatibility`), then copied into this job's checkpoint storage
+    — which must hold no completed checkpoint — as its first checkpoint, and the job
+    starts from it (:func:`epochal.state.savepoint.import_checkpoint`)."""
     checkpoint = checkpoint or CheckpointConfig()
     if not isinstance(checkpoint, CheckpointConfig):
         raise ConfigError(f"checkpoint: expected CheckpointConfig, got {type(checkpoint).__name__}")
@@ -116,8 +196,10 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
     restart = restart or RestartStrategy()
     channels = channels or ChannelConfig()
     cluster = cluster or ClusterConfig()
+    metrics = metrics or MetricsConfig()
     for name, value, cls in (("checkpoint", checkpoint, CheckpointConfig), ("restart", restart, RestartStrategy),
-                             ("channels", channels, ChannelConfig), ("cluster", cluster, ClusterConfig)):
+                             ("channels", channels, ChannelConfig), ("cluster", cluster, ClusterConfig),
+                             ("metrics", metrics, MetricsConfig)):
         if not isinstance(value, cls):
             raise ConfigError(f"{name}: expected {cls.__name__}, got {type(value).__name__}")
     plan = flow.plan()
@@ -140,6 +222,9 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
     storage = CheckpointStorage(url, flow.name)
     if not isinstance(allow_non_restored_state, bool):
         raise ConfigError(f"allow_non_restored_state: expected True or False, got {allow_non_restored_state!r}")
+    if restore_from is not None:
+        _import_restore_point(restore_from, storage, plan, resume, allow_non_restored_state)
+        resume = True
     latest = storage.latest_completed() if storage.has_checkpoints() else None
     if storage.has_checkpoints() and not resume:
         raise ConfigError(
@@ -156,9 +241,35 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
         launcher = LocalLauncher()
     encrypted = launcher.is_cluster if channels.encryption is None else channels.encryption
     driver = _Driver(plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime,
-                     tuple(faults), backend, encrypted, allow_non_restored_state)
+                     tuple(faults), backend, encrypted, allow_non_restored_state, metrics)
+    driver.restored_from_url = restore_from
     driver.thread.start()
     return JobHandle(driver)
+
+
+def _import_restore_point(restore_from: str, storage: CheckpointStorage, plan, resume: bool,
+                          allow_non_restored_state: bool) -> None:
+    """``restore_from``: check the checkpoint against ``plan``, then copy it into ``storage``."""
+    from epochal.state.location import open_checkpoint
+    from epochal.state.savepoint import import_checkpoint
+
+    if resume:
+        raise ConfigError("restore_from and resume=True exclude each other: restore_from starts the job's history "
+                          "from a savepoint or checkpoint, resume continues the one in checkpoint.storage")
+    if not isinstance(restore_from, str):
+        raise ConfigError(f"restore_from: expected a URL, got {type(restore_from).__name__}")
+    latest = storage.latest_completed()
+    if latest is not None:
+        raise ConfigError(
+            f"restore_from: checkpoint.storage {storage.root_url} already holds checkpoints of job {plan.job!r} "
+            f"(latest completed epoch {latest[0]}); a restore starts the job's history from {restore_from}: use "
+            "another checkpoint.storage (or job name), or resume=True to continue from the latest checkpoint there")
+    point = open_checkpoint(restore_from)
+    compatibility.enforce(plan, point.meta, allow_non_restored_state, log)  # before anything is copied
+    t0 = time.monotonic()
+    copied = import_checkpoint(point, storage)
+    log.info("job %s: %s %s (epoch %d, %d bytes) copied into %s in %.2f s", plan.job, point.kind, restore_from,
+             point.epoch, copied, storage.root_url, time.monotonic() - t0)
 
 
 class _NotStarted:
@@ -189,7 +300,10 @@ def _ship(plan) -> bytes:
 
 class _Driver:
     def __init__(self, plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime,
-                 faults, backend, encrypted: bool = False, allow_non_restored_state: bool = False):
+                 faults, backend, encrypted: bool = False, allow_non_restored_state: bool = False,
+                 metrics: MetricsConfig | None = None):
+        from epochal.metrics.reporter import Reporter
+
         self.backend = backend
         self.allow_non_restored_state = allow_non_restored_state
         self.encrypted = encrypted
@@ -203,7 +317,22 @@ class _Driver:
         self.result: JobResult | None = None
         self.error: BaseException | None = None
         self._cancelled = False
+        self.metrics_config = metrics or MetricsConfig()
+        # live state for the metrics (epochal.metrics): read by the reporter thread
+        self.state, self.attempt_index, self.generation, self.restarts = "starting", 0, None, []
+        self.reporter = Reporter(plan, self.metrics_config, self._progress_source)
+        self.restored_from_url: str | None = None
+        self.savepoints = SavepointTracker(storage, lambda m: log.info("job %s: %s", plan.job, m))
+        self.stopped_with_savepoint: str | None = None
         self.thread = threading.Thread(target=self._run_guarded, name=f"epochal-driver-{plan.job}", daemon=True)
+
+    def _progress_source(self):
+        server = self.server
+        state = {"state": self.state, "attempt": self.attempt_index, "generation": self.generation,
+                 "restarts": list(self.restarts)}
+        if server is None or isinstance(server, _NotStarted):
+            return state, {}, []
+        return state, dict(server.live), list(server.completed)
 
     def trigger_epoch(self) -> None:
         with self._server_lock:
@@ -213,6 +342,13 @@ class _Driver:
                 return
         server.trigger_epoch()
 
+    def request_savepoint(self, url: str | None, stop: bool) -> SavepointRequest:
+        if url is not None:
+            _check_savepoint_target(url, self.storage)
+        request = SavepointRequest(url, stop)
+        self.savepoints.add(request)
+        return request
+
     def cancel(self) -> None:
         self._cancelled = True
         if self.server is not None:
@@ -221,10 +357,14 @@ class _Driver:
     def _run_guarded(self) -> None:
         try:
             self.result = self._run()
+            self.state = "finished"
         except BaseException as exc:
             self.error = exc
+            self.state = "failed"
         finally:
+            self.savepoints.close(f"job {self.plan.job!r} is not running")
             self.launcher.close()
+            self.reporter.close()
 
     def _run(self) -> JobResult:
         t0 = time.monotonic()
@@ -236,6 +376,7 @@ class _Driver:
         for attempt in range(self.restart.max_attempts + 1):
             started = time.monotonic() - t0
             generation = self.storage.next_generation()
+            self.attempt_index, self.generation = attempt, generation
             # the newest checkpoint whose files all verify; a damaged one is skipped with a
             # WARNING (falling back past a committed epoch can repeat its sink output)
             latest = self.storage.latest_restorable()
@@ -254,6 +395,7 @@ class _Driver:
             timeline.append(entry)
             outcome, server = self._attempt(generation, restore, highest + 1, entry, t0)
             highest = max(highest, server.highest_triggered)
+            self.stopped_with_savepoint = getattr(server, "stopped_with_savepoint", None)
             entry["cause"] = None if outcome.ok else outcome.cause
             if outcome.ok:
                 return JobResult(
@@ -262,8 +404,12 @@ class _Driver:
                     aborted_epochs=server.aborted, task_metrics=outcome.task_metrics,
                     duration_s=time.monotonic() - t0, checkpoint_root=f"{self.url}/{self.plan.job}",
                     restored_from=restored_from, attempt_timeline=timeline, encrypted=self.encrypted,
+                    savepoints=list(self.savepoints.written), stopped_with_savepoint=self.stopped_with_savepoint,
+                    restored_from_url=self.restored_from_url,
                 )
             failures.append(outcome.cause)
+            self.state = "restarting"
+            self.restarts.append({"generation": generation, "cause": (outcome.cause or "").splitlines()[0][:500]})
             log.warning("job %s attempt %d (generation %d) failed: %s", self.plan.job, attempt, generation,
                         outcome.cause.splitlines()[0] if outcome.cause else "")
             if self._cancelled:
@@ -303,14 +449,15 @@ class _Driver:
         server = CoordinatorServer(self.plan, generation, key, self.storage, self.checkpoint, restore,
                                    first_epoch, bind, lambda m: log.info("job %s: %s", self.plan.job, m),
                                    startup_timeout=self.launcher.startup_timeout,
-                                   advertised_host=self.launcher.advertised_host, tls=tls)
+                                   advertised_host=self.launcher.advertised_host, tls=tls,
+                                   savepoints=self.savepoints)
         with self._server_lock:
             self.server = server
             early, self._early_trigger = self._early_trigger, False
         if early:
             server.trigger_epoch()
         attempt = AttemptSpec(self.plan_blob, generation, key, server.address, self.components, self.channels,
-                              self.url, self.faults, bind, self.backend, tls)
+                              self.url, self.faults, bind, self.backend, tls, self.metrics_config.interval)
         payload = cloudpickle.dumps(attempt)
 
         exited = threading.Event()
@@ -325,6 +472,7 @@ class _Driver:
                     server.fail("all tasks exited but the coordinator did not see the job finish")
 
         entry["launched_s"] = time.monotonic() - t0
+        self.state = "running"
         self.launcher.launch(payload, len(self.plan.tasks), on_exit)
         outcome: AttemptOutcome = server.wait()
         if outcome.ok:
@@ -336,3 +484,19 @@ class _Driver:
             entry[f"{name}_s"] = server.times[name] - t0 if name in server.times else None
         entry["tasks"] = {t: dict(v) for t, v in server.task_setup.items()}
         return outcome, server
+
+
+def _check_savepoint_target(url: str, storage: CheckpointStorage) -> None:
+    """Refuse a savepoint location retention would delete, or one that is not empty."""
+    target = CheckpointStorage.at_root(url, storage.storage_options)
+    if type(target.fs) is type(storage.fs):
+        rel = target.root[len(storage.root) + 1:] if target.root.startswith(storage.root + "/") else None
+        if target.root == storage.root or rel is not None and rel.split("/")[0].startswith(("chk-", "shared")):
+            raise ConfigError(f"savepoint location {url}: inside the job's checkpoint directory only a subdirectory "
+                              "other than chk-* and shared/ is safe from retention (e.g. <root>/savepoints/...)")
+    try:
+        present = target.fs.ls(target.root, detail=False)
+    except FileNotFoundError:
+        present = []
+    if present:
+        raise ConfigError(f"savepoint location {url} is not empty; savepoints are never overwritten: choose a new one")

@@ -40,8 +40,9 @@ class RestoredState:
     source: dict | None = None
     keyed: list = field(default_factory=list)
     loop_logs: list = field(default_factory=list)  # InTransitLog descriptors, replay order
-    #: (log descriptor, keep) of unaligned channel state: ``keep(record)`` filters a rescaled
-    #: keyed edge's records to this task's key groups (None: all)
+    #: (log descriptor, keep) of unaligned channel state: ``keep(record)`` narrows a rescaled
+    #: keyed edge's record to this task's key groups — the record, the rows of an Arrow
+    #: batch that belong here, or None (``keep`` None: everything)
     channel_state: list = field(default_factory=list)
 
 
@@ -167,6 +168,20 @@ def _channel_state(plan, spec, relevant: dict, blobs: dict, epoch: int) -> list:
 
 
 def _key_filter(key_fn, key_groups: range, max_parallelism: int):
-    def keep(record) -> bool:
-        return key_group_for(key_fn(record), max_parallelism) in key_groups
+    from epochal.columnar.keys import ColumnKey, KeyGroups
+
+    if isinstance(key_fn, ColumnKey):  # a channel of Arrow batches: keep the rows of my key groups
+        import pyarrow.compute as pc
+
+        groups = KeyGroups(key_fn.column, max_parallelism)
+
+        def keep_rows(batch):
+            kgs = groups.of(batch)
+            mask = pc.and_(pc.greater_equal(kgs, key_groups.start), pc.less(kgs, key_groups.stop))
+            part = batch.filter(mask)
+            return part if part.num_rows else None
+        return keep_rows
+
+    def keep(record):
+        return record if key_group_for(key_fn(record), max_parallelism) in key_groups else None
     return keep

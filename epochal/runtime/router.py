@@ -31,14 +31,17 @@ against a record-by-record reference):
 Routing works per batch, never per record where the partitioning allows it: REBALANCE
 gives each channel one strided slice of the batch, FORWARD and BROADCAST one ``extend``
 (a BROADCAST gate keeps one buffer for all its channels and pickles each batch once for
-all of them); only HASH looks at every record (its key), appending through a key group →
-channel table. The result is the same as routing record by record.
+all of them); only HASH looks at every record (its key): the batch's keys go to a
+:class:`~epochal.backends.keygroups.KeyGroupAssigner` at once, then each record is appended
+through a key group → channel table. The result is the same as routing record by record
+(a key that fails fails before any record of the batch is buffered).
 """
 from __future__ import annotations
 
 import time
 
-from epochal.backends.keygroups import key_group_for
+from epochal.backends.keygroups import KeyGroupAssigner
+from epochal.columnar.keys import rows
 from epochal.errors import OperatorError
 from epochal.graph import PartitionKind
 from epochal.plan import OutputGate
@@ -60,16 +63,28 @@ class _Gate:
         self.max_parallelism = max_parallelism
         self.task = task
         self._rr = 0  # REBALANCE: channel of the next record
+        self.columnar = gate.columnar
         if self.kind is PartitionKind.HASH:  # key group -> channel (subtask_for_key_group's formula)
             p = len(buffers)
             self._channel_of = [kg * p // max_parallelism for kg in range(max_parallelism)]
             self._appends = [b.append for b in buffers]
+            self._key_groups = KeyGroupAssigner(max_parallelism)
+            if self.columnar:  # whole Arrow batches: key groups per distinct key (epochal.columnar.keys)
+                import pyarrow as pa
+
+                from epochal.columnar.keys import KeyGroups
+
+                self._groups = KeyGroups(self.key_fn.column, max_parallelism)
+                self._channel_array = pa.array(self._channel_of, pa.int32())
 
     def route(self, records: list) -> None:
         kind = self.kind
         buffers = self.buffers
         if kind is PartitionKind.HASH:
-            self._route_by_key(records)
+            if self.columnar:
+                self._route_batches(records)
+            else:
+                self._route_by_key(records)
         elif kind is PartitionKind.REBALANCE and len(buffers) > 1:
             p, rr = len(buffers), self._rr
             for j, buf in enumerate(buffers):  # record i goes to channel (rr + i) % p
@@ -78,23 +93,47 @@ class _Gate:
         else:  # FORWARD, BROADCAST (one shared buffer), REBALANCE over one channel
             buffers[0].extend(records)
 
+    def _route_batches(self, batches: list) -> None:
+        """Split each Arrow batch by channel: one hash per distinct key, one ``take`` and one
+        ``filter`` per channel that gets rows (:mod:`epochal.columnar.keys`)."""
+        from epochal.columnar.keys import split_by_channel
+
+        n = len(self.buffers)
+        for batch in batches:
+            try:
+                channels = self._channel_array.take(self._groups.of(batch)) if n > 1 else None
+            except Exception as exc:
+                raise OperatorError(f"{self.gate.consumer} (key_by)", self.task,
+                                    f"<RecordBatch of {batch.num_rows} rows>", f"{type(exc).__name__}: {exc}") from exc
+            for channel, part in split_by_channel(batch, channels, n):
+                self.buffers[channel].append(part)
+
     def _route_by_key(self, records: list) -> None:
-        key_fn, maxp = self.key_fn, self.max_parallelism
-        record = None
+        key_fn = self.key_fn
         try:
-            if len(self.buffers) == 1:  # every key goes to subtask 0; keys are still checked
-                for record in records:
-                    key_group_for(key_fn(record), maxp)
-                self.buffers[0].extend(records)
-                return
-            appends, channel_of = self._appends, self._channel_of
-            for record in records:
-                appends[channel_of[key_group_for(key_fn(record), maxp)]](record)
+            kgs = self._key_groups.assign_all([key_fn(record) for record in records])
         except Exception as exc:
-            text = repr(record)
-            raise OperatorError(
-                f"{self.gate.consumer} (key_by)", self.task, text[:200], f"{type(exc).__name__}: {exc}"
-            ) from exc
+            raise self._key_error(records, exc) from exc
+        if len(self.buffers) == 1:  # every key goes to subtask 0; keys are still checked
+            self.buffers[0].extend(records)
+            return
+        appends, channel_of = self._appends, self._channel_of
+        for record, kg in zip(records, kgs):
+            appends[channel_of[kg]](record)
+
+    def _key_error(self, records: list, exc: Exception) -> OperatorError:
+        """The error naming the first record of ``records`` whose key fails (``exc``, raised
+        for the batch, if none fails on its own)."""
+        key_fn, assign = self.key_fn, self._key_groups.assign
+        culprit = records[0] if records else None
+        for record in records:
+            try:
+                assign(key_fn(record))
+            except Exception as err:
+                culprit, exc = record, err
+                break
+        return OperatorError(f"{self.gate.consumer} (key_by)", self.task, repr(culprit)[:200],
+                             f"{type(exc).__name__}: {exc}")
 
 
 class Router:
@@ -110,7 +149,8 @@ class Router:
         self.should_stop = should_stop
         # outlets: (buffer, the channels it is sent on) — one per channel, one per BROADCAST gate
         self._outlets: list[tuple[list, tuple]] = []
-        self._gates = []
+        self._gates = []  # of the chain's main output
+        self._side: dict[tuple[str, str], list[_Gate]] = {}  # (producer, port) -> gates
         for g in gates:
             outs = tuple(channels[cid] for cid in g.channels)
             if g.partitioning.kind is PartitionKind.BROADCAST:
@@ -119,22 +159,43 @@ class Router:
             else:
                 buffers = [[] for _ in outs]
                 self._outlets.extend((b, (out,)) for b, out in zip(buffers, outs))
-            self._gates.append(_Gate(g, buffers, max_parallelism, task))
+            gate = _Gate(g, buffers, max_parallelism, task)
+            if g.port == "main":
+                self._gates.append(gate)
+            else:
+                self._side.setdefault((g.producer, g.port), []).append(gate)
         self._buffers = [buf for buf, _ in self._outlets]
+        # Arrow batches are large already: every one is sent as its own frame (no linger)
+        columnar = {id(b) for g in self._gates + [g for gs in self._side.values() for g in gs] if g.columnar
+                    for b in g.buffers}
+        self._sizes = [1 if id(buf) in columnar else batch_size for buf, _ in self._outlets]
         self._order = [cid for g in gates for cid in g.channels]
         self.oldest_unsent: float | None = None
         self.records_out = 0
         self._urgent = False  # should_stop asked to stop waiting for credit in this call
 
     def route(self, records: list) -> None:
+        """Route the chain's main output."""
         if not records or not self._gates:
             return
-        self.records_out += len(records)
-        for g in self._gates:
+        self._route(self._gates, records)
+
+    def route_side(self, producer: str, port: str, records: list) -> bool:
+        """Route records of ``producer``'s side output ``port``; ``False`` (nothing routed)
+        when no edge reads that output."""
+        gates = self._side.get((producer, port))
+        if not gates:
+            return False
+        if records:
+            self._route(gates, records)
+        return True
+
+    def _route(self, gates: list, records: list) -> None:
+        self.records_out += rows(records)
+        for g in gates:
             g.route(records)
-        size = self.batch_size
         try:
-            for buf, outs in self._outlets:
+            for (buf, outs), size in zip(self._outlets, self._sizes):
                 full = len(buf) - len(buf) % size
                 if full:
                     for start in range(0, full, size):

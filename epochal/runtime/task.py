@@ -30,6 +30,7 @@ import time
 import traceback
 
 from epochal.backends.storage import CheckpointStorage
+from epochal.columnar.keys import rows
 from epochal.alignment.channel_state import ChannelStateRecorder
 from epochal.epochs.barrier import Barrier
 from epochal.errors import ChannelSetupError, ConfigError, EpochalError, OperatorError, TaskStartError
@@ -37,13 +38,16 @@ from epochal.operators.base import OperatorContext, SnapshotResult
 from epochal.operators.factory import create_operator
 from epochal.runtime import wire
 from epochal.runtime.attempt import AttemptSpec
+from epochal.runtime.chain import OperatorChain
 from epochal.runtime.channels import BARRIER, DATA, END, ChannelFailure, InputGate, OutputChannel
 from epochal.loops.head import LOOP_LOG, LoopHeadProtocol
-from epochal.loops.log import replay
+from epochal.runtime.replay import replay_restored
 from epochal.runtime.restore import RestoredState, load_restored_state
 from epochal.runtime.router import Router
 from epochal.runtime.snapshots import PendingUpload, Uploader
 from epochal.testing import FaultInjector
+from epochal.time.units import MAX_TIME, now_micros
+from epochal.time.watermarks import WATERMARK, WatermarkMark, WatermarkTracker
 
 
 class TaskCancelled(EpochalError):
@@ -84,6 +88,8 @@ class Task:
                               unbounded=frozenset(range(self.n_aligned, len(self.spec.inputs))),
                               announce_barriers=self.priority, in_flight=attempt.channels.in_flight)
         self.handler = components.barrier_handler(self.n_aligned)
+        self.clock = WatermarkTracker(self.n_aligned)  # event time of the task's input (epochal.time)
+        self._end_held = False  # a loop head holds the end of input until the loop is quiescent
         memory = 100_000
         if self.spec.is_loop_head:
             memory = plan.nodes[self.spec.chain[0]].payload.log_memory_records
@@ -96,7 +102,7 @@ class Task:
             self.loop = LoopHeadProtocol(range(self.n_aligned, len(self.spec.inputs)), self.recorder)
         self._barrier_ts: dict[int, float] = {}  # epoch -> trigger time, for barriers forwarded later
         self.metrics = {"task": self.spec.id, "host": self.node, "source": self.spec.is_source, "records_in": 0,
-                        "snapshots": 0, "unaligned_snapshots": 0, "channel_state_replayed": 0,
+                        "snapshots": 0, "unaligned_snapshots": 0, "channel_state_replayed": 0, "channel_state_watermarks": 0,
                         "alignment_s": [], "sync_s": [], "loop_replayed": 0}
 
     # ------------------------------------------------------------------ lifecycle
@@ -214,27 +220,20 @@ class Task:
             op = self.faults.wrap(name, create_operator(nodes[name], ctx))
             op.restore(restored.operators.get(name))
             self.operators.append(op)
+        self.chain = OperatorChain(self.operators, self.router, self.spec.id, self.metrics)
         if self.spec.is_source:
             source = nodes[self.spec.chain[0]].payload
+            # a source of Arrow batches returns whole batches: one per poll keeps barriers prompt
+            self._poll_size = 1 if source.schema is not None else self.attempt.channels.batch_size
+            if self.operators:  # e.g. with_watermarks tracks event time per split
+                self.operators[0].bind_source_splits(list(self.spec.source_splits))
             self.reader = source.create_reader(
                 list(self.spec.source_splits), restored.source,
                 subtask=self.spec.subtask, parallelism=self.spec.parallelism,
             )
         self._send(("running", self.spec.id, {"setup_s": time.monotonic() - t_setup, "restore_s": restore_s}))
-        if restored.loop_logs:  # seed 004 §4.1.3.1: a loop head replays its log before anything else
-            for records in replay(restored.loop_logs, storage):
-                self.metrics["loop_replayed"] += len(records)
-                self._process(records)
-            self.router.flush()
-        if restored.channel_state:  # the records in flight at an unaligned cut, before new input
-            for descriptor, keep in restored.channel_state:
-                for records in replay([descriptor], storage):
-                    if keep is not None:
-                        records = [r for r in records if keep(r)]
-                    self.faults.on_replay(self.metrics["channel_state_replayed"] + len(records))
-                    self.metrics["channel_state_replayed"] += len(records)
-                    self._process(records)
-            self.router.flush()
+        self.chain.after_batch()  # a restored watermark generator resumes event time first
+        replay_restored(self, restored, storage)  # loop logs, then channel state: before new input
 
     def _teardown(self) -> None:
         self.recorder.close()
@@ -299,12 +298,25 @@ class Task:
     # ------------------------------------------------------------------ main loop
     def _loop(self) -> None:
         linger = self.attempt.channels.linger
+        chain = self.chain
+        interval = self.attempt.metrics_interval
+        next_report = time.monotonic()
         while not self.finished:
             self._drain_control()
             if self.finished:
                 return
             progressed = self._step_source() if self.spec.is_source else self._step_inputs()
-            self.router.flush_if_lingering(time.monotonic())
+            now_mono = time.monotonic()
+            self.router.flush_if_lingering(now_mono)
+            if now_mono >= next_report:
+                next_report = now_mono + interval
+                self._send(("metrics", self.spec.id, self.live_metrics()))
+            due = chain.next_processing_time()  # processing-time timers (epochal.time.timers)
+            if due is not None:
+                now = now_micros()
+                if now >= due:
+                    chain.fire_processing_time(now)
+                    continue
             if not progressed:
                 with self.cv:
                     if self.control or self._input_ready():
@@ -312,6 +324,8 @@ class Task:
                     timeout = linger if self.router.oldest_unsent is not None else 0.05
                     if self.spec.is_source and not self.exhausted:
                         timeout = min(timeout, 0.002)
+                    if due is not None:
+                        timeout = max(0.0, min(timeout, (due - now_micros()) / 1e6))
                     self.cv.wait(timeout)
 
     def _blocked(self) -> frozenset[int]:
@@ -326,14 +340,21 @@ class Task:
     def _step_source(self) -> bool:
         if self.exhausted:
             return False
-        poll = self.reader.poll(self.attempt.channels.batch_size)
+        poll = self.reader.poll(self._poll_size)
+        if (poll.records or poll.split_finished) and self.operators:
+            self.operators[0].set_input_split(poll.split, poll.split_finished)
         if poll.records:
-            self.metrics["records_in"] += len(poll.records)
+            self.metrics["records_in"] += rows(poll.records)
             self._process(poll.records)
+            self.chain.after_batch()
+        elif poll.split_finished and self.operators:
+            self._process([])  # an empty last poll of a split still ends it
+            self.chain.after_batch()
         if poll.request_epoch:
             self._send(("request_epoch", self.spec.id))
         if poll.finished:
             self.exhausted = True
+            self.chain.end_of_input()  # the final watermark precedes the final barrier
             self.router.flush()
             self._send(("exhausted", self.spec.id))
         return bool(poll.records) or not poll.idle
@@ -355,10 +376,15 @@ class Task:
             return True
         kind = msg[0]
         if kind == DATA:
-            self.metrics["records_in"] += len(msg[1])
+            self.metrics["records_in"] += rows(msg[1])
             if self.recorder.recording:
                 self.recorder.on_records(channel, msg[1])
             self._process(msg[1])
+            self.chain.after_batch()
+        elif kind == WATERMARK:
+            if self.recorder.recording:  # in order with the records of an unaligned epoch's channel state
+                self.recorder.on_records(channel, [WatermarkMark(msg[1], msg[2])])
+            self.on_input_watermark(channel, msg[1], msg[2])
         elif kind == BARRIER:
             self._barrier_ts[msg[1]] = msg[2]
             self._apply(self.handler.on_barrier(channel, Barrier(msg[1], msg[2])), channel, reached=True)
@@ -369,11 +395,15 @@ class Task:
         return True
 
     def _process(self, records: list) -> None:
-        for op in self.operators:
-            records = op.process_batch(records)
-            if not records:
+        self.chain.process(records)
+
+    def on_input_watermark(self, channel: int, watermark: int, idle: bool) -> None:
+        change = self.clock.on_watermark(channel, watermark, idle)
+        if change is not None:
+            if self.loop is not None and change.watermark >= MAX_TIME:
+                self._end_held = True  # until the coordinator says the loop is empty (release_end)
                 return
-        self.router.route(records)
+            self.chain.advance(change)
 
     def _on_feedback(self, channel: int, msg: tuple) -> None:
         """A loop head's phantom channel (seed 004 Alg. 7 lines 9-13)."""
@@ -384,6 +414,9 @@ class Task:
             if logged:
                 self.faults.on_loop_log(logged[-1])
             self._process(msg[1])
+            self.chain.after_batch()
+        elif kind == WATERMARK:
+            pass  # a loop's event time comes from its external inputs only (epochal.time.watermarks)
         elif kind == BARRIER:
             self._apply_loop_events(self.loop.on_barrier(channel, msg[1]))
         elif kind == END:
@@ -444,6 +477,7 @@ class Task:
         t0 = time.monotonic()
         unaligned = plan is not None
         force = unaligned or (self.priority and not self.spec.inputs)  # a source's barrier overtakes too
+        self.chain.pre_barrier(epoch)  # e.g. a mini-batch aggregation's updates, ahead of the barrier
         self.router.flush(force)
         operators, before_ack = {}, []
         for op in self.operators:
@@ -498,6 +532,8 @@ class Task:
                     op.notify_epoch_complete(msg[1])
                 if self.backend is not None:
                     self.backend.notify_epoch_complete(msg[1])
+                if len(msg) > 2 and msg[2]:  # stopping with a savepoint: confirm the commit (runtime/savepoints.py)
+                    self._send(("committed", self.spec.id, msg[1]))
             elif kind == "abort":  # coordinator gave up the epoch: release alignment and loop logging
                 self.handler.abort_epoch(msg[1])
                 self.recorder.drop(msg[1])
@@ -505,6 +541,11 @@ class Task:
                     self.loop.abort(msg[1])
                 if self.backend is not None:
                     self.backend.notify_epoch_aborted(msg[1])
+            elif kind == "release_end":  # a loop head: the loop is quiescent, event time may end
+                if self._end_held:
+                    self.chain.end_of_input()
+                    self.router.flush()
+                self._send(("released", self.spec.id))
             elif kind == "finish":
                 self._finish()
                 return
@@ -517,11 +558,29 @@ class Task:
             op.close()
         self.router.broadcast((END,))
         self.finished = True
+        self._send(("metrics", self.spec.id, self.live_metrics()))  # the final counts for the live metrics
         self._send(("finished", self.spec.id, self._final_metrics()))
+
+    def live_metrics(self) -> dict:
+        """Counters of this task now, for the driver's live metrics (:mod:`epochal.metrics`):
+        cumulative since the attempt started, so a lost report loses no count."""
+        operators = self.chain.operator_counts()
+        if self.spec.is_source:  # records read = records emitted by the source
+            operators[self.spec.chain[0]] = [self.metrics["records_in"]] * 2
+        return {
+            "records_in": self.metrics["records_in"], "records_out": self.router.records_out,
+            "backpressure_s": sum(o.blocked_seconds for o in self.outputs.values()),
+            "queued_batches": sum(len(q) for q in self.gate.queues),
+            "watermark": self.chain.output.watermark, "idle": self.chain.output.idle,
+            "operators": operators, "snapshots": self.metrics["snapshots"],
+            "late_dropped": self.metrics.get("late_dropped", 0), "host": self.node, "time": time.time(),
+        }
 
     def _final_metrics(self) -> dict:
         m = dict(self.metrics)
         m["records_out"] = self.router.records_out
         m["backpressure_s"] = sum(o.blocked_seconds for o in self.outputs.values())
         m["max_buffered_batches"] = self.gate.buffered_batches_max
+        if hasattr(self, "chain"):
+            m["watermark"] = self.chain.output.watermark
         return m

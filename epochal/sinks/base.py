@@ -151,6 +151,21 @@ class SinkWriter(ABC):
     def write(self, record: Any) -> None:
         """Write one record of the current epoch. Raises :class:`SinkWriteError`."""
 
+    def write_many(self, records: list) -> None:
+        """Write records of the current epoch, in order: what ``write`` for each does (the
+        default), possibly faster. The sink operator calls it once per batch. Raises
+        :class:`SinkWriteError` naming the first record that cannot be written; the records
+        before it were written."""
+        write = self.write
+        for record in records:
+            write(record)
+
+    def write_batch(self, batch) -> None:
+        """Write every row of a ``pyarrow.RecordBatch`` (a stream of Arrow batches), as
+        :meth:`write` of one dict per row unless the writer has a faster way."""
+        for row in batch.to_pylist():
+            self.write(row)
+
     @abstractmethod
     def snapshot(self, epoch: int) -> Any:
         """Barrier ``epoch`` reached: return picklable state for checkpoint ``epoch``."""
@@ -170,16 +185,18 @@ class SinkWriter(ABC):
         """Clean end of the task; release resources."""
 
 
-_FINAL_METHODS = ("restore", "write", "snapshot", "durability_job", "notify_epoch_complete", "close")
+_FINAL_METHODS = ("restore", "write", "write_many", "write_batch", "snapshot", "durability_job",
+                  "notify_epoch_complete", "close")
 
 
 class TwoPhaseCommitSink(SinkWriter):
     """A writer whose base class owns the epoch two-phase commit (seed 004 §4.1.3).
 
-    ``restore``, ``write``, ``snapshot``, ``durability_job``, ``notify_epoch_complete`` and
-    ``close`` are final (overriding them raises TypeError). Subclasses implement the hooks; a
-    transaction handle ("txn") is whatever picklable object ``begin_transaction`` returns — it
-    is stored in checkpoints and handed to ``commit`` on a new writer after a crash.
+    ``restore``, ``write``, ``write_many``, ``snapshot``, ``durability_job``,
+    ``notify_epoch_complete`` and ``close`` are final (overriding them raises TypeError).
+    Subclasses implement the hooks; a transaction handle ("txn") is whatever picklable object
+    ``begin_transaction`` returns — it is stored in checkpoints and handed to ``commit`` on a
+    new writer after a crash.
 
     In ``SinkMode.TRANSACTIONAL`` one transaction per epoch is sealed at its barrier, made
     durable by the epoch's :meth:`durability_job` before the task acknowledges the epoch, and
@@ -236,6 +253,20 @@ class TwoPhaseCommitSink(SinkWriter):
     @abstractmethod
     def write_to(self, txn: Any, record: Any) -> None:
         """Write ``record`` into ``txn``; invisible to readers in TRANSACTIONAL mode."""
+
+    def write_many_to(self, txn: Any, records: list) -> None:
+        """Write ``records`` into ``txn`` in order: ``write_to`` for each (the default); a
+        sink overrides it when a batch is cheaper written at once. If a record fails, the
+        records before it are written and the error names it."""
+        write_to = self.write_to
+        for record in records:
+            write_to(txn, record)
+
+    def write_batch_to(self, txn: Any, batch) -> None:
+        """Write the rows of a ``pyarrow.RecordBatch`` into ``txn``: one dict per row through
+        :meth:`write_to` unless overridden (a Parquet file takes the batch whole)."""
+        for row in batch.to_pylist():
+            self.write_to(txn, row)
 
     @abstractmethod
     def pre_commit(self, txn: Any) -> Callable[[], None] | None:
@@ -326,6 +357,35 @@ class TwoPhaseCommitSink(SinkWriter):
             raise
         if self._publishes_between_barriers:
             self._protocol.after_write(self, txn)
+
+    @final
+    def write_many(self, records: list) -> None:
+        """Final. Write ``records`` into the open transaction (``write_many_to``); as
+        ``write`` for each, with DIRECT mode's publish check once per call."""
+        txn = self._open
+        if txn is None:
+            raise self._unusable("write")
+        try:
+            self.write_many_to(txn.handle, records)
+        except BaseException as exc:
+            self._fail(txn, "write_to", exc)
+            raise
+        if self._publishes_between_barriers:
+            self._protocol.after_write(self, txn, len(records))
+
+    @final
+    def write_batch(self, batch) -> None:
+        """Final. Write a ``pyarrow.RecordBatch`` into the open transaction (``write_batch_to``)."""
+        txn = self._open
+        if txn is None:
+            raise self._unusable("write")
+        try:
+            self.write_batch_to(txn.handle, batch)
+        except BaseException as exc:
+            self._fail(txn, "write_batch_to", exc)
+            raise
+        if self._publishes_between_barriers:
+            self._protocol.after_write(self, txn, batch.num_rows)
 
     @final
     def snapshot(self, epoch: int) -> TwoPhaseCommitState:

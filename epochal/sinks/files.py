@@ -30,7 +30,7 @@ each barrier, named by generation instead of epoch (``part-3fa0c1d2-g000003-s000
 output is visible one barrier after it was written, never half-written, and records
 replayed after a restore appear again in files of the new generation.
 
-Formats: ``jsonl`` (``json.dumps`` per line), ``csv`` (dict records, header from ``schema``
+Formats (named tuples are written as dicts): ``jsonl`` (``json.dumps`` per line), ``csv`` (dict records, header from ``schema``
 or the first record), ``parquet`` (dict records via pyarrow; schema inferred from the first
 batch unless given — pass ``schema=`` for stable column types).
 
@@ -167,18 +167,48 @@ class FileSinkWriter(TwoPhaseCommitSink):
         return FileTransaction(epoch)  # files appear with the first record: empty epochs publish nothing
 
     def write_to(self, txn: FileTransaction, record: Any) -> None:
-        part = self._part
-        if part is None:
-            final = self._names.final(txn.epoch, len(txn.files))
-            staged = posixpath.join(STAGING_DIR, self._names.staged(final))
-            part = self._part = self._format.part(self._fs, self._join(staged))
-            txn.files.append((staged, final))
+        part = self._part or self._new_part(txn)
         part.write(record)
         if self._max is not None and part.count >= self._max:
-            self._part = None
-            part.close(sync=False)  # cheap: the fsync is the durability step's
-            if self._local:
-                self._unsynced.append(part.path)
+            self._roll(part)
+
+    def write_batch_to(self, txn: FileTransaction, batch) -> None:
+        """Parquet takes a ``pyarrow.RecordBatch`` whole (row groups); other formats as a
+        batch of dict rows."""
+        if not isinstance(self._format, _Parquet):
+            return self.write_many_to(txn, batch.to_pylist())
+        part = self._part or self._new_part(txn)
+        part.write_batch(batch)
+        if self._max is not None and part.count >= self._max:
+            self._roll(part)
+
+    def write_many_to(self, txn: FileTransaction, records: list) -> None:
+        """A batch at once: each part file gets one ``write_many`` per batch (jsonl: one
+        encode and one file write), cut where ``max_records_per_file`` rolls the file."""
+        if type(self).write_to is not FileSinkWriter.write_to:  # a subclass's write_to sees every record
+            super().write_many_to(txn, records)
+            return
+        start, n, most = 0, len(records), self._max
+        while start < n:
+            part = self._part or self._new_part(txn)
+            stop = n if most is None else min(n, start + most - part.count)
+            part.write_many(records if start == 0 and stop == n else records[start:stop])
+            start = stop
+            if most is not None and part.count >= most:
+                self._roll(part)
+
+    def _new_part(self, txn: FileTransaction) -> _Part:
+        final = self._names.final(txn.epoch, len(txn.files))
+        staged = posixpath.join(STAGING_DIR, self._names.staged(final))
+        part = self._part = self._format.part(self._fs, self._join(staged))
+        txn.files.append((staged, final))
+        return part
+
+    def _roll(self, part: _Part) -> None:
+        self._part = None
+        part.close(sync=False)  # cheap: the fsync is the durability step's
+        if self._local:
+            self._unsynced.append(part.path)
 
     def pre_commit(self, txn: FileTransaction):
         """Seal: detach the open part file (parquet: flush its buffered rows, which may still
@@ -313,6 +343,12 @@ class _Part:
     def write(self, record: Any) -> None:
         raise NotImplementedError
 
+    def write_many(self, records: list) -> None:
+        """``write`` for each record (formats override it when a batch is cheaper at once)."""
+        write = self.write
+        for record in records:
+            write(record)
+
     def seal(self) -> None:
         """No more records: push buffered records into the file object (task thread)."""
 
@@ -329,19 +365,73 @@ class _Part:
             self._file.close()
 
 
+def _row(record: Any) -> Any:
+    """Named tuples (e.g. :class:`~epochal.windows.WindowResult`) are written as objects."""
+    if isinstance(record, tuple) and hasattr(record, "_asdict"):
+        return record._asdict()
+    return record
+
+
+_JSON_ERRORS = (TypeError, ValueError, RecursionError)
+
+
+def _json_chunks_encoder():
+    """``json.dumps`` without its per-call set-up (which costs more than encoding a small
+    record): the C encoder ``json.dumps`` uses, made once with its defaults, called as
+    ``"".join(encoder(record, 0))``. It gives ``json.dumps``'s text for every record it
+    encodes; made without circular-reference markers (a quarter of its time), so a cyclic
+    record raises RecursionError where ``json.dumps`` raises ValueError — the caller then
+    goes through ``json.dumps``, whose error it reports. ``None`` where the C accelerator is
+    missing or gives other text (the caller then always uses ``json.dumps``)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    d = json.JSONEncoder()
+    try:
+        encoder = make(None, d.default, json.encoder.encode_basestring_ascii, None, d.key_separator,
+                       d.item_separator, d.sort_keys, d.skipkeys, d.allow_nan)
+        sample = [{"k": [1.5, None, True]}, "\u00e9", 2**70, float("nan")]
+        if "".join(encoder(sample, 0)) == json.dumps(sample):
+            return encoder
+    except TypeError:  # pragma: no cover - no C accelerator, or another signature
+        pass
+    return None  # pragma: no cover
+
+
 class _JsonLinesPart(_Part):
     def write(self, record: Any) -> None:
+        record = _row(record)
         try:
             line = json.dumps(record).encode("utf-8") + b"\n"
-        except (TypeError, ValueError, RecursionError) as exc:
+        except _JSON_ERRORS as exc:
             raise SinkWriteError(self._fmt.sink_name, record, f"not JSON-serializable: {exc}") from exc
         self._open().write(line)  # only whole, encoded records reach the file
         self.count += 1
+
+    def write_many(self, records: list) -> None:
+        """One encode and one file write for the batch; the same bytes as ``write`` per
+        record. If a record fails, the batch goes through ``write`` record by record, which
+        writes the records before it and raises for it."""
+        encoder = self._fmt.encoder
+        if encoder is None:  # pragma: no cover - no C encoder
+            super().write_many(records)
+            return
+        if any(issubclass(t, tuple) for t in set(map(type, records))):  # named tuples become objects
+            records = [_row(r) for r in records]
+        join = "".join
+        try:
+            lines = [join(encoder(r, 0)) for r in records]
+        except _JSON_ERRORS:
+            super().write_many(records)
+            return
+        if lines:
+            lines.append("")
+            self._open().write("\n".join(lines).encode("utf-8"))
+            self.count += len(lines) - 1
 
 
 class _CsvPart(_Part):
     def write(self, record: Any) -> None:
         fmt = self._fmt
+        record = _row(record)
         if not isinstance(record, Mapping):
             raise SinkWriteError(fmt.sink_name, record,
                                  f"csv records must be dicts (column -> value), got {type(record).__name__}")
@@ -367,6 +457,7 @@ class _ParquetPart(_Part):
         self._writer: pq.ParquetWriter | None = None
 
     def write(self, record: Any) -> None:
+        record = _row(record)
         if not isinstance(record, Mapping):
             raise SinkWriteError(self._fmt.sink_name, record,
                                  f"parquet records must be dicts (column -> value), got {type(record).__name__}")
@@ -378,9 +469,29 @@ class _ParquetPart(_Part):
     def _flush(self) -> None:
         rows, self._rows = self._rows, []
         table = self._fmt.to_table(rows)  # raises SinkWriteError before anything is written
+        self._write_table(table)
+
+    def _write_table(self, table) -> None:
         if self._writer is None:
             self._writer = pq.ParquetWriter(self._open(), table.schema)
         self._writer.write_table(table)
+
+    def write_batch(self, batch) -> None:
+        """A ``pyarrow.RecordBatch`` as row group(s), after any buffered dict rows."""
+        if self._rows:
+            self._flush()
+        schema = self._fmt.schema
+        if schema is not None and not batch.schema.equals(schema):
+            try:
+                batch = batch.select(schema.names).cast(schema)
+            except Exception as exc:
+                raise SinkWriteError(self._fmt.sink_name, f"<RecordBatch of {batch.num_rows} rows>",
+                                     f"does not fit parquet schema {schema}: {exc}") from exc
+        if self._writer is not None and not batch.schema.equals(self._writer.schema):
+            raise SinkWriteError(self._fmt.sink_name, f"<RecordBatch of {batch.num_rows} rows>",
+                                 f"schema {batch.schema} differs from the part file's {self._writer.schema}")
+        self._write_table(pa.Table.from_batches([batch]))
+        self.count += batch.num_rows
 
     def seal(self) -> None:
         if self._rows:
@@ -402,6 +513,7 @@ class _JsonLines:
 
     def __init__(self, sink_name: str, schema: pa.Schema | None):
         self.sink_name = sink_name
+        self.encoder = _json_chunks_encoder()
 
     def part(self, fs, path: str) -> _Part:
         return self.part_class(self, fs, path)

@@ -144,12 +144,14 @@ class PublishAtBarrier:
         w._make_durable_here(txn, txn.epoch)
         w._advance(txn, TransactionState.COMMITTED, w.commit)
 
-    def after_write(self, w: TwoPhaseCommitSink, txn: Txn) -> None:
-        """Lower latency than the epoch: publish the open transaction once it is older than
-        ``w.direct_publish_interval`` and continue the epoch in a new one. The clock is read
-        every 64 writes only (the per-record path stays cheap)."""
-        txn.writes += 1
-        if txn.writes & 63 == 0 and time.monotonic() - txn.started >= w.direct_publish_interval:
+    def after_write(self, w: TwoPhaseCommitSink, txn: Txn, n: int = 1) -> None:
+        """``n`` records were written: lower latency than the epoch: publish the open
+        transaction once it is older than ``w.direct_publish_interval`` and continue the
+        epoch in a new one. The clock is read once per 64 writes only (the per-record path
+        stays cheap)."""
+        before = txn.writes
+        txn.writes = before + n
+        if before >> 6 != txn.writes >> 6 and time.monotonic() - txn.started >= w.direct_publish_interval:
             self.at_barrier(w, txn)
             w._open = Txn(txn.epoch, w._call(w.begin_transaction, txn.epoch))
 

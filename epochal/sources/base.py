@@ -22,7 +22,7 @@ Example::
     ['a', 'b']
     >>> state = reader.snapshot()
     >>> src.create_reader(src.splits(), state).poll(10)
-    Poll(records=['c'], finished=True, request_epoch=False, idle=False)
+    Poll(records=['c'], finished=True, request_epoch=False, idle=False, split=0, split_finished=True)
 """
 from __future__ import annotations
 
@@ -48,12 +48,20 @@ class Poll:
             that no other barrier falls in between.
         idle: no data right now (e.g. rate limited or waiting for new files); the task
             may wait briefly before polling again. Never set together with records.
+        split: the split every one of ``records`` comes from, when the reader knows (``None``:
+            unknown or several). A ``with_watermarks`` chained to the source then tracks
+            event time per split (Flink's per-split watermarks): the subtask's watermark is
+            the minimum over its splits, so reading one split ahead of another makes nobody
+            late.
+        split_finished: ``split`` has no more records (it stops holding event time back).
     """
 
     records: list
     finished: bool = False
     request_epoch: bool = False
     idle: bool = False
+    split: object = None
+    split_finished: bool = False
 
 
 class SourceReader(ABC):
@@ -100,6 +108,12 @@ class Source(ABC):
     def name(self) -> str:
         """A short human-readable name used in error messages."""
         return type(self).__name__
+
+    @property
+    def schema(self):
+        """A ``pyarrow.Schema`` when the source produces Arrow batches (every record a poll
+        returns is one ``pyarrow.RecordBatch``: a columnar stream); ``None`` for records."""
+        return None
 
     def locations(self) -> tuple[str, ...]:
         """The storage URLs or paths this source reads (directories, logs); none by default.

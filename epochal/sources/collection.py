@@ -16,6 +16,21 @@ from epochal.sources.base import Poll, Source, SourceReader, check_max_records, 
 __all__ = ["CollectionSource", "GeneratorSource"]
 
 
+def _check_schema(schema, source: str, items: list | None = None):
+    """``schema`` of a source of Arrow batches: a ``pyarrow.Schema``, and every given item a
+    batch of it."""
+    if schema is None:
+        return None
+    import pyarrow as pa
+
+    if not isinstance(schema, pa.Schema):
+        raise PipelineDefinitionError(f"{source}: schema must be a pyarrow.Schema, got {schema!r}")
+    for i, item in enumerate(items or ()):
+        if not isinstance(item, pa.RecordBatch) or not item.schema.equals(schema):
+            raise PipelineDefinitionError(f"{source}: item {i} is not a pyarrow.RecordBatch of the schema")
+    return schema
+
+
 def _restored_offset(state: dict | None, split, default: int, source: str) -> int:
     """The offset of ``split`` in ``state`` (string keys; int keys tolerated), else ``default``."""
     if not state:
@@ -40,10 +55,16 @@ class CollectionSource(Source):
         [2, 3, 4]
     """
 
-    def __init__(self, items: Iterable, *, num_splits: int | None = None):
+    def __init__(self, items: Iterable, *, num_splits: int | None = None, schema=None):
         self._items = list(items)
         self._num_splits = check_positive_int(1 if num_splits is None else num_splits,
                                               "num_splits", self.name)
+        self._schema = _check_schema(schema, self.name, self._items)
+
+    @property
+    def schema(self):
+        """The batches' schema when the items are Arrow batches (a columnar stream)."""
+        return self._schema
 
     def splits(self) -> list[int]:
         return list(range(self._num_splits))
@@ -72,17 +93,17 @@ class _CollectionReader(SourceReader):
                                  f"({r.start}..{r.stop}); the collection changed since the snapshot")
 
     def poll(self, max_records: int) -> Poll:
+        """Records of one split per poll (the splits one after another), tagged with it."""
         check_max_records(max_records, self._name)
-        records: list = []
         for s, r in self._ranges.items():
-            if len(records) >= max_records:
-                break
             start = self._next[s]
-            stop = min(r.stop, start + max_records - len(records))
-            records.extend(self._items[start:stop])
+            if start == r.stop:
+                continue
+            stop = min(r.stop, start + max_records)
             self._next[s] = stop
-        finished = all(self._next[s] == r.stop for s, r in self._ranges.items())
-        return Poll(records, finished=finished)
+            finished = all(self._next[k] == q.stop for k, q in self._ranges.items())
+            return Poll(self._items[start:stop], finished=finished, split=s, split_finished=stop == r.stop)
+        return Poll([], finished=True)
 
     def snapshot(self) -> dict:
         return {str(s): i for s, i in self._next.items()}
@@ -127,11 +148,11 @@ class GeneratorSource(Source):
 
         >>> src = GeneratorSource(lambda split, offset: itertools.count(offset), limit=3)
         >>> src.create_reader([0], {"0": 1}).poll(10)
-        Poll(records=[1, 2], finished=True, request_epoch=False, idle=False)
+        Poll(records=[1, 2], finished=True, request_epoch=False, idle=False, split=0, split_finished=True)
     """
 
     def __init__(self, fn: Callable[[int, int], Iterator], *, num_splits: int = 1,
-                 limit: int | None = None, records_per_second: float | None = None):
+                 limit: int | None = None, records_per_second: float | None = None, schema=None):
         if not callable(fn):
             raise PipelineDefinitionError(f"{self.name}: fn must be callable (split, offset) -> iterator, got {fn!r}")
         self._fn = fn
@@ -143,6 +164,13 @@ class GeneratorSource(Source):
             raise PipelineDefinitionError(
                 f"{self.name}: records_per_second must be a number > 0 (or None), got {records_per_second!r}")
         self._rate = records_per_second
+        self._schema = _check_schema(schema, self.name)
+
+    @property
+    def schema(self):
+        """With ``schema``, ``fn`` yields ``pyarrow.RecordBatch``es of it (a columnar stream;
+        offsets, ``limit`` and the rate then count batches)."""
+        return self._schema
 
     def splits(self) -> list[int]:
         return list(range(self._num_splits))
@@ -178,7 +206,7 @@ class _GeneratorReader(SourceReader):
                     continue
             self._turn = (self._turn + i + 1) % n
             records = self._read(s, wanted)
-            return Poll(records, finished=len(self._done) == n)
+            return Poll(records, finished=len(self._done) == n, split=s, split_finished=s in self._done)
         if len(self._done) == n:
             return Poll([], finished=True)
         return Poll([], idle=True)

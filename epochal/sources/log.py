@@ -330,12 +330,16 @@ class LogSource(Source):
         partitions: if the topic does not exist when the job is planned, create it with this
             many partitions (a follower may start before its producer); an existing topic
             must have as many.
+        schema: read the records (JSON objects, e.g. rows a stream of Arrow batches wrote) as
+            ``pyarrow.RecordBatch``es of this schema, up to ``batch_rows`` rows each — a
+            columnar stream; offsets still count records.
 
     State: ``{str(partition): offset of the next unread record}``.
     """
 
     def __init__(self, root: str, topic: str, *, follow: bool = False, limit: int | None = None,
-                 poll_interval: float | str = 0.05, partitions: int | None = None):
+                 poll_interval: float | str = 0.05, partitions: int | None = None, schema=None,
+                 batch_rows: int = 65536):
         if not isinstance(root, str) or not root:
             raise ConfigError(f"LogSource root: expected a non-empty path or URL, got {root!r}")
         self._root, self._topic = root, check_name(topic, "LogSource topic")
@@ -344,6 +348,14 @@ class LogSource(Source):
         self._poll_interval = parse_duration(poll_interval, "poll_interval")
         self._create = None if partitions is None else check_positive_int(partitions, "partitions", self.name)
         self._partitions: int | None = None
+        from epochal.sources.collection import _check_schema
+
+        self._schema = _check_schema(schema, self.name)
+        self._batch_rows = check_positive_int(batch_rows, "batch_rows", self.name)
+
+    @property
+    def schema(self):
+        return self._schema
 
     @property
     def name(self) -> str:
@@ -390,6 +402,17 @@ class _LogSourceReader(SourceReader):
         return self._src._limit is not None and self._next[p] >= self._src._limit
 
     def poll(self, max_records: int) -> Poll:
+        schema = self._src._schema
+        if schema is None:
+            return self._poll(max_records)
+        poll = self._poll(self._src._batch_rows)  # a columnar stream: one batch of up to batch_rows
+        if not poll.records:
+            return poll
+        import pyarrow as pa
+
+        return Poll([pa.RecordBatch.from_pylist(poll.records, schema=schema)], finished=poll.finished)
+
+    def _poll(self, max_records: int) -> Poll:
         check_max_records(max_records, self._src.name)
         if all(self._done(p) for p in self._splits):
             return Poll([], finished=True)

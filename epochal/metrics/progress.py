@@ -1,0 +1,138 @@
+"""Progress events: what a running job is doing, built in the driver from the tasks'
+reports (Spark's ``StreamingQueryProgress``, Flink's job metrics).
+
+Every ``metrics.interval`` each task sends the coordinator its cumulative counters
+(:meth:`epochal.runtime.task.Task.live_metrics`); :class:`ProgressBuilder` turns the
+latest ones, the completed epochs and the driver's attempt history into one JSON-able dict:
+
+* ``state`` (``starting``, ``running``, ``restarting``, ``finished``, ``failed``), ``attempt``,
+  ``generation``, ``uptime_s``, ``restarts`` (each with its cause);
+* throughput: ``records_in_per_s`` (read by the sources) and ``records_out_per_s`` (written
+  by the sinks), per task and per operator too, as rates between this event and the
+  previous one;
+* ``late_dropped``: late records of windows whose ``.late()`` output nothing reads;
+* ``backpressure_ratio`` per task (the share of the last interval it waited for credit),
+  ``queued_batches`` (its input queues), ``watermark`` (its output event time, seconds);
+* checkpoints: ``last_completed_epoch``, its age, and duration / size p50 and p99 over the
+  attempt's completed epochs.
+
+Pure bookkeeping (no threads): the reporter (:mod:`epochal.metrics.reporter`) calls
+:meth:`ProgressBuilder.build` on its own thread.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import time
+
+from epochal.graph import NodeKind
+from epochal.time.units import MIN_TIME, to_seconds
+
+__all__ = ["ProgressBuilder", "percentile"]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in 0..100) of ``values``; ``None`` if empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))  # ceil
+    return ordered[int(rank) - 1]
+
+
+class ProgressBuilder:
+    """Builds successive progress events of one job (see the module docstring)."""
+
+    def __init__(self, plan):
+        self.job = plan.job
+        self.sources = {t.id for t in plan.tasks if t.is_source}
+        self.sinks = {n.name for n in plan.nodes.values() if n.kind is NodeKind.SINK}
+        self.sequence = 0
+        self.started = time.monotonic()
+        self._previous: dict[str, dict] = {}  # task -> its counters at the previous event
+
+    def build(self, driver_state: dict, live: dict, completed: list[dict]) -> dict:
+        """One progress event. ``driver_state``: ``state``, ``attempt``, ``generation``,
+        ``restarts``; ``live``: task → its latest counters; ``completed``: the attempt's
+        completed epochs (``JobResult.completed_epochs`` items)."""
+        now = time.time()
+        tasks, operators = {}, {}
+        rate_in = rate_out = 0.0
+        watermarks = []
+        for task, m in sorted(live.items()):
+            prev = self._previous.get(task)
+            fresh = prev is None or m.get("time", 0) < prev.get("time", 0) or m["records_in"] < prev["records_in"]
+            dt = max(1e-9, m["time"] - prev["time"]) if not fresh else None
+
+            def rate(now_count, before_count):
+                return 0.0 if dt is None or m["time"] == prev["time"] else max(0.0, now_count - before_count) / dt
+
+            entry = {
+                "host": m.get("host"), "records_in": m["records_in"], "records_out": m["records_out"],
+                "records_in_per_s": rate(m["records_in"], prev["records_in"] if prev else 0),
+                "records_out_per_s": rate(m["records_out"], prev["records_out"] if prev else 0),
+                "backpressure_s": m["backpressure_s"],
+                "backpressure_ratio": min(1.0, rate(m["backpressure_s"], prev["backpressure_s"] if prev else 0.0)),
+                "queued_batches": m["queued_batches"],
+                "watermark": None if m["watermark"] <= MIN_TIME else to_seconds(m["watermark"]),
+                "idle": m.get("idle", False), "snapshots": m.get("snapshots", 0),
+                "late_dropped": m.get("late_dropped", 0),
+            }
+            tasks[task] = entry
+            if task in self.sources:
+                rate_in += entry["records_in_per_s"]
+            if entry["watermark"] is not None:
+                watermarks.append(entry["watermark"])
+            before_ops = (prev or {}).get("operators", {}) if not fresh else {}
+            for name, (n_in, n_out) in m.get("operators", {}).items():
+                b_in, b_out = before_ops.get(name, (0, 0))
+                op = operators.setdefault(name, {"records_in": 0, "records_out": 0, "records_in_per_s": 0.0,
+                                                 "records_out_per_s": 0.0})
+                op["records_in"] += n_in
+                op["records_out"] += n_out
+                op["records_in_per_s"] += rate(n_in, b_in)
+                op["records_out_per_s"] += rate(n_out, b_out)
+                if name in self.sinks:
+                    rate_out += rate(n_in, b_in)
+            self._previous[task] = m
+        durations = [e["duration_s"] for e in completed if e.get("duration_s") is not None]
+        sizes = [e.get("bytes", 0) for e in completed]
+        last = completed[-1] if completed else None
+        self.sequence += 1
+        return {
+            "job": self.job, "sequence": self.sequence, "time": now,
+            "timestamp": _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(timespec="milliseconds"),
+            "uptime_s": time.monotonic() - self.started, **driver_state,
+            "records_in_per_s": rate_in, "records_out_per_s": rate_out,
+            "late_dropped": sum(t["late_dropped"] for t in tasks.values()),  # late records nothing read
+            "watermark": min(watermarks) if watermarks and len(watermarks) == len(tasks) else None,
+            "last_completed_epoch": last["epoch"] if last else None,
+            "last_checkpoint_age_s": now - last["wall_time"] if last and last.get("wall_time") else None,
+            "checkpoints": {
+                "completed": len(completed),
+                "duration_s": {"last": last["duration_s"] if last else None, "p50": percentile(durations, 50),
+                               "p99": percentile(durations, 99)},
+                "bytes": {"last": last.get("bytes") if last else None, "p50": percentile(sizes, 50),
+                          "p99": percentile(sizes, 99)},
+            },
+            "tasks": tasks,
+            "operators": operators,
+        }
+
+
+def status_line(p: dict) -> str:
+    """One human line of a progress event, for a terminal."""
+    def k(x):
+        return f"{x / 1000:.1f}k" if x >= 1000 else f"{x:.0f}"
+
+    parts = [p["job"], p["state"]]
+    if p.get("attempt"):
+        parts.append(f"attempt {p['attempt'] + 1}")
+    parts.append(f"{k(p['records_in_per_s'])} rec/s in, {k(p['records_out_per_s'])} out")
+    if p["last_completed_epoch"] is not None:
+        age = p["last_checkpoint_age_s"]
+        parts.append(f"epoch {p['last_completed_epoch']}"
+                     + (f" {age:.1f}s ago" if age is not None else "")
+                     + f" ({p['checkpoints']['duration_s']['last'] * 1000:.0f} ms)")
+    if p.get("watermark") not in (None, float("inf"), float("-inf")):
+        parts.append("event time " + _dt.datetime.fromtimestamp(p["watermark"], _dt.timezone.utc).strftime("%H:%M:%S"))
+    return " | ".join(parts)

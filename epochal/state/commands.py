@@ -1,0 +1,228 @@
+"""``epochal checkpoints``, ``epochal state`` and ``epochal savepoint``: look inside a job's
+checkpoints and savepoints from a shell, without running the job.
+
+    epochal checkpoints list file:///tmp/ckpt wordcount      # epochs, sizes, times, savepoints
+    epochal checkpoints show file:///tmp/ckpt/wordcount/chk-0000000012
+    epochal state file:///tmp/sp-1 count --limit 20          # an operator's keyed state
+    epochal state file:///tmp/sp-1 count --format parquet --output count.parquet
+    epochal savepoint create file:///tmp/ckpt/wordcount file:///backups/sp-1
+    epochal savepoint verify file:///backups/sp-1
+
+A URL is a savepoint, a ``chk-<epoch>`` directory or a job's checkpoint directory (its
+newest completed checkpoint). A missing or damaged file is an error naming the file
+(exit status 1). State files are unpickled: classes your operators keep in state must be
+importable (set PYTHONPATH), and read only checkpoints you trust.
+
+There is no command that takes a savepoint of a *running* job from another process: the
+driver accepts control only from its own tasks (authenticated with a per-attempt key
+that never leaves it). Use ``JobHandle.savepoint`` / ``stop_with_savepoint`` in the
+driver; ``savepoint create`` copies a checkpoint that is already complete — of a stopped
+or crashed job, or of a running one as long as retention keeps it (a file deleted
+meanwhile fails the copy, naming it; nothing half-written is a savepoint).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+
+from epochal.backends.storage import CheckpointStorage, referenced_bytes
+from epochal.errors import ConfigError, EpochalError
+
+__all__ = ["add_parsers", "run"]
+
+_VALUE_WIDTH = 60
+
+
+def add_parsers(sub) -> None:
+    """Add the ``checkpoints``, ``state`` and ``savepoint`` commands to ``sub``."""
+    ck = sub.add_parser("checkpoints", help="list a job's checkpoints, or show one checkpoint or savepoint")
+    cks = ck.add_subparsers(dest="action", required=True)
+    p = cks.add_parser("list", help="epochs, sizes, times, and which were saved as savepoints")
+    p.add_argument("storage", help="the job's checkpoint.storage URL")
+    p.add_argument("job", help="the job (dataflow) name")
+    p.add_argument("--verify", action="store_true", help="read and hash every file of every checkpoint")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p = cks.add_parser("show", help="operators, state sizes, pending sink transactions, plan fingerprint")
+    p.add_argument("url", help="a savepoint, a chk-<epoch> directory, or a job's checkpoint directory")
+    p.add_argument("--verify", action="store_true", help="read and hash every file")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    st = sub.add_parser("state", help="an operator's keyed state in a checkpoint or savepoint")
+    st.add_argument("url", help="a savepoint, a chk-<epoch> directory, or a job's checkpoint directory")
+    st.add_argument("operator", help="a keyed operator's name")
+    st.add_argument("--state", default=None, help="only this state (e.g. 'acc' of a reduce)")
+    st.add_argument("--limit", type=int, default=None, help="at most this many rows")
+    st.add_argument("--format", choices=("table", "json", "parquet"), default="table",
+                    help="table (values as repr), json (one object per line), parquet (needs --output)")
+    st.add_argument("--output", "-o", default=None, help="write here instead of stdout (parquet: required)")
+    sp = sub.add_parser("savepoint", help="copy a completed checkpoint into a savepoint, or verify one")
+    sps = sp.add_subparsers(dest="action", required=True)
+    p = sps.add_parser("create", help="copy a completed checkpoint into a new, self-contained savepoint")
+    p.add_argument("source", help="a chk-<epoch> directory, a job's checkpoint directory, or a savepoint")
+    p.add_argument("target", help="an empty or absent location")
+    p = sps.add_parser("verify", help="check every file of a savepoint or checkpoint (sizes and SHA-256)")
+    p.add_argument("url")
+
+
+def run(args) -> int:
+    """Run the parsed command; errors go to stderr naming the file (exit status 1)."""
+    try:
+        if args.command == "checkpoints":
+            return _list(args) if args.action == "list" else _show(args)
+        if args.command == "state":
+            return _state(args)
+        return _create(args) if args.action == "create" else _verify(args)
+    except (EpochalError, OSError) as exc:
+        print(f"epochal {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _time(wall) -> str:
+    if not isinstance(wall, (int, float)):
+        return "-"
+    return datetime.datetime.fromtimestamp(wall, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _table(rows: list[dict], columns: list[str]) -> str:
+    cells = [[str(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+def _list(args) -> int:
+    from epochal.state.savepoint import list_recorded
+
+    storage = CheckpointStorage(args.storage, args.job)
+    saved: dict[int, list[str]] = {}
+    for rec in list_recorded(storage):
+        saved.setdefault(rec["epoch"], []).append(rec["url"])
+    rows = []
+    for epoch in storage.all_epochs():
+        meta, status = None, "incomplete"
+        try:
+            meta = storage.read_metadata(epoch)
+            status = "complete"
+            if args.verify:
+                status = ("damaged: " + why) if (why := storage.first_bad_file(meta, True)) else "complete, verified"
+        except EpochalError as exc:
+            status = "incomplete" if "is missing" in str(exc) else f"damaged: {exc}"
+        rows.append({"epoch": epoch, "status": status, "reason": (meta or {}).get("reason", "-"),
+                     "time_utc": _time((meta or {}).get("wall_time")), "tasks": len((meta or {}).get("tasks", {})),
+                     "bytes": referenced_bytes(meta) if meta else 0, "savepoints": " ".join(saved.pop(epoch, []))})
+    for epoch, urls in sorted(saved.items()):  # savepoints whose checkpoint retention deleted since
+        rows.append({"epoch": epoch, "status": "deleted (savepoint kept)", "reason": "-", "time_utc": "-",
+                     "tasks": "-", "bytes": "-", "savepoints": " ".join(urls)})
+    rows.sort(key=lambda r: r["epoch"])
+    if args.format == "json":
+        print(json.dumps({"job_root": storage.root_url, "checkpoints": rows}, indent=1))
+    elif not rows:
+        print(f"no checkpoints under {storage.root_url}")
+    else:
+        print(f"checkpoints of job {args.job} under {storage.root_url}")
+        print(_table(rows, ["epoch", "status", "reason", "time_utc", "tasks", "bytes", "savepoints"]))
+    return 0
+
+
+def _show(args) -> int:
+    from epochal.state.listing import describe
+    from epochal.state.location import open_checkpoint
+
+    ckpt = open_checkpoint(args.url)
+    if args.verify:
+        ckpt.verify(hash=True)
+    d = describe(ckpt)
+    if args.format == "json":
+        print(json.dumps(d, indent=1, default=repr))
+        return 0
+    print(f"{d['kind']} of job {d['job']}, epoch {d['epoch']} ({d['reason']}), taken {_time(d['wall_time'])} UTC")
+    print(f"  location          {d['location']}")
+    if d["savepoint"]:
+        print(f"  saved from        {d['savepoint'].get('source')} at {_time(d['savepoint'].get('created'))} UTC")
+    print(f"  plan fingerprint  {d['plan_fingerprint']}   max_parallelism {d['max_parallelism']}   "
+          f"generation {d['generation']}")
+    print(f"  files             {d['files']} ({d['bytes']} bytes)" + ("; all verified" if args.verify else ""))
+    print("\noperators (operators chained into one task share its state files)")
+    print(_table([dict(o, chained_with=",".join(o["chained_with"]) or "-") for o in d["operators"]],
+                 ["operator", "kind", "parallelism", "tasks", "state_bytes", "chained_with"]))
+    print(f"\npending sink transactions ({len(d['sink_transactions'])}; a restore re-commits them)")
+    if d["sink_transactions"]:
+        print(_table(d["sink_transactions"], ["operator", "task", "epoch", "handle"]))
+    for title, key, cols in (("loop logs", "loop_logs", ["operator", "task", "records", "segments", "bytes"]),
+                             ("channel state", "channel_state", ["task", "channel", "records", "segments", "bytes"])):
+        if d[key]:
+            print(f"\n{title}")
+            print(_table(d[key], cols))
+    return 0
+
+
+def _cell(value, limit: int = _VALUE_WIDTH) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _jsonable(value):
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _state(args) -> int:
+    from epochal.state.reader import keyed_entries, read
+
+    if args.limit is not None and args.limit < 0:
+        raise ConfigError(f"--limit: expected an integer >= 0, got {args.limit}")
+    if args.format == "parquet":
+        if not args.output:
+            raise ConfigError("--format parquet writes a file: pass --output FILE")
+        import pyarrow.parquet as pq
+
+        table = read(args.url, args.operator, state=args.state, limit=args.limit)
+        pq.write_table(table, args.output)
+        print(f"{table.num_rows} rows of {args.operator!r} written to {args.output}")
+        return 0
+    rows = []
+    for row in keyed_entries(args.url, args.operator, args.state):
+        if args.limit is not None and len(rows) >= args.limit:
+            break
+        rows.append(row)
+    out = open(args.output, "w") if args.output else sys.stdout
+    try:
+        if args.format == "json":
+            for key, kg, state, kind, mk, value in rows:
+                out.write(json.dumps({"key": _jsonable(key), "key_group": kg, "state": state, "kind": kind,
+                                      "map_key": _jsonable(mk), "value": _jsonable(value)}) + "\n")
+        else:
+            out.write(_table([{"key": _cell(k), "key_group": g, "state": s, "map_key": "-" if kind == "value"
+                               else _cell(m), "value": _cell(v)} for k, g, s, kind, m, v in rows],
+                             ["key", "key_group", "state", "map_key", "value"]) + "\n")
+            out.write(f"({len(rows)} rows{'' if args.limit is None or len(rows) < args.limit else ', --limit'})\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
+def _create(args) -> int:
+    from epochal.state.location import open_checkpoint
+    from epochal.state.savepoint import write_savepoint
+
+    ckpt = open_checkpoint(args.source)
+    marker = write_savepoint(ckpt, args.target)
+    print(f"savepoint of job {marker['job']} epoch {marker['epoch']} written to {args.target} "
+          f"({len(marker['files'])} files, {marker['bytes']} bytes)")
+    return 0
+
+
+def _verify(args) -> int:
+    from epochal.state.location import open_checkpoint
+
+    ckpt = open_checkpoint(args.url)
+    ckpt.verify(hash=True)
+    files = ckpt.handles()
+    print(f"{ckpt.kind} {args.url} (job {ckpt.meta.get('job')}, epoch {ckpt.epoch}): all {len(files)} files present "
+          f"and intact ({sum(h.size for h in files)} bytes)")
+    return 0

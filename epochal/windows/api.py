@@ -1,0 +1,115 @@
+"""``KeyedStream.window(...)``: how a pipeline author builds windows, and the build-time checks.
+
+    >>> import epochal as ep
+    >>> from epochal.windows import Tumbling
+    >>> flow = ep.Dataflow("clicks")
+    >>> clicks = flow.source("in", ep.sources.CollectionSource([("u1", 3.0), ("u1", 7.5)]))
+    >>> per_user = (clicks.with_watermarks("ts", timestamp=lambda c: c[1], max_out_of_orderness="2s")
+    ...                   .key_by(lambda c: c[0])
+    ...                   .window(Tumbling("5s"), allowed_lateness="10s")
+    ...                   .aggregate("count", ep.windows.Count()))
+    >>> per_user.sink("out", ep.sinks.FileSink("/tmp/clicks-out"))
+    >>> per_user.late().sink("late", ep.sinks.FileSink("/tmp/clicks-late"))
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from epochal.dataflow import Stream
+from epochal.errors import PipelineDefinitionError
+from epochal.graph import FORWARD, Input, NodeKind
+from epochal.time.units import duration_micros
+from epochal.windows.assigners import Session, Sliding, Tumbling
+from epochal.windows.functions import (
+    AggregateCombiner,
+    AggregateFunction,
+    Combiner,
+    ProcessCombiner,
+    ReduceCombiner,
+)
+
+__all__ = ["WindowNode", "WindowOutput", "WindowedStream"]
+
+
+@dataclass(frozen=True)
+class WindowNode:
+    """The payload of a ``WINDOW`` node."""
+
+    spec: Any  # PaneSpec or SessionSpec
+    combiner: Combiner
+    lateness: int  # µs
+    assigner: str  # repr, for messages
+
+
+class WindowedStream:
+    """A keyed stream cut into windows; finish it with :meth:`reduce`, :meth:`aggregate` or
+    :meth:`process` (each returns a :class:`WindowOutput` of
+    :class:`~epochal.windows.WindowResult`)."""
+
+    def __init__(self, keyed, assigner, allowed_lateness):
+        if not isinstance(assigner, (Tumbling, Sliding, Session)):
+            raise PipelineDefinitionError(
+                f"window: expected Tumbling(...), Sliding(...) or Session(...) from epochal.windows, "
+                f"got {type(assigner).__name__}")
+        self._keyed = keyed
+        self._assigner = assigner
+        self._lateness = allowed_lateness
+
+    def reduce(self, name: str, fn: Callable, *, parallelism: int | None = None) -> "WindowOutput":
+        """One value per window: ``fn(a, b)``, associative, folds the window's values."""
+        if not callable(fn):
+            raise PipelineDefinitionError(f"window reduce {name!r}: expected a function, got {fn!r}")
+        return self._build(name, ReduceCombiner(fn), parallelism)
+
+    def aggregate(self, name: str, function: AggregateFunction, *, parallelism: int | None = None) -> "WindowOutput":
+        """One accumulator per window (:class:`~epochal.windows.AggregateFunction`)."""
+        if not isinstance(function, AggregateFunction):
+            raise PipelineDefinitionError(f"window aggregate {name!r}: expected an epochal.windows.AggregateFunction "
+                                          f"instance, got {type(function).__name__}")
+        return self._build(name, AggregateCombiner(function), parallelism)
+
+    def process(self, name: str, fn: Callable, *, parallelism: int | None = None) -> "WindowOutput":
+        """``fn(key, window, elements)`` → iterable of values, over all of a window's elements."""
+        if not callable(fn):
+            raise PipelineDefinitionError(f"window process {name!r}: expected a function, got {fn!r}")
+        return self._build(name, ProcessCombiner(fn), parallelism)
+
+    def _build(self, name: str, combiner: Combiner, parallelism) -> "WindowOutput":
+        keyed, assigner = self._keyed, self._assigner
+        timed_in = keyed._timed(name)
+        where = f"window {name!r}"
+        if not assigner.processing_time and not timed_in:
+            raise PipelineDefinitionError(
+                f"{where} uses event time ({assigner!r}) but its input has no timestamps: call "
+                f".with_watermarks(name, timestamp=...) upstream, or use {type(assigner).__name__}(..., "
+                "processing_time=True)")
+        try:
+            lateness = duration_micros(self._lateness, f"{where}: allowed_lateness")
+        except Exception as exc:
+            raise PipelineDefinitionError(str(exc)) from None
+        if lateness and assigner.processing_time:
+            raise PipelineDefinitionError(f"{where}: allowed_lateness applies to event-time windows only")
+        payload = WindowNode(assigner.spec(), combiner, lateness, repr(assigner))
+        node = keyed._then(NodeKind.WINDOW, name, payload, parallelism, keyed._key_fn,
+                           timed=timed_in or not assigner.processing_time)
+        return WindowOutput(keyed.flow, (Input(node.name, FORWARD),), node.name, assigner.processing_time)
+
+
+class WindowOutput(Stream):
+    """The results of a window operator (a stream of :class:`~epochal.windows.WindowResult`),
+    with its late records as a side output."""
+
+    def __init__(self, flow, ports, operator: str, processing_time: bool):
+        super().__init__(flow, ports)
+        self._operator = operator
+        self._processing_time = processing_time
+
+    def late(self):
+        """The input records that arrived after every window they belong to expired
+        (``end - 1 + allowed_lateness <= watermark``), unchanged, with their timestamps.
+        Read it (e.g. ``.sink(...)``) or they are only counted (``late_dropped`` in the
+        job's task metrics) and logged."""
+        if self._processing_time:
+            raise PipelineDefinitionError(f"window {self._operator!r}: processing-time windows have no late records")
+        return Stream(self._flow, (Input(self._operator, FORWARD, port="late"),))
