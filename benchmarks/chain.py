@@ -203,7 +203,7 @@ def parse_args(argv=None):
                    help="checkpoint intervals in s (default 0.5 1 2 4)")
     p.add_argument("--target-seconds", type=float, default=None,
                    help="records per run are sized so a baseline run lasts about this long (default 6)")
-    p.add_argument("--max-records", type=int, default=None, help="cap on records per run (default 3M; 20k with --smoke)")
+    p.add_argument("--max-records", type=int, default=None, help="cap on records per run (default 40M; 20k with --smoke)")
     p.add_argument("--stamp-every", type=int, default=None, help="stamp every k-th record (default records/400)")
     p.add_argument("--repetitions", type=int, default=1,
                    help="times every block runs (interleaved, rotated order); cells report the median")
@@ -217,7 +217,7 @@ def parse_args(argv=None):
     args.ops = args.ops or ([1, 2] if args.smoke else [1, 4, 8])
     args.intervals = args.intervals or ([0.5] if args.smoke else [0.5, 1.0, 2.0, 4.0])
     args.target_seconds = args.target_seconds or (1.0 if args.smoke else 6.0)
-    args.max_records = args.max_records or (20_000 if args.smoke else 3_000_000)
+    args.max_records = args.max_records or (20_000 if args.smoke else 40_000_000)
     if args.out is None:
         args.out = (Path(tempfile.mkdtemp(prefix="epochal-bench-smoke-")) / "chain.json" if args.smoke
                     else harness.RESULTS / "chain.json")

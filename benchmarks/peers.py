@@ -203,8 +203,11 @@ def parse_args(argv=None):
     p.add_argument("--small-lines", type=int, default=None, help="default 20000 (2000 with --smoke)")
     p.add_argument("--large-lines", type=int, default=None, help="default 200000 (8000 with --smoke)")
     p.add_argument("--columnar-scale", type=int, default=None,
-                   help="the columnar engine reads this many times more lines (default 20, 2 with --smoke): at "
+                   help="the columnar engine reads this many times more lines (default 50, 2 with --smoke): at "
                         "millions of words/s, 200k lines last 0.1 s — too short for a steady state")
+    p.add_argument("--epochal-scale", type=int, default=None,
+                   help="the epochal record-path engine reads this many times more lines (default 5, 1 with "
+                        "--smoke), for enough progress events in its steady state")
     p.add_argument("--splits", type=int, default=4)
     p.add_argument("--parallelism", type=int, default=2)
     p.add_argument("--run-timeout", type=float, default=300.0, help="s per engine run")
@@ -217,7 +220,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.small_lines = args.small_lines or (2000 if args.smoke else 20_000)
     args.large_lines = args.large_lines or (8000 if args.smoke else 200_000)
-    args.columnar_scale = args.columnar_scale or (2 if args.smoke else 20)
+    args.columnar_scale = args.columnar_scale or (2 if args.smoke else 50)
+    args.epochal_scale = args.epochal_scale or (1 if args.smoke else 5)
     if args.out is None:
         args.out = (Path(tempfile.mkdtemp(prefix="epochal-bench-smoke-")) / "peers.json" if args.smoke
                     else harness.RESULTS / "peers.json")
@@ -248,7 +252,7 @@ def main(argv=None) -> int:
         if missing:
             entry = {"name": engine, **SETTINGS[engine], "status": "not installed", "error": missing}
         else:
-            scale = args.columnar_scale if engine == "epochal-columnar" else 1
+            scale = {"epochal-columnar": args.columnar_scale, "epochal": args.epochal_scale}.get(engine, 1)
             small = run_engine(engine, args.small_lines * scale, args, work)
             once = "continuous" in engine  # a fixed-duration run at an offered rate: once is enough
             large = run_engine(engine, args.large_lines * scale, args, work) if small.get("status") == "ok" \

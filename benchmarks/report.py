@@ -157,7 +157,8 @@ def section_peers(doc: dict) -> str:
             f"caveats of every engine are in `peers.json`. *Steady words/s*: the engine's own throughput "
             f"samples (epochal: the sources' lines/s in its progress events; Structured Streaming: "
             f"processedRowsPerSecond per micro-batch), median without the first and last, × 3.5 words per line; "
-            f"the columnar engine reads {cfg.get('columnar_scale', 1)}× as many lines (the same generator).\n\n"
+            f"the epochal engines read {cfg.get('epochal_scale', 1)}× (records) and {cfg.get('columnar_scale', 1)}× "
+            f"(columnar) as many lines (the same generator), for a steady state long enough to sample.\n\n"
             + _table(["engine / mode", "fault tolerance", "steady words/s", "marginal lines/s", "whole lines/s",
                       "T_large s", "fixed cost s", "counts ok"], rows))
     for m in doc.get("merges", []):
