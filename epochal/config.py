@@ -85,6 +85,10 @@ class CheckpointConfig:
         aligned_timeout: start every epoch aligned and switch it to unaligned once its first
             barrier arrived this long ago at a task still aligning (a duration; ``None``:
             never switch). ``unaligned=True`` is ``aligned_timeout=0``.
+        requests_poll: how often the driver looks in ``storage`` for savepoints requested
+            from another process (``epochal savepoint trigger``,
+            :mod:`epochal.runtime.requests`): one listing of ``<job>/_requests`` per poll.
+            ``None`` disables it.
     """
 
     interval: float | str | None = 1.0
@@ -96,8 +100,13 @@ class CheckpointConfig:
     retained: int = 2
     unaligned: bool = False
     aligned_timeout: float | str | None = None
+    requests_poll: float | str | None = 2.0
 
     def __post_init__(self):
+        object.__setattr__(self, "requests_poll",
+                           parse_duration(self.requests_poll, "checkpoint.requests_poll", optional=True))
+        if self.requests_poll is not None and self.requests_poll <= 0:
+            raise ConfigError("checkpoint.requests_poll: must be > 0 (or None to ignore requests)")
         if not isinstance(self.unaligned, bool):
             raise ConfigError(f"checkpoint.unaligned: expected True or False, got {self.unaligned!r}")
         object.__setattr__(self, "aligned_timeout",
@@ -192,17 +201,33 @@ class ClusterConfig:
             checkpoint storage, file sink or file source must lie under one of them;
             otherwise each host would read and write its own disk and the job is
             refused at start (use ``s3://`` or another shared file system instead).
+        peer_timeout: a host that stops acknowledging an epochal connection (a task's,
+            or the driver's coordinator) for this long is lost: the connection breaks
+            and the attempt fails naming the host, instead of hanging until the
+            checkpoint timeout. This catches the silent losses — a pulled cable, a
+            partition, a frozen host — that close no connection (a crashed process or a
+            killed host is seen at once). Implemented with TCP keepalive and
+            ``TCP_USER_TIMEOUT`` on every connection (Linux; elsewhere keepalive only), so
+            it is kernel-level: a busy or back-pressured task never trips it, since its
+            connections keep reading. Spark then needs its own heartbeat timeout
+            (``spark.network.timeout``) to release the lost host's executors; see README
+            "Running on a cluster".
     """
 
     executor_wait: float | str = 120.0
     startup_timeout: float | str = 300.0
     shared_paths: tuple = ()
+    peer_timeout: float | str = 30.0
 
     def __post_init__(self):
         object.__setattr__(self, "executor_wait", parse_duration(self.executor_wait, "cluster.executor_wait"))
         object.__setattr__(self, "startup_timeout", parse_duration(self.startup_timeout, "cluster.startup_timeout"))
         if self.startup_timeout <= 0:
             raise ConfigError("cluster.startup_timeout: must be > 0")
+        object.__setattr__(self, "peer_timeout", parse_duration(self.peer_timeout, "cluster.peer_timeout"))
+        if self.peer_timeout < 1:
+            raise ConfigError(f"cluster.peer_timeout: must be >= 1 s (TCP keepalive counts whole seconds), "
+                              f"got {self.peer_timeout!r}")
         paths = self.shared_paths
         if isinstance(paths, str):
             paths = (paths,)

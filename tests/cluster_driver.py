@@ -103,6 +103,7 @@ def run_job(kind: str, args, spark) -> dict:
         checkpoint=ep.CheckpointConfig(interval=args.interval, storage=f"{args.storage}"),
         restart=ep.RestartStrategy(max_attempts=args.max_attempts, delay=0),
         cluster=ep.ClusterConfig(executor_wait=args.executor_wait, startup_timeout=args.startup_timeout,
+                                 peer_timeout=args.peer_timeout,
                                  shared_paths=tuple(args.shared_path)),
         channels=ep.ChannelConfig(encryption={"auto": None, "on": True, "off": False}[args.encryption]),
     )
@@ -149,6 +150,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-attempts", type=int, default=3)
     p.add_argument("--executor-wait", type=float, default=120.0)
     p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.add_argument("--peer-timeout", type=float, default=30.0)
     p.add_argument("--encryption", choices=["auto", "on", "off"], default="auto")
     p.add_argument("--shared-path", action="append", default=[])
     p.add_argument("--executor-env", action="append", default=[], metavar="K=V")

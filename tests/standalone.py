@@ -192,6 +192,16 @@ class StandaloneCluster:
                 h.worker.wait(5)
         return pids
 
+    def partition_host(self, i: int) -> None:
+        """Pull host ``i``'s network cable: its bridge port goes down, so nothing it sends
+        or is sent reaches anybody. No process dies and no connection is reset — the
+        host just stops answering (a silent host loss, unlike :meth:`kill_host`)."""
+        _run("ip", "link", "set", f"ep{self.subnet}v{i + 1}", "down")
+
+    def heal_host(self, i: int) -> None:
+        """Plug host ``i``'s cable back in (undo :meth:`partition_host`)."""
+        _run("ip", "link", "set", f"ep{self.subnet}v{i + 1}", "up")
+
     def start_worker(self, i: int) -> None:
         h = self.hosts[i]
         os.makedirs(h.workdir, exist_ok=True)

@@ -242,6 +242,53 @@ def test_loss_of_a_whole_worker_host(s3, tmp_path):
     cluster.wait_registered()
 
 
+def test_a_host_that_vanishes_silently(s3, tmp_path):
+    """Host 2's cable is pulled mid-run (its bridge port goes down): no process dies and no
+    connection is reset, the host just stops answering. epochal's peer timeout breaks the
+    connections to it within seconds and fails the attempt naming the host; the driver
+    then waits until Spark's heartbeat timeout (lowered here as README "Running on a
+    cluster" recommends) removes its executors, so the next attempt does not land on the
+    silent host, and the job finishes on the remaining host with the oracle's output.
+    Before: the attempt stalled until Spark's timeout, and with the peer timeout alone the
+    second attempt was placed on the silent host and wasted."""
+    cluster = s3
+    lost = cluster.host(1).address
+    args = {"lines": 12000, "numbers": 0}
+    proc, result, log, storage, out = _drive(
+        cluster, tmp_path, ["wordcount"], "--lines", str(args["lines"]), "--rate", "500",
+        "--peer-timeout", "5", "--conf", "spark.network.timeout=20s",
+        "--conf", "spark.network.timeoutInterval=5s", "--conf", "spark.executor.heartbeatInterval=2s", name="silent")
+    cut, stop = [], threading.Event()
+
+    def pull_cable():
+        cluster.partition_host(1)
+        return time.time()
+
+    watcher = threading.Thread(target=_kill_after_first_checkpoint,
+                               args=(cluster, storage, ["wordcount"], pull_cable, cut, stop), daemon=True)
+    watcher.start()
+    try:
+        (entry,) = _finish(proc, result, log)
+    finally:
+        stop.set()
+        watcher.join(5)
+        cluster.heal_host(1)
+        cluster.kill_host(1)  # the partitioned processes are zombies of a finished job
+        cluster.start_worker(1)
+    assert entry["ok"], f"the job failed: {entry.get('error')}\n{_tail(log)}"
+    assert cut and cut[0][1], f"host 2 was never cut off: {cut}"
+    _check_output(entry, out, args, log)
+    # the next attempt waited for Spark to drop the silent host instead of landing on it
+    assert entry["attempts"] == 2, entry["failures"]
+    assert f"waiting for Spark to drop the executors of {lost}" in _tail(log, 2000), _tail(log)
+    assert set(entry["hosts"].values()) == {cluster.host(0).address}, entry["hosts"]
+    first = entry["failures"][0]
+    assert lost in first and "stopped answering" in first, f"the failure does not name the lost host: {first}"
+    detected = entry["started"] + entry["timeline"][0]["failed_s"] - cut[0][1]
+    assert detected < 30, f"the silent host loss took {detected:.0f} s to detect"
+    cluster.wait_registered()
+
+
 # --------------------------------------------------------------------------- fail fast
 def test_unreachable_or_misaddressed_tasks_fail_within_seconds(s3, tmp_path):
     """Three mis-configured clusters, each run once without restarts: a task advertising an

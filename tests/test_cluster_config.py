@@ -97,6 +97,9 @@ def test_cluster_config_validates_its_keys():
     with pytest.raises(ConfigError, match="cluster.shared_paths"):
         ep.ClusterConfig(shared_paths=[3])
     assert ep.ClusterConfig(shared_paths="/nfs").shared_paths == ("/nfs",)
+    with pytest.raises(ConfigError, match="cluster.peer_timeout"):
+        ep.ClusterConfig(peer_timeout="200ms")
+    assert ep.ClusterConfig(peer_timeout="2min").peer_timeout == 120.0
     with pytest.raises(ConfigError, match="channels.encryption"):
         ep.ChannelConfig(encryption="yes")
 

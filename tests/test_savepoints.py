@@ -299,3 +299,42 @@ def test_stop_with_savepoint_on_spark_and_read_the_state_as_a_dataframe(tmp_path
     rows = df.collect()
     assert {r["key"]: pickle.loads(r["value"])[1] for r in rows} == dict(expected)
     assert {r["state"] for r in rows} == {"acc"}
+
+
+def test_a_savepoint_requested_from_another_process_stops_the_job_at_its_cut(tmp_path):
+    """`epochal savepoint trigger --stop`, run as its own process while the job runs: the
+    driver takes the request from the checkpoint storage, stops with the savepoint, and the
+    command prints its URL. The committed output and the savepoint's state equal the
+    plain-Python oracle up to the cut; the request documents are gone afterwards. A request
+    that no driver answers is withdrawn with an error naming the job."""
+    import subprocess
+    import sys
+
+    out, root = unique_dir(tmp_path, "out"), unique_dir(tmp_path, "ckpt")
+    storage, url = "file://" + root, str(tmp_path / "sp-outside")
+    handle = counting(out).start(runtime="local", checkpoint=ep.CheckpointConfig(
+        interval=0.15, storage=storage, requests_poll=0.2))
+    deadline = time.monotonic() + 60
+    while len(handle.completed_epochs) < 2:
+        assert time.monotonic() < deadline and handle.running, "no 2 epochs within 60 s"
+        time.sleep(0.02)
+    exe = os.path.join(os.path.dirname(sys.executable), "epochal")
+    done = subprocess.run([exe, "savepoint", "trigger", storage, "sp", "--to", url, "--stop", "--timeout", "60"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == url and "job stopped" in done.stderr
+    result = handle.wait(30)
+    assert result.stopped_with_savepoint == url and result.attempts == 1, result.failures
+    offsets = cut_offsets(url)
+    assert 0 < sum(offsets.values()) < SPLITS * PER_SPLIT, f"not stopped midway: {offsets}"
+    expected = word_counts(offsets)
+    assert canon(read_committed(out)) == running(expected)
+    state = {r["key"]: pickle.loads(r["value"]) for r in ep.state.read(url, "count").to_pylist()}
+    assert state == {w: (w, n) for w, n in expected.items()}
+    assert os.listdir(os.path.join(root, "sp", "_requests")) == [], "the request documents were left behind"
+
+    # the job is gone: nobody answers, the request is withdrawn
+    late = subprocess.run([exe, "savepoint", "trigger", storage, "sp", "--timeout", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert late.returncode == 1 and "no driver of job sp answered within 1 s" in late.stderr, late.stderr
+    assert os.listdir(os.path.join(root, "sp", "_requests")) == []

@@ -400,7 +400,7 @@ def test_slow_handshakes_run_concurrently(endpoint):
 
 
 def test_silent_peer_is_dropped_after_handshake_timeout(monkeypatch):
-    monkeypatch.setattr(wire.accept_handshake, "__defaults__", (0.3, None))
+    monkeypatch.setattr(wire.accept_handshake, "__defaults__", (0.3, None, None))
     ep = _Endpoint()
     try:
         sock = _raw(ep.address)
@@ -416,7 +416,7 @@ def test_silent_peer_is_dropped_after_handshake_timeout(monkeypatch):
 
 
 def test_dripping_peer_is_dropped_after_handshake_deadline(monkeypatch):
-    monkeypatch.setattr(wire.accept_handshake, "__defaults__", (0.3, None))
+    monkeypatch.setattr(wire.accept_handshake, "__defaults__", (0.3, None, None))
     ep = _Endpoint()
     sock = _raw(ep.address)
     try:

@@ -46,3 +46,6 @@ class AttemptSpec:
     backend: BackendSpec = BackendSpec()
     tls: object = field(default=None, repr=False)  # TLSMaterial or None
     metrics_interval: float = 1.0  # seconds between a task's ("metrics", ...) reports
+    #: seconds after which a peer host that stopped answering is lost (wire.PeerLost);
+    #: ``None`` on loopback (local runs), ClusterConfig.peer_timeout on a cluster
+    peer_timeout: float | None = None

@@ -126,7 +126,7 @@ class InputGate:
                     return
         except (ConnectionClosed, EOFError, OSError) as exc:
             with self.cv:
-                q.append(("!", f"input channel {self.channel_ids[i]} broke: {exc}"))
+                q.append(("!", f"input channel {self.channel_ids[i]} broke: {exc}", exc))
                 self.cv.notify_all()
 
     def poll(self, blocked) -> tuple[int, tuple] | None:
@@ -221,6 +221,7 @@ class OutputChannel:
         self.cv = cv
         self.credits = 0
         self.broken: str | None = None
+        self.broken_cause: BaseException | None = None  # what broke it (a wire.PeerLost names the host)
         self.blocked_seconds = 0.0
         threading.Thread(target=self._read_credits, name=f"epochal-out-{cid}", daemon=True).start()
 
@@ -235,6 +236,7 @@ class OutputChannel:
         except (ConnectionClosed, EOFError, OSError) as exc:
             with self.cv:
                 self.broken = f"output channel {self.cid} broke: {exc}"
+                self.broken_cause = exc
                 self.cv.notify_all()
 
     def send_batch(self, records: list, should_stop, frame: bytes | None = None) -> None:
@@ -250,7 +252,7 @@ class OutputChannel:
                 t0 = time.monotonic()
                 while self.credits <= 0:
                     if self.broken:
-                        raise ChannelFailure(self.broken)
+                        raise ChannelFailure(self.broken) from self.broken_cause
                     if should_stop():
                         break
                     self.cv.wait(0.1)
@@ -263,7 +265,7 @@ class OutputChannel:
         that must precede an unaligned barrier (the credit count goes negative and the
         receiver's grants make up for it). ``frame`` as for :meth:`send_batch`."""
         if self.broken:
-            raise ChannelFailure(self.broken)
+            raise ChannelFailure(self.broken) from self.broken_cause
         with self.cv:
             self.credits -= 1
         self._send_frame(encode_batch(records) if frame is None else frame)
@@ -279,7 +281,7 @@ class OutputChannel:
 
     def send_event(self, message: tuple) -> None:
         if self.broken and message[0] != END:
-            raise ChannelFailure(self.broken)
+            raise ChannelFailure(self.broken) from self.broken_cause
         self._send(message)
 
     def close(self) -> None:

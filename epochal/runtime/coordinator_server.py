@@ -73,7 +73,8 @@ class CoordinatorServer:
 
     def __init__(self, plan, generation: int, key: bytes, storage, config, restore: dict | None,
                  first_epoch: int, bind_host: str, log, startup_timeout: float = 300.0,
-                 advertised_host: str | None = None, tls=None, savepoints: SavepointTracker | None = None):
+                 advertised_host: str | None = None, tls=None, savepoints: SavepointTracker | None = None,
+                 peer_timeout: float | None = None):
         self.plan = plan
         self.generation = generation
         self.storage = storage
@@ -108,6 +109,8 @@ class CoordinatorServer:
         #: "failed" (the coordinator decided the attempt failed)
         self.times: dict[str, float] = {}
         self.task_setup: dict[str, dict] = {}  # task → {"setup_s", "restore_s"} from its "running"
+        #: hosts that stopped answering a connection (wire.PeerLost) during this attempt
+        self.lost_hosts: set[str] = set()
         self._done = threading.Event()
         #: savepoint requests (the driver's, shared by its attempts)
         self.savepoints = savepoints if savepoints is not None else SavepointTracker(storage, log)
@@ -118,7 +121,8 @@ class CoordinatorServer:
         self._committed: set[str] = set()  # tasks that confirmed committing the stop epoch
         self._stopped: set[str] = set()  # tasks gone (failed, lost) after the stop's "finish"
         self._finish_sent: set[str] = set()
-        self.server = wire.Server(key, self._on_connection, host=bind_host, name="coordinator", tls=tls)
+        self.server = wire.Server(key, self._on_connection, host=bind_host, name="coordinator", tls=tls,
+                                  peer_timeout=peer_timeout)
         #: where tasks reach the coordinator (the driver's advertised host, its bound port)
         self.address = (advertised_host or bind_host, self.server.address[1])
         self._thread = threading.Thread(target=self._loop, name="epochal-coordinator", daemon=True)
@@ -168,7 +172,7 @@ class CoordinatorServer:
             while True:
                 self.inbox.put(conn.recv())
         except Exception as exc:
-            self.inbox.put(("lost", hello[1], str(exc)))
+            self.inbox.put(("lost", hello[1], str(exc), wire.lost_host(exc)))
 
     def _send(self, task: str, message: tuple) -> None:
         conn = self.conns.get(task)
@@ -177,7 +181,7 @@ class CoordinatorServer:
         try:
             conn.send(message)
         except Exception as exc:
-            self.inbox.put(("lost", task, f"send failed: {exc}"))
+            self.inbox.put(("lost", task, f"send failed: {exc}", wire.lost_host(exc)))
 
     def _broadcast(self, message: tuple) -> None:
         for task in self.tasks:
@@ -302,6 +306,8 @@ class CoordinatorServer:
         elif kind == "failed":
             self._reported.add(msg[1])
             flags = msg[3] if len(msg) > 3 else {}
+            if flags.get("lost_host"):
+                self.lost_hosts.add(flags["lost_host"])
             if flags.get("secondary"):
                 if self._secondary is None:
                     self._secondary = (now + SECONDARY_GRACE, msg[2])
@@ -309,9 +315,14 @@ class CoordinatorServer:
                 self._finish_attempt(False, msg[2], fatal=flags.get("fatal", False),
                                      poison=tuple(flags["poison"]) if flags.get("poison") else None)
         elif kind == "lost":
+            if len(msg) > 3 and msg[3]:
+                self.lost_hosts.add(msg[3])
             if msg[1] not in self.finished and msg[1] not in self._reported:
-                cause = (f"task {msg[1]} disconnected without finishing (process crashed or was killed): "
-                         f"{msg[2]}")
+                if len(msg) > 3 and msg[3]:  # its host went silent (ClusterConfig.peer_timeout)
+                    cause = f"task {msg[1]} is unreachable: {msg[2]}"
+                else:
+                    cause = (f"task {msg[1]} disconnected without finishing (process crashed or was killed): "
+                             f"{msg[2]}")
                 if self.started:
                     self._finish_attempt(False, cause)
                 elif self._secondary is None:  # before start: usually the launcher tearing the attempt

@@ -241,7 +241,8 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
         launcher = LocalLauncher()
     encrypted = launcher.is_cluster if channels.encryption is None else channels.encryption
     driver = _Driver(plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime,
-                     tuple(faults), backend, encrypted, allow_non_restored_state, metrics)
+                     tuple(faults), backend, encrypted, allow_non_restored_state, metrics,
+                     peer_timeout=cluster.peer_timeout if launcher.is_cluster else None)
     driver.restored_from_url = restore_from
     driver.thread.start()
     return JobHandle(driver)
@@ -301,10 +302,11 @@ def _ship(plan) -> bytes:
 class _Driver:
     def __init__(self, plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime,
                  faults, backend, encrypted: bool = False, allow_non_restored_state: bool = False,
-                 metrics: MetricsConfig | None = None):
+                 metrics: MetricsConfig | None = None, peer_timeout: float | None = None):
         from epochal.metrics.reporter import Reporter
 
         self.backend = backend
+        self.peer_timeout = peer_timeout  # ClusterConfig.peer_timeout on a cluster, None on loopback
         self.allow_non_restored_state = allow_non_restored_state
         self.encrypted = encrypted
         self.plan, self.plan_blob, self.components, self.checkpoint = plan, plan_blob, components, checkpoint
@@ -355,6 +357,12 @@ class _Driver:
             self.server.fail("cancelled by the user")
 
     def _run_guarded(self) -> None:
+        watcher = None
+        if self.checkpoint.requests_poll is not None:  # savepoints requested by `epochal savepoint trigger`
+            from epochal.runtime.requests import RequestWatcher
+
+            watcher = RequestWatcher(self.storage, self.request_savepoint, self.checkpoint.requests_poll,
+                                     self.plan.job).start()
         try:
             self.result = self._run()
             self.state = "finished"
@@ -362,6 +370,8 @@ class _Driver:
             self.error = exc
             self.state = "failed"
         finally:
+            if watcher is not None:
+                watcher.close()
             self.savepoints.close(f"job {self.plan.job!r} is not running")
             self.launcher.close()
             self.reporter.close()
@@ -450,14 +460,15 @@ class _Driver:
                                    first_epoch, bind, lambda m: log.info("job %s: %s", self.plan.job, m),
                                    startup_timeout=self.launcher.startup_timeout,
                                    advertised_host=self.launcher.advertised_host, tls=tls,
-                                   savepoints=self.savepoints)
+                                   savepoints=self.savepoints, peer_timeout=self.peer_timeout)
         with self._server_lock:
             self.server = server
             early, self._early_trigger = self._early_trigger, False
         if early:
             server.trigger_epoch()
         attempt = AttemptSpec(self.plan_blob, generation, key, server.address, self.components, self.channels,
-                              self.url, self.faults, bind, self.backend, tls, self.metrics_config.interval)
+                              self.url, self.faults, bind, self.backend, tls, self.metrics_config.interval,
+                              self.peer_timeout)
         payload = cloudpickle.dumps(attempt)
 
         exited = threading.Event()
@@ -479,6 +490,8 @@ class _Driver:
             exited.wait(30.0)  # tasks said goodbye; let them exit on their own
         self.launcher.cancel()  # stops whatever still runs (every task, after a failure)
         server.close()
+        if not outcome.ok and server.lost_hosts:
+            self.launcher.hosts_lost(set(server.lost_hosts))
         entry["stopped_s"] = time.monotonic() - t0
         for name in ("connected", "running", "failed"):
             entry[f"{name}_s"] = server.times[name] - t0 if name in server.times else None

@@ -36,6 +36,11 @@ class Launcher(ABC):
         at once. Raises :class:`~epochal.errors.EpochalError` (the attempt fails) when they
         cannot. Default: nothing to wait for."""
 
+    def hosts_lost(self, hosts: set[str]) -> None:
+        """After a failed attempt: these hosts stopped answering (``ClusterConfig.peer_timeout``);
+        the next :meth:`prepare` must not start tasks on them while they stay silent.
+        Default: nothing (one host)."""
+
     @abstractmethod
     def launch(self, attempt: bytes, num_tasks: int, on_exit: OnExit) -> None:
         """Start ``num_tasks`` tasks (index 0..n-1) without blocking; call ``on_exit(ok,

@@ -21,12 +21,18 @@ On a cluster (any master but ``local[...]``; DESIGN.md "On a cluster"):
   ``ClusterConfig.executor_wait``, logging progress) until the cluster offers a slot per
   task — executors registering at start-up, or replacing a lost host. Settings barrier
   stages cannot run under are refused up front.
+* **Silent host loss.** A host that stops answering (``ClusterConfig.peer_timeout``) fails
+  the attempt, but Spark keeps its executors registered until its own heartbeat timeout
+  (``spark.network.timeout``) and would place tasks of the next attempt there, wasting
+  it. :meth:`SparkLauncher.prepare` therefore also waits until every such host is either
+  dropped by Spark or answers again.
 """
 from __future__ import annotations
 
 import logging
 import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -196,6 +202,38 @@ class SparkLauncher(Launcher):
             self.startup_timeout = 300.0  # a cold Spark starts one Python worker per task
         self._group: str | None = None
         self._thread: threading.Thread | None = None
+        self._lost: set[str] = set()  # hosts that stopped answering (hosts_lost), until Spark drops them
+
+    def hosts_lost(self, hosts: set[str]) -> None:
+        if self.is_cluster:
+            self._lost |= set(hosts)
+
+    def _executor_addresses(self) -> dict[str, list[int]]:
+        """host → block manager ports of the executors (and driver) Spark has registered."""
+        found: dict[str, list[int]] = {}
+        keys = self.spark.sparkContext._jsc.sc().getExecutorMemoryStatus().keySet().mkString(",")
+        for address in keys.split(","):
+            if address:
+                host, _, port = address.rpartition(":")
+                found.setdefault(host, []).append(int(port))
+        return found
+
+    def _silent_hosts(self) -> list[str]:
+        """The lost hosts Spark still lists executors on and that still do not answer a TCP
+        connect to their block manager; the others are forgotten."""
+        registered = self._executor_addresses()
+        silent = []
+        for host in sorted(self._lost):
+            ports = registered.get(host)
+            if not ports:
+                self._lost.discard(host)  # Spark removed its executors: no task can land there
+                continue
+            try:
+                socket.create_connection((host, ports[0]), timeout=1.0).close()
+                self._lost.discard(host)  # it answers again (a healed partition)
+            except OSError:
+                silent.append(host)
+        return silent
 
     # ------------------------------------------------------------------ slots
     def slots(self) -> int:
@@ -216,10 +254,25 @@ class SparkLauncher(Launcher):
         t0 = time.monotonic()
         next_log = t0
         while True:
+            silent = self._silent_hosts() if self._lost else []
             have = self.slots()
-            if have >= num_tasks:
+            if have >= num_tasks and not silent:
                 return
             now = time.monotonic()
+            timeout = self.spark.sparkContext.getConf().get("spark.network.timeout", "120s")
+            if silent and now - t0 >= wait:
+                raise SlotsUnavailable(
+                    f"Spark still lists executors on {', '.join(silent)}, which stopped answering, after waiting "
+                    f"{wait:.0f} s (cluster.executor_wait): it drops them after spark.network.timeout ({timeout}); "
+                    "lower that, or raise cluster.executor_wait")
+            if silent:
+                if now >= next_log:
+                    log.info("waiting for Spark to drop the executors of %s, which stopped answering, before the "
+                             "next attempt (spark.network.timeout=%s; %.0f s of %.0f s, cluster.executor_wait)",
+                             ", ".join(silent), timeout, now - t0, wait)
+                    next_log = now + WAIT_LOG_EVERY
+                time.sleep(0.5)
+                continue
             if now - t0 >= wait:
                 raise SlotsUnavailable(
                     f"the job runs {num_tasks} long-running tasks at once but the Spark cluster {self.master} "

@@ -131,8 +131,8 @@ class Task:
         coordinator = self.attempt.coordinator
         try:
             self.coordinator = wire.connect(
-                coordinator, key, {"task": self.spec.id, "generation": self.attempt.generation}, tls=tls
-            )
+                coordinator, key, {"task": self.spec.id, "generation": self.attempt.generation}, tls=tls,
+                peer_timeout=self.attempt.peer_timeout)
         except (OSError, EpochalError) as exc:
             raise TaskStartError(
                 f"{self._where()} cannot connect to the coordinator at {coordinator[0]}:{coordinator[1]}: "
@@ -142,7 +142,8 @@ class Task:
         address = None
         if self.spec.inputs:
             try:
-                self.server = wire.Server(key, self.gate.attach, host=self.bind_host, name=self.spec.id, tls=tls)
+                self.server = wire.Server(key, self.gate.attach, host=self.bind_host, name=self.spec.id, tls=tls,
+                                          peer_timeout=self.attempt.peer_timeout)
             except OSError as exc:
                 raise ChannelSetupError(
                     f"{self._where()} cannot bind its data server to {self.bind_host}: {exc} — set "
@@ -181,7 +182,8 @@ class Task:
                 consumer = self.plan.channels[cid].consumer
                 address = tuple(addresses[consumer])
                 try:
-                    conn = wire.connect(address, key, {"channel": cid}, tls=self.attempt.tls)
+                    conn = wire.connect(address, key, {"channel": cid}, tls=self.attempt.tls,
+                                        peer_timeout=self.attempt.peer_timeout)
                 except (OSError, EpochalError) as exc:
                     raise ChannelSetupError(
                         f"{self._where()} cannot connect to task {consumer} at {address[0]}:{address[1]} "
@@ -273,6 +275,9 @@ class Task:
             flags = {"secondary": secondary, "fatal": isinstance(exc, ConfigError)}
             if isinstance(exc, OperatorError):  # the driver stops retrying a record that fails every time
                 flags["poison"] = [exc.operator, exc.record_repr, exc.cause.split(":", 1)[0]]
+            lost = wire.lost_host(exc)
+            if lost is not None:  # a peer's host went silent: the driver waits for Spark to drop it
+                flags["lost_host"] = lost
             self._send(("failed", self.spec.id, cause, flags))
         except Exception:
             return
@@ -391,7 +396,7 @@ class Task:
         elif kind == END:
             self.gate.ended[channel] = True
         else:  # "!" — the producer vanished without an end of stream
-            raise ChannelFailure(f"task {self.spec.id}: {msg[1]}")
+            raise ChannelFailure(f"task {self.spec.id}: {msg[1]}") from (msg[2] if len(msg) > 2 else None)
         return True
 
     def _process(self, records: list) -> None:

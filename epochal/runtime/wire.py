@@ -18,9 +18,18 @@ A :class:`Server` holds at most ``max_pending`` connections that have not finish
 handshake; beyond that it drops the oldest, so a flood of unauthenticated sockets costs a
 bounded number of threads and cannot starve a real peer (whose handshake takes
 milliseconds) for longer than the flood's rate allows.
+
+With ``peer_timeout`` (on a cluster: :class:`~epochal.config.ClusterConfig`), every
+connection detects a peer whose host stopped answering — a pulled cable, a partition, a
+frozen host, none of which closes a socket — within that many seconds, through the
+kernel: TCP keepalive probes an idle connection and ``TCP_USER_TIMEOUT`` bounds how long
+sent data may stay unacknowledged. Either raises :class:`PeerLost` naming the peer's
+address. It cannot fire on a peer that is merely slow or back-pressured: the kernel
+acknowledges for it, and every epochal connection has a thread that keeps reading.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import json
@@ -50,6 +59,38 @@ class AuthenticationError(EpochalError):
 
 class ConnectionClosed(EpochalError):
     """The peer closed the connection (or it broke) while we were reading."""
+
+
+class PeerLost(ConnectionClosed, OSError):
+    """The peer's host stopped acknowledging the connection for ``peer_timeout`` seconds
+    (the kernel gave up: ``ETIMEDOUT``); the message names the peer's address, ``host``
+    holds it. An ``OSError`` too, so every caller that handles a broken connection
+    handles it."""
+
+    host: str = ""
+
+
+def lost_host(exc: BaseException | None) -> str | None:
+    """The host of the first :class:`PeerLost` in ``exc``'s cause/context chain, if any."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, PeerLost):
+            return exc.host
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def set_peer_timeout(sock, seconds: float) -> None:
+    """Make the kernel declare ``sock``'s peer lost after ``seconds`` without an
+    acknowledgement: keepalive probes from ``seconds / 3`` of idleness on, every
+    ``seconds / 6``, three unanswered ones drop it; ``TCP_USER_TIMEOUT`` (Linux) bounds
+    unacknowledged sent data the same way and caps the probes."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", max(1, int(seconds / 3))), ("TCP_KEEPINTVL", max(1, int(seconds / 6))),
+                        ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", int(seconds * 1000))):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 def derive_key(secret: bytes, job: str, generation: int) -> bytes:
@@ -98,36 +139,66 @@ def _mac(key: bytes, *parts: bytes) -> bytes:
 class Connection:
     """A framed message connection over an authenticated socket.
 
-    ``send`` may be called from several threads (it is locked); ``recv`` from one.
+    ``send`` may be called from several threads (it is locked); ``recv`` from one. With
+    ``peer_timeout``, a peer host that stops answering raises :class:`PeerLost` from
+    either (module docstring).
     """
 
-    def __init__(self, sock: socket.socket, peer_hello: dict | None = None):
+    def __init__(self, sock: socket.socket, peer_hello: dict | None = None, peer_timeout: float | None = None):
         self.sock = sock
         self.peer_hello = peer_hello or {}
+        self.peer_timeout = peer_timeout
         self._send_lock = threading.Lock()
         self._closed = False
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if peer_timeout:
+            set_peer_timeout(sock, peer_timeout)
+        try:
+            self.peer = sock.getpeername()[:2]
+        except OSError:
+            self.peer = ("?", 0)
+
+    def _lost(self, exc: OSError) -> OSError:
+        """``exc`` as :class:`PeerLost` when the kernel timed the peer out, else itself."""
+        if self.peer_timeout and getattr(exc, "errno", None) == errno.ETIMEDOUT:
+            lost = PeerLost(f"{self.peer[0]}:{self.peer[1]} stopped answering for {self.peer_timeout:g} s "
+                            "(cluster.peer_timeout): its host was lost or the network is partitioned")
+            lost.host = str(self.peer[0])
+            return lost
+        return exc
 
     def send_bytes(self, payload) -> None:
         """Send one frame; ``payload`` is bytes or any buffer (an Arrow buffer is sent
         without a copy)."""
         header = _LEN.pack(len(payload))
         with self._send_lock:
-            if len(payload) < 65536:  # one syscall for small frames
-                self.sock.sendall(header + bytes(payload))
-            else:  # avoid copying large payloads
-                self.sock.sendall(header)
-                self.sock.sendall(payload)
+            try:
+                if len(payload) < 65536:  # one syscall for small frames
+                    self.sock.sendall(header + bytes(payload))
+                else:  # avoid copying large payloads
+                    self.sock.sendall(header)
+                    self.sock.sendall(payload)
+            except OSError as exc:
+                lost = self._lost(exc)
+                if lost is exc:
+                    raise
+                raise lost from exc
 
     def send(self, message) -> None:
         self.send_bytes(encode(message))
 
     def recv_bytes(self) -> bytes:
-        (n,) = _LEN.unpack(_recv_exact(self.sock, 4))
-        if n > MAX_FRAME:
-            raise ConnectionClosed(f"frame of {n} bytes exceeds the {MAX_FRAME} byte limit")
-        return _recv_exact(self.sock, n)
+        try:
+            (n,) = _LEN.unpack(_recv_exact(self.sock, 4))
+            if n > MAX_FRAME:
+                raise ConnectionClosed(f"frame of {n} bytes exceeds the {MAX_FRAME} byte limit")
+            return _recv_exact(self.sock, n)
+        except ConnectionClosed as exc:
+            cause = exc.__cause__
+            if isinstance(cause, OSError) and self._lost(cause) is not cause:
+                raise self._lost(cause) from cause
+            raise
 
     def recv(self):
         return decode(self.recv_bytes())
@@ -164,7 +235,7 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> b
 
 
 def connect(address: tuple[str, int], key: bytes, hello: dict, timeout: float = HANDSHAKE_TIMEOUT,
-            tls=None) -> Connection:
+            tls=None, peer_timeout: float | None = None) -> Connection:
     """Client side: connect, (with ``tls``) run the pinned TLS handshake, prove the key,
     check the server proves it too, send ``hello``.
 
@@ -193,7 +264,7 @@ def connect(address: tuple[str, int], key: bytes, hello: dict, timeout: float = 
                                       "(wrong key: another job or generation?)") from None
         if not hmac.compare_digest(proof, _mac(key, b"server", client_nonce, server_nonce)):
             raise AuthenticationError(f"{address}: server failed authentication (another job or generation)")
-        return Connection(sock)
+        return Connection(sock, peer_timeout=peer_timeout)
     except BaseException:
         sock.close()
         raise
@@ -211,7 +282,8 @@ def _tls_wrap(sock, tls, server_side: bool, where):
                                   "this attempt's certificate (another job or generation, or not epochal)") from exc
 
 
-def accept_handshake(sock: socket.socket, key: bytes, timeout: float = HANDSHAKE_TIMEOUT, tls=None) -> Connection:
+def accept_handshake(sock: socket.socket, key: bytes, timeout: float = HANDSHAKE_TIMEOUT, tls=None,
+                     peer_timeout: float | None = None) -> Connection:
     """Server side of :func:`connect`; raises AuthenticationError for a wrong key or a
     peer without the attempt's TLS certificate."""
     deadline = time.monotonic() + timeout  # for the whole handshake, not per read
@@ -230,7 +302,7 @@ def accept_handshake(sock: socket.socket, key: bytes, timeout: float = HANDSHAKE
     if not hmac.compare_digest(mac, _mac(key, b"client", server_nonce, client_nonce, hello_bytes)):
         raise AuthenticationError("client failed authentication (another job or generation)")
     sock.sendall(_mac(key, b"server", client_nonce, server_nonce))
-    return Connection(sock, json.loads(hello_bytes))
+    return Connection(sock, json.loads(hello_bytes), peer_timeout=peer_timeout)
 
 
 class Server:
@@ -246,9 +318,10 @@ class Server:
     """
 
     def __init__(self, key: bytes, on_connection, host: str = "127.0.0.1", name: str = "server", tls=None,
-                 max_pending: int = MAX_PENDING_HANDSHAKES):
+                 max_pending: int = MAX_PENDING_HANDSHAKES, peer_timeout: float | None = None):
         self.key = key
         self.tls = tls
+        self.peer_timeout = peer_timeout
         self.on_connection = on_connection
         self.rejected = 0
         self.evicted = 0
@@ -286,7 +359,7 @@ class Server:
 
     def _handshake(self, sock):
         try:
-            conn = accept_handshake(sock, self.key, tls=self.tls)
+            conn = accept_handshake(sock, self.key, tls=self.tls, peer_timeout=self.peer_timeout)
         except (AuthenticationError, ConnectionClosed, OSError, ValueError):
             self.rejected += 1
             self._forget(sock)

@@ -7,18 +7,21 @@ checkpoints and savepoints from a shell, without running the job.
     epochal state file:///tmp/sp-1 count --format parquet --output count.parquet
     epochal savepoint create file:///tmp/ckpt/wordcount file:///backups/sp-1
     epochal savepoint verify file:///backups/sp-1
+    epochal savepoint trigger file:///tmp/ckpt wordcount --to file:///backups/sp-2 [--stop]
 
 A URL is a savepoint, a ``chk-<epoch>`` directory or a job's checkpoint directory (its
 newest completed checkpoint). A missing or damaged file is an error naming the file
 (exit status 1). State files are unpickled: classes your operators keep in state must be
 importable (set PYTHONPATH), and read only checkpoints you trust.
 
-There is no command that takes a savepoint of a *running* job from another process: the
-driver accepts control only from its own tasks (authenticated with a per-attempt key
-that never leaves it). Use ``JobHandle.savepoint`` / ``stop_with_savepoint`` in the
-driver; ``savepoint create`` copies a checkpoint that is already complete — of a stopped
-or crashed job, or of a running one as long as retention keeps it (a file deleted
-meanwhile fails the copy, naming it; nothing half-written is a savepoint).
+``savepoint trigger`` asks the *running* job for a savepoint (and with ``--stop`` to stop
+with it), as ``JobHandle.savepoint`` / ``stop_with_savepoint`` would in the driver: it
+writes a request into the job's checkpoint storage, which the driver polls
+(``CheckpointConfig.requests_poll``, :mod:`epochal.runtime.requests`), and prints the
+savepoint's URL once the driver answers. ``savepoint create`` copies a checkpoint that is
+already complete — of a stopped or crashed job, or of a running one as long as retention
+keeps it (a file deleted meanwhile fails the copy, naming it; nothing half-written is a
+savepoint).
 """
 from __future__ import annotations
 
@@ -62,6 +65,12 @@ def add_parsers(sub) -> None:
     p.add_argument("target", help="an empty or absent location")
     p = sps.add_parser("verify", help="check every file of a savepoint or checkpoint (sizes and SHA-256)")
     p.add_argument("url")
+    p = sps.add_parser("trigger", help="ask a running job for a savepoint (its driver polls the checkpoint storage)")
+    p.add_argument("storage", help="the job's checkpoint.storage URL")
+    p.add_argument("job", help="the job (dataflow) name")
+    p.add_argument("--to", default=None, help="an empty or absent location (default: <storage>/<job>/savepoints/...)")
+    p.add_argument("--stop", action="store_true", help="stop the job with the savepoint (stop_with_savepoint)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the driver's answer")
 
 
 def run(args) -> int:
@@ -71,7 +80,7 @@ def run(args) -> int:
             return _list(args) if args.action == "list" else _show(args)
         if args.command == "state":
             return _state(args)
-        return _create(args) if args.action == "create" else _verify(args)
+        return {"create": _create, "verify": _verify, "trigger": _trigger}[args.action](args)
     except (EpochalError, OSError) as exc:
         print(f"epochal {args.command}: error: {exc}", file=sys.stderr)
         return 1
@@ -214,6 +223,27 @@ def _create(args) -> int:
     marker = write_savepoint(ckpt, args.target)
     print(f"savepoint of job {marker['job']} epoch {marker['epoch']} written to {args.target} "
           f"({len(marker['files'])} files, {marker['bytes']} bytes)")
+    return 0
+
+
+def _trigger(args) -> int:
+    from epochal.runtime import requests
+
+    storage = CheckpointStorage(args.storage, args.job)
+    rid = requests.submit(storage, args.to, args.stop)
+    answer = requests.wait_answer(storage, rid, args.timeout)
+    if answer is None:
+        if requests.taken(storage, rid):
+            raise EpochalError(f"the driver of job {args.job} took the request but did not answer within "
+                               f"{args.timeout:g} s (--timeout); its answer will be in {storage.file_url(f'_requests/{rid}.done.json')}")
+        requests.withdraw(storage, rid)
+        raise EpochalError(f"no driver of job {args.job} answered within {args.timeout:g} s: is it running with "
+                           f"checkpoint storage {args.storage} and requests_poll enabled? (request withdrawn)")
+    if "error" in answer:
+        raise EpochalError(f"the savepoint failed: {answer['error']}")
+    print(answer["url"])
+    print(f"savepoint of job {args.job} at epoch {answer.get('epoch')}" + (", job stopped" if args.stop else ""),
+          file=sys.stderr)
     return 0
 
 
