@@ -381,7 +381,7 @@ class LogSource(Source):
 
 
 class _LogSourceReader(SourceReader):
-    """Serves its partitions round-robin, filling each poll from as many as needed."""
+    """Serves its partitions round-robin, one partition per poll (see :meth:`_poll`)."""
 
     def __init__(self, source: LogSource, splits: list[int], state: dict):
         self._src = source
@@ -410,33 +410,35 @@ class _LogSourceReader(SourceReader):
             return poll
         import pyarrow as pa
 
-        return Poll([pa.RecordBatch.from_pylist(poll.records, schema=schema)], finished=poll.finished)
+        return Poll([pa.RecordBatch.from_pylist(poll.records, schema=schema)], finished=poll.finished,
+                    split=poll.split, split_finished=poll.split_finished)
 
     def _poll(self, max_records: int) -> Poll:
+        """Up to ``max_records`` of *one* partition, the partitions taking turns: a poll names
+        its partition (``Poll.split``), so a ``with_watermarks`` chained to the source keeps
+        event time per partition (Flink's per-partition watermarks) and a partition read
+        ahead of another makes no record of the other late."""
         check_max_records(max_records, self._src.name)
         if all(self._done(p) for p in self._splits):
             return Poll([], finished=True)
         if self._quiet_since is not None and time.monotonic() - self._quiet_since < self._src._poll_interval:
             return Poll([], idle=True)
-        records: list = []
         n = len(self._splits)
         for k in range(n):
             p = self._splits[(self._turn + k) % n]
-            want = max_records - len(records)
+            want = max_records
             if self._src._limit is not None:
                 want = min(want, self._src._limit - self._next[p])
-            if want > 0:
-                got = self._readers[p].read(self._next[p], want)
+            if want <= 0:
+                continue
+            got = self._readers[p].read(self._next[p], want)
+            if got:
                 self._next[p] += len(got)
-                records.extend(got)
-            if len(records) >= max_records:
-                break
-        self._turn = (self._turn + 1) % max(n, 1)
-        finished = all(self._done(p) for p in self._splits)
-        if records or finished:
-            self._quiet_since = None
-            return Poll(records, finished=finished)
-        if not self._src._follow:
+                self._turn = (self._turn + k + 1) % n
+                self._quiet_since = None
+                return Poll(got, finished=all(self._done(q) for q in self._splits), split=p,
+                            split_finished=self._done(p))
+        if all(self._done(p) for p in self._splits) or not self._src._follow:
             return Poll([], finished=True)
         self._quiet_since = time.monotonic()
         return Poll([], idle=True)
