@@ -92,6 +92,26 @@ def test_unaligned_word_count_recovers_exactly_once(tmp_path, fault):
     assert canon(read_committed(out)) == oracle()
 
 
+def test_aligned_timeout_switches_mid_batch_and_recovers_exactly_once(tmp_path):
+    """``aligned_timeout``: epochs start aligned and switch to unaligned after 50 ms. The
+    count tasks take batches of up to 512 records at 0.3 ms each (150 ms), so a switch
+    falls inside a batch: the task processes it in slices and puts the rest back in its
+    queue, where the switch finds it and makes it channel state. A crash after such
+    snapshots; the output equals the oracle, and some epochs were indeed timed out."""
+    out = unique_dir(tmp_path, "out")
+    flow = counting("ua-timeout", out)
+    result = flow.run(runtime="local", channels=ep.ChannelConfig(batch_size=512, credits=4),
+                      faults=[CrashAtRecord("count", record=2500, subtask=1, how="exit", after_epoch=2)],
+                      restart=ep.RestartStrategy(max_attempts=3),
+                      checkpoint=ep.CheckpointConfig(interval=0.3, storage="file://" + unique_dir(tmp_path, "c"),
+                                                     aligned_timeout="50ms"))
+    assert result.attempts == 2, f"the fault did not fire: {result.failures}"
+    kinds = collections.Counter(k for e in result.completed_epochs for k, n in e["snapshot_kinds"].items() for _ in
+                                range(n))
+    assert kinds["timed-out"] > 0, f"no epoch switched to unaligned: {kinds}"
+    assert canon(read_committed(out)) == oracle()
+
+
 def test_crash_while_replaying_channel_state_then_recovery_again(tmp_path):
     """Attempt 0 crashes after unaligned checkpoints with records in flight; attempt 1
     crashes while replaying that channel state; attempt 2 replays it fully."""

@@ -119,6 +119,12 @@ class UnalignedBarrierHandler(BarrierHandler):
         return self._aligning.epoch if self._aligning is not None else None
 
     @property
+    def switch_pending(self) -> bool:
+        """An epoch is aligning and switches to unaligned at its timeout (:meth:`on_tick`):
+        the task should tick often meanwhile, e.g. between slices of a large batch."""
+        return self._aligning is not None and self.aligned_timeout is not None and not self._aligning.flagged
+
+    @property
     def recording_epochs(self) -> tuple[int, ...]:
         """Unaligned epochs snapshotted whose barrier has not arrived on every channel."""
         return tuple(sorted(self._waiting))

@@ -147,6 +147,17 @@ class InputGate:
                 return i, msg
         return None
 
+    def unread(self, i: int, msg: tuple) -> None:
+        """Put DATA ``msg`` (the unprocessed rest of the batch :meth:`poll` just returned for
+        channel ``i``) back at the head of the channel's queue, as if never taken: it
+        stays queued before any barrier behind it (so an unaligned switch makes it channel
+        state) and counts as unconsumed again (its credit was already granted; the next
+        poll of it consumes it once more without granting twice)."""
+        with self.cv:
+            self.queues[i].appendleft(msg)
+            self._data_buffered[i] += 1
+            self._unconsumed[i] += 1
+
     def target_credits(self, i: int) -> int:
         """Batches channel ``i`` may have granted and unconsumed: ``credits``, or with
         ``in_flight`` the batches consumed in that many seconds (2 ≤ it ≤ ``credits``)."""

@@ -49,6 +49,9 @@ from epochal.testing import FaultInjector
 from epochal.time.units import MAX_TIME, now_micros
 from epochal.time.watermarks import WATERMARK, WatermarkMark, WatermarkTracker
 
+#: elements of a batch processed between two checks of the aligned timeout while an epoch
+#: aligns (CheckpointConfig.aligned_timeout); batches are not sliced otherwise
+SWITCH_SLICE = 32
 
 class TaskCancelled(EpochalError):
     """The coordinator cancelled this attempt (another task failed) or went away."""
@@ -380,6 +383,13 @@ class Task:
             self._on_feedback(channel, msg)
             return True
         kind = msg[0]
+        if kind == DATA and len(msg[1]) > SWITCH_SLICE and getattr(self.handler, "switch_pending", False):
+            # An aligned epoch may time out (CheckpointConfig.aligned_timeout) while this batch
+            # runs: take a slice and put the rest back, so the timeout is checked every slice
+            # (one slow batch would delay the switch by its whole duration) and the rest,
+            # still queued before the barrier, becomes channel state if the epoch switches.
+            self.gate.unread(channel, (DATA, msg[1][SWITCH_SLICE:]))
+            msg = (DATA, msg[1][:SWITCH_SLICE])
         if kind == DATA:
             self.metrics["records_in"] += rows(msg[1])
             if self.recorder.recording:
