@@ -416,12 +416,14 @@ def section_serde(doc: dict) -> str:
             for v, c in summ.items()]
     cfg = doc["config"]
     return (f"### Records of classes from `__main__`\n\n"
-            f"`epochal.serde` (plain pickle, cloudpickle only for what plain pickle cannot do) on batches of "
+            f"`epochal.serde` on batches of "
             f"{doc.get('batch_records', 512)} records `(id, text)`, in one process: encode and decode ns per record, "
             f"median of {cfg['repetitions']} interleaved repetitions of {cfg['batches']} batches "
             f"({_command(doc)}). The `__main__` dataclass is shipped by value as a task process sees a class of "
-            f"the user's script: plain pickle fails on the batch and cloudpickle pickles it. The end-to-end effect "
-            f"on a channel is the `__main__ class` row of the data-plane table.\n\n"
+            f"the user's script: plain pickle fails on the batch, then the C pickler runs again with a "
+            f"`reducer_override` that writes the class itself by value (one cached cloudpickle payload per class) "
+            f"and its instances as usual. The end-to-end effect on a channel is the `__main__ class` row of the "
+            f"data-plane table.\n\n"
             + _table(["records / path", "encode ns", "decode ns", "bytes / record", "× tuple / pickle"], rows))
 
 
