@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import time
 
 import pytest
@@ -516,24 +517,26 @@ def test_processing_time_windows_count_every_record_once(tmp_path):
 # ------------------------------------------------------------------------- idleness
 class StallingSource(ep.sources.Source):
     """Split 0: ``N`` events; split 1: 10 events, then no data for ``stall`` seconds of wall
-    time (polls say idle), then the end. Replayable: offsets as in GeneratorSource."""
+    time (polls say idle), then the end — whose wall time it writes to ``ended`` (so the
+    test compares with when the stall really ended, not with a start-up it cannot know).
+    Replayable: offsets as in GeneratorSource."""
 
-    def __init__(self, stall: float):
-        self.stall = stall
+    def __init__(self, stall: float, ended: str):
+        self.stall, self.ended = stall, ended
 
     def splits(self):
         return [0, 1]
 
     def create_reader(self, splits, state, *, subtask=0, parallelism=1):
-        return _StallingReader(self.stall, splits, state)
+        return _StallingReader(self.stall, self.ended, splits, state)
 
 
 class _StallingReader(ep.sources.base.SourceReader):
-    def __init__(self, stall, splits, state):
+    def __init__(self, stall, ended, splits, state):
         self.split = splits[0]
         self.offset = (state or {}).get(str(self.split), 0)
         self.limit = N if self.split == 0 else 10
-        self.stall, self.idle_since = stall, None
+        self.stall, self.ended, self.idle_since = stall, ended, None
 
     def poll(self, max_records):
         if self.offset < self.limit:
@@ -546,6 +549,9 @@ class _StallingReader(ep.sources.base.SourceReader):
         if time.monotonic() - self.idle_since < self.stall:
             time.sleep(0.01)
             return ep.sources.base.Poll([], idle=True)
+        if self.split == 1 and not os.path.exists(self.ended):
+            with open(self.ended, "w") as f:
+                f.write(repr(time.time()))
         return ep.sources.base.Poll([], finished=True)
 
     def snapshot(self):
@@ -559,16 +565,18 @@ def fired_at(key, window, elements):
 @pytest.mark.parametrize("idle_timeout", [0.2, None])
 def test_an_idle_subtask_stops_holding_event_time_back(tmp_path, idle_timeout):
     """Split 1 sends 10 events and then nothing for 2 s. With ``idle_timeout`` its subtask
-    turns idle and split 0's windows fire meanwhile; without, they wait for its end."""
-    out = unique_dir(tmp_path, "out")
+    turns idle and split 0's windows fire meanwhile, before split 1 ends; without, none
+    fires before split 1's end."""
+    out, ended = unique_dir(tmp_path, "out"), str(tmp_path / "split1-ended")
     flow = ep.Dataflow("idle", parallelism=2)
-    (flow.source("events", StallingSource(stall=2.0), parallelism=2)
+    (flow.source("events", StallingSource(stall=2.0, ended=ended), parallelism=2)
         .with_watermarks("ts", timestamp=lambda e: e[1], max_out_of_orderness=BOUND, idle_timeout=idle_timeout)
         .key_by(lambda e: e[0]).window(Tumbling("2s")).process("win", fired_at)
         .sink("out", FileSink(out)))
-    started = time.time()
     result = _run(flow, tmp_path)
-    early = [r for r in read_committed(out) if r["value"][1] - started < 1.5]
+    with open(ended) as f:
+        stall_end = float(f.read())
+    early = [r for r in read_committed(out) if r["value"][1] < stall_end]
     assert sum(r["value"][0] for r in read_committed(out)) == N + 10
     if idle_timeout:
         assert len(early) > 5, f"no window fired while split 1 was idle ({result.duration_s:.1f} s run)"
