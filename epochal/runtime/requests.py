@@ -28,7 +28,7 @@ import uuid
 
 from epochal.errors import EpochalError
 
-__all__ = ["RequestWatcher", "submit", "wait_answer", "withdraw"]
+__all__ = ["RequestWatcher", "submit", "taken", "wait_answer", "withdraw"]
 
 log = logging.getLogger("epochal")
 DIR = "_requests"
@@ -62,6 +62,7 @@ def wait_answer(storage, rid: str, timeout: float, poll: float = 0.5) -> dict | 
 
 
 def taken(storage, rid: str) -> bool:
+    """Whether a driver has taken request ``rid`` (its answer may still be coming)."""
     return storage.read_document(_rel(rid, ".taken")) is not None
 
 

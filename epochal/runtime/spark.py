@@ -251,6 +251,7 @@ class SparkLauncher(Launcher):
         if not self.is_cluster:
             return
         wait = self.cluster.executor_wait
+        timeout = self.spark.sparkContext.getConf().get("spark.network.timeout", "120s")  # for messages
         t0 = time.monotonic()
         next_log = t0
         while True:
@@ -259,7 +260,6 @@ class SparkLauncher(Launcher):
             if have >= num_tasks and not silent:
                 return
             now = time.monotonic()
-            timeout = self.spark.sparkContext.getConf().get("spark.network.timeout", "120s")
             if silent and now - t0 >= wait:
                 raise SlotsUnavailable(
                     f"Spark still lists executors on {', '.join(silent)}, which stopped answering, after waiting "

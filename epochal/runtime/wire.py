@@ -196,8 +196,9 @@ class Connection:
             return _recv_exact(self.sock, n)
         except ConnectionClosed as exc:
             cause = exc.__cause__
-            if isinstance(cause, OSError) and self._lost(cause) is not cause:
-                raise self._lost(cause) from cause
+            lost = self._lost(cause) if isinstance(cause, OSError) else cause
+            if lost is not cause:
+                raise lost from cause
             raise
 
     def recv(self):
