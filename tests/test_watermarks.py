@@ -46,6 +46,24 @@ def test_generator_bounds_out_of_orderness_and_turns_idle():
     assert g.emit() == WatermarkChange(MAX_TIME, False)
 
 
+def test_an_ended_generator_never_turns_idle():
+    """End of input is MAX_TIME for good: were the ended stream marked idle, a task whose
+    other input is idle too would keep its old event time and an ended split would hold
+    back a live one (found as a flaky test: it depended on which input turned idle first)."""
+    g = BoundedOutOfOrderness(1_000_000, idle_timeout_us=200_000)
+    g.on_event(5_000_000, now_us=0)
+    g.on_end()
+    assert g.emit() == WatermarkChange(MAX_TIME, False)
+    assert g.next_tick() is None
+    g.on_tick(10_000_000)
+    assert not g.emit_idle() and g.emit() is None
+    # a downstream task: the ended input at MAX, the other idle → event time reaches the end
+    t = WatermarkTracker(2)
+    t.on_watermark(1, 3_000_000)
+    t.on_watermark(0, MAX_TIME)
+    assert t.on_watermark(1, 3_000_000, idle=True) == WatermarkChange(MAX_TIME, False)
+
+
 def test_generator_restore_reemits_its_watermark():
     g = BoundedOutOfOrderness(0)
     g.on_event(7, now_us=0)

@@ -123,8 +123,11 @@ class BoundedOutOfOrderness:
         self._idle = False
 
     def next_tick(self) -> int | None:
-        """Processing time (µs) at which :meth:`on_tick` may turn the stream idle."""
-        if self.idle_timeout is None or self._idle or self._last_event is None:
+        """Processing time (µs) at which :meth:`on_tick` may turn the stream idle. Never for
+        an ended stream: its end-of-time watermark must keep counting downstream (an idle
+        channel is skipped, and if every channel were idle the task's event time would
+        stay where it was — an ended split would then hold back the live one)."""
+        if self.idle_timeout is None or self._idle or self._last_event is None or self.max_ts == MAX_TIME:
             return None
         return self._last_event + self.idle_timeout
 
