@@ -96,14 +96,14 @@ class Dataflow:
         return compile_plan(self, **kwargs)
 
     def start(self, **options):
-        """Start the job without waiting; returns a :class:`~epochal.runtime.job.JobHandle`
+        """Start the job without waiting; returns a :class:`~epochal.runtime.driver.attempts.JobHandle`
         (``trigger_epoch()``, ``wait()``, ``cancel()``). Options as for :meth:`run`."""
-        from epochal.runtime.job import start_job
+        from epochal.runtime.driver.job import start_job
 
         return start_job(self, **options)
 
     def run(self, **options):
-        """Run the job to completion and return its :class:`~epochal.runtime.job.JobResult`.
+        """Run the job to completion and return its :class:`~epochal.runtime.driver.result.JobResult`.
 
         Keyword options: ``guarantee`` ("exactly-once" default, or "at-least-once"),
         ``checkpoint`` (:class:`~epochal.config.CheckpointConfig`), ``restart``
@@ -115,7 +115,7 @@ class Dataflow:
         :class:`~epochal.backends.choice.BackendSpec`), ``cluster``
         (:class:`~epochal.config.ClusterConfig`), ``allow_non_restored_state`` (restore even
         though state of operators the dataflow no longer has would be dropped; see
-        :mod:`epochal.runtime.compatibility`), ``metrics`` (:class:`~epochal.config.MetricsConfig`:
+        :mod:`epochal.runtime.driver.compatibility`), ``metrics`` (:class:`~epochal.config.MetricsConfig`:
         live progress events, a listener, Prometheus, the terminal status line),
         ``restore_from`` (start from a savepoint or retained checkpoint URL, with the same
         compatibility rules; see :mod:`epochal.state`).

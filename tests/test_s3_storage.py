@@ -285,7 +285,7 @@ def test_failed_upload_beyond_tolerable_failures_restarts(tmp_path, s3_env, gold
 
 
 def _driver_restores_via_latest_restorable() -> bool:
-    from epochal.runtime import job
+    from epochal.runtime.driver import job
 
     return "latest_restorable" in inspect.getsource(job)
 

@@ -58,7 +58,7 @@ def _checkpoint(url_or_checkpoint) -> Checkpoint:
 
 def _keyed_operator(ckpt: Checkpoint, operator: str) -> list[str]:
     """The tasks holding ``operator``'s keyed state; errors name what is there instead."""
-    from epochal.runtime.compatibility import KEYED_KINDS
+    from epochal.runtime.driver.compatibility import KEYED_KINDS
 
     ops = ckpt.operators
     if operator not in ops:
