@@ -36,7 +36,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, BinaryIO
 
 from epochal import serde
-from epochal.backends.storage import StateHandle
+from epochal.backends.layout import StateHandle
 from epochal.errors import CheckpointStorageError
 
 __all__ = [
