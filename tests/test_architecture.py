@@ -14,7 +14,7 @@ depends on module ``P.N`` when that is a module, else on ``P`` itself (a name it
 * connectors never import the runtime;
 * classes that checkpoints pickle by module path are still found at that path.
 
-The graph is read from the source (``ast``), so nothing here imports the modules it checks.
+The graph is read from the source with ``ast``, not from what an import happens to load.
 """
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ import importlib
 from pathlib import Path
 
 import pytest
+
+from epochal.loops.backedges import strongly_connected
 
 SOURCE = Path(__file__).resolve().parent.parent / "epochal"
 RUNTIME = "epochal.runtime"
@@ -85,39 +87,11 @@ def import_graph(root: Path) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """One circle per strongly connected component with more than one module (Tarjan),
-    as ``[a, b, ..., a]``."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    components: list[list[str]] = []
-
-    def visit(v: str) -> None:  # recursion depth is bounded by the number of modules
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(edges[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                components.append(sorted(component))
-
-    for v in sorted(edges):
-        if v not in index:
-            visit(v)
-    return [_circle(edges, set(c)) for c in components]
+    """One circle per strongly connected component with more than one module (the
+    project's own Tarjan, :func:`epochal.loops.backedges.strongly_connected`), as
+    ``[a, b, ..., a]``."""
+    components = strongly_connected(sorted(edges), lambda v: sorted(edges[v]))
+    return sorted(_circle(edges, set(c)) for c in components if len(c) > 1)
 
 
 def _circle(edges: dict[str, set[str]], component: set[str]) -> list[str]:
