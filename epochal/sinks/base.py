@@ -124,6 +124,17 @@ class Sink(ABC):
         """
 
 
+    def check_checkpointing(self, sink: str, checkpoint) -> None:
+        """On the driver, before the job starts: refuse a
+        :class:`~epochal.config.CheckpointConfig` this sink cannot keep its guarantee
+        under (e.g. a transaction timeout shorter than an epoch). ``sink``: the operator
+        name. Default: nothing.
+
+        Raises:
+            ConfigError: naming the sink, the settings and what to do.
+        """
+
+
 class SinkWriter(ABC):
     """Per-task writer driven by the runtime on the task thread, in this order:
 
