@@ -394,3 +394,72 @@ def test_bad_arguments_are_refused_when_built():
         KafkaSink("h:1", "t", config={"transactional.id": "x"})
     with pytest.raises(ConfigError, match="commit_offsets=True needs config\\['group.id'\\]"):
         KafkaSource("h:1", "t", commit_offsets=True)
+
+
+def test_starting_at_latest_and_group_offsets_for_lag_monitoring(kafka_broker, tmp_path):
+    """``starting_offsets="latest"`` skips what the topic held when the job started (resolved
+    to concrete offsets at once, so the first checkpoint holds them); ``commit_offsets``
+    commits each completed epoch's offsets to the consumer group, which lag monitoring
+    reads — and which end at the topic's end once the job stopped with a savepoint."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = kafka_broker.create_topic(None, 2)
+    out = kafka_broker.create_topic(None, 1)
+    old = [text(9, i) for i in range(50)]
+    kafka_broker.produce(topic, old, partition=0)
+    group = f"lag-{topic}"
+    flow = ep.Dataflow("kafka-latest", parallelism=1)
+    (flow.source("lines", KafkaSource(kafka_broker.servers, topic, starting_offsets="latest", deserializer=bytes.decode,
+                                      commit_offsets=True, config={"group.id": group}))
+         .flat_map("split", lambda r: r.value.split()).key_by(lambda w: w).process("count", Count())
+         .sink("out", KafkaSink(kafka_broker.servers, out, key=lambda r: r[0])))
+    handle = flow.start(runtime="local", checkpoint=checkpoint(tmp_path))
+    stopped = False
+    try:
+        deadline = time.monotonic() + 30
+        while len(handle.completed_epochs) < 2:  # the reader resolved "latest" before these
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        new = [text(8, i) for i in range(80)]
+        kafka_broker.produce(topic, new[:40], partition=0)
+        kafka_broker.produce(topic, new[40:], partition=1)
+        deadline = time.monotonic() + 30
+        while sum(committed_counts(kafka_broker, out).values()) < sum(running_counts(new).values()):
+            assert time.monotonic() < deadline, "the new records were not read"
+            time.sleep(0.1)
+        handle.stop_with_savepoint(str(tmp_path / "sp"))
+        stopped = True
+        handle.wait(60)
+    finally:
+        if not stopped:
+            handle.cancel()
+    assert committed_counts(kafka_broker, out) == running_counts(new)
+    ends = kafka_broker.end_offsets(topic)
+    c = Consumer({"bootstrap.servers": kafka_broker.servers, "group.id": group})
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # the commit is asynchronous
+            got = {tp.partition: tp.offset for tp in c.committed([TopicPartition(topic, p) for p in ends], timeout=10)}
+            if got == ends or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    finally:
+        c.close()
+    assert got == ends
+
+
+def test_the_kafka_example_runs_and_checks_itself(tmp_path):
+    """examples/kafka_wordcount.py (its own broker, a crash between completion and commit)
+    on the local runtime: it exits non-zero if the output differs from its plain-Python count."""
+    import subprocess
+    import sys
+
+    from kafka_broker import cannot_start_broker
+
+    if cannot_start_broker():
+        pytest.skip(cannot_start_broker())
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "kafka_wordcount.py")
+    proc = subprocess.run([sys.executable, example, "--runtime", "local", "--lines", "6000"], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "2 attempt(s)" in proc.stdout and "each update once: yes" in proc.stdout
