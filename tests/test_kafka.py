@@ -31,14 +31,49 @@ def text(p: int, i: int) -> str:
     return " ".join(WORDS[(x >> (3 + j)) % len(WORDS)] for j in range(1 + x % 5))
 
 
-def fill(broker, partitions: int = 3, per_partition: int = 600, name: str | None = None) -> tuple[str, list]:
-    topic = broker.create_topic(name, partitions)
-    lines = []
-    for p in range(partitions):
-        batch = [text(p, i) for i in range(per_partition)]
-        broker.produce(topic, batch, partition=p)
-        lines += batch
-    return topic, lines
+class Input:
+    """A topic whose lines arrive in two halves: the first before the job starts, the second
+    (:meth:`rest`) once the test saw what it waits for (a completed checkpoint, a kill). So a
+    fault that waits for a completed epoch always finds records left, however loaded the
+    machine: no timing decides whether it fires. ``stops``: the end offsets of both halves,
+    the job's stopping offsets."""
+
+    def __init__(self, broker, partitions: int = 3, per_partition: int = 600):
+        self.broker, self.partitions, self.n = broker, partitions, per_partition
+        self.topic = broker.create_topic(None, partitions)
+        self.half = per_partition // 2
+        self.lines = [text(p, i) for p in range(partitions) for i in range(per_partition)]
+        self.stops = {(self.topic, p): per_partition for p in range(partitions)}
+        self._produce(0, self.half)
+        self.rest_sent = False
+
+    def _produce(self, start: int, end: int) -> None:
+        for p in range(self.partitions):
+            self.broker.produce(self.topic, [text(p, i) for i in range(start, end)], partition=p)
+
+    def first_half(self) -> list[str]:
+        return [text(p, i) for p in range(self.partitions) for i in range(self.half)]
+
+    def rest(self) -> None:
+        if not self.rest_sent:
+            self.rest_sent = True
+            self._produce(self.half, self.n)
+
+
+def after_first_checkpoint(handle, then, timeout: float = 120.0):
+    """Wait until ``handle``'s job completed a checkpoint, then call ``then()``."""
+    deadline = time.monotonic() + timeout
+    while not handle.completed_epochs:
+        assert time.monotonic() < deadline, "no checkpoint completed"
+        time.sleep(0.01)
+    then()
+
+
+def run_gated(flow, data: Input, **options):
+    """Run ``flow``; the second half of ``data`` is produced once a checkpoint completed."""
+    handle = flow.start(**options)
+    after_first_checkpoint(handle, data.rest)
+    return handle.wait(300)
 
 
 def running_counts(lines) -> collections.Counter:
@@ -67,18 +102,12 @@ class Count(ep.KeyedProcessFunction):
         yield [word, self.n.value()]
 
 
-def slow_split(record: KafkaRecord):
-    """Split a line; every 20th line pauses 10 ms, so a job spans several short epochs."""
-    if record.offset % 20 == 0:
-        time.sleep(0.01)
-    return record.value.split()
-
-
-def wordcount(broker, src: str, out: str, *, parallelism: int = 2, name: str = "kafka-wc", pid_dir=None,
+def wordcount(broker, data: Input, out: str, *, parallelism: int = 2, name: str = "kafka-wc", pid_dir=None,
               sink_parallelism: int | None = None, **sink_kwargs) -> ep.Dataflow:
     flow = ep.Dataflow(name, parallelism=parallelism)
-    (flow.source("lines", KafkaSource(broker.servers, src, stopping_offsets="latest", deserializer=bytes.decode))
-         .flat_map("split", slow_split)
+    (flow.source("lines", KafkaSource(broker.servers, data.topic, stopping_offsets=data.stops,
+                                      deserializer=bytes.decode))
+         .flat_map("split", lambda r: r.value.split())
          .key_by(lambda w: w)
          .process("count", Count(pid_dir))
          .sink("out", KafkaSink(broker.servers, out, key=lambda r: r[0], **sink_kwargs),
@@ -104,13 +133,13 @@ def test_keyed_count_topic_to_topic_exactly_once_under_a_crash(kafka_broker, tmp
     """A 3-partition topic → running word count → another topic; one process crash. The
     output topic, read with read_committed, equals the plain-Python count: no duplicate,
     no gap, and no transaction is left open."""
-    src, lines = fill(kafka_broker)
+    data = Input(kafka_broker)
     out = kafka_broker.create_topic(None, 2)
-    result = wordcount(kafka_broker, src, out).run(runtime="local", checkpoint=checkpoint(tmp_path),
-                                                   faults=[FAULTS[fault]])
+    result = run_gated(wordcount(kafka_broker, data, out), data, runtime="local", checkpoint=checkpoint(tmp_path),
+                       faults=[FAULTS[fault]])
     assert result.attempts == 2, f"the fault did not fire: {result.failures}"
     assert "disconnected without finishing" in result.failures[0]
-    assert committed_counts(kafka_broker, out) == running_counts(lines)
+    assert committed_counts(kafka_broker, out) == running_counts(data.lines)
     assert kafka_broker.open_transactions(out) == {}
 
 
@@ -118,94 +147,91 @@ def test_a_crash_between_completion_and_commit_produces_the_epoch_from_the_check
     """The hard case, watched closely: the sink subtask dies after checkpoint n completed
     and before it committed n's Kafka transaction, whose producer is gone with the process.
     The next generation finds epoch n missing from Kafka (its marker) and produces it from
-    the restored handle (the write-ahead log) — visible only after the restart."""
-    src, lines = fill(kafka_broker, per_partition=400)
+    the restored handle (the write-ahead log)."""
+    data = Input(kafka_broker, per_partition=400)
     out = kafka_broker.create_topic(None, 1)
-    result = wordcount(kafka_broker, src, out, parallelism=1).run(
-        runtime="local", checkpoint=checkpoint(tmp_path),
-        faults=[CrashDuringCommit("out", epoch=2, how="exit", after_epoch=1)])
+    result = run_gated(wordcount(kafka_broker, data, out, parallelism=1), data, runtime="local",
+                       checkpoint=checkpoint(tmp_path),
+                       faults=[CrashDuringCommit("out", epoch=2, how="exit", after_epoch=1)])
     assert result.attempts == 2 and result.restored_from[1] is not None
-    assert committed_counts(kafka_broker, out) == running_counts(lines)
+    assert committed_counts(kafka_broker, out) == running_counts(data.lines)
     assert kafka_broker.open_transactions(out) == {}
 
 
 def test_sigkill_of_the_sink_task_process_from_outside(kafka_broker, tmp_path):
     """The test SIGKILLs the process running count[0] → out[0] once the first checkpoint
-    completed (not an epochal.testing hook): the output still equals the oracle."""
-    src, lines = fill(kafka_broker, per_partition=1500)
+    completed (not an epochal.testing hook), then sends the second half of the input: the
+    output still equals the oracle."""
+    data = Input(kafka_broker, per_partition=800)
     out = kafka_broker.create_topic(None, 2)
     pids = tmp_path / "pids"
     pids.mkdir()
-    handle = wordcount(kafka_broker, src, out, pid_dir=str(pids)).start(runtime="local",
-                                                                       checkpoint=checkpoint(tmp_path))
+    handle = wordcount(kafka_broker, data, out, pid_dir=str(pids)).start(runtime="local",
+                                                                        checkpoint=checkpoint(tmp_path))
     killed = []
 
     def kill():
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not handle.completed_epochs:
-            time.sleep(0.01)
         for name in sorted(os.listdir(pids)):
             try:
                 os.kill(int(name), signal.SIGKILL)
                 killed.append(int(name))
-                return
+                break
             except ProcessLookupError:
                 continue
+        data.rest()
 
-    killer = threading.Thread(target=kill)
-    killer.start()
-    result = handle.wait(180)
-    killer.join()
+    after_first_checkpoint(handle, kill)
+    result = handle.wait(300)
     assert killed, "no task process was killed"
     assert result.attempts >= 2, f"the SIGKILL of {killed} caused no restart"
-    assert committed_counts(kafka_broker, out) == running_counts(lines)
+    assert committed_counts(kafka_broker, out) == running_counts(data.lines)
     assert kafka_broker.open_transactions(out) == {}
 
 
 def test_at_least_once_contains_every_record(kafka_broker, tmp_path):
-    src, lines = fill(kafka_broker, per_partition=1000)
+    data = Input(kafka_broker, per_partition=600)
     out = kafka_broker.create_topic(None, 2)
-    result = wordcount(kafka_broker, src, out).run(
-        runtime="local", guarantee="at-least-once", checkpoint=checkpoint(tmp_path),
-        faults=[CrashAtRecord("count", subtask=0, record=1500, how="exit", after_epoch=1)])
+    result = run_gated(wordcount(kafka_broker, data, out), data, runtime="local", guarantee="at-least-once",
+                       checkpoint=checkpoint(tmp_path),
+                       faults=[CrashAtRecord("count", subtask=0, record=1200, how="exit", after_epoch=1)])
     assert result.attempts == 2
-    got, oracle = committed_counts(kafka_broker, out), running_counts(lines)
+    got, oracle = committed_counts(kafka_broker, out), running_counts(data.lines)
     assert set(got) == set(oracle) and not (oracle - got)
 
 
 def test_on_spark_with_a_crash_between_completion_and_commit(kafka_broker, tmp_path, spark):
-    src, lines = fill(kafka_broker, per_partition=400)
+    data = Input(kafka_broker, per_partition=400)
     out = kafka_broker.create_topic(None, 2)
-    result = wordcount(kafka_broker, src, out).run(
-        spark=spark, checkpoint=checkpoint(tmp_path),
-        faults=[CrashDuringCommit("out", subtask=1, epoch=2, how="exit", after_epoch=1)])
+    result = run_gated(wordcount(kafka_broker, data, out), data, spark=spark, checkpoint=checkpoint(tmp_path),
+                       faults=[CrashDuringCommit("out", subtask=1, epoch=2, how="exit", after_epoch=1)])
     assert result.runtime == "spark" and result.attempts == 2
-    assert committed_counts(kafka_broker, out) == running_counts(lines)
+    assert committed_counts(kafka_broker, out) == running_counts(data.lines)
     assert kafka_broker.open_transactions(out) == {}
 
 
 # --------------------------------------------------------------------------- rescaling, discovery
 
 def test_rescale_source_and_sink_2_to_3(kafka_broker, tmp_path):
-    """Half the job runs with parallelism 2 and stops with a savepoint; the rest resumes from
-    it with parallelism 3: partitions move to other subtasks with their offsets, sink
-    subtasks change, and the output still equals the oracle."""
-    src, lines = fill(kafka_broker, per_partition=1500)
+    """The first half of the input is counted with parallelism 2 and the job stops with a
+    savepoint; the rest is counted after resuming from it with parallelism 3: partitions
+    move to other subtasks with their offsets, sink subtasks change, and the output still
+    equals the oracle."""
+    data = Input(kafka_broker, per_partition=600)
     out = kafka_broker.create_topic(None, 3)
-    handle = wordcount(kafka_broker, src, out, parallelism=2).start(runtime="local", checkpoint=checkpoint(tmp_path))
-    deadline = time.monotonic() + 60
-    while len(handle.completed_epochs) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    handle = wordcount(kafka_broker, data, out, parallelism=2).start(runtime="local", checkpoint=checkpoint(tmp_path))
+    first = sum(running_counts(data.first_half()).values())
+    deadline = time.monotonic() + 120
+    while sum(committed_counts(kafka_broker, out).values()) < first:
+        assert time.monotonic() < deadline, "the first half was not counted"
+        time.sleep(0.1)
     savepoint = handle.stop_with_savepoint(str(tmp_path / "sp"))
-    first = handle.wait(60)
-    assert first.stopped_with_savepoint == savepoint
-    before = sum(committed_counts(kafka_broker, out).values())
-    assert 0 < before < sum(running_counts(lines).values()), "the first run read everything: no rescale tested"
-    result = wordcount(kafka_broker, src, out, parallelism=3).run(
+    assert handle.wait(60).stopped_with_savepoint == savepoint
+    data.rest()
+    result = wordcount(kafka_broker, data, out, parallelism=3).run(
         runtime="local", restore_from=savepoint, checkpoint=ep.CheckpointConfig(
             interval=0.1, storage="file://" + str(tmp_path / "ckpt2")))
     assert result.restored_from[0] is not None
-    assert committed_counts(kafka_broker, out) == running_counts(lines)
+    assert committed_counts(kafka_broker, out) == running_counts(data.lines)
 
 
 def test_partitions_added_while_running_are_discovered(kafka_broker, tmp_path):
@@ -254,7 +280,7 @@ def test_event_time_per_partition_with_one_skewed_partition(kafka_broker, tmp_pa
     from epochal.windows import Sum, Tumbling
 
     topic = kafka_broker.create_topic(None, 2)
-    base = 1_700_000_000_000
+    base = int(time.time()) // 60 * 60_000 - 10 * 60_000  # recent: the broker's retention deletes old records
     events = {0: [(f"k{i % 3}", base + 60_000 + i * 100) for i in range(1200)],
               1: [(f"k{i % 3}", base + i * 100) for i in range(1200)]}
     for p, evs in events.items():

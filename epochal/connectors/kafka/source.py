@@ -77,6 +77,8 @@ class KafkaSource(Source):
             (read up to the end offsets seen when the job first started, then finish:
             bounded runs, backfills, tests; kept in checkpoints, so a restart stops at the
             same place) or a dict like ``starting_offsets`` (partitions missing: unbounded).
+            Restoring a checkpoint of an unbounded run into a bounded source resolves the
+            stopping offsets then; an unbounded source ignores checkpointed ones.
         deserializer: ``bytes -> value`` applied to every record's value (default: keep
             the bytes). A record it raises on fails the job naming the topic, partition and
             offset; to route such records to dead letters instead, deserialize in a
@@ -216,9 +218,16 @@ class _KafkaReader(SourceReader):
         self._consumer.incremental_assign(tps)
 
     def _restored(self, split: str, entry) -> tuple[int, int | None]:
+        """The checkpointed next offset, and the stopping offset: the checkpointed one if the
+        source is bounded and the checkpoint has one (a restart stops where the first start
+        would have), else resolved now (a job made bounded on restore); None if unbounded."""
         if isinstance(entry, dict) and isinstance(entry.get("next"), int) and entry["next"] >= 0:
             stop = entry.get("stop")
-            if stop is None or (isinstance(stop, int) and stop >= 0):
+            if self._src.stopping is None:
+                return entry["next"], None
+            if stop is None:
+                return entry["next"], self._stop_offset(split)
+            if isinstance(stop, int) and stop >= 0:
                 return entry["next"], stop
         raise ValueError(f"{self._src.name}: restored state has {entry!r} for partition {split}; expected "
                          "{'next': offset[, 'stop': offset]} (was the state written by another source?)")
