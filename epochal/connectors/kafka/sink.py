@@ -133,7 +133,7 @@ class KafkaSink(Sink):
         kafka()
         require_topics(self.config, [self.topic], f"sink {sink!r} ({self!r})")
 
-    def check_checkpointing(self, sink: str, checkpoint) -> None:
+    def check_run(self, sink: str, checkpoint, mode: SinkMode) -> None:
         """Refuse a ``transaction_timeout`` the broker would hit: an epoch's transaction stays
         open for up to one checkpoint interval plus its checkpoint (``checkpoint.timeout``)."""
         need = (checkpoint.interval or 0.0) + checkpoint.timeout
