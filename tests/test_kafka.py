@@ -86,6 +86,26 @@ def committed_counts(broker, topic: str) -> collections.Counter:
     return collections.Counter(tuple(json.loads(v)) for v in broker.values(topic))
 
 
+def wait_for_output(broker, out: str, expected: collections.Counter, what: str, timeout: float = 60.0) -> None:
+    """Wait until ``out`` holds as many committed records as ``expected``."""
+    deadline = time.monotonic() + timeout
+    while sum(committed_counts(broker, out).values()) < sum(expected.values()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def stop_with_savepoint(handle, tmp_path, then=None) -> None:
+    """Run ``then()`` on the running job, then stop it with a savepoint (cancel if ``then`` failed)."""
+    try:
+        if then is not None:
+            then()
+    except BaseException:
+        handle.cancel()
+        raise
+    handle.stop_with_savepoint(str(tmp_path / "sp"))
+    handle.wait(60)
+
+
 class Count(ep.KeyedProcessFunction):
     """Running count per word; records its process id in ``pid_dir`` (for kills from outside)."""
 
@@ -250,24 +270,14 @@ def test_partitions_added_while_running_are_discovered(kafka_broker, tmp_path):
     handle = flow.start(runtime="local", checkpoint=checkpoint(tmp_path))
     added = [text(2, i) for i in range(150)]
     oracle = running_counts(first + added)
-    stopped = False
-    try:
-        deadline = time.monotonic() + 30
-        while sum(committed_counts(kafka_broker, out).values()) < sum(running_counts(first).values()):
-            assert time.monotonic() < deadline, "the first partitions were not read"
-            time.sleep(0.1)
+
+    def add_a_partition():
+        wait_for_output(kafka_broker, out, running_counts(first), "the first partitions were not read")
         kafka_broker.add_partitions(src, 3)
         kafka_broker.produce(src, added, partition=2)
-        deadline = time.monotonic() + 30
-        while sum(committed_counts(kafka_broker, out).values()) < sum(oracle.values()):
-            assert time.monotonic() < deadline, "the added partition was not read"
-            time.sleep(0.1)
-        handle.stop_with_savepoint(str(tmp_path / "sp"))
-        stopped = True
-        handle.wait(60)
-    finally:
-        if not stopped:
-            handle.cancel()
+        wait_for_output(kafka_broker, out, oracle, "the added partition was not read")
+
+    stop_with_savepoint(handle, tmp_path, add_a_partition)
     assert committed_counts(kafka_broker, out) == oracle
 
 
@@ -440,25 +450,18 @@ def test_starting_at_latest_and_group_offsets_for_lag_monitoring(kafka_broker, t
          .flat_map("split", lambda r: r.value.split()).key_by(lambda w: w).process("count", Count())
          .sink("out", KafkaSink(kafka_broker.servers, out, key=lambda r: r[0])))
     handle = flow.start(runtime="local", checkpoint=checkpoint(tmp_path))
-    stopped = False
-    try:
+    new = [text(8, i) for i in range(80)]
+
+    def produce_later():
         deadline = time.monotonic() + 30
         while len(handle.completed_epochs) < 2:  # the reader resolved "latest" before these
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        new = [text(8, i) for i in range(80)]
         kafka_broker.produce(topic, new[:40], partition=0)
         kafka_broker.produce(topic, new[40:], partition=1)
-        deadline = time.monotonic() + 30
-        while sum(committed_counts(kafka_broker, out).values()) < sum(running_counts(new).values()):
-            assert time.monotonic() < deadline, "the new records were not read"
-            time.sleep(0.1)
-        handle.stop_with_savepoint(str(tmp_path / "sp"))
-        stopped = True
-        handle.wait(60)
-    finally:
-        if not stopped:
-            handle.cancel()
+        wait_for_output(kafka_broker, out, running_counts(new), "the new records were not read")
+
+    stop_with_savepoint(handle, tmp_path, produce_later)
     assert committed_counts(kafka_broker, out) == running_counts(new)
     ends = kafka_broker.end_offsets(topic)
     c = Consumer({"bootstrap.servers": kafka_broker.servers, "group.id": group})

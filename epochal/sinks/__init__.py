@@ -31,6 +31,8 @@ from epochal.sinks.log import LogSink, LogSinkWriter, LogTransaction, ProducerFe
 
 __all__ += ["LogSink", "LogSinkWriter", "LogTransaction", "ProducerFencedError", "TransactionalLog"]
 
+from epochal.connectors import lazy_exports  # noqa: E402
+
 # Connectors (epochal/connectors/) build on the names above, so they are loaded on first use:
 # ``from epochal.sinks import KafkaSink`` works without importing a client library.
 _CONNECTORS = {
@@ -38,12 +40,4 @@ _CONNECTORS = {
 }
 __all__ += sorted(_CONNECTORS)
 
-
-def __getattr__(name: str):
-    module = _CONNECTORS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = globals()[name] = getattr(importlib.import_module(module), name)
-    return value
+__getattr__ = lazy_exports(__name__, _CONNECTORS)
