@@ -239,11 +239,7 @@ def test_rescale_source_and_sink_2_to_3(kafka_broker, tmp_path):
     data = Input(kafka_broker, per_partition=600)
     out = kafka_broker.create_topic(None, 3)
     handle = wordcount(kafka_broker, data, out, parallelism=2).start(runtime="local", checkpoint=checkpoint(tmp_path))
-    first = sum(running_counts(data.first_half()).values())
-    deadline = time.monotonic() + 120
-    while sum(committed_counts(kafka_broker, out).values()) < first:
-        assert time.monotonic() < deadline, "the first half was not counted"
-        time.sleep(0.1)
+    wait_for_output(kafka_broker, out, running_counts(data.first_half()), "the first half was not counted", 120)
     savepoint = handle.stop_with_savepoint(str(tmp_path / "sp"))
     assert handle.wait(60).stopped_with_savepoint == savepoint
     data.rest()
