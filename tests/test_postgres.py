@@ -292,3 +292,16 @@ def test_bad_arguments_are_refused_when_built():
         PostgresSink("postgresql://x", "t", columns=["a", "a"])
     with pytest.raises(ConfigError, match=r"upsert_key \['k'\] must be among columns"):
         PostgresSink("postgresql://x", "t", columns=["a"], upsert_key="k")
+
+
+def test_the_postgres_example_runs_and_checks_itself(postgres):
+    """examples/postgres_sink.py on the local runtime against the test server: it exits
+    non-zero unless the table equals its plain-Python count with nothing left prepared."""
+    import subprocess
+    import sys
+
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "postgres_sink.py")
+    proc = subprocess.run([sys.executable, example, "--runtime", "local", "--dsn", postgres.dsn, "--lines", "3000"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "2 attempt(s)" in proc.stdout and "each row once: yes" in proc.stdout

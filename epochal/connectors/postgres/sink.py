@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from epochal.alignment.factory import SinkMode
+from epochal.config import parse_duration
 from epochal.connectors.postgres import recovery
 from epochal.connectors.postgres.client import (
     connect,
@@ -74,6 +75,12 @@ class PostgresSink(Sink):
             appends.
         progress_table: where each committed epoch transaction records its epoch (created if
             missing): how recovery knows which epochs the database holds.
+        lock_timeout: how long a statement of the durability step may wait for a row lock
+            (a duration). Rows of one key (``upsert_key``, or any unique constraint) must all
+            come from one sink subtask — ``key_by`` the key before the sink: otherwise one
+            subtask's upsert waits for another's *prepared* transaction, which commits only
+            after the checkpoint that waits for the first: a deadlock across the protocol,
+            which this timeout turns into an error that says so.
 
     The server must allow prepared transactions (``max_prepared_transactions`` > 0, e.g. as
     many as sink subtasks × 3) under the exactly-once guarantee; the job refuses to start
@@ -84,7 +91,8 @@ class PostgresSink(Sink):
     """
 
     def __init__(self, dsn: str, table: str, *, columns: Sequence[str] | None = None,
-                 upsert_key: str | Sequence[str] | None = None, progress_table: str = "epochal_progress"):
+                 upsert_key: str | Sequence[str] | None = None, progress_table: str = "epochal_progress",
+                 lock_timeout: float | str = 30.0):
         what = "PostgresSink"
         if not isinstance(dsn, str) or not dsn.strip():
             raise ConfigError(f"{what} dsn: expected a connection string or URL, got {dsn!r}")
@@ -104,6 +112,7 @@ class PostgresSink(Sink):
             raise ConfigError(f"{what} progress_table: expected a table name, got {progress_table!r}")
         self.dsn, self.table, self.columns = dsn, table, columns
         self.upsert_key, self.progress_table = upsert_key, progress_table
+        self.lock_timeout = parse_duration(lock_timeout, "PostgresSink lock_timeout")
 
     def __repr__(self) -> str:
         return f"PostgresSink({self.table!r})"
@@ -212,7 +221,10 @@ class PostgresSinkWriter(TwoPhaseCommitSink):
         with self._pool_lock:
             if self._pool:
                 return self._pool.pop()
-        return connect(self._sink.dsn, self._what)
+        conn = connect(self._sink.dsn, self._what)
+        conn.execute(f"SET lock_timeout = {int(self._sink.lock_timeout * 1000)}")
+        conn.commit()
+        return conn
 
     def _release(self, conn) -> None:
         with self._pool_lock:
@@ -292,6 +304,13 @@ class PostgresSinkWriter(TwoPhaseCommitSink):
                 conn.execute(f"PREPARE TRANSACTION '{txn.gid}'")
             else:
                 conn.commit()
+        except self._pg.errors.LockNotAvailable as exc:
+            conn.close()
+            raise SinkCommitError(
+                f"{self._where()}: epoch {txn.epoch} waited more than lock_timeout={self._sink.lock_timeout:g} s for a "
+                f"row lock ({self._pg_error(exc)}): rows of one key probably come from several sink subtasks, and one "
+                "waits for another's prepared transaction, which commits only after this checkpoint; key_by the "
+                "upsert key (or unique column) before the sink") from exc
         except self._pg.Error as exc:
             conn.close()
             raise SinkCommitError(f"{self._where()}: epoch {txn.epoch}: {self._pg_error(exc)}") from exc
