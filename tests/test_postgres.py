@@ -305,3 +305,24 @@ def test_the_postgres_example_runs_and_checks_itself(postgres):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "2 attempt(s)" in proc.stdout and "each row once: yes" in proc.stdout
+
+
+def test_upserts_of_one_key_from_two_subtasks_fail_saying_to_key_by(postgres, tmp_path):
+    """Without a key_by on the upsert key, two sink subtasks upsert the same key: the second
+    waits for the first's prepared transaction, which commits only after the checkpoint that
+    waits for the second. lock_timeout turns that into an error saying what to do."""
+    table = postgres.new_table("word text PRIMARY KEY, n bigint NOT NULL")
+    flow = ep.Dataflow("pg-upsert-unkeyed", parallelism=2)
+    (flow.source("in", ep.sources.GeneratorSource(lambda s, o: iter(({"word": "same", "n": i} for i in range(o, 10**9))),
+                                                  num_splits=2, limit=2000, records_per_second=2000.0))
+         .sink("out", PostgresSink(postgres.dsn, table, upsert_key="word", lock_timeout="1s")))
+    with pytest.raises(ep.JobFailedError, match=r"lock_timeout=1 s.*key_by the upsert key"):
+        flow.run(runtime="local", restart=ep.RestartStrategy(max_attempts=0),
+                 checkpoint=ep.CheckpointConfig(interval=0.1, tolerable_failures=0))
+    # a job that failed for good leaves the prepared transactions of its unfinished epochs
+    # (only a restore knows which epochs completed); starting it again rolls them back
+    assert postgres.prepared(), "the other subtask's epoch should still be prepared"
+    with pytest.raises(ConfigError):
+        PostgresSink(postgres.dsn, "no_such_table").claim("x", "y", False)
+    PostgresSink(postgres.dsn, table, upsert_key="word").claim("pg-upsert-unkeyed", "out", resume=False)
+    assert postgres.prepared() == []
