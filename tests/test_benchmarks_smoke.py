@@ -184,3 +184,14 @@ def test_kafka_smoke(tmp_path):
     assert doc["errors"] == []
     assert all(m["records_per_s"]["median"] for m in doc["modes"].values())
     assert {r["guarantee"] for r in doc["latency"]} == {"exactly-once", "at-least-once"}
+
+
+@pytest.mark.bench
+def test_postgres_smoke(tmp_path):
+    """benchmarks/postgres.py --smoke: every sink mode writes every row once (its own server)."""
+    out = tmp_path / "postgres.json"
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "postgres.py"), "--smoke", "--out", str(out),
+                           "--tmp", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    doc = json.loads(out.read_text())
+    assert doc["errors"] == [] and all(m["records_per_s"]["median"] for m in doc["modes"].values())

@@ -37,6 +37,7 @@ from epochal.connectors import lazy_exports  # noqa: E402
 # ``from epochal.sinks import KafkaSink`` works without importing a client library.
 _CONNECTORS = {
     "KafkaSink": "epochal.connectors.kafka.sink",
+    "PostgresSink": "epochal.connectors.postgres.sink",
 }
 __all__ += sorted(_CONNECTORS)
 
