@@ -240,7 +240,7 @@ def main() -> int:
     spark = None
     try:
         if args.runtime == "spark":
-            from epochal.runtime.spark import _local_session
+            from epochal.runtime.launch.spark import _local_session
 
             spark = _local_session(2 * args.parallelism + 2)
         src = broker.create_topic(None, args.partitions)

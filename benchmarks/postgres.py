@@ -122,7 +122,7 @@ def main() -> int:
     try:
         doc["server"] = server.execute("SELECT version()")[0][0]
         if args.runtime == "spark":
-            from epochal.runtime.spark import _local_session
+            from epochal.runtime.launch.spark import _local_session
 
             spark = _local_session(8)
         for rep in range(args.repetitions):
