@@ -19,9 +19,9 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -35,16 +35,20 @@ WORDS = "kafka topic partition offset epoch barrier commit marker fence producer
 
 
 def start_broker(work: str) -> tuple[subprocess.Popen, str]:
-    """noida-db on a free loopback port (a single static binary from PyPI)."""
-    binary = os.path.join(os.path.dirname(sys.executable), "noida-db")
-    binary = binary if os.path.exists(binary) else shutil.which("noida-db")
-    if binary is None:
+    """noida-db on a free loopback port: the static binary inside the ``noida_db`` package
+    (not its console script, which would leave the broker running when killed)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("noida_db")
+    binary = os.path.join(spec.submodule_search_locations[0], "noida-db") if spec else None
+    if binary is None or not os.access(binary, os.X_OK):
         raise SystemExit("no broker: pip install -e '.[test]' (noida-db), or pass --bootstrap-servers")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([binary, "start", "--data-dir", os.path.join(work, "broker"), "--only", "kafka",
-                             "--kafka-port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--kafka-port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -147,7 +151,7 @@ def main() -> None:
                              f"{sum((expected - got).values())} missing")
     finally:
         if broker is not None:
-            broker.kill()
+            os.killpg(broker.pid, signal.SIGKILL)
             broker.wait()
         shutil.rmtree(work, ignore_errors=True)
 

@@ -20,7 +20,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -29,8 +28,17 @@ import pytest
 
 
 def _binary() -> str | None:
-    here = os.path.join(os.path.dirname(sys.executable), "noida-db")
-    return here if os.path.exists(here) else shutil.which("noida-db")
+    """The broker's own executable inside the ``noida_db`` package — not the ``noida-db``
+    console script, a Python process whose child the broker is: killing the script would
+    leave the broker running."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("noida_db")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(folder, "noida-db")
+        if os.access(path, os.X_OK):
+            return path
+    return None
 
 
 def _free_port() -> int:
@@ -146,8 +154,10 @@ class Broker:
         return [v for records in self.read_committed(topic).values() for _, _, v in records]
 
     def stop(self) -> None:
+        """Kill the broker's whole process group (it runs in a session of its own)."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
@@ -180,8 +190,13 @@ def start_broker(timeout: float = 30.0) -> Broker:
             except OSError:
                 time.sleep(0.02)
         if proc.poll() is None:
-            AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"}).list_topics(timeout=timeout)
-            return Broker(proc, port, data_dir)
+            broker = Broker(proc, port, data_dir)
+            try:
+                AdminClient({"bootstrap.servers": broker.servers}).list_topics(timeout=timeout)
+            except BaseException:
+                broker.stop()
+                raise
+            return broker
     raise RuntimeError(f"noida-db did not start: {proc.stderr.read().decode(errors='replace')[-2000:]}")
 
 

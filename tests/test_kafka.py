@@ -8,7 +8,6 @@ import collections
 import json
 import os
 import signal
-import threading
 import time
 
 import pytest
@@ -17,7 +16,7 @@ import epochal as ep
 from epochal.alignment.factory import SinkMode
 from epochal.errors import ConfigError
 from epochal.sinks import KafkaSink, SinkContext, SinkWriteError
-from epochal.sources import KafkaRecord, KafkaSource
+from epochal.sources import KafkaSource
 from epochal.testing import CrashAtRecord, CrashDuringCommit, CrashDuringDurability
 
 pytest_plugins = ["kafka_broker"]
