@@ -247,8 +247,12 @@ class MetricsConfig:
             quick (it delays the next event, never the job).
         log: log each progress event as one JSON line on the ``epochal.progress`` logger
             (INFO) — the progress lines of a job that runs without a terminal.
-        prometheus_port: serve the metrics at ``http://<driver>:<port>/metrics`` for
+        prometheus_port: serve the metrics at ``http://<prometheus_host>:<port>/metrics`` for
             Prometheus (needs ``pip install 'epochal[metrics]'``); ``None``: off.
+        prometheus_host: the address the endpoint binds: the loopback interface by default,
+            so only processes of the driver's host can read the job's metrics (task hosts,
+            throughput, errors); ``"0.0.0.0"`` (or one of the host's addresses) exposes them
+            to the network, for a Prometheus server on another host.
         status: a live one-line status on the terminal while :meth:`Dataflow.run` blocks:
             ``None`` = when standard error is a terminal.
     """
@@ -258,6 +262,7 @@ class MetricsConfig:
     log: bool = True
     prometheus_port: int | None = None
     status: bool | None = None
+    prometheus_host: str = "127.0.0.1"
 
     def __post_init__(self):
         object.__setattr__(self, "interval", parse_duration(self.interval, "metrics.interval"))
@@ -268,5 +273,8 @@ class MetricsConfig:
         port = self.prometheus_port
         if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536):
             raise ConfigError(f"metrics.prometheus_port: expected a TCP port number, got {port!r}")
+        if not isinstance(self.prometheus_host, str) or not self.prometheus_host:
+            raise ConfigError(f"metrics.prometheus_host: expected an address to bind (e.g. '127.0.0.1' or "
+                              f"'0.0.0.0'), got {self.prometheus_host!r}")
         if self.status not in (None, True, False):
             raise ConfigError(f"metrics.status: expected None, True or False, got {self.status!r}")

@@ -38,7 +38,7 @@ class Reporter:
         if config.prometheus_port is not None:
             from epochal.metrics.prometheus import PrometheusExporter
 
-            self._exporter = PrometheusExporter(self, config.prometheus_port)
+            self._exporter = PrometheusExporter(self, config.prometheus_port, config.prometheus_host)
         self._thread = threading.Thread(target=self._loop, name=f"epochal-metrics-{plan.job}", daemon=True)
         self._thread.start()
 
