@@ -5,9 +5,19 @@ feedback queues beyond ``feedback_memory_bytes``, and frames are cut by bytes at
 alone is too big."""
 from __future__ import annotations
 
+import collections
+import os
 import pickle
+import threading
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from epochal.loops.log import InTransitLog, replay
+from epochal.runtime.transport.frames import BatchSizer, RecordTooLarge, Unencodable, encode_within
+from epochal.runtime.transport.spill import SpillQueue
 
 
 class MemoryStorage:
@@ -48,3 +58,86 @@ def test_a_log_written_before_byte_budgets_still_replays():
     storage.files["old.log0"] = pickle.dumps([1, 2, 3])
     old = {"count": 5, "segments": [{"path": "old.log0", "size": 0, "sha256": ""}], "inline": [4, 5], "bytes": 0}
     assert [r for batch in replay([old], storage) for r in batch] == [1, 2, 3, 4, 5]
+
+
+# ------------------------------------------------------------------ feedback queues spill
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(st.one_of(st.integers(1, 3000), st.just("pop"), st.just("left")), max_size=80),
+       budget=st.integers(1, 5000))
+def test_spill_queue_is_fifo_and_holds_at_most_its_budget_plus_one_frame(ops, budget):
+    """Messages of random sizes put, popped and put back in random order: the queue behaves
+    as a deque (the reference), and its memory never holds more than the budget plus one
+    frame, whatever went to disk."""
+    q, ref, n = SpillQueue(budget, pickle.loads), collections.deque(), 0
+    try:
+        for op in ops:
+            if op == "pop":
+                if ref:
+                    assert q.popleft() == ref.popleft()
+                else:
+                    with pytest.raises(IndexError):
+                        q.popleft()
+            elif op == "left":
+                if ref:
+                    msg = q.popleft()
+                    q.appendleft(msg)
+            else:
+                msg = ("B", n, "x" * op)
+                n += 1
+                q.put(msg, pickle.dumps(msg))
+                ref.append(msg)
+            assert len(q) == len(ref) and bool(q) == bool(ref)
+            assert q.memory_held <= budget + 3100
+        assert list(q) == list(ref)
+        while ref:
+            assert q.popleft() == ref.popleft()
+    finally:
+        q.close()
+
+
+def test_spill_queue_spills_beyond_its_budget_and_truncates_its_file_when_drained():
+    q = SpillQueue(10_000, pickle.loads)
+    frames = [pickle.dumps(("B", i, b"y" * 1000)) for i in range(100)]
+    for f in frames:
+        q.put(pickle.loads(f), f)
+    assert q.spilled > 80 and q.on_disk == q.spilled and q.memory_held <= 10_000
+    assert os.fstat(q._fd).st_size > 80_000
+    assert [q.popleft()[1] for _ in range(100)] == list(range(100))
+    assert os.fstat(q._fd).st_size == 0 and not q
+    q.close()
+
+
+# ------------------------------------------------------------------ frames cut by bytes
+def test_encode_within_splits_a_batch_until_every_frame_fits():
+    records = [("k", "v" * 100) for _ in range(1000)]
+    parts = encode_within(records, 10_000, pickle.dumps)
+    assert [r for part, _ in parts for r in part] == records
+    assert all(len(frame) <= 10_000 and frame == pickle.dumps(part) for part, frame in parts)
+    assert len(encode_within(records, 1 << 30, pickle.dumps)) == 1  # within the limit: one encode
+
+
+def test_encode_within_slices_an_arrow_batch_by_rows():
+    from epochal.runtime.channels import encode_batch
+
+    batch = pa.record_batch({"s": ["z" * 1000] * 500})
+    parts = encode_within([batch], 60_000, encode_batch)
+    assert len(parts) > 8 and all(len(f) <= 60_000 for _, f in parts)
+    assert pa.Table.from_batches([b for part, _ in parts for b in part]).equals(pa.Table.from_batches([batch]))
+
+
+def test_encode_within_names_the_record_that_is_too_large_or_unencodable():
+    with pytest.raises(RecordTooLarge) as too_large:
+        encode_within(["a", "b" * 50_000, "c"], 10_000, pickle.dumps)
+    assert too_large.value.record == "b" * 50_000 and too_large.value.size > 50_000
+    lock = threading.Lock()
+    with pytest.raises(Unencodable, match="cannot pickle '_thread.lock'") as bad:
+        encode_within(["a", lock, "c"], 10_000, pickle.dumps)
+    assert bad.value.record is lock
+
+
+def test_batch_sizer_keeps_batches_near_batch_bytes():
+    s = BatchSizer(batch_size=512, batch_bytes=64_000)
+    s.observe_frames(encode_within([b"%04d" % i * 250 for i in range(512)], 1 << 30, pickle.dumps))
+    assert 50 <= s.size <= 64
+    s.observe(records=100, nbytes=100)
+    assert s.size > 64
