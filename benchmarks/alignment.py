@@ -270,7 +270,7 @@ def main(argv=None) -> int:
           f"load={info['loadavg_at_start']}", flush=True)
     spark = None
     if args.runtime == "spark":
-        from epochal.runtime.spark import _local_session
+        from epochal.runtime.launch.spark import _local_session
 
         spark = _local_session(4 * max(args.parallelism))
     doc = {**harness.new_doc("alignment", args, info),

@@ -242,7 +242,7 @@ def main(argv=None) -> int:
           f"intervals={args.intervals} cores={info['cpu_count']} load={info['loadavg_at_start']}", flush=True)
     spark, session_s = None, None
     if args.runtime == "spark":
-        from epochal.runtime.spark import _local_session
+        from epochal.runtime.launch.spark import _local_session
 
         t0 = time.monotonic()
         spark = _local_session(max(args.ops) + 2)

@@ -60,8 +60,8 @@ cloudpickle.register_pickle_by_value(dataplane_sink)  # the sink runs in the sin
 
 import epochal as ep  # noqa: E402
 from epochal.config import ChannelConfig  # noqa: E402
-from epochal.runtime import channels as ep_channels  # noqa: E402
-from epochal.runtime import wire as ep_wire  # noqa: E402
+from epochal.runtime.transport import channels as ep_channels  # noqa: E402
+from epochal.runtime.transport import wire as ep_wire  # noqa: E402
 
 CEILING = Path(ceilings.__file__).resolve()
 #: name -> (checkpoint interval, encryption, records of a ``__main__`` class)

@@ -54,7 +54,7 @@ def run_epochal(args, checkpoints: bool) -> dict:
 
     cloudpickle.register_pickle_by_value(workload)  # events_of runs in the task processes
     import epochal as ep
-    from epochal.runtime.spark import _local_session
+    from epochal.runtime.launch.spark import _local_session
     from epochal.sinks import FileSink
     from epochal.windows import Sum, Tumbling
 
@@ -123,7 +123,7 @@ def run_spark_ss(args) -> dict:
     out, ck = os.path.join(args.work, "out"), os.path.join(args.work, "ck")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from epochal.runtime.java import ensure_java
+    from epochal.runtime.launch.java import ensure_java
 
     ensure_java()
     t0 = time.time()

@@ -112,7 +112,7 @@ def main() -> None:
     out = args.out or (Path(tempfile.mkdtemp()) / "latency.json" if args.smoke else RESULTS)
     spark = None
     if args.runtime == "spark":
-        from epochal.runtime.spark import _local_session
+        from epochal.runtime.launch.spark import _local_session
 
         spark = _local_session(8)
     started = harness.now_iso()

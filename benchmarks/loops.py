@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     spark = None
     if args.runtime == "spark":
-        from epochal.runtime.spark import _local_session
+        from epochal.runtime.launch.spark import _local_session
 
         spark = _local_session(16)
     tmp = args.tmp or tempfile.mkdtemp(prefix="epochal-bench-loops-")

@@ -58,7 +58,7 @@ def final_counts(pairs) -> dict[str, int]:
 def run_epochal(args) -> dict:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import epochal as ep
-    from epochal.runtime.spark import _local_session
+    from epochal.runtime.launch.spark import _local_session
     from epochal.sinks import FileSink, read_committed
 
     class WordCount(ep.KeyedProcessFunction):
@@ -116,7 +116,7 @@ def run_epochal_columnar(args) -> dict:
 
     import epochal as ep
     from epochal.columnar import ArrowFileSource, count
-    from epochal.runtime.spark import _local_session
+    from epochal.runtime.launch.spark import _local_session
     from epochal.sinks import FileSink, read_committed
 
     indir = write_input_files(args)

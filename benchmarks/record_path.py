@@ -56,9 +56,9 @@ from epochal.operators.keyed import KeyedProcessOperator  # noqa: E402
 from epochal.operators.sink import SinkOperator  # noqa: E402
 from epochal.operators.stateless import FlatMapOperator  # noqa: E402
 from epochal.plan import OutputGate  # noqa: E402
-from epochal.runtime import wire  # noqa: E402
-from epochal.runtime.channels import encode_batch  # noqa: E402
-from epochal.runtime.router import Router  # noqa: E402
+from epochal.runtime.transport import wire  # noqa: E402
+from epochal.runtime.transport.channels import encode_batch  # noqa: E402
+from epochal.runtime.task.router import Router  # noqa: E402
 from epochal.sinks import FileSink  # noqa: E402
 
 MAX_PARALLELISM = 128

@@ -53,7 +53,7 @@ import harness  # noqa: E402
 import epochal as ep  # noqa: E402
 from epochal.backends.choice import BackendSpec  # noqa: E402
 from epochal.backends.storage import CheckpointStorage, StateHandle  # noqa: E402
-from epochal.runtime.snapshots import decode_task_state  # noqa: E402
+from epochal.runtime.task.snapshots import decode_task_state  # noqa: E402
 from epochal.sinks import FileSink  # noqa: E402
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -301,7 +301,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     spark = None
     if args.runtime == "spark":
-        from epochal.runtime.spark import _local_session
+        from epochal.runtime.launch.spark import _local_session
 
         spark = _local_session(8)
     started = time.perf_counter()

@@ -304,7 +304,7 @@ def main(argv=None) -> int:
 
     spark, session_s = None, None
     if args.runtime == "spark":
-        from epochal.runtime.spark import _local_session
+        from epochal.runtime.launch.spark import _local_session
 
         n_tasks = len(wordcount("plan", "/unused", args.records, args.parallelism, args.splits).plan().tasks)
         t0 = time.monotonic()

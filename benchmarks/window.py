@@ -330,7 +330,7 @@ def main(argv=None) -> int:
           f"repetitions={args.repetitions} cores={info['cpu_count']} load={info['loadavg_at_start']}", flush=True)
     spark = None
     if args.runtime == "spark":
-        from epochal.runtime.spark import _local_session
+        from epochal.runtime.launch.spark import _local_session
 
         spark = _local_session(args.parallelism + 2)
     doc = {**harness.new_doc("window", args, info),

@@ -87,7 +87,7 @@ class CheckpointConfig:
             never switch). ``unaligned=True`` is ``aligned_timeout=0``.
         requests_poll: how often the driver looks in ``storage`` for savepoints requested
             from another process (``epochal savepoint trigger``,
-            :mod:`epochal.runtime.requests`): one listing of ``<job>/_requests`` per poll.
+            :mod:`epochal.runtime.driver.requests`): one listing of ``<job>/_requests`` per poll.
             ``None`` disables it.
     """
 
@@ -154,7 +154,7 @@ class ChannelConfig:
             (credit-based flow control → back-pressure).
         encryption: TLS 1.3 on every connection (task↔task, task↔coordinator), mutually
             authenticated with a per-attempt certificate the driver creates and the tasks
-            pin (:mod:`epochal.runtime.tls`). ``None`` (default): on when the job runs on
+            pin (:mod:`epochal.runtime.transport.tls`). ``None`` (default): on when the job runs on
             a Spark cluster (a non-``local`` master), off on embedded local Spark and the
             local runtime, whose connections stay on loopback. ``True`` / ``False`` force it.
         in_flight: bound the data in flight per channel by *time* (Flink's buffer

@@ -75,7 +75,7 @@ def _executor_hosts(spark, driver_host: str) -> set[str]:
 def _record_secrets(handle, path: str, generated: list) -> None:
     """For the test that the job's secrets never reach a log: write them where it finds them."""
     d = handle._driver
-    from epochal.runtime import wire
+    from epochal.runtime.transport import wire
 
     keys = [wire.derive_key(d.secret, d.plan.job, g).hex() for g in range(8)]
     with open(path, "a") as f:
@@ -88,7 +88,7 @@ def run_job(kind: str, args, spark) -> dict:
     flow = JOBS[kind](job, f"{args.out}/{job}", args)
     generated: list = []
     if args.secrets_out:
-        from epochal.runtime import tls
+        from epochal.runtime.transport import tls
 
         original = tls.TLSMaterial.generate.__func__
 

@@ -24,7 +24,7 @@ def pytest_collection_modifyitems(session, config, items):
 @pytest.fixture(scope="session")
 def spark():
     """A local SparkSession with enough slots for every test's task count."""
-    from epochal.runtime.spark import _local_session
+    from epochal.runtime.launch.spark import _local_session
 
     return _local_session(SPARK_SLOTS)
 

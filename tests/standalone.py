@@ -100,7 +100,7 @@ class Host:
 
     def task_processes(self) -> dict[int, str]:
         """``pid → task`` of the epochal task processes running on this host (their
-        ``/proc/<pid>/comm`` is ``"ep <task id>"``, see ``epochal.runtime.worker``)."""
+        ``/proc/<pid>/comm`` is ``"ep <task id>"``, see ``epochal.runtime.launch.worker``)."""
         found = {}
         for pid in self.pids():
             try:

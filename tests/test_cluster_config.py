@@ -9,9 +9,9 @@ import pytest
 
 import epochal as ep
 from epochal.errors import ConfigError, JobFailedError
-from epochal.runtime.cluster import check_storage_visible_from_every_host
-from epochal.runtime.spark import _check_cluster_conf, summarize_failure
-from epochal.runtime.worker import task_addresses
+from epochal.runtime.launch.cluster import check_storage_visible_from_every_host
+from epochal.runtime.launch.spark import _check_cluster_conf, summarize_failure
+from epochal.runtime.launch.worker import task_addresses
 from epochal.sinks import FileSink, read_committed
 
 from pipelines import canon, unique_dir, wordcount, wordcount_oracle

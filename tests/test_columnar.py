@@ -18,8 +18,8 @@ from epochal.backends.keygroups import key_group_for
 from epochal.columnar import ArrowFileSource, ColumnAggregateFunction, aggregate, count, max as amax, mean, sum as asum
 from epochal.columnar.keys import KeyGroups, split_by_channel
 from epochal.errors import PipelineDefinitionError
-from epochal.runtime.channels import encode_batch
-from epochal.runtime.wire import decode
+from epochal.runtime.transport.channels import encode_batch
+from epochal.runtime.transport.wire import decode
 from epochal.sinks import FileSink, read_committed
 from epochal.testing import CrashAtRecord, CrashDuringCommit, CrashDuringSnapshotUpload
 

@@ -200,7 +200,7 @@ def _sum_until_fifty(acc, x):
 
 
 def test_root_cause_wins_over_secondary_channel_failure(tmp_path, monkeypatch):
-    from epochal.runtime import wire
+    from epochal.runtime.transport import wire
 
     recv = wire.Connection.recv
 
@@ -223,7 +223,7 @@ def test_root_cause_wins_over_secondary_channel_failure(tmp_path, monkeypatch):
 @pytest.fixture
 def launches(monkeypatch):
     """Record every task launch (and every launcher created / closed)."""
-    from epochal.runtime import launcher
+    from epochal.runtime.launch import launcher
 
     seen = {"launch": 0, "created": [], "closed": []}
     init, launch, close = launcher.LocalLauncher.__init__, launcher.LocalLauncher.launch, launcher.LocalLauncher.close

@@ -128,7 +128,7 @@ def session_oracle(gap: float) -> collections.Counter:
                                for k, s, e, es in sessions(all_events(), gap))
 
 
-def _run(flow, tmp_path, faults=(), **kw) -> ep.runtime.job.JobResult:
+def _run(flow, tmp_path, faults=(), **kw) -> ep.runtime.driver.result.JobResult:
     kw.setdefault("runtime", "local")
     kw.setdefault("checkpoint", ep.CheckpointConfig(interval=0.05, storage="file://" + unique_dir(tmp_path, "ck")))
     return flow.run(faults=list(faults), **kw)

@@ -9,7 +9,8 @@ import threading
 
 import pytest
 
-from epochal.backends.forked import fork_available, is_descriptor
+from epochal.backends.formats import is_forked_descriptor as is_descriptor
+from epochal.backends.forked import fork_available
 from epochal.backends.heap import HeapStateBackend
 from epochal.backends.keygroups import key_group_for, key_group_range
 from epochal.backends.rocksdb import RocksDBStateBackend

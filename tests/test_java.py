@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from epochal.runtime import java
+from epochal.runtime.launch import java
 
 
 def test_missing_java_names_both_fixes(monkeypatch, tmp_path):

@@ -9,7 +9,7 @@ Stage two resumes from the same storage with the loop (head *and* keyed body) at
 ``p_new`` and runs to the end: exactly-once → the output equals the golden multiset;
 at-least-once → every number's result arrives. Each new head subtask must replay exactly
 the logs of the old subtasks ``k`` with ``k % p_new`` equal to its index (the rule of
-:mod:`epochal.runtime.restore`). Disabling the log in stage one loses records: the
+:mod:`epochal.runtime.task.restore`). Disabling the log in stage one loses records: the
 tests depend on the log being restored.
 """
 from __future__ import annotations
@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 import epochal as ep
 from epochal.backends.storage import CheckpointStorage, StateHandle
 from epochal.loops.log import InTransitLog, replay
-from epochal.runtime.restore import load_restored_state
-from epochal.runtime.snapshots import decode_task_state, encode_task_state, state_file_name
+from epochal.runtime.task.restore import load_restored_state
+from epochal.runtime.task.snapshots import decode_task_state, encode_task_state, state_file_name
 from epochal.testing import DisableLoopLog
 
 from pipelines import output, unique_dir, visits_golden, visits_loop

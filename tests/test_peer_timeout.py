@@ -1,9 +1,9 @@
-"""A peer host that stops answering (epochal.runtime.wire ``peer_timeout``).
+"""A peer host that stops answering (epochal.runtime.transport.wire ``peer_timeout``).
 
 A real silent loss, not a simulation: the peer is a process in its own network namespace,
 joined to this one by a veth pair; the test pulls the cable (``ip link set … down``), so
 no process dies and no packet says goodbye. The connection must then break with
-:class:`~epochal.runtime.wire.PeerLost` naming the peer within about ``peer_timeout`` —
+:class:`~epochal.runtime.transport.wire.PeerLost` naming the peer within about ``peer_timeout`` —
 whether it is idle (keepalive) or sending (``TCP_USER_TIMEOUT``) — while an idle but
 healthy peer keeps its connection for many timeouts. Skipped, with the reason, where
 namespaces cannot be created (CI runs as root and creates them).
@@ -20,7 +20,7 @@ import uuid
 
 import pytest
 
-from epochal.runtime import wire
+from epochal.runtime.transport import wire
 
 from standalone import cannot_create_hosts
 
@@ -29,7 +29,7 @@ KEY = wire.derive_key(SECRET, "job", 0)
 TIMEOUT = 2.0
 CLIENT = textwrap.dedent("""
     import sys, time
-    from epochal.runtime import wire
+    from epochal.runtime.transport import wire
     host, port, key = sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.argv[3])
     conn = wire.connect((host, port), key, {"who": "peer"}, peer_timeout=float(sys.argv[4]))
     print("connected", flush=True)

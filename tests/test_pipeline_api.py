@@ -48,7 +48,7 @@ class _Count(ep.KeyedProcessFunction):
 @pytest.fixture
 def no_tasks(monkeypatch):
     """Fail the test if a launcher (and hence any task process) is created."""
-    from epochal.runtime import launcher
+    from epochal.runtime.launch import launcher
 
     created = []
 

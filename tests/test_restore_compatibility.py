@@ -1,4 +1,4 @@
-"""Restores are checked, not trusted (epochal.runtime.compatibility).
+"""Restores are checked, not trusted (epochal.runtime.driver.compatibility).
 
 Each case of the issue ("No silent data loss", item 1) is reproduced with a real job: a
 keyed word count stops after completed checkpoints (its task process exits, no restart
@@ -15,7 +15,7 @@ import pytest
 
 import epochal as ep
 from epochal.errors import ConfigError
-from epochal.runtime.compatibility import check_restore
+from epochal.runtime.driver.compatibility import check_restore
 from epochal.sinks import FileSink, read_committed
 from epochal.testing import CrashAtRecord
 

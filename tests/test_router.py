@@ -1,4 +1,4 @@
-"""The router's contract (epochal/runtime/router.py): per-batch routing sends exactly what
+"""The router's contract (epochal/runtime/task/router.py): per-batch routing sends exactly what
 routing record by record sends — same batches, in the same order, on every channel.
 
 The reference below is written independently of the router: it decides every record's
@@ -21,9 +21,9 @@ from epochal.backends.keygroups import key_group_for
 from epochal.errors import OperatorError
 from epochal.graph import PartitionKind, Partitioning
 from epochal.plan import OutputGate
-from epochal.runtime.channels import BARRIER, DATA, END, InputGate, OutputChannel
-from epochal.runtime.router import Router
-from epochal.runtime.wire import Connection
+from epochal.runtime.transport.channels import BARRIER, DATA, END, InputGate, OutputChannel
+from epochal.runtime.task.router import Router
+from epochal.runtime.transport.wire import Connection
 
 MAXP = 16
 

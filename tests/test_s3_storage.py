@@ -125,7 +125,7 @@ class TestLatestRestorable:
             epoch, meta = any_storage.latest_restorable()
         assert epoch == 2 and meta["epoch"] == 2
         skip, summary = warnings(caplog)
-        assert any_storage._display(any_storage.epoch_dir(3)) in skip  # names the checkpoint...
+        assert any_storage.display(any_storage.epoch_dir(3)) in skip  # names the checkpoint...
         assert "state file count-1.state is corrupt: sha256 mismatch" in skip  # ...the file and why
         assert "restores from checkpoint chk-0000000002, not from the newer chk-0000000003" in summary
         assert list(any_storage.unrestorable) == [3]
@@ -285,7 +285,7 @@ def test_failed_upload_beyond_tolerable_failures_restarts(tmp_path, s3_env, gold
 
 
 def _driver_restores_via_latest_restorable() -> bool:
-    from epochal.runtime import job
+    from epochal.runtime.driver import job
 
     return "latest_restorable" in inspect.getsource(job)
 

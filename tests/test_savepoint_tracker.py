@@ -1,4 +1,4 @@
-"""The savepoint bookkeeping as scripted events (epochal.runtime.savepoints), retention of
+"""The savepoint bookkeeping as scripted events (epochal.runtime.driver.savepoints), retention of
 pinned epochs (epochal.backends.retention), and the savepoint layout (epochal.state.savepoint)
 on storage without any job."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from epochal.backends.storage import CheckpointStorage
 from epochal.errors import CheckpointStorageError, SavepointError
-from epochal.runtime.savepoints import SavepointRequest, SavepointTracker
-from epochal.runtime.snapshots import encode_task_state
+from epochal.runtime.driver.savepoints import SavepointRequest, SavepointTracker
+from epochal.runtime.task.snapshots import encode_task_state
 from epochal.state import open_checkpoint, write_savepoint
 from epochal.state.savepoint import import_checkpoint, list_recorded
 

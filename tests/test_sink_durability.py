@@ -30,7 +30,7 @@ from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
 import epochal as ep
 from epochal.alignment.factory import SinkMode
 from epochal.backends.storage import CheckpointStorage
-from epochal.runtime.snapshots import PendingUpload, Uploader
+from epochal.runtime.task.snapshots import PendingUpload, Uploader
 from epochal.sinks import (
     FileSink,
     LogSink,

@@ -1,4 +1,4 @@
-"""Encrypted, integrity-protected connections (epochal.runtime.tls) and a server that
+"""Encrypted, integrity-protected connections (epochal.runtime.transport.tls) and a server that
 unauthenticated peers cannot exhaust. Real sockets on loopback; raw sockets and a byte-
 flipping proxy play the attacker."""
 from __future__ import annotations
@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from epochal.runtime import wire
-from epochal.runtime.tls import TLSMaterial
-from epochal.runtime.wire import AuthenticationError, ConnectionClosed
+from epochal.runtime.transport import wire
+from epochal.runtime.transport.tls import TLSMaterial
+from epochal.runtime.transport.wire import AuthenticationError, ConnectionClosed
 
 KEY = wire.derive_key(b"\x02" * 32, "job", 0)
 

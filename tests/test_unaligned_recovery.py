@@ -21,8 +21,8 @@ import epochal as ep
 from epochal.backends.storage import CheckpointStorage, StateHandle
 from epochal.errors import ConfigError
 from epochal.loops.log import InTransitLog
-from epochal.runtime.restore import load_restored_state
-from epochal.runtime.snapshots import decode_task_state, encode_task_state, state_file_name
+from epochal.runtime.task.restore import load_restored_state
+from epochal.runtime.task.snapshots import decode_task_state, encode_task_state, state_file_name
 from epochal.sinks import FileSink, read_committed
 from epochal.testing import CrashAtRecord, CrashDuringReplay, CrashDuringSnapshotUpload
 

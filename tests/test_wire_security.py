@@ -1,4 +1,4 @@
-"""The connection layer (epochal.runtime.wire): mutual HMAC handshake, generation fencing,
+"""The connection layer (epochal.runtime.transport.wire): mutual HMAC handshake, generation fencing,
 nothing unpickled before authentication, FIFO framing, and concurrent handshakes.
 
 Everything runs in-process on 127.0.0.1 with raw sockets playing the attacker.
@@ -18,8 +18,8 @@ import time
 import pytest
 
 from epochal.errors import EpochalError
-from epochal.runtime import wire
-from epochal.runtime.wire import AuthenticationError, ConnectionClosed
+from epochal.runtime.transport import wire
+from epochal.runtime.transport.wire import AuthenticationError, ConnectionClosed
 
 SECRET = b"\x01" * 32
 KEY = wire.derive_key(SECRET, "job", 0)

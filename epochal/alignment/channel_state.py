@@ -38,7 +38,7 @@ __all__ = ["ChannelStateRecorder"]
 @dataclass
 class _Recording:
     epoch: int
-    upload: object  # runtime.snapshots.PendingUpload, held until its channel state is complete
+    upload: object  # runtime.task.snapshots.PendingUpload, held until its channel state is complete
     waiting: set[int]
     logs: dict = field(default_factory=dict)  # log key -> InTransitLog
     counts: dict = field(default_factory=dict)  # log key -> records (also those not kept)

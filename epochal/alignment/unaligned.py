@@ -35,7 +35,7 @@ snapshots at once: reached channels have nothing in flight, arrived-not-reached 
 are captured, the others recorded; every channel is unblocked. A barrier that arrives
 flagged unaligned (its upstream already switched) is taken unaligned at once.
 
-The task loop (see :mod:`epochal.runtime.task`)::
+The task loop (see :mod:`epochal.runtime.task.task`)::
 
     for channel, barrier in gate.take_arrivals():          # priority, before any data
         apply(handler.on_barrier_arrived(channel, barrier))

@@ -13,31 +13,20 @@ seed 001 "non-blocking checkpointing"):
 In Table 4.1 terms the synchronous part is the backend's *pre-commit* and
 :meth:`SnapshotJob.release` its *abort* ("delete snapshot").
 
-Snapshot bytes (format version 1) are organised by key group so that a restore — possibly
-with a different key-group range after rescaling (§4.2.2) — unpickles only the groups it
-owns::
-
-    b"EPKS" | u16 version | u32 n | n × (u32 key group, u64 section length) | n sections
-    section = pickle((values, maps))
-    values  = {state: {key: value}}            # value state
-    maps    = {state: {key: {map_key: value}}} # map state
-
-Snapshots are read only from the job's own checkpoint storage (checksummed, see
-:mod:`epochal.backends.storage`); unpickling untrusted bytes is never done.
+Snapshot bytes are in the portable format of :mod:`epochal.backends.formats` (organised
+by key group), which this module re-exports (``encode_snapshot``, ``decode_snapshot``,
+``write_snapshot``, ``FORMAT_VERSION``).
 """
 from __future__ import annotations
 
 import enum
-import io
-import pickle
-import struct
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, BinaryIO
+from typing import Any
 
-from epochal import serde
-from epochal.errors import CheckpointStorageError, EpochalError
+from epochal.backends.formats import FORMAT_VERSION, decode_snapshot, encode_snapshot, to_portable, write_snapshot
+from epochal.errors import EpochalError
 
 __all__ = [
     "FORMAT_VERSION",
@@ -48,78 +37,6 @@ __all__ = [
     "encode_snapshot",
     "write_snapshot",
 ]
-
-MAGIC = b"EPKS"
-FORMAT_VERSION = 1
-_HEAD = struct.Struct(">4sHI")
-_INDEX = struct.Struct(">IQ")
-
-Section = tuple[Mapping[str, Mapping[Any, Any]], Mapping[str, Mapping[Any, Mapping[Any, Any]]]]
-
-
-def write_snapshot(out: BinaryIO, sections: Iterable[tuple[int, Section]]) -> int:
-    """Stream ``(kg, (values, maps))`` pairs (any order, each kg at most once) into the
-    seekable binary file ``out`` in the snapshot format; return the bytes written.
-
-    Empty sections are skipped. Sections are pickled one at a time, so the peak memory is
-    one section, not the whole snapshot. Never mutates its input.
-    """
-    sections = [(kg, s) for kg, s in sorted(sections, key=lambda s: s[0]) if s[0] or s[1]]
-    start = out.tell()
-    out.write(_HEAD.pack(MAGIC, FORMAT_VERSION, len(sections)))
-    index_at = out.tell()
-    out.write(bytes(_INDEX.size * len(sections)))  # filled in once the lengths are known
-    index = []
-    for kg, (values, maps) in sections:
-        body = serde.dumps((values, maps), protocol=pickle.HIGHEST_PROTOCOL)
-        out.write(body)
-        index.append(_INDEX.pack(kg, len(body)))
-    end = out.tell()
-    out.seek(index_at)
-    out.write(b"".join(index))
-    out.seek(end)
-    return end - start
-
-
-def encode_snapshot(sections: Iterable[tuple[int, Section]]) -> bytes:
-    """The bytes :func:`write_snapshot` would write for ``sections``."""
-    buf = io.BytesIO()
-    write_snapshot(buf, sections)
-    return buf.getvalue()
-
-
-def decode_snapshot(blob: bytes, key_groups: range | None = None) -> Iterator[tuple[int, Section]]:
-    """Yield ``(kg, (values, maps))`` for the key groups of ``blob`` inside ``key_groups``
-    (all when ``None``); sections outside are skipped without unpickling them.
-
-    Raises:
-        CheckpointStorageError: ``blob`` is not an epochal keyed-state snapshot, has an
-            unknown format version, or is truncated.
-    """
-    view = memoryview(blob)
-    if len(view) < _HEAD.size:
-        raise CheckpointStorageError(f"keyed-state snapshot truncated: {len(view)} bytes, no header")
-    magic, version, n = _HEAD.unpack_from(view, 0)
-    if magic != MAGIC:
-        raise CheckpointStorageError(
-            f"not an epochal keyed-state snapshot: magic {bytes(magic)!r}, expected {MAGIC!r}"
-        )
-    if version != FORMAT_VERSION:
-        raise CheckpointStorageError(
-            f"keyed-state snapshot format version {version} is not supported "
-            f"(this epochal reads version {FORMAT_VERSION})"
-        )
-    offset = _HEAD.size + n * _INDEX.size
-    if len(view) < offset:
-        raise CheckpointStorageError("keyed-state snapshot truncated inside its key-group index")
-    for i in range(n):
-        kg, length = _INDEX.unpack_from(view, _HEAD.size + i * _INDEX.size)
-        end = offset + length
-        if end > len(view):
-            raise CheckpointStorageError(f"keyed-state snapshot truncated inside key group {kg}")
-        if key_groups is None or kg in key_groups:
-            yield kg, pickle.loads(view[offset:end])
-        offset = end
 
 
 class SnapshotJobState(enum.Enum):
@@ -343,16 +260,7 @@ class KeyedStateBackend(ABC):
         database key group by key group into the portable format and calls
         :meth:`restore` — so any backend restores any backend's snapshots.
         """
-        from epochal.backends import forked, incremental
-
-        blobs = []
-        for item in items:
-            if forked.is_descriptor(item):
-                item = forked.read_descriptor(item, storage)
-            elif isinstance(item, Mapping):
-                item = incremental.to_portable(item, storage, self.key_groups)
-            blobs.append(item)
-        self.restore(blobs)
+        self.restore([to_portable(item, storage, self.key_groups) for item in items])
 
     @abstractmethod
     def state_names(self) -> set[str]:

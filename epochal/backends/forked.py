@@ -9,11 +9,11 @@ state is large (measured: 512 MB of heap state ran at the blocking baseline's 0.
 The synchronous part of a snapshot is one ``fork()`` on the task thread (page tables only:
 ~13 ms measured for a 600 MB process). The child sees the state exactly as it was at the
 barrier — the kernel copies a page only when one of the two processes writes to it — and
-streams it with :func:`~epochal.backends.base.write_snapshot` into a local file, reports
+streams it with :func:`~epochal.backends.formats.write_snapshot` into a local file, reports
 ``ok`` or the error through a pipe, and ``_exit``\\ s. The uploader thread waits for that
 report, then :meth:`~epochal.backends.storage.CheckpointStorage.move_state_file` publishes
 the file (checksummed there, never in the child) and the task state references it with a
-:func:`descriptor <is_descriptor>` instead of embedding the bytes.
+:func:`descriptor <epochal.backends.formats.is_forked_descriptor>` instead of embedding the bytes.
 
 The child runs in a copy of a multi-threaded process in which only the forking thread
 exists. It therefore does nothing but pickle and write to already-open file descriptors:
@@ -31,16 +31,14 @@ import gc
 import os
 import signal
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
-from epochal.backends.base import Section, write_snapshot
-from epochal.backends.storage import StateHandle
+from epochal.backends.formats import FORKED_FORMAT as FORMAT
+from epochal.backends.formats import FORKED_VERSION as VERSION
+from epochal.backends.formats import Section, write_snapshot
 from epochal.errors import CheckpointStorageError
 
-__all__ = ["FORMAT", "ForkedSnapshot", "fork_available", "is_descriptor", "read_descriptor"]
-
-FORMAT = "epochal-keyed-file"
-VERSION = 1
+__all__ = ["FORMAT", "ForkedSnapshot", "fork_available"]
 _MAX_REPORT = 4096
 
 
@@ -50,20 +48,6 @@ def fork_available() -> bool:
     import sys
 
     return hasattr(os, "fork") and sys.platform.startswith("linux")
-
-
-def is_descriptor(item) -> bool:
-    """Whether a task state's ``keyed`` entry is a forked-snapshot descriptor."""
-    return isinstance(item, Mapping) and item.get("format") == FORMAT
-
-
-def read_descriptor(desc: Mapping, storage) -> bytes:
-    """The snapshot bytes ``desc`` references, verified (size and SHA-256) on read."""
-    if desc.get("version") != VERSION:
-        raise CheckpointStorageError(
-            f"keyed-state file descriptor version {desc.get('version')!r} is not supported "
-            f"(this epochal reads version {VERSION})")
-    return storage.read_state(StateHandle.from_dict(desc["handle"]))
 
 
 def _child(fd_out: int, fd_report: int, capture: Callable[[], Iterable[tuple[int, Section]]]) -> None:

@@ -13,7 +13,7 @@ set of immutable SST files plus a few small files describing them (``CURRENT``,
 2. reuses the base's handle for every SST already uploaded (same local name and size:
    within one database instance RocksDB never reuses a name nor rewrites a file);
 3. writes the small files into the epoch's own ``chk-<n>/`` directory;
-4. returns a :func:`descriptor <is_descriptor>` listing ``(local name, handle)`` of every
+4. returns a :func:`descriptor <epochal.backends.formats.is_incremental_descriptor>` listing ``(local name, handle)`` of every
    file — the task writes it into its state file and the handles into ``_metadata``.
 
 Every ``full_every``-th snapshot ignores the base and uploads every file anew, bounding
@@ -21,30 +21,22 @@ how far back the files of one checkpoint reach. Retention of shared files lives 
 :meth:`epochal.backends.storage.CheckpointStorage.retain` (reachability from retained
 checkpoints' ``_metadata``, no counters).
 
-Restore downloads the listed files (checksums verified) into a local directory: with the
-same key-group range the backend opens RocksDB right there; otherwise (rescaling) the
-downloaded database is read key group by key group into the portable format.
+Restore downloads the listed files (checksums verified) into a local directory
+(:func:`epochal.backends.formats.download_incremental`): with the same key-group range the
+backend opens RocksDB right there; otherwise (rescaling, another backend) the downloaded
+database is read key group by key group into the portable format
+(:func:`epochal.backends.formats.incremental_to_portable`).
 """
 from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping
 
-from epochal.backends.storage import StateHandle
-from epochal.errors import CheckpointStorageError
+from epochal.backends.formats import INCREMENTAL_FORMAT as FORMAT
+from epochal.backends.formats import INCREMENTAL_VERSION as VERSION
 
-__all__ = ["FORMAT", "download", "is_descriptor", "to_portable", "upload_checkpoint"]
-
-FORMAT = "epochal-rocksdb-incremental"
-VERSION = 1
-
-
-def is_descriptor(item) -> bool:
-    """Whether a task state's ``keyed`` entry is an incremental descriptor (not bytes)."""
-    return isinstance(item, Mapping) and item.get("format") == FORMAT
+__all__ = ["FORMAT", "upload_checkpoint"]
 
 
 def upload_checkpoint(path: str, epoch: int, base: Mapping[str, dict], storage, owner: str,
@@ -78,33 +70,3 @@ def upload_checkpoint(path: str, epoch: int, base: Mapping[str, dict], storage, 
             "key_groups": [key_groups.start, key_groups.stop], "files": files,
             "uploaded_bytes": uploaded, "state_bytes": total, "full": not base}
     return desc, ssts
-
-
-def download(desc: Mapping, storage, directory: str) -> None:
-    """Write every file of ``desc`` into (new or empty) ``directory``, verifying each
-    file's size and SHA-256 (:meth:`CheckpointStorage.read_state`)."""
-    if desc.get("version") != VERSION:
-        raise CheckpointStorageError(
-            f"incremental RocksDB snapshot version {desc.get('version')!r} is not supported "
-            f"(this epochal reads version {VERSION})")
-    os.makedirs(directory, exist_ok=True)
-    for name, handle in desc["files"]:
-        if os.path.basename(name) != name or name.startswith("."):
-            raise CheckpointStorageError(f"incremental RocksDB snapshot names a bad file {name!r}")
-        data = storage.read_state(StateHandle.from_dict(handle))
-        with open(os.path.join(directory, name), "wb") as f:
-            f.write(data)
-
-
-def to_portable(desc: Mapping, storage, key_groups: range | None = None) -> bytes:
-    """The portable snapshot bytes (:func:`~epochal.backends.base.encode_snapshot`) of
-    ``desc``'s database, only the key groups in ``key_groups`` (all when ``None``):
-    download it to a temporary directory and read it key group by key group."""
-    from epochal.backends.rocksdb import RocksDBStateBackend
-
-    directory = tempfile.mkdtemp(prefix="epochal-restore-")
-    try:
-        download(desc, storage, directory)
-        return RocksDBStateBackend._serialize(directory, key_groups)
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)

@@ -11,14 +11,15 @@ Savepoints live outside the job's ``chk-*`` directories and ``shared/`` area (th
 directory, see :mod:`epochal.state.savepoint`), so retention never sees them.
 
 Every function takes the :class:`~epochal.backends.storage.CheckpointStorage` it works on;
-the storage's ``retain`` and ``discard`` methods call them.
+the storage's ``retain`` and ``discard`` methods call them. They use its public methods and
+:mod:`epochal.backends.layout` only (never import the storage module: it imports them).
 """
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
 
-from epochal.backends.storage import METADATA_FILE, SHARED_EPOCH, state_handles
+from epochal.backends.layout import METADATA_FILE, SHARED_EPOCH, state_handles
 from epochal.errors import CheckpointStorageError, ConfigError
 
 __all__ = ["discard", "retain"]
@@ -26,7 +27,7 @@ __all__ = ["discard", "retain"]
 
 def _delete_dir(storage, epoch: int, complete: bool) -> None:
     directory = storage.epoch_dir(epoch)
-    with storage._io("delete", directory):
+    with storage.io_errors("delete", directory):
         if complete:  # un-complete it first: an interrupted delete leaves no half checkpoint
             with contextlib.suppress(FileNotFoundError):
                 storage.fs.rm_file(f"{directory}/{METADATA_FILE}")
@@ -63,8 +64,8 @@ def retain(storage, n: int, protect: Iterable[str] = (), pinned: Iterable[int] =
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ConfigError(f"checkpoint.retained: must be an integer >= 1, got {n!r}")
-    epochs = storage._list_epochs()
-    complete = [e for e in epochs if e not in storage.unrestorable and storage._load_metadata(e) is not None]
+    epochs = storage.all_epochs()
+    complete = [e for e in epochs if e not in storage.unrestorable and storage.load_metadata(e) is not None]
     if not complete:
         return []
     keep = set(complete[-n:]) | (set(pinned) & set(complete))
@@ -83,7 +84,7 @@ def _collect_shared(storage, kept: list[int], newest: int, referenced: set[str])
     if not files:
         return
     for epoch in kept:
-        doc = storage._load_metadata(epoch)
+        doc = storage.load_metadata(epoch)
         if doc is None:  # vanished meanwhile: be safe, delete nothing this time
             return
         referenced.update(h.path for h in state_handles(doc["meta"]))
@@ -93,7 +94,7 @@ def _collect_shared(storage, kept: list[int], newest: int, referenced: set[str])
             continue
         path = f"{storage.root}/{rel}"
         storage.deleted_shared.add(rel)
-        with storage._io("delete", path), contextlib.suppress(FileNotFoundError):
+        with storage.io_errors("delete", path), contextlib.suppress(FileNotFoundError):
             storage.fs.rm_file(path)
 
 
@@ -103,8 +104,8 @@ def discard(storage, epoch: int) -> None:
     Raises:
         CheckpointStorageError: epoch ``epoch`` is complete (never discarded).
     """
-    if storage._load_metadata(epoch) is not None:
+    if storage.load_metadata(epoch) is not None:
         raise CheckpointStorageError(
-            f"refusing to discard {storage._display(storage.epoch_dir(epoch))}: it is a completed checkpoint"
+            f"refusing to discard {storage.display(storage.epoch_dir(epoch))}: it is a completed checkpoint"
         )
     _delete_dir(storage, epoch, complete=False)

@@ -2,7 +2,8 @@
 snapshots (seed 004 §4.5.1, §4.5.2, Table 4.1 "Local (RocksDB)").
 
 One RocksDB instance per task lives in a private working directory on local disk. Its
-keys are laid out **by key group**, so one key group's data is one contiguous key range::
+keys are laid out **by key group** (:mod:`epochal.backends.rocksdb_layout`), so one key
+group's data is one contiguous key range::
 
     u16 key group | u16 state id | u32 len | canonical(key) [| canonical(map key)]
 
@@ -48,32 +49,21 @@ import itertools
 import os
 import pickle
 import shutil
-import struct
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from rocksdict import (
-    AccessType,
-    Checkpoint,
-    Options,
-    Rdict,
-    ReadOptions,
-    WriteBatch,
-    WriteOptions,
-)
+from rocksdict import Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
 from epochal import serde
 from epochal.backends.base import KeyedStateBackend, SnapshotJob, decode_snapshot, encode_snapshot
+from epochal.backends.formats import download_incremental, is_incremental_descriptor
 from epochal.backends.keygroups import _encode  # the canonical key encoding of stable_hash
+from epochal.backends.rocksdb_layout import HEAD, MAP, META, U16, VALUE, read_sections, scan
 from epochal.backends.workdir import make_workdir
 
 __all__ = ["RocksDBStateBackend"]
 
-_HEAD = struct.Struct(">HHI")  # key group, state id, len(canonical key)
-_U16 = struct.Struct(">H")  # a key group (first 2 bytes of a key) or a state id
-_META = b"\xff\xff"  # state-name table; sorts after every key group (kg < 2**15)
-_VALUE, _MAP = "v", "m"
 _DUMPS = pickle.HIGHEST_PROTOCOL
 _MAX_STATES = 1 << 16
 
@@ -95,17 +85,6 @@ def _prefix_end(prefix: bytes) -> bytes:
     """The smallest key greater than every key starting with ``prefix``."""
     stripped = prefix.rstrip(b"\xff")
     return stripped[:-1] + bytes([stripped[-1] + 1])
-
-
-def _scan(db: Rdict, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
-    """``(key, value)`` of ``db`` in ``[start, end)``, in key order.
-
-    A generator on purpose: rocksdict's iterator does not keep its ``ReadOptions`` (and
-    upper bound) alive; returning ``db.items(...)`` directly ended iterations early.
-    """
-    read_opts = ReadOptions()
-    read_opts.set_iterate_upper_bound(end)
-    yield from db.items(from_key=start, read_opt=read_opts)
 
 
 def _options(write_buffer_size: int) -> Options:
@@ -178,45 +157,45 @@ class RocksDBStateBackend(KeyedStateBackend):
             if sid >= _MAX_STATES:
                 raise ValueError(f"RocksDBStateBackend: more than {_MAX_STATES} states")
             name = (kind + state).encode("utf-8", "surrogatepass")
-            self._db.put(_META + _U16.pack(sid), name)
+            self._db.put(META + U16.pack(sid), name)
             self._sids[(kind, state)] = sid
         ek = _canonical(key, "key")
-        return _HEAD.pack(kg, sid, len(ek)) + ek
+        return HEAD.pack(kg, sid, len(ek)) + ek
 
     def state_names(self) -> set[str]:
         return {name for _kind, name in self._sids}
 
     def drop_state(self, state: str) -> None:
-        for kind in (_VALUE, _MAP):
+        for kind in (VALUE, MAP):
             sid = self._sids.get((kind, state))
             if sid is None:
                 continue
             for kg in self.key_groups:
-                prefix = _HEAD.pack(kg, sid, 0)[:4]
-                for k, _raw in list(_scan(self._db, prefix, _prefix_end(prefix))):
+                prefix = HEAD.pack(kg, sid, 0)[:4]
+                for k, _raw in list(scan(self._db, prefix, _prefix_end(prefix))):
                     self._db.delete(k)
 
     # -------------------------------------------------------------------- value state
     def get(self, state: str, kg: int, key, default=None):
-        k = self._key(_VALUE, state, kg, key)
+        k = self._key(VALUE, state, kg, key)
         raw = None if k is None else self._db.get(k)
         return default if raw is None else pickle.loads(raw)[1]
 
     def put(self, state: str, kg: int, key, value) -> None:
-        self._db.put(self._key(_VALUE, state, kg, key, True), serde.dumps((key, value), _DUMPS))
+        self._db.put(self._key(VALUE, state, kg, key, True), serde.dumps((key, value), _DUMPS))
 
     def delete(self, state: str, kg: int, key) -> None:
-        k = self._key(_VALUE, state, kg, key)
+        k = self._key(VALUE, state, kg, key)
         if k is not None:
             self._db.delete(k)
 
     def contains(self, state: str, kg: int, key) -> bool:
-        k = self._key(_VALUE, state, kg, key)
+        k = self._key(VALUE, state, kg, key)
         return k is not None and self._db.get(k) is not None
 
     # ---------------------------------------------------------------------- map state
     def _map_key(self, state, kg, key, mk, create: bool = False) -> bytes | None:
-        prefix = self._key(_MAP, state, kg, key, create)
+        prefix = self._key(MAP, state, kg, key, create)
         return None if prefix is None else prefix + _canonical(mk, "map key")
 
     def map_get(self, state: str, kg: int, key, mk, default=None):
@@ -238,18 +217,18 @@ class RocksDBStateBackend(KeyedStateBackend):
         return k is not None and self._db.get(k) is not None
 
     def map_items(self, state: str, kg: int, key) -> list[tuple[Any, Any]]:
-        prefix = self._key(_MAP, state, kg, key)
+        prefix = self._key(MAP, state, kg, key)
         if prefix is None:
             return []
-        return [pickle.loads(raw)[1:] for _k, raw in _scan(self._db, prefix, _prefix_end(prefix))]
+        return [pickle.loads(raw)[1:] for _k, raw in scan(self._db, prefix, _prefix_end(prefix))]
 
     def map_clear(self, state: str, kg: int, key) -> None:
         """Deletes the map's entries one by one (no range tombstones: they slow reads)."""
-        prefix = self._key(_MAP, state, kg, key)
+        prefix = self._key(MAP, state, kg, key)
         if prefix is None:
             return
         batch = WriteBatch(raw_mode=True)
-        for k, _raw in _scan(self._db, prefix, _prefix_end(prefix)):
+        for k, _raw in scan(self._db, prefix, _prefix_end(prefix)):
             batch.delete(k)
         if len(batch):
             self._db.write(batch)
@@ -257,16 +236,16 @@ class RocksDBStateBackend(KeyedStateBackend):
     ordered_map_keys = True
 
     def _map_prefix(self, state: str, kg: int) -> bytes | None:
-        sid = self._sids.get((_MAP, state))
-        return None if sid is None else _HEAD.pack(kg, sid, 0)[:4]
+        sid = self._sids.get((MAP, state))
+        return None if sid is None else HEAD.pack(kg, sid, 0)[:4]
 
     def map_keys(self, state: str, kg: int) -> list:
         prefix = self._map_prefix(state, kg)
         if prefix is None:
             return []
         keys, last = [], None
-        for k, raw in _scan(self._db, prefix, _prefix_end(prefix)):
-            head = k[: _HEAD.size + _HEAD.unpack_from(k)[2]]
+        for k, raw in scan(self._db, prefix, _prefix_end(prefix)):
+            head = k[: HEAD.size + HEAD.unpack_from(k)[2]]
             if head != last:
                 keys.append(pickle.loads(raw)[0])
                 last = head
@@ -278,7 +257,7 @@ class RocksDBStateBackend(KeyedStateBackend):
         prefix = self._map_prefix(state, kg)
         if prefix is None:
             return None
-        for _k, raw in _scan(self._db, prefix, _prefix_end(prefix)):
+        for _k, raw in scan(self._db, prefix, _prefix_end(prefix)):
             return pickle.loads(raw)[0]
         return None
 
@@ -371,36 +350,8 @@ class RocksDBStateBackend(KeyedStateBackend):
     def _serialize(path: str, key_groups: range | None = None) -> bytes:
         """Read the checkpoint at ``path`` read-only, key group by key group, into the
         portable snapshot format (only ``key_groups``, all when ``None``). Runs on the
-        uploader thread (or at restore, on a downloaded incremental snapshot)."""
-        db = Rdict(path, Options(raw_mode=True), access_type=AccessType.read_only(False))
-        try:
-            names: dict[bytes, tuple[str, str]] = {}
-            for k, raw in db.items(from_key=_META):
-                text = raw.decode("utf-8", "surrogatepass")
-                names[k[2:4]] = (text[0], text[1:])
-            sections: list[tuple[int, tuple[dict, dict]]] = []
-            kg = -1
-            values: dict = {}
-            maps: dict = {}
-            lo, hi = (b"", _META) if key_groups is None else (
-                _U16.pack(key_groups.start), _U16.pack(key_groups.stop))
-            for k, raw in _scan(db, lo, hi):
-                if _U16.unpack_from(k)[0] != kg:
-                    if values or maps:
-                        sections.append((kg, (values, maps)))
-                    kg, values, maps = _U16.unpack_from(k)[0], {}, {}
-                kind, state = names[k[2:4]]
-                if kind == _VALUE:
-                    key, value = pickle.loads(raw)
-                    values.setdefault(state, {})[key] = value
-                else:
-                    key, mk, value = pickle.loads(raw)
-                    maps.setdefault(state, {}).setdefault(key, {})[mk] = value
-            if values or maps:
-                sections.append((kg, (values, maps)))
-        finally:
-            db.close()
-        return encode_snapshot(sections)
+        uploader thread."""
+        return encode_snapshot(read_sections(path, key_groups))
 
     def restore(self, blobs: Iterable[bytes]) -> None:
         """See :meth:`KeyedStateBackend.restore`. Entries go in through write batches of
@@ -413,14 +364,14 @@ class RocksDBStateBackend(KeyedStateBackend):
             for kg, (values, maps) in decode_snapshot(blob, self.key_groups):
                 for state, entries in values.items():
                     for key, value in entries.items():
-                        k = self._key(_VALUE, state, kg, key, True)
+                        k = self._key(VALUE, state, kg, key, True)
                         batch.put(k, serde.dumps((key, value), _DUMPS))
                         if len(batch) >= 10_000:
                             self._db.write(batch)
                             batch = WriteBatch(raw_mode=True)
                 for state, entries in maps.items():
                     for key, inner in entries.items():
-                        prefix = self._key(_MAP, state, kg, key, True)
+                        prefix = self._key(MAP, state, kg, key, True)
                         for mk, value in inner.items():
                             batch.put(prefix + _canonical(mk, "map key"),
                                       serde.dumps((key, mk, value), _DUMPS))
@@ -436,24 +387,22 @@ class RocksDBStateBackend(KeyedStateBackend):
         and opened as this backend's database; its files become the base, so the next
         snapshot is incremental again. Otherwise (rescaling, portable bytes) entries are
         re-inserted key group by key group."""
-        from epochal.backends.incremental import download, is_descriptor
-
         items = list(items)
         mine = [self.key_groups.start, self.key_groups.stop]
-        if len(items) == 1 and is_descriptor(items[0]) and list(items[0]["key_groups"]) == mine \
+        if len(items) == 1 and is_incremental_descriptor(items[0]) and list(items[0]["key_groups"]) == mine \
                 and not self._sids:
             desc = items[0]
             db_path = os.path.join(self.directory, "db")
             self._db.close()
             shutil.rmtree(db_path, ignore_errors=True)
-            download(desc, storage, db_path)
+            download_incremental(desc, storage, db_path)
             self._db = Rdict(db_path, _options(self.WRITE_BUFFER_SIZE))
             write_opts = WriteOptions()
             write_opts.disable_wal = True
             self._db.set_write_options(write_opts)
-            for k, raw in self._db.items(from_key=_META):
+            for k, raw in self._db.items(from_key=META):
                 text = raw.decode("utf-8", "surrogatepass")
-                self._sids[(text[0], text[1:])] = _U16.unpack_from(k, 2)[0]
+                self._sids[(text[0], text[1:])] = U16.unpack_from(k, 2)[0]
             if self.incremental:
                 with self._lock:
                     self._base = {n: dict(h) for n, h in desc["files"] if n.endswith(".sst")}
@@ -463,21 +412,21 @@ class RocksDBStateBackend(KeyedStateBackend):
 
     def entries(self) -> Iterator[tuple[str, str, int, Any, Any]]:
         """See :meth:`KeyedStateBackend.entries`; in key order (by key group first)."""
-        names = {_U16.pack(sid): ks for ks, sid in self._sids.items()}
+        names = {U16.pack(sid): ks for ks, sid in self._sids.items()}
         group: list = []  # [state, kg, map prefix, key, {mk: v}] of the map being gathered
-        for k, raw in _scan(self._db, b"", _META):
+        for k, raw in scan(self._db, b"", META):
             kind, state = names[k[2:4]]
-            prefix = k[: _HEAD.size + _HEAD.unpack_from(k)[2]]
+            prefix = k[: HEAD.size + HEAD.unpack_from(k)[2]]
             if group and group[2] != prefix:
                 yield "map", group[0], group[1], group[3], group[4]
                 group = []
-            if kind == _VALUE:
+            if kind == VALUE:
                 key, value = pickle.loads(raw)
-                yield "value", state, _U16.unpack_from(k)[0], key, value
+                yield "value", state, U16.unpack_from(k)[0], key, value
                 continue
             key, mk, value = pickle.loads(raw)
             if not group:
-                group = [state, _U16.unpack_from(k)[0], prefix, key, {}]
+                group = [state, U16.unpack_from(k)[0], prefix, key, {}]
             group[4][mk] = value
         if group:
             yield "map", group[0], group[1], group[3], group[4]

@@ -1,14 +1,9 @@
 """Checkpoint storage on fsspec: ``file://`` (and plain paths), ``memory://``, ``s3://``
 (seed 004 §4.1.3, §4.5.3; DESIGN "Protocol, end to end" steps 4 and 6).
 
-Layout under ``<url>/<job>/``::
-
-    chk-0000000007/
-        <task state files>      written by tasks' uploaders (write_state)
-        _metadata               JSON, written LAST by the coordinator (write_metadata)
-    shared/<task>/
-        e<epoch>-<name>-<hash>.sst   incremental RocksDB snapshots' SST files (write_shared),
-                                     referenced by the _metadata of one or more checkpoints
+The directory layout (``chk-<epoch>/`` with the tasks' state files and ``_metadata``
+written last, ``shared/<task>/`` for incremental snapshots' files) and the formats of its
+documents are :mod:`epochal.backends.layout`'s.
 
 Shared files are garbage-collected by :meth:`CheckpointStorage.retain` by reachability
 (:mod:`epochal.backends.retention`): the set referenced by the retained checkpoints'
@@ -17,10 +12,9 @@ an epoch not newer than the newest completed one, i.e. not possibly in flight) i
 No reference counters: a crash anywhere leaves at worst unreferenced files, which the next
 retention deletes.
 
-Every path inside a checkpoint (in ``_metadata`` and in the task state files) is relative
-to the job root, so a directory holding ``chk-<n>/`` and the ``shared/`` files it
-references is a self-contained checkpoint wherever it lies: :meth:`CheckpointStorage.at_root`
-opens one (a savepoint, :mod:`epochal.state.savepoint`).
+Paths are relative to the job root, so a directory holding ``chk-<n>/`` and the
+``shared/`` files it references is a self-contained checkpoint wherever it lies:
+:meth:`CheckpointStorage.at_root` opens one (a savepoint, :mod:`epochal.state.savepoint`).
 
 A checkpoint is *complete* iff its ``_metadata`` exists and parses: state files without
 it are an incomplete (in-flight or abandoned) epoch and are never restored from. Every
@@ -53,75 +47,21 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import shutil
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from epochal.backends import retention, verification
+from epochal.backends.layout import (CHK_DIR, FILE_NAME, HASH_CHUNK, METADATA_FILE, SHARED_DIR, SHARED_EPOCH,
+                                     StateHandle, chk_name, encode_document, metadata_document, mismatch,
+                                     parse_metadata, referenced_bytes, state_handles)
 from epochal.durable import fsync_dir
 from epochal.errors import CheckpointStorageError, ConfigError
 
 __all__ = ["METADATA_FILE", "CheckpointStorage", "StateHandle", "referenced_bytes", "state_handles"]
-
-METADATA_FILE = "_metadata"
-_FORMAT = "epochal-checkpoint"
-_FORMAT_VERSION = 1
-_CHK = re.compile(r"^chk-(\d{10,})$")
-_SHARED = "shared"
-SHARED_EPOCH = re.compile(r"^e(\d{10,})-")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$")
-HASH_CHUNK = 8 << 20  # bytes read at a time when verifying a state file
-
-
-@dataclass(frozen=True)
-class StateHandle:
-    """A state file of a checkpoint: ``path`` relative to the job root, its exact size and
-    SHA-256 (hex). Goes into the checkpoint's ``_metadata`` (as a dict, see
-    :meth:`to_dict` / :meth:`from_dict`); relative paths keep a checkpoint relocatable."""
-
-    path: str
-    size: int
-    sha256: str
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> "StateHandle":
-        return cls(path=str(d["path"]), size=int(d["size"]), sha256=str(d["sha256"]))
-
-
-def mismatch(handle: StateHandle, size: int, digest: Callable[[], str] | None) -> str:
-    """How a file of ``size`` bytes (and SHA-256 ``digest()``, if given) differs from
-    ``handle``; ``""`` if it does not. The digest is computed only when sizes match."""
-    if size != handle.size:
-        return f"size mismatch, expected {handle.size} bytes, found {size}"
-    if digest is not None:
-        found = digest()
-        if found != handle.sha256:
-            return f"sha256 mismatch, expected {handle.sha256}, found {found}"
-    return ""
-
-
-def state_handles(meta) -> list[StateHandle]:
-    """Every state file referenced anywhere in checkpoint metadata: each mapping with
-    exactly the :class:`StateHandle` fields (how :meth:`StateHandle.to_dict` writes one)."""
-    found: list[StateHandle] = []
-    stack = [meta]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, Mapping):
-            if set(item) == {"path", "size", "sha256"}:
-                found.append(StateHandle.from_dict(item))
-            else:
-                stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return sorted(set(found), key=lambda h: h.path)
 
 
 def _makedirs_durable(directory: str) -> None:
@@ -137,18 +77,6 @@ def _makedirs_durable(directory: str) -> None:
     except FileExistsError:
         return
     fsync_dir(None, parent or ".")
-
-
-def referenced_bytes(meta) -> int:
-    """Total size of the distinct state files a checkpoint's metadata references (its own
-    files plus, for incremental snapshots, the shared files it reuses)."""
-    return sum(h.size for h in state_handles(meta))
-
-
-def _json_default(obj):
-    if isinstance(obj, StateHandle):
-        return obj.to_dict()
-    raise TypeError(f"checkpoint metadata value of type {type(obj).__name__} is not JSON-serializable")
 
 
 class CheckpointStorage:
@@ -170,7 +98,7 @@ class CheckpointStorage:
     """
 
     def __init__(self, url: str, job: str, storage_options: Mapping | None = None):
-        if not isinstance(job, str) or not _NAME.match(job):
+        if not isinstance(job, str) or not FILE_NAME.match(job):
             raise ConfigError(
                 f"job name {job!r} cannot name a checkpoint directory: use letters, digits "
                 "and . _ = + - (not starting with . _ + = or -)"
@@ -220,42 +148,45 @@ class CheckpointStorage:
     @property
     def root_url(self) -> str:
         """The job root as a URL (``file:///...``, ``s3://...``)."""
-        return self._display(self.root)
+        return self.display(self.root)
 
     def file_url(self, rel: str) -> str:
         """The URL of ``rel`` (a path relative to the job root), for messages."""
-        return self._display(f"{self.root}/{rel}")
+        return self.display(f"{self.root}/{rel}")
 
     def __repr__(self) -> str:
-        return f"CheckpointStorage({self._display(self.root)!r})"
+        return f"CheckpointStorage({self.display(self.root)!r})"
 
     # ------------------------------------------------------------------ helpers
-    def _display(self, path: str) -> str:
+    def display(self, path: str) -> str:
+        """``path`` (in ``self.fs``) as a URL, for messages."""
         try:
             return self.fs.unstrip_protocol(path)
         except Exception:
             return path
 
     @contextlib.contextmanager
-    def _io(self, action: str, path: str):
+    def io_errors(self, action: str, path: str):
+        """Turn a file-system error inside the block into :class:`CheckpointStorageError`
+        naming ``action`` and the URL of ``path``."""
         try:
             yield
         except CheckpointStorageError:
             raise
         except Exception as e:  # OSError and the fsspec drivers' own errors
             raise CheckpointStorageError(
-                f"cannot {action} {self._display(path)}: {type(e).__name__}: {e}"
+                f"cannot {action} {self.display(path)}: {type(e).__name__}: {e}"
             ) from e
 
     def epoch_dir(self, epoch: int) -> str:
         """Path (in ``self.fs``) of epoch ``epoch``'s checkpoint directory."""
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
-        return f"{self.root}/chk-{epoch:010d}"
+        return f"{self.root}/{chk_name(epoch)}"
 
     def _put(self, path: str, data: bytes) -> None:
         """Publish ``data`` at ``path`` atomically (see module docstring)."""
-        with self._io("write", path):
+        with self.io_errors("write", path):
             if not self._local:
                 self.fs.pipe_file(path, data)
                 return
@@ -291,7 +222,7 @@ class CheckpointStorage:
         """
         path = f"{self.root}/_generation"
         current = -1
-        with self._io("read", path):
+        with self.io_errors("read", path):
             if self.fs.exists(path):
                 current = int(self.fs.cat_file(path).decode().strip() or -1)
         claimed = max(current + 1, at_least)
@@ -306,11 +237,10 @@ class CheckpointStorage:
             ValueError: ``rel`` is not a relative path of plain names.
             CheckpointStorageError: the write failed.
         """
-        if not isinstance(rel, str) or not all(_NAME.match(p.removeprefix("_")) for p in rel.split("/")) \
+        if not isinstance(rel, str) or not all(FILE_NAME.match(p.removeprefix("_")) for p in rel.split("/")) \
                 or rel.rsplit("/", 1)[-1] == METADATA_FILE:
             raise ValueError(f"document path {rel!r} is invalid: plain names separated by /, not {METADATA_FILE}")
-        text = json.dumps(doc, default=_json_default, sort_keys=True, indent=1)
-        self._put(f"{self.root}/{rel}", text.encode("utf-8"))
+        self._put(f"{self.root}/{rel}", encode_document(doc))
 
     def read_document(self, rel: str) -> dict | None:
         """The JSON document at ``rel`` (see :meth:`write_document`), ``None`` if absent.
@@ -319,7 +249,7 @@ class CheckpointStorage:
             CheckpointStorageError: it is unreadable or not a JSON object (naming the file).
         """
         path = f"{self.root}/{rel}"
-        with self._io("read", path):
+        with self.io_errors("read", path):
             try:
                 raw = self.fs.cat_file(path)
             except FileNotFoundError:
@@ -327,14 +257,14 @@ class CheckpointStorage:
         try:
             doc = json.loads(raw)
         except ValueError as e:
-            raise CheckpointStorageError(f"{self._display(path)} is corrupt: not valid JSON ({e})") from None
+            raise CheckpointStorageError(f"{self.display(path)} is corrupt: not valid JSON ({e})") from None
         if not isinstance(doc, dict):
-            raise CheckpointStorageError(f"{self._display(path)} is corrupt: not a JSON object")
+            raise CheckpointStorageError(f"{self.display(path)} is corrupt: not a JSON object")
         return doc
 
     def _list_epochs(self) -> list[int]:
         """Epochs with a ``chk-*`` directory (complete or not), ascending."""
-        with self._io("list", self.root):
+        with self.io_errors("list", self.root):
             self.fs.invalidate_cache(self.root)
             try:
                 names = self.fs.ls(self.root, detail=False)
@@ -342,34 +272,24 @@ class CheckpointStorage:
                 return []
         epochs = []
         for name in names:
-            m = _CHK.match(name.rstrip("/").rsplit("/", 1)[-1])
+            m = CHK_DIR.match(name.rstrip("/").rsplit("/", 1)[-1])
             if m:
                 epochs.append(int(m.group(1)))
         return sorted(set(epochs))
 
-    def _load_metadata(self, epoch: int) -> dict | None:
+    def load_metadata(self, epoch: int) -> dict | None:
         """The parsed ``_metadata`` document, or ``None`` if missing or not valid."""
-        return self._inspect_metadata(epoch)[0]
+        return self.inspect_metadata(epoch)[0]
 
-    def _inspect_metadata(self, epoch: int) -> tuple[dict | None, str]:
+    def inspect_metadata(self, epoch: int) -> tuple[dict | None, str]:
         """``(document, "")``, or ``(None, why it is missing or not valid)``."""
         path = f"{self.epoch_dir(epoch)}/{METADATA_FILE}"
-        with self._io("read", path):
+        with self.io_errors("read", path):
             try:
                 raw = self.fs.cat_file(path)
             except FileNotFoundError:
                 return None, "missing"
-        try:
-            doc = json.loads(raw)
-        except ValueError as e:
-            return None, f"not valid JSON ({e})"
-        if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
-            return None, f"not an {_FORMAT} document"
-        if doc.get("epoch") != epoch:
-            return None, f"written for epoch {doc.get('epoch')!r}, not {epoch}"
-        if not isinstance(doc.get("meta"), dict):
-            return None, "has no meta object"
-        return doc, ""
+        return parse_metadata(raw, epoch)
 
     # ------------------------------------------------------------- state files
     def write_state(self, epoch: int, name: str, data: bytes) -> StateHandle:
@@ -382,14 +302,14 @@ class CheckpointStorage:
             ValueError: ``name`` is not a plain file name (or collides with ``_metadata``).
             CheckpointStorageError: the write failed.
         """
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not FILE_NAME.match(name):
             raise ValueError(
                 f"state file name {name!r} is invalid: use letters, digits and . _ = + - "
                 "(not starting with . _ + = or -)"
             )
         self.epoch_dir(epoch)  # validates epoch
         data = bytes(data)
-        rel = f"chk-{epoch:010d}/{name}"
+        rel = f"{chk_name(epoch)}/{name}"
         self._put(f"{self.root}/{rel}", data)
         return StateHandle(rel, len(data), hashlib.sha256(data).hexdigest())
 
@@ -407,13 +327,13 @@ class CheckpointStorage:
             ValueError: ``name`` is not a plain file name.
             CheckpointStorageError: reading or writing failed.
         """
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not FILE_NAME.match(name):
             raise ValueError(f"state file name {name!r} is invalid: use letters, digits and . _ = + -")
-        rel = f"chk-{epoch:010d}/{name}"
+        rel = f"{chk_name(epoch)}/{name}"
         path = f"{self.root}/{rel}"
         self.epoch_dir(epoch)  # validates epoch
         try:
-            with self._io("write", path):
+            with self.io_errors("write", path):
                 if self._local:
                     directory = os.path.dirname(path)
                     _makedirs_durable(directory)
@@ -454,19 +374,19 @@ class CheckpointStorage:
             CheckpointStorageError: the write failed.
         """
         for what, value in (("owner", owner), ("shared file name", name)):
-            if not isinstance(value, str) or not _NAME.match(value):
+            if not isinstance(value, str) or not FILE_NAME.match(value):
                 raise ValueError(f"{what} {value!r} is invalid: use letters, digits and . _ = + -")
         if not SHARED_EPOCH.match(name):
             raise ValueError(f"shared file name {name!r} must start with e<epoch, 10 digits>-")
         data = bytes(data)
-        rel = f"{_SHARED}/{owner}/{name}"
+        rel = f"{SHARED_DIR}/{owner}/{name}"
         self._put(f"{self.root}/{rel}", data)
         return StateHandle(rel, len(data), sha256 or hashlib.sha256(data).hexdigest())
 
     def shared_files(self) -> list[str]:
         """Relative paths of every shared file present (temp files excluded), sorted."""
-        base = f"{self.root}/{_SHARED}"
-        with self._io("list", base):
+        base = f"{self.root}/{SHARED_DIR}"
+        with self.io_errors("list", base):
             self.fs.invalidate_cache(base)
             try:
                 found = self.fs.find(base)
@@ -490,7 +410,7 @@ class CheckpointStorage:
         if not isinstance(handle, StateHandle):
             handle = StateHandle.from_dict(handle)
         path = f"{self.root}/{handle.path}"
-        with self._io("read", path):
+        with self.io_errors("read", path):
             # s3fs may consult its cached listing of the directory (e.g. from retention's
             # find) before a GET and find a newer file "missing": never trust it here
             self.fs.invalidate_cache(path.rsplit("/", 1)[0])
@@ -498,11 +418,11 @@ class CheckpointStorage:
                 data = self.fs.cat_file(path)
             except FileNotFoundError:
                 raise CheckpointStorageError(
-                    f"state file {self._display(path)} is missing (referenced by the checkpoint's _metadata)"
+                    f"state file {self.display(path)} is missing (referenced by the checkpoint's _metadata)"
                 ) from None
         problem = mismatch(handle, len(data), lambda: hashlib.sha256(data).hexdigest())
         if problem:
-            raise CheckpointStorageError(f"state file {self._display(path)} is corrupt: {problem}")
+            raise CheckpointStorageError(f"state file {self.display(path)} is corrupt: {problem}")
         return data
 
     # ---------------------------------------------------------------- metadata
@@ -515,15 +435,8 @@ class CheckpointStorage:
             TypeError: ``meta`` holds a value JSON cannot encode.
             CheckpointStorageError: the write failed (the epoch stays incomplete).
         """
-        doc = {
-            "format": _FORMAT,
-            "version": _FORMAT_VERSION,
-            "job": self.job,
-            "epoch": epoch,
-            "meta": meta,
-        }
-        text = json.dumps(doc, default=_json_default, sort_keys=True, indent=1)
-        self._put(f"{self.epoch_dir(epoch)}/{METADATA_FILE}", text.encode("utf-8"))
+        doc = metadata_document(self.job, epoch, meta)
+        self._put(f"{self.epoch_dir(epoch)}/{METADATA_FILE}", encode_document(doc))
 
     def read_metadata(self, epoch: int) -> dict:
         """The ``meta`` dict written for completed epoch ``epoch`` (handles as dicts).
@@ -531,9 +444,9 @@ class CheckpointStorage:
         Raises:
             CheckpointStorageError: epoch ``epoch`` has no valid ``_metadata``.
         """
-        doc, why = self._inspect_metadata(epoch)
+        doc, why = self.inspect_metadata(epoch)
         if doc is None:
-            directory = self._display(self.epoch_dir(epoch))
+            directory = self.display(self.epoch_dir(epoch))
             raise CheckpointStorageError(
                 f"checkpoint {directory} is not complete: {directory}/{METADATA_FILE} is {why}"
             )
@@ -541,12 +454,12 @@ class CheckpointStorage:
 
     def completed_checkpoints(self) -> list[int]:
         """Epochs with a valid, parseable ``_metadata``, ascending."""
-        return [e for e in self._list_epochs() if self._load_metadata(e) is not None]
+        return [e for e in self._list_epochs() if self.load_metadata(e) is not None]
 
     def latest_completed(self) -> tuple[int, dict] | None:
         """``(epoch, meta)`` of the newest completed checkpoint, or ``None``."""
         for epoch in reversed(self._list_epochs()):
-            doc = self._load_metadata(epoch)
+            doc = self.load_metadata(epoch)
             if doc is not None:
                 return epoch, doc["meta"]
         return None
@@ -554,19 +467,12 @@ class CheckpointStorage:
     def latest_restorable(self, verify: bool = True) -> tuple[int, dict] | None:
         """``(epoch, meta)`` of the newest completed checkpoint whose files are all intact;
         see :func:`epochal.backends.verification.latest_restorable`."""
-        from epochal.backends import verification
-
         return verification.latest_restorable(self, verify)
 
     def first_bad_file(self, meta: dict, verify: bool = True) -> str:
         """Why the first damaged state file ``meta`` references is damaged, or ``""``;
         see :func:`epochal.backends.verification.first_bad_file`."""
-        from epochal.backends import verification
-
         return verification.first_bad_file(self, meta, verify)
-
-    def _chk_name(self, epoch: int) -> str:
-        return self.epoch_dir(epoch).rsplit("/", 1)[-1]
 
     def has_checkpoints(self) -> bool:
         """Whether any completed checkpoint exists (a restart restores from it)."""
@@ -576,13 +482,9 @@ class CheckpointStorage:
     def retain(self, n: int, protect=(), pinned=()) -> list[int]:
         """Keep the newest ``n`` completed checkpoints (and ``pinned`` ones); return the
         epochs deleted. See :func:`epochal.backends.retention.retain`."""
-        from epochal.backends import retention
-
         return retention.retain(self, n, protect, pinned)
 
     def discard(self, epoch: int) -> None:
         """Delete aborted epoch ``epoch``'s directory; idempotent. See
         :func:`epochal.backends.retention.discard`."""
-        from epochal.backends import retention
-
         retention.discard(self, epoch)

@@ -1,7 +1,7 @@
 """Is a checkpoint intact? Size and SHA-256 checks of the files a checkpoint references,
 and the choice of the checkpoint a job restores from.
 
-Every state file's :class:`~epochal.backends.storage.StateHandle` (in ``_metadata``, or in
+Every state file's :class:`~epochal.backends.layout.StateHandle` (in ``_metadata``, or in
 a task's state file for loop logs and channel state) carries its size and SHA-256.
 :func:`check_file` compares one file with its handle, :func:`first_bad_file` every file
 a ``_metadata`` references, and :func:`latest_restorable` walks the completed
@@ -10,14 +10,16 @@ system is never taken for damage (it raises): only a missing file or a size or c
 mismatch is.
 
 Every function takes the :class:`~epochal.backends.storage.CheckpointStorage` it reads; the
-storage's ``latest_restorable`` and ``first_bad_file`` methods call them.
+storage's ``latest_restorable`` and ``first_bad_file`` methods call them. They use its public
+methods and :mod:`epochal.backends.layout` only (never import the storage module: it imports
+them).
 """
 from __future__ import annotations
 
 import hashlib
 import logging
 
-from epochal.backends.storage import HASH_CHUNK, METADATA_FILE, StateHandle, mismatch, state_handles
+from epochal.backends.layout import HASH_CHUNK, METADATA_FILE, StateHandle, chk_name, mismatch, state_handles
 from epochal.errors import CheckpointStorageError
 
 __all__ = ["check_file", "first_bad_file", "latest_restorable"]
@@ -38,7 +40,7 @@ def check_file(storage, handle: StateHandle, verify: bool = True) -> str:
             checkpoint: the caller must not fall back to an older one because of it).
     """
     path = f"{storage.root}/{handle.path}"
-    with storage._io("read", path):
+    with storage.io_errors("read", path):
         storage.fs.invalidate_cache(path.rsplit("/", 1)[0])  # a cached listing may predate the file
         try:
             if not verify:
@@ -77,8 +79,8 @@ def latest_restorable(storage, verify: bool = True) -> tuple[int, dict] | None:
             is no proof of corruption, so it never causes a fallback.
     """
     skipped: list[tuple[int, str]] = []
-    for epoch in reversed(storage._list_epochs()):
-        doc, why = storage._inspect_metadata(epoch)
+    for epoch in reversed(storage.all_epochs()):
+        doc, why = storage.inspect_metadata(epoch)
         if doc is None and why == "missing":
             continue  # never completed: not a checkpoint
         if doc is None:
@@ -90,20 +92,21 @@ def latest_restorable(storage, verify: bool = True) -> tuple[int, dict] | None:
                 log.warning(
                     "job %s restores from checkpoint %s, not from the newer %s; output the "
                     "skipped epochs already committed may be published again",
-                    storage.job, storage._chk_name(epoch), ", ".join(storage._chk_name(e) for e, _ in skipped),
+                    storage.job, chk_name(epoch), ", ".join(chk_name(e) for e, _ in skipped),
                 )
             return epoch, doc["meta"]
         storage.unrestorable[epoch] = why
         skipped.append((epoch, why))
         log.warning("checkpoint %s is not restorable, trying an older one: %s",
-                    storage._display(storage.epoch_dir(epoch)), why)
+                    storage.display(storage.epoch_dir(epoch)), why)
     if skipped:
         raise CheckpointStorageError(
-            f"no restorable checkpoint under {storage._display(storage.root)}: "
-            + "; ".join(f"{storage._chk_name(e)}: {why}" for e, why in skipped)
+            f"no restorable checkpoint under {storage.display(storage.root)}: "
+            + "; ".join(f"{chk_name(e)}: {why}" for e, why in skipped)
             + " — delete these checkpoints or use another checkpoint.storage to start from scratch"
         )
     return None
+
 
 def first_bad_file(storage, meta: dict, verify: bool = True) -> str:
     """Why the first damaged state file referenced by ``meta`` (every state handle in

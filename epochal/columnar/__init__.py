@@ -8,7 +8,7 @@ expression), ``select``, ``with_column``, ``key_by("column")`` — whole batches
 group, hashed once per distinct key (:mod:`epochal.columnar.keys`) — then
 ``.aggregate(name, n=count(), ...)`` (:mod:`epochal.columnar.aggregates`), sinks (Parquet
 row groups straight from the batches), and ``to_records``. Batches cross channels as Arrow
-IPC (:func:`epochal.runtime.channels.encode_batch`). Exactly-once, snapshots, rescaling and
+IPC (:func:`epochal.runtime.transport.channels.encode_batch`). Exactly-once, snapshots, rescaling and
 loops are the record path's: a batch is one element of the engine's record lists.
 """
 from epochal.columnar.aggregates import ColumnAggregateFunction, aggregate, count, max, mean, min, sum

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from epochal.errors import PipelineDefinitionError
 from epochal.graph import FORWARD, Input, NodeKind
+from epochal.streams import Stream, register_builder
 
 
 @dataclass(frozen=True)
@@ -21,9 +22,8 @@ class LoopOptions:
     log_memory_records: int = 100_000
 
 
+@register_builder("iterate")
 def build_loop(stream, name: str, body, parallelism, log_memory_records: int):
-    from epochal.dataflow import Stream
-
     if not callable(body):
         raise PipelineDefinitionError(f"iterate {name!r}: body must be a function Stream -> (feedback, output)")
     if not isinstance(log_memory_records, int) or isinstance(log_memory_records, bool) or log_memory_records < 1:

@@ -22,7 +22,7 @@ Several epochs may be recording at once (a record then belongs to every open log
 barrier has not returned on its channel). An epoch whose barrier never returns because a
 newer barrier arrives first on some feedback channel was dropped inside the loop
 (aborted): it is declined. On restore the head replays the log before anything else
-(§4.1.3.1; see :mod:`epochal.runtime.task`).
+(§4.1.3.1; see :mod:`epochal.runtime.task.task`).
 
 The recording itself is the task's channel-state recorder
 (:mod:`epochal.alignment.channel_state`), shared with unaligned checkpoints — a loop

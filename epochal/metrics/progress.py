@@ -2,7 +2,7 @@
 reports (Spark's ``StreamingQueryProgress``, Flink's job metrics).
 
 Every ``metrics.interval`` each task sends the coordinator its cumulative counters
-(:meth:`epochal.runtime.task.Task.live_metrics`); :class:`ProgressBuilder` turns the
+(:meth:`epochal.runtime.task.task.Task.live_metrics`); :class:`ProgressBuilder` turns the
 latest ones, the completed epochs and the driver's attempt history into one JSON-able dict:
 
 * ``state`` (``starting``, ``running``, ``restarting``, ``finished``, ``failed``), ``attempt``,

@@ -1,6 +1,6 @@
 """The driver's reporter thread: one progress event per interval, to whoever listens.
 
-Started with the job (:func:`epochal.runtime.job.start_job`), stopped when it ends (after a
+Started with the job (:func:`epochal.runtime.driver.job.start_job`), stopped when it ends (after a
 last event with the final state). Per event, in this order: the user's listener, one JSON
 line on the ``epochal.progress`` logger (INFO), the value Prometheus scrapes
 (:mod:`epochal.metrics.prometheus`). ``JobHandle.metrics()`` builds a fresh event on the

@@ -67,7 +67,7 @@ class SnapshotResult:
               in epoch order, and ``state`` is serialised only after ``before_ack`` returned
               (so it may complete the handles in ``state``).
             * **Where.** On the task's uploader thread
-              (:class:`~epochal.runtime.snapshots.Uploader`), *concurrently* with the task
+              (:class:`~epochal.runtime.task.snapshots.Uploader`), *concurrently* with the task
               thread, which keeps calling ``process_batch`` and later ``snapshot`` on the
               same operator. So it must only touch what ``snapshot`` handed over to it, never
               anything the task thread still uses (the operator's live transaction, buffers,

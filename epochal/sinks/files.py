@@ -30,9 +30,10 @@ each barrier, named by generation instead of epoch (``part-3fa0c1d2-g000003-s000
 output is visible one barrier after it was written, never half-written, and records
 replayed after a restore appear again in files of the new generation.
 
-Formats (named tuples are written as dicts): ``jsonl`` (``json.dumps`` per line), ``csv`` (dict records, header from ``schema``
-or the first record), ``parquet`` (dict records via pyarrow; schema inferred from the first
-batch unless given — pass ``schema=`` for stable column types).
+Formats (:mod:`epochal.sinks.file_formats`; named tuples are written as dicts): ``jsonl``
+(``json.dumps`` per line), ``csv`` (dict records, header from ``schema`` or the first
+record), ``parquet`` (dict records via pyarrow; schema inferred from the first batch unless
+given — pass ``schema=`` for stable column types).
 
 >>> import uuid; from epochal.alignment.factory import SinkMode
 >>> out = f"memory://doc-{uuid.uuid4().hex}"
@@ -46,38 +47,27 @@ batch unless given — pass ``schema=`` for stable column types).
 """
 from __future__ import annotations
 
-import csv
 import functools
 import hashlib
-import io
 import json
 import os
 import posixpath
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
 import pyarrow as pa
-import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 from epochal.alignment.factory import SinkMode
-from epochal.durable import fsync, fsync_dir, fsync_path
+from epochal.durable import fsync_dir, fsync_path
 from epochal.errors import ConfigError
-from epochal.sinks.base import (
-    Sink,
-    SinkCommitError,
-    SinkContext,
-    SinkWriteError,
-    TwoPhaseCommitSink,
-)
+from epochal.sinks.base import Sink, SinkCommitError, SinkContext, TwoPhaseCommitSink
+from epochal.sinks.file_formats import FORMATS, READERS, Parquet, Part
 
 STAGING_DIR = "_staging"
 _STAGED_SUBTASK = re.compile(r"-s(\d{4,})-")  # the subtask in a staged file name
-_PARQUET_ROW_GROUP = 8192
-_ARROW_ERRORS = (pa.ArrowException, TypeError, ValueError, OverflowError)
 
 
 class FileSink(Sink):
@@ -105,8 +95,8 @@ class FileSink(Sink):
                  schema: pa.Schema | None = None, take_over: bool = False):
         if not isinstance(path, str) or not path:
             raise ConfigError(f"FileSink path: expected a non-empty string, got {path!r}")
-        if format not in _FORMATS:
-            raise ConfigError(f"FileSink format: expected one of {sorted(_FORMATS)}, got {format!r}")
+        if format not in FORMATS:
+            raise ConfigError(f"FileSink format: expected one of {sorted(FORMATS)}, got {format!r}")
         if max_records_per_file is not None and (
                 isinstance(max_records_per_file, bool) or not isinstance(max_records_per_file, int)
                 or max_records_per_file < 1):
@@ -156,10 +146,10 @@ class FileSinkWriter(TwoPhaseCommitSink):
         super().__init__(ctx)
         self._fs, self._root = fsspec.core.url_to_fs(sink.path)
         self._fs.makedirs(self._join(STAGING_DIR), exist_ok=True)
-        self._format = _FORMATS[sink.format](ctx.sink_name, sink.schema)
+        self._format = FORMATS[sink.format](ctx.sink_name, sink.schema)
         self._names = _NAMES[ctx.mode](ctx, self._format.ext)
         self._max = sink.max_records_per_file
-        self._part: _Part | None = None  # open part file of the open transaction
+        self._part: Part | None = None  # open part file of the open transaction
         self._local = isinstance(self._fs, LocalFileSystem)  # rolled files need a later fsync
         self._unsynced: list[str] = []  # rolled part files of the open transaction, not fsynced
 
@@ -175,7 +165,7 @@ class FileSinkWriter(TwoPhaseCommitSink):
     def write_batch_to(self, txn: FileTransaction, batch) -> None:
         """Parquet takes a ``pyarrow.RecordBatch`` whole (row groups); other formats as a
         batch of dict rows."""
-        if not isinstance(self._format, _Parquet):
+        if not isinstance(self._format, Parquet):
             return self.write_many_to(txn, batch.to_pylist())
         part = self._part or self._new_part(txn)
         part.write_batch(batch)
@@ -197,14 +187,14 @@ class FileSinkWriter(TwoPhaseCommitSink):
             if most is not None and part.count >= most:
                 self._roll(part)
 
-    def _new_part(self, txn: FileTransaction) -> _Part:
+    def _new_part(self, txn: FileTransaction) -> Part:
         final = self._names.final(txn.epoch, len(txn.files))
         staged = posixpath.join(STAGING_DIR, self._names.staged(final))
         part = self._part = self._format.part(self._fs, self._join(staged))
         txn.files.append((staged, final))
         return part
 
-    def _roll(self, part: _Part) -> None:
+    def _roll(self, part: Part) -> None:
         self._part = None
         part.close(sync=False)  # cheap: the fsync is the durability step's
         if self._local:
@@ -307,7 +297,7 @@ class _GenerationNames(_EpochNames):
 _NAMES = {SinkMode.TRANSACTIONAL: _EpochNames, SinkMode.DIRECT: _GenerationNames}
 
 
-def _make_durable(fs, part: _Part | None, unsynced: list[str]) -> None:
+def _make_durable(fs, part: Part | None, unsynced: list[str]) -> None:
     """A FileSink transaction's durability step (uploader thread): touches only the sealed
     part and the rolled files' paths, never the writer. The staging directory is fsynced
     last, so the staged files' entries survive a power loss too."""
@@ -320,267 +310,6 @@ def _make_durable(fs, part: _Part | None, unsynced: list[str]) -> None:
         fsync_dir(fs, posixpath.dirname(staged[0]))
 
 
-# ------------------------------------------------------------------------- formats
-
-
-class _Part:
-    """One part file being written; the file is created when the first bytes are ready.
-
-    ``write`` and ``seal`` belong to the task thread; after ``seal`` the part is handed
-    over and ``close`` may run on another thread (it never touches the shared format).
-    """
-
-    def __init__(self, fmt, fs, path: str):
-        self._fmt, self._fs, self.path = fmt, fs, path
-        self._file = None
-        self.count = 0
-
-    def _open(self):
-        if self._file is None:
-            self._file = self._fs.open(self.path, "wb")
-        return self._file
-
-    def write(self, record: Any) -> None:
-        raise NotImplementedError
-
-    def write_many(self, records: list) -> None:
-        """``write`` for each record (formats override it when a batch is cheaper at once)."""
-        write = self.write
-        for record in records:
-            write(record)
-
-    def seal(self) -> None:
-        """No more records: push buffered records into the file object (task thread)."""
-
-    def discard(self) -> None:
-        """Close without flushing buffered records (abort)."""
-        self.close(sync=False)
-
-    def close(self, sync: bool = True) -> None:
-        """Seal, then close the file: flushed, fsynced if ``sync`` (object stores upload)."""
-        self.seal()
-        if self._file is not None:
-            if sync:
-                fsync(self._file)
-            self._file.close()
-
-
-def _row(record: Any) -> Any:
-    """Named tuples (e.g. :class:`~epochal.windows.WindowResult`) are written as objects."""
-    if isinstance(record, tuple) and hasattr(record, "_asdict"):
-        return record._asdict()
-    return record
-
-
-_JSON_ERRORS = (TypeError, ValueError, RecursionError)
-
-
-def _json_chunks_encoder():
-    """``json.dumps`` without its per-call set-up (which costs more than encoding a small
-    record): the C encoder ``json.dumps`` uses, made once with its defaults, called as
-    ``"".join(encoder(record, 0))``. It gives ``json.dumps``'s text for every record it
-    encodes; made without circular-reference markers (a quarter of its time), so a cyclic
-    record raises RecursionError where ``json.dumps`` raises ValueError — the caller then
-    goes through ``json.dumps``, whose error it reports. ``None`` where the C accelerator is
-    missing or gives other text (the caller then always uses ``json.dumps``)."""
-    make = getattr(json.encoder, "c_make_encoder", None)
-    d = json.JSONEncoder()
-    try:
-        encoder = make(None, d.default, json.encoder.encode_basestring_ascii, None, d.key_separator,
-                       d.item_separator, d.sort_keys, d.skipkeys, d.allow_nan)
-        sample = [{"k": [1.5, None, True]}, "\u00e9", 2**70, float("nan")]
-        if "".join(encoder(sample, 0)) == json.dumps(sample):
-            return encoder
-    except TypeError:  # pragma: no cover - no C accelerator, or another signature
-        pass
-    return None  # pragma: no cover
-
-
-class _JsonLinesPart(_Part):
-    def write(self, record: Any) -> None:
-        record = _row(record)
-        try:
-            line = json.dumps(record).encode("utf-8") + b"\n"
-        except _JSON_ERRORS as exc:
-            raise SinkWriteError(self._fmt.sink_name, record, f"not JSON-serializable: {exc}") from exc
-        self._open().write(line)  # only whole, encoded records reach the file
-        self.count += 1
-
-    def write_many(self, records: list) -> None:
-        """One encode and one file write for the batch; the same bytes as ``write`` per
-        record. If a record fails, the batch goes through ``write`` record by record, which
-        writes the records before it and raises for it."""
-        encoder = self._fmt.encoder
-        if encoder is None:  # pragma: no cover - no C encoder
-            super().write_many(records)
-            return
-        if any(issubclass(t, tuple) for t in set(map(type, records))):  # named tuples become objects
-            records = [_row(r) for r in records]
-        join = "".join
-        try:
-            lines = [join(encoder(r, 0)) for r in records]
-        except _JSON_ERRORS:
-            super().write_many(records)
-            return
-        if lines:
-            lines.append("")
-            self._open().write("\n".join(lines).encode("utf-8"))
-            self.count += len(lines) - 1
-
-
-class _CsvPart(_Part):
-    def write(self, record: Any) -> None:
-        fmt = self._fmt
-        record = _row(record)
-        if not isinstance(record, Mapping):
-            raise SinkWriteError(fmt.sink_name, record,
-                                 f"csv records must be dicts (column -> value), got {type(record).__name__}")
-        columns = fmt.columns_for(record)
-        extra = [k for k in record if k not in fmt.column_set]
-        if extra:
-            raise SinkWriteError(fmt.sink_name, record, f"keys {extra} are not csv columns {columns}")
-        for k, v in record.items():
-            if isinstance(v, (Mapping, list, tuple, set, bytes)):
-                raise SinkWriteError(fmt.sink_name, record,
-                                     f"csv cell {k!r} must be a scalar, got {type(v).__name__}")
-        row = fmt.encode([record.get(c) for c in columns])
-        if self._file is None:
-            self._open().write(fmt.encode(columns))
-        self._file.write(row)
-        self.count += 1
-
-
-class _ParquetPart(_Part):
-    def __init__(self, fmt, fs, path: str):
-        super().__init__(fmt, fs, path)
-        self._rows: list[Mapping] = []
-        self._writer: pq.ParquetWriter | None = None
-
-    def write(self, record: Any) -> None:
-        record = _row(record)
-        if not isinstance(record, Mapping):
-            raise SinkWriteError(self._fmt.sink_name, record,
-                                 f"parquet records must be dicts (column -> value), got {type(record).__name__}")
-        self._rows.append(record)
-        self.count += 1
-        if len(self._rows) >= _PARQUET_ROW_GROUP:
-            self._flush()
-
-    def _flush(self) -> None:
-        rows, self._rows = self._rows, []
-        table = self._fmt.to_table(rows)  # raises SinkWriteError before anything is written
-        self._write_table(table)
-
-    def _write_table(self, table) -> None:
-        if self._writer is None:
-            self._writer = pq.ParquetWriter(self._open(), table.schema)
-        self._writer.write_table(table)
-
-    def write_batch(self, batch) -> None:
-        """A ``pyarrow.RecordBatch`` as row group(s), after any buffered dict rows."""
-        if self._rows:
-            self._flush()
-        schema = self._fmt.schema
-        if schema is not None and not batch.schema.equals(schema):
-            try:
-                batch = batch.select(schema.names).cast(schema)
-            except Exception as exc:
-                raise SinkWriteError(self._fmt.sink_name, f"<RecordBatch of {batch.num_rows} rows>",
-                                     f"does not fit parquet schema {schema}: {exc}") from exc
-        if self._writer is not None and not batch.schema.equals(self._writer.schema):
-            raise SinkWriteError(self._fmt.sink_name, f"<RecordBatch of {batch.num_rows} rows>",
-                                 f"schema {batch.schema} differs from the part file's {self._writer.schema}")
-        self._write_table(pa.Table.from_batches([batch]))
-        self.count += batch.num_rows
-
-    def seal(self) -> None:
-        if self._rows:
-            self._flush()
-
-    def discard(self) -> None:
-        self._rows = []
-        self.close(sync=False)
-
-    def close(self, sync: bool = True) -> None:
-        self.seal()
-        if self._writer is not None:
-            self._writer.close()
-        super().close(sync)
-
-
-class _JsonLines:
-    ext, part_class = "jsonl", _JsonLinesPart
-
-    def __init__(self, sink_name: str, schema: pa.Schema | None):
-        self.sink_name = sink_name
-        self.encoder = _json_chunks_encoder()
-
-    def part(self, fs, path: str) -> _Part:
-        return self.part_class(self, fs, path)
-
-
-class _Csv(_JsonLines):
-    """Columns are fixed per writer (schema or first record), so all part files agree."""
-
-    ext, part_class = "csv", _CsvPart
-
-    def __init__(self, sink_name: str, schema: pa.Schema | None):
-        super().__init__(sink_name, schema)
-        self.columns: list[str] | None = list(schema.names) if schema is not None else None
-        self.column_set = frozenset(self.columns or ())
-        self._buf = io.StringIO()
-        self._csv = csv.writer(self._buf)
-
-    def columns_for(self, record: Mapping) -> list[str]:
-        if self.columns is None:
-            self.columns = list(record)
-            self.column_set = frozenset(record)
-        return self.columns
-
-    def encode(self, values: list) -> bytes:
-        self._buf.seek(0)
-        self._buf.truncate()
-        self._csv.writerow(values)
-        return self._buf.getvalue().encode("utf-8")
-
-
-class _Parquet(_JsonLines):
-    """The schema is fixed per writer (given or inferred from the first batch)."""
-
-    ext, part_class = "parquet", _ParquetPart
-
-    def __init__(self, sink_name: str, schema: pa.Schema | None):
-        super().__init__(sink_name, schema)
-        self.schema = schema
-
-    def to_table(self, rows: list[Mapping]) -> pa.Table:
-        try:
-            table = pa.Table.from_pylist(rows, schema=self.schema)
-        except _ARROW_ERRORS as exc:
-            raise self._rejection(rows, exc) from exc
-        names = set(table.schema.names)
-        for row in rows:
-            if not names.issuperset(row):
-                raise SinkWriteError(self.sink_name, row, f"keys {sorted(set(row) - names, key=str)} "
-                                     f"are not columns of the parquet schema {table.schema.names}")
-        self.schema = table.schema
-        return table
-
-    def _rejection(self, rows: list[Mapping], exc: Exception) -> SinkWriteError:
-        schema = self.schema
-        for row in rows:  # find the first record that does not convert on its own
-            try:
-                schema = pa.Table.from_pylist([row], schema=schema).schema
-            except _ARROW_ERRORS as err:
-                return SinkWriteError(self.sink_name, row, f"does not fit parquet schema "
-                                      f"({schema.to_string(show_schema_metadata=False) if schema else 'none'}"
-                                      f"): {err}".replace("\n", ", "))
-        return SinkWriteError(self.sink_name, rows[0], f"parquet conversion of its batch failed: {exc}")
-
-
-_FORMATS = {"jsonl": _JsonLines, "csv": _Csv, "parquet": _Parquet}
-
-
 # ------------------------------------------------------------------------- reading
 
 
@@ -591,29 +320,22 @@ def read_committed(path: str, format: str = "jsonl") -> list:
     >>> read_committed("memory://no-such-dir")
     []
     """
-    if format not in _FORMATS:
-        raise ConfigError(f"read_committed format: expected one of {sorted(_FORMATS)}, got {format!r}")
+    if format not in FORMATS:
+        raise ConfigError(f"read_committed format: expected one of {sorted(FORMATS)}, got {format!r}")
     fs, root = fsspec.core.url_to_fs(path)
     fs.invalidate_cache(root)
     try:
         entries = fs.ls(root, detail=False)
     except FileNotFoundError:
         return []
-    suffix = "." + _FORMATS[format].ext
+    suffix = "." + FORMATS[format].ext
     records: list = []
     for p in sorted(entries):
         name = posixpath.basename(p.rstrip("/"))
         if name.startswith("part-") and name.endswith(suffix):
             with fs.open(p, "rb") as f:
-                records.extend(_READERS[format](f))
+                records.extend(READERS[format](f))
     return records
-
-
-_READERS = {
-    "jsonl": lambda f: [json.loads(line) for line in f.read().decode("utf-8").splitlines() if line],
-    "csv": lambda f: [dict(r) for r in csv.DictReader(io.StringIO(f.read().decode("utf-8"), newline=""))],
-    "parquet": lambda f: pq.read_table(f).to_pylist(),
-}
 
 
 OWNER_FILE = "_epochal_sink.json"

@@ -2,20 +2,19 @@
 publishes transactions (chosen once per writer from :class:`~epochal.alignment.factory.SinkMode`).
 
 Strategies are stateless and drive the writer ``w`` through its internal steps
-(``_seal``, ``_make_durable_here``, ``_advance``); the writer owns all state.
+(``_seal``, ``_make_durable_here``, ``_advance``); the writer owns all state. What they
+use of it is written down as :class:`Writer`, so this module never imports the sink base
+(which imports it).
 """
 from __future__ import annotations
 
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from epochal.alignment.factory import SinkMode
 from epochal.errors import EpochalError
-
-if TYPE_CHECKING:
-    from epochal.sinks.base import TwoPhaseCommitSink
 
 
 class TransactionStateError(EpochalError, RuntimeError):
@@ -106,24 +105,41 @@ class Txn:
     step: Callable[[], None] | None = None  # the durability step while SEALED
 
 
+class Writer(Protocol):
+    """The part of :class:`~epochal.sinks.base.TwoPhaseCommitSink` the strategies below drive
+    (task thread only): its transactions and the steps that advance one."""
+
+    _open: Txn | None  # the open transaction
+    _pending: list[Txn]  # sealed / pre-committed transactions, oldest first
+    direct_publish_interval: float
+
+    def begin_transaction(self, epoch: int) -> Any: ...
+    def commit(self, handle: Any) -> None: ...
+    def abort(self, handle: Any) -> None: ...
+    def _call(self, hook: Callable, *args) -> Any: ...
+    def _seal(self, txn: Txn) -> None: ...
+    def _make_durable_here(self, txn: Txn, for_epoch: int) -> None: ...
+    def _advance(self, txn: Txn, target: TransactionState, hook: Callable) -> None: ...
+
+
 class CommitOnCompletion:
     """SinkMode.TRANSACTIONAL (exactly-once): publish an epoch only once its checkpoint is
     complete; output of rolled-back epochs is never visible. The barrier only seals; the
     durability step runs in the epoch's :meth:`~TwoPhaseCommitSink.durability_job`."""
 
-    def at_barrier(self, w: TwoPhaseCommitSink, txn: Txn) -> None:
+    def at_barrier(self, w: Writer, txn: Txn) -> None:
         w._seal(txn)
         w._pending.append(txn)
 
     publishes_between_barriers = False
 
-    def on_complete(self, w: TwoPhaseCommitSink, epoch: int) -> None:
+    def on_complete(self, w: Writer, epoch: int) -> None:
         while w._pending and w._pending[0].epoch <= epoch:
             w._make_durable_here(w._pending[0], epoch)  # no-op unless the job never ran (direct callers)
             w._advance(w._pending[0], TransactionState.COMMITTED, w.commit)
             w._pending.pop(0)
 
-    def at_close(self, w: TwoPhaseCommitSink, txn: Txn) -> None:
+    def at_close(self, w: Writer, txn: Txn) -> None:
         w._advance(txn, TransactionState.ABORTED, w.abort)  # not part of any completed epoch
 
 
@@ -139,12 +155,12 @@ class PublishAtBarrier:
 
     publishes_between_barriers = True
 
-    def at_barrier(self, w: TwoPhaseCommitSink, txn: Txn) -> None:
+    def at_barrier(self, w: Writer, txn: Txn) -> None:
         w._seal(txn)
         w._make_durable_here(txn, txn.epoch)
         w._advance(txn, TransactionState.COMMITTED, w.commit)
 
-    def after_write(self, w: TwoPhaseCommitSink, txn: Txn, n: int = 1) -> None:
+    def after_write(self, w: Writer, txn: Txn, n: int = 1) -> None:
         """``n`` records were written: lower latency than the epoch: publish the open
         transaction once it is older than ``w.direct_publish_interval`` and continue the
         epoch in a new one. The clock is read once per 64 writes only (the per-record path
@@ -155,7 +171,7 @@ class PublishAtBarrier:
             self.at_barrier(w, txn)
             w._open = Txn(txn.epoch, w._call(w.begin_transaction, txn.epoch))
 
-    def on_complete(self, w: TwoPhaseCommitSink, epoch: int) -> None:
+    def on_complete(self, w: Writer, epoch: int) -> None:
         pass  # already published at the barrier
 
     at_close = at_barrier  # records after the last barrier are published too

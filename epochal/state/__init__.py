@@ -26,6 +26,6 @@ def read_spark(spark, url, operator: str, **options):
     """:func:`read` as a Spark DataFrame on ``spark`` (a ``SparkSession``); options as for
     :func:`read`. Pickled columns (``encoding="pickle"``, or ``"auto"`` falling back to it)
     become binary columns."""
-    from epochal.runtime.state_spark import read_spark as _read_spark
+    from epochal.runtime.launch.state_spark import read_spark as _read_spark
 
     return _read_spark(spark, url, operator, **options)

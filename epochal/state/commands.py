@@ -17,7 +17,7 @@ importable (set PYTHONPATH), and read only checkpoints you trust.
 ``savepoint trigger`` asks the *running* job for a savepoint (and with ``--stop`` to stop
 with it), as ``JobHandle.savepoint`` / ``stop_with_savepoint`` would in the driver: it
 writes a request into the job's checkpoint storage, which the driver polls
-(``CheckpointConfig.requests_poll``, :mod:`epochal.runtime.requests`), and prints the
+(``CheckpointConfig.requests_poll``, :mod:`epochal.runtime.driver.requests`), and prints the
 savepoint's URL once the driver answers. ``savepoint create`` copies a checkpoint that is
 already complete — of a stopped or crashed job, or of a running one as long as retention
 keeps it (a file deleted meanwhile fails the copy, naming it; nothing half-written is a
@@ -227,7 +227,7 @@ def _create(args) -> int:
 
 
 def _trigger(args) -> int:
-    from epochal.runtime import requests
+    from epochal.runtime.driver import requests
 
     storage = CheckpointStorage(args.storage, args.job)
     rid = requests.submit(storage, args.to, args.stop)

@@ -74,7 +74,7 @@ def list_channel_state(url, records: bool = False) -> list[dict]:
     new input on restore): ``task``, ``channel``, ``producer``, ``consumer``, ``records``,
     ``segments``, ``bytes``, and with ``records=True`` the records as ``items``. Empty for
     aligned checkpoints."""
-    from epochal.runtime.restore import edge_of
+    from epochal.runtime.task.restore import edge_of
 
     ckpt = _open(url)
     out = []

@@ -88,7 +88,7 @@ class Checkpoint:
                 objects of a class that cannot be imported here.
         """
         if task not in self._states:
-            from epochal.runtime.snapshots import decode_task_state
+            from epochal.runtime.task.snapshots import decode_task_state
 
             handle = StateHandle.from_dict(self.tasks[task]["handle"])
             blob = self.storage.read_state(handle)

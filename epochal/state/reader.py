@@ -26,7 +26,7 @@ The schema's metadata ``"state_kinds"`` (JSON) tells which states are value and 
 states. Rows come in key-group order. Heap snapshots (inline or forked files) are decoded
 directly; a RocksDB snapshot (full or incremental) is downloaded, checksums verified, to
 a temporary directory and read key group by key group — both through the backends' own
-portable snapshot format (:func:`epochal.backends.base.decode_snapshot`).
+portable snapshot format (:func:`epochal.backends.formats.decode_snapshot`).
 
     >>> import epochal.state
     >>> epochal.state.read("file:///tmp/sp-1", "count").to_pylist()[:1]  # doctest: +SKIP
@@ -41,8 +41,8 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from epochal import serde
-from epochal.backends import forked, incremental
-from epochal.backends.base import decode_snapshot
+from epochal.backends.formats import (decode_snapshot, incremental_to_portable, is_forked_descriptor,
+                                      is_incremental_descriptor, read_forked_descriptor)
 from epochal.errors import CheckpointStorageError, ConfigError
 from epochal.state.location import Checkpoint, open_checkpoint
 
@@ -58,7 +58,7 @@ def _checkpoint(url_or_checkpoint) -> Checkpoint:
 
 def _keyed_operator(ckpt: Checkpoint, operator: str) -> list[str]:
     """The tasks holding ``operator``'s keyed state; errors name what is there instead."""
-    from epochal.runtime.compatibility import KEYED_KINDS
+    from epochal.runtime.driver.compatibility import KEYED_KINDS
 
     ops = ckpt.operators
     if operator not in ops:
@@ -74,10 +74,10 @@ def _portable(item, ckpt: Checkpoint) -> bytes:
     """A task's keyed snapshot as portable bytes (heap inline, forked file or RocksDB)."""
     if isinstance(item, (bytes, bytearray, memoryview)):
         return bytes(item)
-    if forked.is_descriptor(item):
-        return forked.read_descriptor(item, ckpt.storage)
-    if incremental.is_descriptor(item):
-        return incremental.to_portable(item, ckpt.storage)
+    if is_forked_descriptor(item):
+        return read_forked_descriptor(item, ckpt.storage)
+    if is_incremental_descriptor(item):
+        return incremental_to_portable(item, ckpt.storage)
     raise CheckpointStorageError(f"{ckpt.kind} {ckpt.url}: unknown keyed snapshot of type {type(item).__name__}")
 
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from epochal.dataflow import Stream
 from epochal.errors import PipelineDefinitionError
 from epochal.graph import FORWARD, Input, NodeKind
+from epochal.streams import Stream, register_builder
 from epochal.time.units import duration_micros
 from epochal.windows.assigners import Session, Sliding, Tumbling
 from epochal.windows.functions import (
@@ -42,6 +42,7 @@ class WindowNode:
     assigner: str  # repr, for messages
 
 
+@register_builder("window")
 class WindowedStream:
     """A keyed stream cut into windows; finish it with :meth:`reduce`, :meth:`aggregate` or
     :meth:`process` (each returns a :class:`WindowOutput` of

@@ -1,6 +1,6 @@
 """Launchers start the tasks of one attempt somewhere: local processes or Spark.
 
-Both run the same task code (:func:`epochal.runtime.worker.run_task`); a launcher only
+Both run the same task code (:func:`epochal.runtime.launch.worker.run_task`); a launcher only
 decides where the processes live and how to stop them.
 """
 from __future__ import annotations
@@ -56,16 +56,16 @@ class Launcher(ABC):
 
 class LocalLauncher(Launcher):
     """Runs each task as a local process forked from a pre-imported zygote
-    (:mod:`epochal.runtime.zygote`): same task code as on Spark, fast start.
+    (:mod:`epochal.runtime.launch.zygote`): same task code as on Spark, fast start.
 
-    Used by most tests; the product path is :class:`~epochal.runtime.spark.SparkLauncher`.
+    Used by most tests; the product path is :class:`~epochal.runtime.launch.spark.SparkLauncher`.
     """
 
     def __init__(self):
-        from epochal.runtime import zygote
+        from epochal.runtime.launch import zygote
 
         self._zygote_mod = zygote
-        self._proc = subprocess.Popen([sys.executable, "-m", "epochal.runtime.zygote"],
+        self._proc = subprocess.Popen([sys.executable, "-m", "epochal.runtime.launch.zygote"],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self._lock = threading.Lock()
         self._running: dict[int, int] = {}  # pid -> task index

@@ -10,7 +10,8 @@ or a regular task takes the next message from a non-blocked input channel, (3) f
 batches that lingered. Barriers go to the barrier handler picked by the guarantee
 factory (aligned: seed 004 Alg. 6; tracker: §4.5.4; unaligned:
 :mod:`epochal.alignment.unaligned`); sources inject barriers when the coordinator
-triggers an epoch (Alg. 5).
+triggers an epoch (Alg. 5). Step (2) lives in :mod:`~epochal.runtime.task.steps`, what
+happens when a barrier is reached in :mod:`~epochal.runtime.task.barriers`.
 
 Channel state. A snapshot taken before its barrier reached every input — an unaligned one,
 or a loop head's, whose barrier still circulates the loop (Alg. 7) — is completed by the
@@ -29,39 +30,36 @@ import threading
 import time
 import traceback
 
-from epochal.backends.storage import CheckpointStorage
-from epochal.columnar.keys import rows
 from epochal.alignment.channel_state import ChannelStateRecorder
-from epochal.epochs.barrier import Barrier
+from epochal.backends.storage import CheckpointStorage
 from epochal.errors import ChannelSetupError, ConfigError, EpochalError, OperatorError, TaskStartError
-from epochal.operators.base import OperatorContext, SnapshotResult
-from epochal.operators.factory import create_operator
-from epochal.runtime import wire
-from epochal.runtime.attempt import AttemptSpec
-from epochal.runtime.chain import OperatorChain
-from epochal.runtime.channels import BARRIER, DATA, END, ChannelFailure, InputGate, OutputChannel
 from epochal.loops.head import LOOP_LOG, LoopHeadProtocol
-from epochal.runtime.replay import replay_restored
-from epochal.runtime.restore import RestoredState, load_restored_state
-from epochal.runtime.router import Router
-from epochal.runtime.snapshots import PendingUpload, Uploader
+from epochal.operators.base import OperatorContext
+from epochal.operators.factory import create_operator
+from epochal.runtime.task.attempt import AttemptSpec
+from epochal.runtime.task.barriers import BarrierSteps
+from epochal.runtime.task.chain import OperatorChain
+from epochal.runtime.task.replay import replay_restored
+from epochal.runtime.task.restore import RestoredState, load_restored_state
+from epochal.runtime.task.router import Router
+from epochal.runtime.task.snapshots import Uploader
+from epochal.runtime.task.steps import ReadSteps
+from epochal.runtime.transport import wire
+from epochal.runtime.transport.channels import END, ChannelFailure, InputGate, OutputChannel
 from epochal.testing import FaultInjector
 from epochal.time.units import MAX_TIME, now_micros
-from epochal.time.watermarks import WATERMARK, WatermarkMark, WatermarkTracker
+from epochal.time.watermarks import WatermarkTracker
 
-#: elements of a batch processed between two checks of the aligned timeout while an epoch
-#: aligns (CheckpointConfig.aligned_timeout); batches are not sliced otherwise
-SWITCH_SLICE = 32
 
 class TaskCancelled(EpochalError):
     """The coordinator cancelled this attempt (another task failed) or went away."""
 
 
-class Task:
+class Task(ReadSteps, BarrierSteps):
     """Runs task ``index`` of an attempt until the coordinator says ``finish``.
 
     ``host`` is the address this task's data server is advertised at (peers connect to
-    it), ``bind_host`` the address it binds (see :func:`epochal.runtime.worker.task_addresses`);
+    it), ``bind_host`` the address it binds (see :func:`epochal.runtime.launch.worker.task_addresses`);
     both default to the attempt's ``bind_host``.
     """
 
@@ -345,70 +343,6 @@ class Task:
         blocked = self._blocked()
         return any(q and i not in blocked for i, q in enumerate(self.gate.queues))
 
-    def _step_source(self) -> bool:
-        if self.exhausted:
-            return False
-        poll = self.reader.poll(self._poll_size)
-        if (poll.records or poll.split_finished) and self.operators:
-            self.operators[0].set_input_split(poll.split, poll.split_finished)
-        if poll.records:
-            self.metrics["records_in"] += rows(poll.records)
-            self._process(poll.records)
-            self.chain.after_batch()
-        elif poll.split_finished and self.operators:
-            self._process([])  # an empty last poll of a split still ends it
-            self.chain.after_batch()
-        if poll.request_epoch:
-            self._send(("request_epoch", self.spec.id))
-        if poll.finished:
-            self.exhausted = True
-            self.chain.end_of_input()  # the final watermark precedes the final barrier
-            self.router.flush()
-            self._send(("exhausted", self.spec.id))
-        return bool(poll.records) or not poll.idle
-
-    def _step_inputs(self) -> bool:
-        if self.priority:  # barriers that arrived, ahead of the data queued before them
-            for channel, msg in self.gate.take_arrivals():
-                if channel < self.n_aligned:
-                    self._barrier_ts[msg[1]] = msg[2]
-                    result = self.handler.on_barrier_arrived(channel, Barrier(msg[1], msg[2]), len(msg) > 3 and msg[3])
-                    self._apply(result, channel, reached=False)
-            self._apply(self.handler.on_tick(), None, reached=False)
-        item = self.gate.poll(self._blocked())
-        if item is None:
-            return False
-        channel, msg = item
-        if channel >= self.n_aligned:
-            self._on_feedback(channel, msg)
-            return True
-        kind = msg[0]
-        if kind == DATA and len(msg[1]) > SWITCH_SLICE and getattr(self.handler, "switch_pending", False):
-            # An aligned epoch may time out (CheckpointConfig.aligned_timeout) while this batch
-            # runs: take a slice and put the rest back, so the timeout is checked every slice
-            # (one slow batch would delay the switch by its whole duration) and the rest,
-            # still queued before the barrier, becomes channel state if the epoch switches.
-            self.gate.unread(channel, (DATA, msg[1][SWITCH_SLICE:]))
-            msg = (DATA, msg[1][:SWITCH_SLICE])
-        if kind == DATA:
-            self.metrics["records_in"] += rows(msg[1])
-            if self.recorder.recording:
-                self.recorder.on_records(channel, msg[1])
-            self._process(msg[1])
-            self.chain.after_batch()
-        elif kind == WATERMARK:
-            if self.recorder.recording:  # in order with the records of an unaligned epoch's channel state
-                self.recorder.on_records(channel, [WatermarkMark(msg[1], msg[2])])
-            self.on_input_watermark(channel, msg[1], msg[2])
-        elif kind == BARRIER:
-            self._barrier_ts[msg[1]] = msg[2]
-            self._apply(self.handler.on_barrier(channel, Barrier(msg[1], msg[2])), channel, reached=True)
-        elif kind == END:
-            self.gate.ended[channel] = True
-        else:  # "!" — the producer vanished without an end of stream
-            raise ChannelFailure(f"task {self.spec.id}: {msg[1]}") from (msg[2] if len(msg) > 2 else None)
-        return True
-
     def _process(self, records: list) -> None:
         self.chain.process(records)
 
@@ -419,119 +353,6 @@ class Task:
                 self._end_held = True  # until the coordinator says the loop is empty (release_end)
                 return
             self.chain.advance(change)
-
-    def _on_feedback(self, channel: int, msg: tuple) -> None:
-        """A loop head's phantom channel (seed 004 Alg. 7 lines 9-13)."""
-        kind = msg[0]
-        if kind == DATA:
-            self.metrics["records_in"] += len(msg[1])
-            logged = self.recorder.on_records(channel, msg[1])
-            if logged:
-                self.faults.on_loop_log(logged[-1])
-            self._process(msg[1])
-            self.chain.after_batch()
-        elif kind == WATERMARK:
-            pass  # a loop's event time comes from its external inputs only (epochal.time.watermarks)
-        elif kind == BARRIER:
-            self._apply_loop_events(self.loop.on_barrier(channel, msg[1]))
-        elif kind == END:
-            self.gate.ended[channel] = True
-        else:
-            raise ChannelFailure(f"task {self.spec.id}: {msg[1]}")
-
-    def _apply_loop_events(self, events) -> None:
-        for epoch in events.declined:
-            self._send(("decline", epoch, self.spec.id,
-                        f"loop head {self.spec.id}: barrier {epoch} did not come back around the loop"))
-        for upload in events.ready:
-            self.uploader.submit(upload)
-
-    # ------------------------------------------------------------------ epochs
-    def _apply(self, result, channel: int | None, reached: bool) -> None:
-        """Carry out a barrier handler's instructions (see epochal.alignment.handlers and
-        .unaligned): decline given-up epochs, snapshot, capture channel state.
-        ``reached``: the event is a barrier taken from ``channel``'s queue in FIFO order
-        (nothing is queued before it any more)."""
-        for epoch in result.aborted_epochs:
-            self.recorder.drop(epoch)
-            self._send(("decline", epoch, self.spec.id, f"task {self.spec.id}: barrier handler gave up epoch {epoch}"))
-        plan = result.channel_state
-        if result.snapshot_epoch is not None:
-            self.metrics["alignment_s"].append(self.handler.last_alignment_duration)
-            self._snapshot_and_forward(result.snapshot_epoch, self._barrier_ts.get(result.snapshot_epoch, time.time()),
-                                       plan, reached_channel=channel if reached else None)
-        elif plan is not None:  # barriers of an epoch snapshotted unaligned arrived
-            ready = []
-            for c in plan.capture:
-                owed = [] if reached and c == channel else self.gate.queued_before(c, plan.epoch)
-                ready += self.recorder.capture(plan.epoch, c, owed)
-            for upload in ready:
-                self.uploader.submit(upload)
-        elif reached and self.handler.pending_epoch is not None:
-            self.faults.on_alignment(self.handler.pending_epoch)
-
-    def _attach_channel_state(self, upload, logs: dict, counts: dict) -> None:
-        """The recorder completed ``upload``'s channel state: hand it the logs to persist."""
-        upload.loop_log = logs.pop(LOOP_LOG, None)
-        upload.channel_state = logs
-        upload.metrics["channel_state_records"] = sum(n for k, n in counts.items() if k != LOOP_LOG)
-        if self.loop is not None:
-            upload.metrics["loop_logged"] = counts.get(LOOP_LOG, 0)
-            upload.metrics["loop_spilled_chunks"] = upload.loop_log.spilled_chunks if upload.loop_log else 0
-
-    def _snapshot_and_forward(self, epoch: int, timestamp: float, plan=None, reached_channel: int | None = None) -> None:
-        """Synchronous part of the snapshot of ``epoch``, then forward the barrier.
-
-        Everything processed so far belongs to epochs ≤ ``epoch`` and nothing after;
-        buffered output is flushed before the barrier so it precedes it on every channel.
-        With a channel-state ``plan`` (an unaligned snapshot) the barrier goes out flagged
-        unaligned and without waiting for credit, and the upload waits for the channel
-        state; a loop head's upload waits for its barrier to come back (Alg. 7).
-        """
-        barrier_s = time.time() - timestamp  # trigger → here: the barrier's travel, incl. alignment
-        t0 = time.monotonic()
-        unaligned = plan is not None
-        force = unaligned or (self.priority and not self.spec.inputs)  # a source's barrier overtakes too
-        self.chain.pre_barrier(epoch)  # e.g. a mini-batch aggregation's updates, ahead of the barrier
-        self.router.flush(force)
-        operators, before_ack = {}, []
-        for op in self.operators:
-            state = op.snapshot(epoch)  # sinks seal their transaction here (seed 004 §4.1.3, prepare)
-            if isinstance(state, SnapshotResult):  # e.g. a sink's fsync: on the uploader, before the ack
-                before_ack.append((op.ctx.operator, state.before_ack))
-                state = state.state
-            if state is not None:
-                operators[op.ctx.operator] = state
-        source = self.reader.snapshot() if self.reader is not None else None
-        keyed_job = self.backend.snapshot(epoch) if self.backend is not None else None
-        self.router.broadcast((BARRIER, epoch, timestamp, True) if unaligned else (BARRIER, epoch, timestamp), force)
-        sync = time.monotonic() - t0
-        self.metrics["sync_s"].append(sync)
-        self.metrics["snapshots"] += 1
-        self.metrics["unaligned_snapshots"] += unaligned
-        kind = "source" if not self.spec.inputs else (getattr(self.handler, "last_snapshot_kind", None) or "aligned")
-        upload = PendingUpload(epoch, operators, source, keyed_job,
-                               {"sync_s": sync, "barrier_s": barrier_s, "snapshot_kind": kind,
-                                "alignment_s": self.handler.last_alignment_duration if self.spec.inputs else 0.0},
-                               before_ack=before_ack)
-        waiting = set(self.loop.feedback_channels) if self.loop is not None else set()
-        if unaligned:
-            waiting |= plan.capture | plan.record
-        if not waiting:
-            self.uploader.submit(upload)
-            return
-        ready = self.recorder.start(epoch, upload, waiting)
-        if unaligned:
-            for c in plan.capture:  # the data queued before the barrier (none if it was just reached)
-                owed = [] if c == reached_channel else self.gate.queued_before(c, epoch)
-                ready += self.recorder.capture(epoch, c, owed)
-        if self.loop is not None:  # held until barrier `epoch` came back around the loop (Alg. 7)
-            events = self.loop.start(epoch)
-            events.ready[:0] = ready
-            self._apply_loop_events(events)
-        else:
-            for u in ready:
-                self.uploader.submit(u)
 
     def _drain_control(self) -> None:
         while self.control:
@@ -547,7 +368,7 @@ class Task:
                     op.notify_epoch_complete(msg[1])
                 if self.backend is not None:
                     self.backend.notify_epoch_complete(msg[1])
-                if len(msg) > 2 and msg[2]:  # stopping with a savepoint: confirm the commit (runtime/savepoints.py)
+                if len(msg) > 2 and msg[2]:  # stopping with a savepoint: confirm the commit (runtime/driver/savepoints.py)
                     self._send(("committed", self.spec.id, msg[1]))
             elif kind == "abort":  # coordinator gave up the epoch: release alignment and loop logging
                 self.handler.abort_epoch(msg[1])

@@ -45,7 +45,7 @@ from epochal.columnar.keys import rows
 from epochal.errors import OperatorError
 from epochal.graph import PartitionKind
 from epochal.plan import OutputGate
-from epochal.runtime.channels import encode_batch
+from epochal.runtime.transport.channels import encode_batch
 
 
 class _Gate:

@@ -81,7 +81,7 @@ class RequestWatcher:
     """The driver's side: a daemon thread polling ``<job root>/_requests`` every ``poll``
     seconds and handing each new request to ``take(url, stop)`` (the driver's
     ``request_savepoint``, which returns a
-    :class:`~epochal.runtime.savepoints.SavepointRequest`); one short thread per request
+    :class:`~epochal.runtime.driver.savepoints.SavepointRequest`); one short thread per request
     waits for it and publishes the answer. A failing listing or document is logged and
     retried at the next poll; it never affects the job."""
 

@@ -32,7 +32,7 @@ import time
 
 import pyarrow as pa
 
-from epochal.runtime.wire import Connection, ConnectionClosed, encode, encode_arrow
+from epochal.runtime.transport.wire import Connection, ConnectionClosed, encode, encode_arrow
 from epochal.time.watermarks import WATERMARK, WatermarkMark
 
 DATA, BARRIER, END, CREDIT = "B", "E", "X", "C"

@@ -40,7 +40,7 @@ import uuid
 
 from epochal.config import ClusterConfig
 from epochal.errors import ConfigError, EpochalError
-from epochal.runtime.launcher import Launcher, OnExit
+from epochal.runtime.launch.launcher import Launcher, OnExit
 
 log = logging.getLogger("epochal")
 
@@ -61,7 +61,7 @@ def _local_session(num_tasks: int):
     global _owned_session
     from pyspark.sql import SparkSession
 
-    from epochal.runtime.java import ensure_java
+    from epochal.runtime.launch.java import ensure_java
 
     ensure_java()
     slots = max(num_tasks, os.cpu_count() or 2)
@@ -299,7 +299,7 @@ class SparkLauncher(Launcher):
             # Only a task that cannot reach the coordinator fails its Spark task: nothing
             # else could report for it, and failing the barrier stage stops the others now.
             from epochal.errors import TaskStartError
-            from epochal.runtime.worker import run_task
+            from epochal.runtime.launch.worker import run_task
 
             host = _executor_host() if on_cluster else None
             for index in iterator:

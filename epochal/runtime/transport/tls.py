@@ -13,7 +13,7 @@ task↔coordinator — is TLS 1.3 with mutual authentication:
   *pinned*: no CA, no host names), so only holders of the attempt's private key complete
   the handshake — an older attempt's zombie, another job or anything else on the network
   cannot;
-* the HMAC challenge-response of :mod:`epochal.runtime.wire` still runs inside the TLS
+* the HMAC challenge-response of :mod:`epochal.runtime.transport.wire` still runs inside the TLS
   session (it carries the hello and fences generations).
 
 :class:`TLSSocket` runs the TLS state machine on an ``ssl.SSLObject`` with memory BIOs
@@ -139,7 +139,7 @@ class TLSSocket:
     """A connected blocking socket speaking TLS, usable by one reading thread and any
     number of writing threads at once (see the module docstring).
 
-    Offers the subset of the socket API :class:`~epochal.runtime.wire.Connection` uses:
+    Offers the subset of the socket API :class:`~epochal.runtime.transport.wire.Connection` uses:
     ``sendall``, ``recv_into``, ``settimeout``, ``setsockopt``, ``shutdown``, ``close``,
     ``getsockname`` / ``getpeername``. The handshake runs in the constructor within the
     socket's current timeout.

@@ -1,7 +1,7 @@
 """Savepoints of a running job: requests, their epochs, the copy, and stop-with-savepoint.
 
 The driver owns one :class:`SavepointTracker` for the whole job (all attempts); each
-attempt's :class:`~epochal.runtime.coordinator_server.CoordinatorServer` feeds it the
+attempt's :class:`~epochal.runtime.driver.coordinator_server.CoordinatorServer` feeds it the
 epoch events, on its own thread::
 
     JobHandle.savepoint(url)  → tracker.add(request)         any thread; nudges the coordinator

@@ -7,7 +7,7 @@ fixed-size nonces, MACs and a small JSON hello cross the wire — nothing is unp
 After the handshake, frames (4-byte length + payload) carry pickled messages between
 peers of the same job and generation.
 
-With ``tls`` (a :class:`~epochal.runtime.tls.TLSMaterial`), the connection is first wrapped
+With ``tls`` (a :class:`~epochal.runtime.transport.tls.TLSMaterial`), the connection is first wrapped
 in mutually authenticated TLS 1.3 pinned to the attempt's certificate, and the HMAC
 handshake and every frame travel inside it: frames are then encrypted and
 integrity-protected (a flipped byte breaks the connection, nothing is unpickled). Without
@@ -274,7 +274,7 @@ def connect(address: tuple[str, int], key: bytes, hello: dict, timeout: float = 
 def _tls_wrap(sock, tls, server_side: bool, where):
     import ssl
 
-    from epochal.runtime.tls import TLSSocket
+    from epochal.runtime.transport.tls import TLSSocket
 
     try:
         return TLSSocket(sock, tls.context(server_side=server_side), server_side=server_side)

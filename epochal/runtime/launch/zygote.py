@@ -48,8 +48,8 @@ def read_message(fd: int):
 
 
 def main() -> None:
-    import epochal.runtime.task  # noqa: F401  (the point: import once, fork many)
-    from epochal.runtime.worker import run_task
+    import epochal.runtime.task.task  # noqa: F401  (the point: import once, fork many)
+    from epochal.runtime.launch.worker import run_task
 
     inp = sys.stdin.fileno()
     out = os.dup(sys.stdout.fileno())  # the protocol pipe; fd 1 becomes stderr so prints
@@ -86,7 +86,7 @@ def main() -> None:
                 try:
                     run_task(attempt, index)
                 except BaseException as exc:
-                    from epochal.runtime.task import TaskCancelled
+                    from epochal.runtime.task.task import TaskCancelled
 
                     if not isinstance(exc, TaskCancelled):
                         print(f"epochal task {index} failed: {type(exc).__name__}: {exc}", file=sys.stderr,

@@ -24,9 +24,9 @@ class AttemptSpec:
     ``plan_blob`` so a task that cannot load it (a module missing on the worker) can still
     reach the coordinator and report why.
 
-    ``key`` is the per-attempt connection key (:func:`epochal.runtime.wire.derive_key`)
+    ``key`` is the per-attempt connection key (:func:`epochal.runtime.transport.wire.derive_key`)
     and ``tls`` the attempt's pinned certificate and private key
-    (:class:`~epochal.runtime.tls.TLSMaterial`, ``None`` without encryption); both travel
+    (:class:`~epochal.runtime.transport.tls.TLSMaterial`, ``None`` without encryption); both travel
     inside the task closure through the launcher (Spark's own task channel or a local
     process pipe), never over epochal's data connections, and never appear in a ``repr``.
 

@@ -25,15 +25,15 @@ def task_addresses(attempt, host: str | None) -> tuple[str, str]:
 
 
 def run_task(attempt_bytes: bytes, index: int, host: str | None = None) -> dict:
-    """Run task ``index`` of the pickled :class:`~epochal.runtime.attempt.AttemptSpec` on
+    """Run task ``index`` of the pickled :class:`~epochal.runtime.task.attempt.AttemptSpec` on
     ``host`` (see :func:`task_addresses`).
 
     Returns the task's metrics when the job finished cleanly; raises when it failed —
     :class:`~epochal.errors.TaskStartError` if it could not even reach the coordinator.
     """
     from epochal.errors import TaskStartError
-    from epochal.runtime import wire
-    from epochal.runtime.task import Task
+    from epochal.runtime.transport import wire
+    from epochal.runtime.task.task import Task
 
     attempt = pickle.loads(attempt_bytes)
     advertised, bind = task_addresses(attempt, host)
@@ -86,7 +86,7 @@ def main() -> None:
     try:
         run_task(attempt_bytes, index)
     except BaseException as exc:  # the coordinator already got the cause; exit non-zero
-        from epochal.runtime.task import TaskCancelled
+        from epochal.runtime.task.task import TaskCancelled
 
         if not isinstance(exc, TaskCancelled):
             print(f"epochal task {index} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)

@@ -1,6 +1,6 @@
 """How records, watermarks and timers pass through the operators chained into one task.
 
-Task thread only (:mod:`epochal.runtime.task`). The rules, in the order the task applies them:
+Task thread only (:mod:`epochal.runtime.task.task`). The rules, in the order the task applies them:
 
 * **Records.** ``process(records, start)`` feeds operator ``start``, passes its output to
   the next, and routes what the last one emits. After every operator call, records the

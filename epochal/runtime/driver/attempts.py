@@ -5,87 +5,37 @@ Python (DESIGN.md "Facts"), so the driver owns the restart loop: every attempt g
 *generation* (0, 1, ...), a fresh connection key derived from it (older generations
 cannot talk to the new one) and restores from the latest completed checkpoint (seed 004
 §4.1.3.1). After ``restart.max_attempts`` failed restarts the job fails with every cause.
+
+:class:`JobDriver` runs that loop on its own thread; :class:`JobHandle` is the caller's
+view of it (wait, trigger, cancel, savepoints).
 """
 from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 
 import cloudpickle
 
-from epochal.alignment.factory import components_for
-from epochal.backends.choice import backend_spec
 from epochal.backends.storage import CheckpointStorage, referenced_bytes
-from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, MetricsConfig, RestartStrategy
+from epochal.config import MetricsConfig
 from epochal.errors import ConfigError, EpochalError, JobFailedError
-from epochal.graph import NodeKind
-from epochal.runtime import compatibility, wire
-from epochal.runtime.attempt import AttemptSpec
-from epochal.runtime.coordinator_server import AttemptOutcome, CoordinatorServer
-from epochal.runtime.savepoints import SavepointRequest, SavepointTracker
+from epochal.runtime.driver import compatibility
+from epochal.runtime.driver.coordinator_server import AttemptOutcome, CoordinatorServer
+from epochal.runtime.driver.result import JobResult
+from epochal.runtime.driver.savepoints import SavepointRequest, SavepointTracker
+from epochal.runtime.task.attempt import AttemptSpec
+from epochal.runtime.transport import wire
 
 log = logging.getLogger("epochal")
-
-
-@dataclass
-class JobResult:
-    """What a finished job did: attempts, failures survived, epochs, per-task metrics.
-
-    ``completed_epochs`` (of the final attempt): per epoch ``duration_s`` (trigger → last
-    acknowledgement), ``metadata_s`` (writing ``_metadata`` afterwards), ``bytes`` /
-    ``state_bytes``, the maxima over tasks ``max_alignment_s`` / ``max_sync_s`` /
-    ``max_upload_s``, and ``tasks``: each task's ``barrier_s``, ``alignment_s``, ``sync_s``,
-    ``upload_wait_s``, ``upload_s`` and ``ack_s`` (see :func:`epochal.runtime.coordinator_server._task_sample`).
-
-    ``attempt_timeline``: one entry per attempt, times in seconds since the job started
-    (driver clock): ``started_s`` (the driver began the attempt: restore point chosen and
-    verified next), ``launched_s`` (tasks launched), ``connected_s`` (all tasks connected),
-    ``running_s`` (all tasks restored their state and run), ``failed_s`` (the coordinator
-    saw the failure; ``None`` for the successful attempt), ``stopped_s`` (every task of the
-    attempt is gone), plus ``generation``, ``restored_epoch``, ``restored_bytes`` (state
-    files the restore point references), ``cause`` and per task ``setup_s`` /
-    ``restore_s``. The time from a failure to the next attempt running again is
-    ``timeline[i + 1]["running_s"] - timeline[i]["failed_s"]``.
-    """
-
-    job: str
-    guarantee: str
-    runtime: str
-    attempts: int
-    failures: list[str]
-    completed_epochs: list[dict]
-    aborted_epochs: list[dict]
-    task_metrics: dict
-    duration_s: float
-    checkpoint_root: str
-    restored_from: list = field(default_factory=list)
-    attempt_timeline: list = field(default_factory=list)
-    #: connections were TLS-encrypted (ChannelConfig.encryption, resolved for the runtime)
-    encrypted: bool = False
-    #: every savepoint written while the job ran: ``epoch``, ``url``, ``bytes``, ``copy_s``,
-    #: ``wall_time``, ``stop``
-    savepoints: list = field(default_factory=list)
-    #: the savepoint's URL when the job ended by :meth:`JobHandle.stop_with_savepoint`
-    #: (every sink transaction up to its epoch committed, none after), else ``None``
-    stopped_with_savepoint: str | None = None
-    #: the checkpoint or savepoint the job started from (``restore_from``), else ``None``
-    restored_from_url: str | None = None
-
-    @property
-    def records_in(self) -> int:
-        """Records read by the sources in the final (successful) attempt."""
-        return sum(m["records_in"] for t, m in self.task_metrics.items() if m.get("source"))
 
 
 class JobHandle:
     """A running job: :meth:`wait` for its result, :meth:`trigger_epoch`, :meth:`cancel`,
     :meth:`savepoint`, :meth:`stop_with_savepoint`."""
 
-    def __init__(self, driver: "_Driver"):
+    def __init__(self, driver: JobDriver):
         self._driver = driver
 
     def trigger_epoch(self) -> None:
@@ -175,104 +125,6 @@ class JobHandle:
         return list(server.completed) if server is not None else []
 
 
-def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | None = None,
-              restart: RestartStrategy | None = None, channels: ChannelConfig | None = None,
-              runtime: str = "spark", spark=None, resume: bool = False, faults=(),
-              backend="heap", cluster: ClusterConfig | None = None,
-              allow_non_restored_state: bool = False, metrics: MetricsConfig | None = None,
-              restore_from: str | None = None) -> JobHandle:
-    """Validate everything that can be validated before any task starts, then start.
-
-    ``restore_from``: a savepoint, a ``chk-<epoch>`` directory or a job's checkpoint
-    directory (its newest checkpoint). It is checked against the dataflow like any restore
-    (:mod:`epochal.runtime.compatibility`), then copied into this job's checkpoint storage
-    — which must hold no completed checkpoint — as its first checkpoint, and the job
-    starts from it (:func:`epochal.state.savepoint.import_checkpoint`)."""
-    checkpoint = checkpoint or CheckpointConfig()
-    if not isinstance(checkpoint, CheckpointConfig):
-        raise ConfigError(f"checkpoint: expected CheckpointConfig, got {type(checkpoint).__name__}")
-    components = components_for(guarantee, checkpoint)
-    backend = backend_spec(backend)
-    restart = restart or RestartStrategy()
-    channels = channels or ChannelConfig()
-    cluster = cluster or ClusterConfig()
-    metrics = metrics or MetricsConfig()
-    for name, value, cls in (("checkpoint", checkpoint, CheckpointConfig), ("restart", restart, RestartStrategy),
-                             ("channels", channels, ChannelConfig), ("cluster", cluster, ClusterConfig),
-                             ("metrics", metrics, MetricsConfig)):
-        if not isinstance(value, cls):
-            raise ConfigError(f"{name}: expected {cls.__name__}, got {type(value).__name__}")
-    plan = flow.plan()
-    plan_blob = _ship(plan)
-    if runtime not in ("spark", "local"):
-        raise ConfigError(f"runtime: expected 'spark' or 'local', got {runtime!r}")
-    if runtime == "spark":
-        from epochal.runtime.spark import SparkLauncher
-
-        launcher = SparkLauncher(spark, len(plan.tasks), cluster)
-    else:
-        from epochal.runtime.launcher import LocalLauncher
-
-        launcher = None
-    if launcher is not None and launcher.is_cluster:
-        from epochal.runtime.cluster import check_storage_visible_from_every_host
-
-        check_storage_visible_from_every_host(plan, checkpoint.storage, cluster.shared_paths, launcher.master)
-    url = checkpoint.storage or "file://" + tempfile.mkdtemp(prefix=f"epochal-{flow.name}-")
-    storage = CheckpointStorage(url, flow.name)
-    if not isinstance(allow_non_restored_state, bool):
-        raise ConfigError(f"allow_non_restored_state: expected True or False, got {allow_non_restored_state!r}")
-    if restore_from is not None:
-        _import_restore_point(restore_from, storage, plan, resume, allow_non_restored_state)
-        resume = True
-    latest = storage.latest_completed() if storage.has_checkpoints() else None
-    if storage.has_checkpoints() and not resume:
-        raise ConfigError(
-            f"checkpoint.storage: {url}/{flow.name} already holds checkpoints"
-            + (f" (latest completed epoch {latest[0]})" if latest else "")
-            + "; pass resume=True to continue from it, or use another storage location"
-        )
-    if latest is not None:  # checked now, before anything starts (every restore is checked again later)
-        compatibility.enforce(plan, latest[1], allow_non_restored_state, log)
-    for node in plan.nodes.values():  # output ownership, before anything writes
-        if node.kind is NodeKind.SINK:
-            node.payload.claim(job=flow.name, sink=node.name, resume=latest is not None)
-    if launcher is None:
-        launcher = LocalLauncher()
-    encrypted = launcher.is_cluster if channels.encryption is None else channels.encryption
-    driver = _Driver(plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime,
-                     tuple(faults), backend, encrypted, allow_non_restored_state, metrics,
-                     peer_timeout=cluster.peer_timeout if launcher.is_cluster else None)
-    driver.restored_from_url = restore_from
-    driver.thread.start()
-    return JobHandle(driver)
-
-
-def _import_restore_point(restore_from: str, storage: CheckpointStorage, plan, resume: bool,
-                          allow_non_restored_state: bool) -> None:
-    """``restore_from``: check the checkpoint against ``plan``, then copy it into ``storage``."""
-    from epochal.state.location import open_checkpoint
-    from epochal.state.savepoint import import_checkpoint
-
-    if resume:
-        raise ConfigError("restore_from and resume=True exclude each other: restore_from starts the job's history "
-                          "from a savepoint or checkpoint, resume continues the one in checkpoint.storage")
-    if not isinstance(restore_from, str):
-        raise ConfigError(f"restore_from: expected a URL, got {type(restore_from).__name__}")
-    latest = storage.latest_completed()
-    if latest is not None:
-        raise ConfigError(
-            f"restore_from: checkpoint.storage {storage.root_url} already holds checkpoints of job {plan.job!r} "
-            f"(latest completed epoch {latest[0]}); a restore starts the job's history from {restore_from}: use "
-            "another checkpoint.storage (or job name), or resume=True to continue from the latest checkpoint there")
-    point = open_checkpoint(restore_from)
-    compatibility.enforce(plan, point.meta, allow_non_restored_state, log)  # before anything is copied
-    t0 = time.monotonic()
-    copied = import_checkpoint(point, storage)
-    log.info("job %s: %s %s (epoch %d, %d bytes) copied into %s in %.2f s", plan.job, point.kind, restore_from,
-             point.epoch, copied, storage.root_url, time.monotonic() - t0)
-
-
 class _NotStarted:
     """Stands in for the coordinator of an attempt that never launched (no slots)."""
 
@@ -282,24 +134,7 @@ class _NotStarted:
         self.aborted: list = []
 
 
-def _ship(plan) -> bytes:
-    """Pickle the plan for the tasks; name the operator whose code cannot be shipped."""
-    try:
-        return cloudpickle.dumps(plan)
-    except Exception:
-        for node in plan.nodes.values():
-            for part, obj in (("function or object", node.payload), ("key function", node.key_fn)):
-                try:
-                    cloudpickle.dumps(obj)
-                except Exception as exc:
-                    raise EpochalError(
-                        f"job {plan.job!r}: the {part} of operator {node.name!r} cannot be shipped to the "
-                        f"tasks (not picklable): {type(exc).__name__}: {exc}"
-                    ) from exc
-        raise
-
-
-class _Driver:
+class JobDriver:
     def __init__(self, plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime,
                  faults, backend, encrypted: bool = False, allow_non_restored_state: bool = False,
                  metrics: MetricsConfig | None = None, peer_timeout: float | None = None):
@@ -359,7 +194,7 @@ class _Driver:
     def _run_guarded(self) -> None:
         watcher = None
         if self.checkpoint.requests_poll is not None:  # savepoints requested by `epochal savepoint trigger`
-            from epochal.runtime.requests import RequestWatcher
+            from epochal.runtime.driver.requests import RequestWatcher
 
             watcher = RequestWatcher(self.storage, self.request_savepoint, self.checkpoint.requests_poll,
                                      self.plan.job).start()
@@ -446,7 +281,7 @@ class _Driver:
         key = wire.derive_key(self.secret, self.plan.job, generation)
         tls = None
         if self.encrypted:
-            from epochal.runtime.tls import TLSMaterial
+            from epochal.runtime.transport.tls import TLSMaterial
 
             tls = TLSMaterial.generate(f"{self.plan.job} generation {generation}")
         bind = self.launcher.bind_host

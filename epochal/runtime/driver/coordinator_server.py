@@ -23,7 +23,7 @@ storage. Protocol per attempt (task → coordinator / coordinator → task):
 5. a ``("failed", task, cause)`` message or a lost connection fails the attempt; every
    task then gets ``("cancel", cause)``.
 
-Savepoints (:mod:`epochal.runtime.savepoints`): a request triggers an epoch (MANUAL) whose
+Savepoints (:mod:`epochal.runtime.driver.savepoints`): a request triggers an epoch (MANUAL) whose
 completion is copied to the savepoint's location while retention keeps it pinned. A stop
 request suspends further triggers; its epoch n goes out as ``("complete", n, True)``, which
 every task confirms with ``("committed", task, n)`` after its sinks committed; once all
@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from epochal.epochs.coordinator import EpochCoordinator
 from epochal.epochs.pending import TriggerReason
 from epochal.loops.termination import in_flight_at_cut
-from epochal.runtime import wire
-from epochal.runtime.savepoints import SavepointTracker
+from epochal.runtime.transport import wire
+from epochal.runtime.driver.savepoints import SavepointTracker
 
 TICK = 0.005
 #: pause between FINAL epochs while a loop is still busy (at most the checkpoint interval)

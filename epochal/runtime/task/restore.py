@@ -31,7 +31,7 @@ from epochal.backends.keygroups import key_group_for, key_group_range
 from epochal.backends.storage import StateHandle
 from epochal.errors import ConfigError
 from epochal.graph import NodeKind, PartitionKind
-from epochal.runtime.snapshots import decode_task_state
+from epochal.runtime.task.snapshots import decode_task_state
 
 
 @dataclass

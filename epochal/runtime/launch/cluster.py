@@ -10,7 +10,7 @@ visible from every host: an object store or another remote file system (``s3://`
 or a local path the user declares shared (``ClusterConfig.shared_paths``, e.g. an NFS
 mount). Anything else is refused with one error listing every offending location.
 
-The module is pure (no pyspark); :class:`~epochal.runtime.spark.SparkLauncher` decides
+The module is pure (no pyspark); :class:`~epochal.runtime.launch.spark.SparkLauncher` decides
 whether the job runs on a cluster.
 """
 from __future__ import annotations

@@ -1,0 +1,141 @@
+"""Starting a job: everything that can be checked before a task starts is checked here
+(configuration, the plan and what it ships, output ownership, a restore point against the
+dataflow), then a :class:`~epochal.runtime.driver.attempts.JobDriver` runs it on a thread
+and the caller gets its :class:`~epochal.runtime.driver.attempts.JobHandle`.
+"""
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+
+import cloudpickle
+
+from epochal.alignment.factory import components_for
+from epochal.backends.choice import backend_spec
+from epochal.backends.storage import CheckpointStorage
+from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, MetricsConfig, RestartStrategy
+from epochal.errors import ConfigError, EpochalError
+from epochal.graph import NodeKind
+from epochal.runtime.driver import compatibility
+from epochal.runtime.driver.attempts import JobDriver, JobHandle
+from epochal.runtime.driver.result import JobResult
+
+__all__ = ["JobHandle", "JobResult", "start_job"]
+
+log = logging.getLogger("epochal")
+
+
+def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | None = None,
+              restart: RestartStrategy | None = None, channels: ChannelConfig | None = None,
+              runtime: str = "spark", spark=None, resume: bool = False, faults=(),
+              backend="heap", cluster: ClusterConfig | None = None,
+              allow_non_restored_state: bool = False, metrics: MetricsConfig | None = None,
+              restore_from: str | None = None) -> JobHandle:
+    """Validate everything that can be validated before any task starts, then start.
+
+    ``restore_from``: a savepoint, a ``chk-<epoch>`` directory or a job's checkpoint
+    directory (its newest checkpoint). It is checked against the dataflow like any restore
+    (:mod:`epochal.runtime.driver.compatibility`), then copied into this job's checkpoint storage
+    — which must hold no completed checkpoint — as its first checkpoint, and the job
+    starts from it (:func:`epochal.state.savepoint.import_checkpoint`)."""
+    checkpoint = checkpoint or CheckpointConfig()
+    if not isinstance(checkpoint, CheckpointConfig):
+        raise ConfigError(f"checkpoint: expected CheckpointConfig, got {type(checkpoint).__name__}")
+    components = components_for(guarantee, checkpoint)
+    backend = backend_spec(backend)
+    restart = restart or RestartStrategy()
+    channels = channels or ChannelConfig()
+    cluster = cluster or ClusterConfig()
+    metrics = metrics or MetricsConfig()
+    for name, value, cls in (("checkpoint", checkpoint, CheckpointConfig), ("restart", restart, RestartStrategy),
+                             ("channels", channels, ChannelConfig), ("cluster", cluster, ClusterConfig),
+                             ("metrics", metrics, MetricsConfig)):
+        if not isinstance(value, cls):
+            raise ConfigError(f"{name}: expected {cls.__name__}, got {type(value).__name__}")
+    plan = flow.plan()
+    plan_blob = _ship(plan)
+    if runtime not in ("spark", "local"):
+        raise ConfigError(f"runtime: expected 'spark' or 'local', got {runtime!r}")
+    if runtime == "spark":
+        from epochal.runtime.launch.spark import SparkLauncher
+
+        launcher = SparkLauncher(spark, len(plan.tasks), cluster)
+    else:
+        from epochal.runtime.launch.launcher import LocalLauncher
+
+        launcher = None
+    if launcher is not None and launcher.is_cluster:
+        from epochal.runtime.launch.cluster import check_storage_visible_from_every_host
+
+        check_storage_visible_from_every_host(plan, checkpoint.storage, cluster.shared_paths, launcher.master)
+    url = checkpoint.storage or "file://" + tempfile.mkdtemp(prefix=f"epochal-{flow.name}-")
+    storage = CheckpointStorage(url, flow.name)
+    if not isinstance(allow_non_restored_state, bool):
+        raise ConfigError(f"allow_non_restored_state: expected True or False, got {allow_non_restored_state!r}")
+    if restore_from is not None:
+        _import_restore_point(restore_from, storage, plan, resume, allow_non_restored_state)
+        resume = True
+    latest = storage.latest_completed() if storage.has_checkpoints() else None
+    if storage.has_checkpoints() and not resume:
+        raise ConfigError(
+            f"checkpoint.storage: {url}/{flow.name} already holds checkpoints"
+            + (f" (latest completed epoch {latest[0]})" if latest else "")
+            + "; pass resume=True to continue from it, or use another storage location"
+        )
+    if latest is not None:  # checked now, before anything starts (every restore is checked again later)
+        compatibility.enforce(plan, latest[1], allow_non_restored_state, log)
+    for node in plan.nodes.values():  # output ownership, before anything writes
+        if node.kind is NodeKind.SINK:
+            node.payload.claim(job=flow.name, sink=node.name, resume=latest is not None)
+    if launcher is None:
+        launcher = LocalLauncher()
+    encrypted = launcher.is_cluster if channels.encryption is None else channels.encryption
+    driver = JobDriver(plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime,
+                     tuple(faults), backend, encrypted, allow_non_restored_state, metrics,
+                     peer_timeout=cluster.peer_timeout if launcher.is_cluster else None)
+    driver.restored_from_url = restore_from
+    driver.thread.start()
+    return JobHandle(driver)
+
+
+def _import_restore_point(restore_from: str, storage: CheckpointStorage, plan, resume: bool,
+                          allow_non_restored_state: bool) -> None:
+    """``restore_from``: check the checkpoint against ``plan``, then copy it into ``storage``."""
+    from epochal.state.location import open_checkpoint
+    from epochal.state.savepoint import import_checkpoint
+
+    if resume:
+        raise ConfigError("restore_from and resume=True exclude each other: restore_from starts the job's history "
+                          "from a savepoint or checkpoint, resume continues the one in checkpoint.storage")
+    if not isinstance(restore_from, str):
+        raise ConfigError(f"restore_from: expected a URL, got {type(restore_from).__name__}")
+    latest = storage.latest_completed()
+    if latest is not None:
+        raise ConfigError(
+            f"restore_from: checkpoint.storage {storage.root_url} already holds checkpoints of job {plan.job!r} "
+            f"(latest completed epoch {latest[0]}); a restore starts the job's history from {restore_from}: use "
+            "another checkpoint.storage (or job name), or resume=True to continue from the latest checkpoint there")
+    point = open_checkpoint(restore_from)
+    compatibility.enforce(plan, point.meta, allow_non_restored_state, log)  # before anything is copied
+    t0 = time.monotonic()
+    copied = import_checkpoint(point, storage)
+    log.info("job %s: %s %s (epoch %d, %d bytes) copied into %s in %.2f s", plan.job, point.kind, restore_from,
+             point.epoch, copied, storage.root_url, time.monotonic() - t0)
+
+
+def _ship(plan) -> bytes:
+    """Pickle the plan for the tasks; name the operator whose code cannot be shipped."""
+    try:
+        return cloudpickle.dumps(plan)
+    except Exception:
+        for node in plan.nodes.values():
+            for part, obj in (("function or object", node.payload), ("key function", node.key_fn)):
+                try:
+                    cloudpickle.dumps(obj)
+                except Exception as exc:
+                    raise EpochalError(
+                        f"job {plan.job!r}: the {part} of operator {node.name!r} cannot be shipped to the "
+                        f"tasks (not picklable): {type(exc).__name__}: {exc}"
+                    ) from exc
+        raise

@@ -1,0 +1,113 @@
+"""The two ways a task's loop takes its next input (one step per turn of
+:meth:`~epochal.runtime.task.task.Task._loop`), on the task thread.
+
+* :meth:`ReadSteps._step_source` — a source task polls its reader: records go through the
+  chain, a finished split ends its watermark, ``request_epoch`` asks the coordinator for
+  an epoch, the end of input emits the final watermark (before the final barrier).
+* :meth:`ReadSteps._step_inputs` — any other task takes the next message of a channel the
+  barrier handler does not block: data, a watermark, a barrier (to the handler, seed 004
+  Alg. 6 / §4.5.4), the end of a channel. With unaligned snapshots the barriers that
+  arrived are handed over first, ahead of the data queued before them. A loop head's
+  feedback channels go to :meth:`ReadSteps._on_feedback` (Alg. 7).
+
+Both return whether they made progress (the loop waits on the task's condition variable
+otherwise). They belong to :class:`~epochal.runtime.task.task.Task` (a mixin: the state
+they read and change is the task's own, set up in its ``__init__`` and ``_setup``).
+"""
+from __future__ import annotations
+
+from epochal.columnar.keys import rows
+from epochal.epochs.barrier import Barrier
+from epochal.runtime.transport.channels import BARRIER, DATA, END, ChannelFailure
+from epochal.time.watermarks import WATERMARK, WatermarkMark
+
+#: elements of a batch processed between two checks of the aligned timeout while an epoch
+#: aligns (CheckpointConfig.aligned_timeout); batches are not sliced otherwise
+SWITCH_SLICE = 32
+
+
+class ReadSteps:
+    """The input side of :class:`~epochal.runtime.task.task.Task`'s loop."""
+
+    def _step_source(self) -> bool:
+        if self.exhausted:
+            return False
+        poll = self.reader.poll(self._poll_size)
+        if (poll.records or poll.split_finished) and self.operators:
+            self.operators[0].set_input_split(poll.split, poll.split_finished)
+        if poll.records:
+            self.metrics["records_in"] += rows(poll.records)
+            self._process(poll.records)
+            self.chain.after_batch()
+        elif poll.split_finished and self.operators:
+            self._process([])  # an empty last poll of a split still ends it
+            self.chain.after_batch()
+        if poll.request_epoch:
+            self._send(("request_epoch", self.spec.id))
+        if poll.finished:
+            self.exhausted = True
+            self.chain.end_of_input()  # the final watermark precedes the final barrier
+            self.router.flush()
+            self._send(("exhausted", self.spec.id))
+        return bool(poll.records) or not poll.idle
+
+    def _step_inputs(self) -> bool:
+        if self.priority:  # barriers that arrived, ahead of the data queued before them
+            for channel, msg in self.gate.take_arrivals():
+                if channel < self.n_aligned:
+                    self._barrier_ts[msg[1]] = msg[2]
+                    result = self.handler.on_barrier_arrived(channel, Barrier(msg[1], msg[2]), len(msg) > 3 and msg[3])
+                    self._apply(result, channel, reached=False)
+            self._apply(self.handler.on_tick(), None, reached=False)
+        item = self.gate.poll(self._blocked())
+        if item is None:
+            return False
+        channel, msg = item
+        if channel >= self.n_aligned:
+            self._on_feedback(channel, msg)
+            return True
+        kind = msg[0]
+        if kind == DATA and len(msg[1]) > SWITCH_SLICE and getattr(self.handler, "switch_pending", False):
+            # An aligned epoch may time out (CheckpointConfig.aligned_timeout) while this batch
+            # runs: take a slice and put the rest back, so the timeout is checked every slice
+            # (one slow batch would delay the switch by its whole duration) and the rest,
+            # still queued before the barrier, becomes channel state if the epoch switches.
+            self.gate.unread(channel, (DATA, msg[1][SWITCH_SLICE:]))
+            msg = (DATA, msg[1][:SWITCH_SLICE])
+        if kind == DATA:
+            self.metrics["records_in"] += rows(msg[1])
+            if self.recorder.recording:
+                self.recorder.on_records(channel, msg[1])
+            self._process(msg[1])
+            self.chain.after_batch()
+        elif kind == WATERMARK:
+            if self.recorder.recording:  # in order with the records of an unaligned epoch's channel state
+                self.recorder.on_records(channel, [WatermarkMark(msg[1], msg[2])])
+            self.on_input_watermark(channel, msg[1], msg[2])
+        elif kind == BARRIER:
+            self._barrier_ts[msg[1]] = msg[2]
+            self._apply(self.handler.on_barrier(channel, Barrier(msg[1], msg[2])), channel, reached=True)
+        elif kind == END:
+            self.gate.ended[channel] = True
+        else:  # "!" — the producer vanished without an end of stream
+            raise ChannelFailure(f"task {self.spec.id}: {msg[1]}") from (msg[2] if len(msg) > 2 else None)
+        return True
+
+    def _on_feedback(self, channel: int, msg: tuple) -> None:
+        """A loop head's phantom channel (seed 004 Alg. 7 lines 9-13)."""
+        kind = msg[0]
+        if kind == DATA:
+            self.metrics["records_in"] += len(msg[1])
+            logged = self.recorder.on_records(channel, msg[1])
+            if logged:
+                self.faults.on_loop_log(logged[-1])
+            self._process(msg[1])
+            self.chain.after_batch()
+        elif kind == WATERMARK:
+            pass  # a loop's event time comes from its external inputs only (epochal.time.watermarks)
+        elif kind == BARRIER:
+            self._apply_loop_events(self.loop.on_barrier(channel, msg[1]))
+        elif kind == END:
+            self.gate.ended[channel] = True
+        else:
+            raise ChannelFailure(f"task {self.spec.id}: {msg[1]}")
