@@ -9,7 +9,7 @@ import datetime
 import enum
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epochal.errors import ConfigError
 
@@ -91,6 +91,25 @@ class CheckpointConfig:
             ``None`` disables it.
     """
 
+        history: completed (and aborted) epochs the driver keeps in detail
+            (``JobResult.completed_epochs``, ``JobHandle.completed_epochs``); older ones
+            are only counted and summarised (durations and sizes, p50 / p99 within 1 %), so
+            the driver's memory does not grow with the number of epochs.
+        storage_retry: how long a storage call (a write, rename, read, listing, delete)
+            keeps retrying a transient error — throttling (S3 ``503 SlowDown``), a timeout,
+            a broken connection, the storage being down — with exponential backoff, at most
+            ``timeout``; a permanent one (a missing file, denied access, a full disk) is not
+            retried. A checkpoint whose files or ``_metadata`` still cannot be written is
+            declined and the job runs on: ``tolerable_failures`` decides when it fails.
+        signing_key: a secret (bytes or str, at least 16 bytes) the driver signs every
+            checkpoint's ``_metadata`` with (HMAC-SHA256; ``_metadata`` holds the SHA-256 of
+            every file of the checkpoint) and verifies before restoring one: a checkpoint
+            someone planted or changed in the storage is refused. Keep it outside the
+            storage (an environment variable, a secret manager); ``None``: unsigned.
+        savepoint_targets: locations (URL prefixes) a savepoint requested through the
+            storage (``epochal savepoint trigger``) may be written to, besides the job's own
+            ``<storage>/<job>/savepoints/``; any other location is refused, so whoever can
+            write the storage cannot make the driver write elsewhere.
     interval: float | str | None = 1.0
     storage: str | None = None
     timeout: float | str = 60.0
@@ -103,8 +122,27 @@ class CheckpointConfig:
     requests_poll: float | str | None = 2.0
 
     def __post_init__(self):
+    history: int = 1000
+    storage_retry: float | str = 30.0
+    signing_key: bytes | str | None = field(default=None, repr=False)
+    savepoint_targets: tuple = ()
         object.__setattr__(self, "requests_poll",
                            parse_duration(self.requests_poll, "checkpoint.requests_poll", optional=True))
+        object.__setattr__(self, "storage_retry", parse_duration(self.storage_retry, "checkpoint.storage_retry"))
+        if self.signing_key is not None:
+            from epochal.backends.signing import key_bytes
+
+            try:
+                object.__setattr__(self, "signing_key", key_bytes(self.signing_key))
+            except ValueError as exc:
+                raise ConfigError(f"checkpoint.signing_key: {exc}") from None
+        targets = self.savepoint_targets
+        if isinstance(targets, str):
+            targets = (targets,)
+        if not isinstance(targets, (tuple, list)) or not all(isinstance(t, str) and "://" in t for t in targets):
+            raise ConfigError(f"checkpoint.savepoint_targets: expected a list of URL prefixes (e.g. "
+                              f"['s3://backups/'] ), got {self.savepoint_targets!r}")
+        object.__setattr__(self, "savepoint_targets", tuple(targets))
         if self.requests_poll is not None and self.requests_poll <= 0:
             raise ConfigError("checkpoint.requests_poll: must be > 0 (or None to ignore requests)")
         if not isinstance(self.unaligned, bool):
@@ -118,7 +156,7 @@ class CheckpointConfig:
         if self.timeout <= 0:
             raise ConfigError("checkpoint.timeout: must be > 0")
         object.__setattr__(self, "min_pause", parse_duration(self.min_pause, "checkpoint.min_pause"))
-        for key in ("max_concurrent", "retained"):
+        for key in ("max_concurrent", "retained", "history"):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"checkpoint.{key}: must be an integer >= 1, got {v!r}")

@@ -88,12 +88,12 @@ def _collect_shared(storage, kept: list[int], newest: int, referenced: set[str])
         if doc is None:  # vanished meanwhile: be safe, delete nothing this time
             return
         referenced.update(h.path for h in state_handles(doc["meta"]))
+    storage.shared_gc = (newest, frozenset(referenced))  # before deleting: an interrupted pass errs safe
     for rel in files:
         m = SHARED_EPOCH.match(rel.rsplit("/", 1)[-1])
         if rel in referenced or m is None or int(m.group(1)) > newest:
             continue
         path = f"{storage.root}/{rel}"
-        storage.deleted_shared.add(rel)
         with storage.io_errors("delete", path), contextlib.suppress(FileNotFoundError):
             storage.fs.rm_file(path)
 

@@ -140,9 +140,10 @@ class CheckpointStorage:
         self._local = isinstance(self.fs, LocalFileSystem)
         # epoch -> reason, found by latest_restorable(); retain() does not count these
         self.unrestorable: dict[int, str] = {}
-        # shared files retain() deleted (relative paths): a checkpoint still referencing
-        # one (a task with a stale base) must not complete
-        self.deleted_shared: set[str] = set()
+        # (newest completed epoch, shared files kept) of retain()'s last collection of shared
+        # files: what shared_deleted() answers from (bounded by the retained checkpoints'
+        # files, never by the number of files ever deleted)
+        self.shared_gc: tuple[int, frozenset] | None = None
         return base
 
     @property
@@ -382,6 +383,24 @@ class CheckpointStorage:
         rel = f"{SHARED_DIR}/{owner}/{name}"
         self._put(f"{self.root}/{rel}", data)
         return StateHandle(rel, len(data), sha256 or hashlib.sha256(data).hexdigest())
+
+    def shared_deleted(self, rel: str) -> bool:
+        """Whether retention deleted (or may have deleted) shared file ``rel``, so that a
+        checkpoint still referencing it (a task with a stale base) must not complete.
+
+        True exactly for the files retain()'s last collection found unreachable: first
+        uploaded at an epoch not newer than the newest completed one, referenced neither by
+        a kept checkpoint nor by an acknowledgement then in flight. A file deleted by an
+        earlier collection stays unreachable in every later one (an acknowledgement
+        referencing it is declined, and nothing uploads under an old epoch's name), so the
+        last collection's view covers every deletion ever made — in memory bounded by the
+        kept checkpoints' files, whatever the number of epochs."""
+        state = self.shared_gc
+        if state is None:
+            return False
+        newest, kept = state
+        m = SHARED_EPOCH.match(rel.rsplit("/", 1)[-1])
+        return m is not None and int(m.group(1)) <= newest and rel not in kept
 
     def shared_files(self) -> list[str]:
         """Relative paths of every shared file present (temp files excluded), sorted."""

@@ -21,7 +21,7 @@ log = logging.getLogger("epochal.progress")
 class Reporter:
     """Publishes progress events of one job (see the module docstring).
 
-    ``source()`` returns ``(driver_state, live, completed)`` for
+    ``source()`` returns ``(driver_state, live, history)`` for
     :meth:`~epochal.metrics.progress.ProgressBuilder.build`; it is called on the reporter
     thread and on threads asking :meth:`snapshot`.
     """

@@ -43,6 +43,7 @@ import traceback
 from dataclasses import dataclass, field
 
 from epochal.epochs.coordinator import EpochCoordinator
+from epochal.epochs.history import EpochHistory
 from epochal.epochs.pending import TriggerReason
 from epochal.loops.termination import in_flight_at_cut
 from epochal.runtime.transport import wire
@@ -96,8 +97,9 @@ class CoordinatorServer:
         self.started = False
         self.exhausted: set[str] = set()
         self.finished: dict[str, dict] = {}
-        self.completed: list[dict] = []
-        self.aborted: list[dict] = []
+        #: the attempt's completed and aborted epochs: the newest ``checkpoint.history`` in
+        #: detail, all of them counted and summarised (bounded memory, epochal.epochs.history)
+        self.history = EpochHistory(config.history)
         self.highest_triggered = first_epoch - 1
         self.inbox: queue.Queue = queue.Queue()
         self._secondary: tuple[float, str] | None = None
@@ -130,6 +132,16 @@ class CoordinatorServer:
         self._thread.start()
 
     # ------------------------------------------------------------------ public
+    @property
+    def completed(self) -> list[dict]:
+        """The newest completed epochs of this attempt (``checkpoint.history`` at most), oldest first."""
+        return self.history.completed
+
+    @property
+    def aborted(self) -> list[dict]:
+        """The newest aborted epochs of this attempt, oldest first."""
+        return self.history.aborted
+
     def trigger_epoch(self) -> None:
         """Manual trigger from the API (thread-safe)."""
         self.inbox.put(("manual",))
@@ -218,7 +230,7 @@ class CoordinatorServer:
     def _tick(self, now: float) -> None:
         self._apply(self.coordinator.check_timeouts(now))
         if self.coordinator.failure_budget_exceeded:
-            last = self.aborted[-1]["detail"] if self.aborted else ""
+            last = (self.history.latest_aborted or {}).get("detail", "")
             self._finish_attempt(False, f"more than {self.config.tolerable_failures} consecutive failed "
                                         f"checkpoints (checkpoint.tolerable_failures); last: {last}")
             return
@@ -253,7 +265,7 @@ class CoordinatorServer:
                 self.times["running"] = now
         elif kind == "ack":
             _, epoch, payload = msg
-            gone = [h["path"] for h in payload.get("shared", ()) if h["path"] in self.storage.deleted_shared]
+            gone = [h["path"] for h in payload.get("shared", ()) if self.storage.shared_deleted(h["path"])]
             if gone:  # a task with a stale base reused a file retention already deleted
                 self._apply(self.coordinator.decline(
                     payload["task"], epoch, f"task {payload['task']}: snapshot references {gone[0]}, "
@@ -330,7 +342,7 @@ class CoordinatorServer:
 
     def _apply(self, progress) -> None:
         for aborted in progress.aborted:
-            self.aborted.append({"epoch": aborted.epoch, "reason": aborted.reason.value, "detail": aborted.detail})
+            self.history.add_aborted({"epoch": aborted.epoch, "reason": aborted.reason.value, "detail": aborted.detail})
             self.log(f"epoch {aborted.epoch} aborted ({aborted.reason.value}): {aborted.detail}")
             self._broadcast(("abort", aborted.epoch))
             try:
@@ -377,7 +389,7 @@ class CoordinatorServer:
                            for h in a.get("shared", ())}
         self.storage.retain(self.config.retained, protect=in_flight_files, pinned=self.savepoints.pinned)
         metrics = [dict(p.get("metrics", {})) for p in completed.acks.values()]
-        self.completed.append({
+        self.history.add_completed({
             "epoch": completed.epoch,
             "reason": completed.reason.value,
             "duration_s": completed.duration,

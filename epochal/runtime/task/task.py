@@ -34,6 +34,7 @@ from epochal.alignment.channel_state import ChannelStateRecorder
 from epochal.backends.storage import CheckpointStorage
 from epochal.errors import ChannelSetupError, ConfigError, EpochalError, OperatorError, TaskStartError
 from epochal.loops.head import LOOP_LOG, LoopHeadProtocol
+from epochal.metrics.quantiles import Summary
 from epochal.operators.base import OperatorContext
 from epochal.operators.factory import create_operator
 from epochal.runtime.task.attempt import AttemptSpec
@@ -101,10 +102,13 @@ class Task(ReadSteps, BarrierSteps):
         self.loop: LoopHeadProtocol | None = None
         if self.spec.is_loop_head:
             self.loop = LoopHeadProtocol(range(self.n_aligned, len(self.spec.inputs)), self.recorder)
-        self._barrier_ts: dict[int, float] = {}  # epoch -> trigger time, for barriers forwarded later
+        # epoch -> trigger time, for barriers forwarded later; entries up to a snapshot's epoch
+        # are dropped with it, so at most the epochs in flight are kept
+        self._barrier_ts: dict[int, float] = {}
+        # timings as streaming summaries (count, sum, max, p50, p99): bounded over any run
         self.metrics = {"task": self.spec.id, "host": self.node, "source": self.spec.is_source, "records_in": 0,
                         "snapshots": 0, "unaligned_snapshots": 0, "channel_state_replayed": 0, "channel_state_watermarks": 0,
-                        "alignment_s": [], "sync_s": [], "loop_replayed": 0}
+                        "alignment_s": Summary(), "sync_s": Summary(), "loop_replayed": 0}
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> dict:
@@ -375,6 +379,7 @@ class Task(ReadSteps, BarrierSteps):
                 self.recorder.drop(msg[1])
                 if self.loop is not None:
                     self.loop.abort(msg[1])
+                self._barrier_ts.pop(msg[1], None)
                 if self.backend is not None:
                     self.backend.notify_epoch_aborted(msg[1])
             elif kind == "release_end":  # a loop head: the loop is quiescent, event time may end
@@ -413,7 +418,7 @@ class Task(ReadSteps, BarrierSteps):
         }
 
     def _final_metrics(self) -> dict:
-        m = dict(self.metrics)
+        m = {k: v.to_dict() if isinstance(v, Summary) else v for k, v in self.metrics.items()}
         m["records_out"] = self.router.records_out
         m["backpressure_s"] = sum(o.blocked_seconds for o in self.outputs.values())
         m["max_buffered_batches"] = self.gate.buffered_batches_max
