@@ -15,6 +15,8 @@ from epochal.errors import ConfigError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")
 _UNIT = {None: 1.0, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+#: the largest frame a receiver accepts (epochal.runtime.transport.wire.MAX_FRAME)
+MAX_FRAME_BYTES = 1 << 30
 
 
 def parse_duration(value, key: str, *, optional: bool = False) -> float | None:
@@ -89,8 +91,6 @@ class CheckpointConfig:
             from another process (``epochal savepoint trigger``,
             :mod:`epochal.runtime.driver.requests`): one listing of ``<job>/_requests`` per poll.
             ``None`` disables it.
-    """
-
         history: completed (and aborted) epochs the driver keeps in detail
             (``JobResult.completed_epochs``, ``JobHandle.completed_epochs``); older ones
             are only counted and summarised (durations and sizes, p50 / p99 within 1 %), so
@@ -110,6 +110,8 @@ class CheckpointConfig:
             storage (``epochal savepoint trigger``) may be written to, besides the job's own
             ``<storage>/<job>/savepoints/``; any other location is refused, so whoever can
             write the storage cannot make the driver write elsewhere.
+    """
+
     interval: float | str | None = 1.0
     storage: str | None = None
     timeout: float | str = 60.0
@@ -120,14 +122,12 @@ class CheckpointConfig:
     unaligned: bool = False
     aligned_timeout: float | str | None = None
     requests_poll: float | str | None = 2.0
-
-    def __post_init__(self):
     history: int = 1000
     storage_retry: float | str = 30.0
     signing_key: bytes | str | None = field(default=None, repr=False)
     savepoint_targets: tuple = ()
-        object.__setattr__(self, "requests_poll",
-                           parse_duration(self.requests_poll, "checkpoint.requests_poll", optional=True))
+
+    def __post_init__(self):
         object.__setattr__(self, "storage_retry", parse_duration(self.storage_retry, "checkpoint.storage_retry"))
         if self.signing_key is not None:
             from epochal.backends.signing import key_bytes
@@ -143,6 +143,8 @@ class CheckpointConfig:
             raise ConfigError(f"checkpoint.savepoint_targets: expected a list of URL prefixes (e.g. "
                               f"['s3://backups/'] ), got {self.savepoint_targets!r}")
         object.__setattr__(self, "savepoint_targets", tuple(targets))
+        object.__setattr__(self, "requests_poll",
+                           parse_duration(self.requests_poll, "checkpoint.requests_poll", optional=True))
         if self.requests_poll is not None and self.requests_poll <= 0:
             raise ConfigError("checkpoint.requests_poll: must be > 0 (or None to ignore requests)")
         if not isinstance(self.unaligned, bool):
@@ -200,6 +202,18 @@ class ChannelConfig:
             at its measured rate (between 2 and ``credits``), so queues in front of a slow
             task stay short and a barrier behind them waits about this long at most.
             ``None`` (default): ``credits`` batches per channel.
+        batch_bytes: a batch is also cut when it would encode to about this many bytes (the
+            sender learns each channel's bytes per record), so ``credits`` bounds what a
+            receiver buffers in bytes too, not only in batches.
+        max_frame_bytes: no frame is larger: a batch that encodes to more is split before
+            it is sent (an Arrow batch by rows), and a single record over it fails the job
+            naming the operator that produced it (at most 1 GiB, the receivers' limit).
+        feedback_memory_bytes: what waits in memory on a loop's feedback channel (which
+            has no credit: the loop must never block) — beyond it, frames wait in a local
+            temporary file until the loop head reaches them.
+        log_memory_bytes: what a loop head's in-transit log or an unaligned checkpoint's
+            channel-state log holds in memory per epoch; beyond it the log spills to a local
+            temporary file (it is uploaded with the checkpoint either way).
     """
 
     batch_size: int = 512
@@ -207,6 +221,10 @@ class ChannelConfig:
     credits: int = 8
     encryption: bool | None = None
     in_flight: float | str | None = None
+    batch_bytes: int = 4 << 20
+    max_frame_bytes: int = 64 << 20
+    feedback_memory_bytes: int = 64 << 20
+    log_memory_bytes: int = 64 << 20
 
     def __post_init__(self):
         object.__setattr__(self, "linger", parse_duration(self.linger, "channels.linger"))
@@ -216,10 +234,14 @@ class ChannelConfig:
         if self.encryption is not None and not isinstance(self.encryption, bool):
             raise ConfigError(f"channels.encryption: expected True, False or None (automatic), "
                               f"got {self.encryption!r}")
-        for key in ("batch_size", "credits"):
+        for key in ("batch_size", "credits", "batch_bytes", "max_frame_bytes", "feedback_memory_bytes",
+                    "log_memory_bytes"):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"channels.{key}: must be an integer >= 1, got {v!r}")
+        if self.max_frame_bytes > MAX_FRAME_BYTES:
+            raise ConfigError(f"channels.max_frame_bytes: at most {MAX_FRAME_BYTES} (1 GiB, what a receiver accepts), "
+                              f"got {self.max_frame_bytes}")
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,22 @@ import collections
 import os
 import pickle
 import threading
+import time
 
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import epochal as ep
 from epochal.loops.log import InTransitLog, replay
+from epochal.runtime.transport import wire
+from epochal.runtime.transport.channels import END, InputGate, OutputChannel
 from epochal.runtime.transport.frames import BatchSizer, RecordTooLarge, Unencodable, encode_within
 from epochal.runtime.transport.spill import SpillQueue
+from epochal.testing import CrashAtRecord
+
+from pipelines import collatz, collatz_golden, output, unique_dir
 
 
 class MemoryStorage:
@@ -117,7 +124,7 @@ def test_encode_within_splits_a_batch_until_every_frame_fits():
 
 
 def test_encode_within_slices_an_arrow_batch_by_rows():
-    from epochal.runtime.channels import encode_batch
+    from epochal.runtime.transport.channels import encode_batch
 
     batch = pa.record_batch({"s": ["z" * 1000] * 500})
     parts = encode_within([batch], 60_000, encode_batch)
@@ -141,3 +148,46 @@ def test_batch_sizer_keeps_batches_near_batch_bytes():
     assert 50 <= s.size <= 64
     s.observe(records=100, nbytes=100)
     assert s.size > 64
+
+
+def test_a_feedback_channel_keeps_its_budget_in_memory_and_the_rest_on_disk():
+    """An input gate's unbounded (loop feedback) channel over a real connection: 100 frames
+    of 1 KB against a 10 KB budget, nothing consumed — most wait on disk, memory holds the
+    budget; then every message comes out in order."""
+    cid = "more>loop.1:0>0"
+    cv = threading.Condition()
+    gate = InputGate((cid,), 8, cv, unbounded=frozenset({0}), unbounded_memory_bytes=10_000)
+    key = os.urandom(32)
+    server = wire.Server(key, gate.attach)
+    out = OutputChannel(cid, wire.connect(server.address, key, {"channel": cid}), cv)
+    try:
+        for i in range(100):
+            out.send_batch([("r", i, "z" * 1000)], lambda: False)
+        out.send_event((END,))
+        deadline = time.monotonic() + 30
+        with cv:
+            while len(gate.queues[0]) < 101 and time.monotonic() < deadline:
+                cv.wait(0.05)
+        queue = gate.queues[0]
+        assert len(queue) == 101 and queue.spilled >= 85 and queue.memory_held <= 10_000, \
+            (len(queue), queue.spilled, queue.memory_held)
+        got = [gate.poll(frozenset()) for _ in range(101)]
+        assert [msg[1][0][1] for _, msg in got[:100]] == list(range(100)) and got[100][1] == (END,)
+        assert gate.spilled_frames == queue.spilled and not queue
+    finally:
+        out.close()
+        gate.close()
+        server.close()
+
+
+def test_a_loop_whose_feedback_spills_to_disk_is_exactly_once(tmp_path):
+    """Collatz through a loop whose feedback channels keep 1 byte in memory (every frame
+    queued behind another waits on disk), with a crash: the output equals plain Python's."""
+    out = unique_dir(tmp_path, "out")
+    result = collatz("spill", out, n=400, rate=None).run(
+        runtime="local", channels=ep.ChannelConfig(feedback_memory_bytes=1, batch_size=16),
+        faults=[CrashAtRecord("step", subtask=0, record=300, how="exit")],
+        checkpoint=ep.CheckpointConfig(interval=0.05, storage="file://" + unique_dir(tmp_path, "c")))
+    assert result.attempts == 2, result.failures
+    assert output(out) == collatz_golden(400)
+    assert sum(m.get("feedback_spilled_frames", 0) for m in result.task_metrics.values()) > 0

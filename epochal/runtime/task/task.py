@@ -32,7 +32,7 @@ import traceback
 
 from epochal.alignment.channel_state import ChannelStateRecorder
 from epochal.backends.storage import CheckpointStorage
-from epochal.errors import ChannelSetupError, ConfigError, EpochalError, OperatorError, TaskStartError
+from epochal.errors import ChannelSetupError, ConfigError, DataError, EpochalError, OperatorError, TaskStartError
 from epochal.loops.head import LOOP_LOG, LoopHeadProtocol
 from epochal.metrics.quantiles import Summary
 from epochal.operators.base import OperatorContext
@@ -88,7 +88,8 @@ class Task(ReadSteps, BarrierSteps):
         self.priority = components.priority_barriers  # unaligned snapshots: barriers overtake data
         self.gate = InputGate(self.spec.inputs, attempt.channels.credits, self.cv,
                               unbounded=frozenset(range(self.n_aligned, len(self.spec.inputs))),
-                              announce_barriers=self.priority, in_flight=attempt.channels.in_flight)
+                              announce_barriers=self.priority, in_flight=attempt.channels.in_flight,
+                              unbounded_memory_bytes=attempt.channels.feedback_memory_bytes)
         self.handler = components.barrier_handler(self.n_aligned)
         self.clock = WatermarkTracker(self.n_aligned)  # event time of the task's input (epochal.time)
         self._end_held = False  # a loop head holds the end of input until the loop is quiescent
@@ -98,7 +99,8 @@ class Task(ReadSteps, BarrierSteps):
         self.recorder = ChannelStateRecorder(
             log_key=lambda c: LOOP_LOG if c >= self.n_aligned else self.spec.inputs[c],
             attach=self._attach_channel_state, memory_records=memory,
-            discard=frozenset() if self.faults.loop_log_enabled else frozenset({LOOP_LOG}))
+            discard=frozenset() if self.faults.loop_log_enabled else frozenset({LOOP_LOG}),
+            memory_bytes=attempt.channels.log_memory_bytes)
         self.loop: LoopHeadProtocol | None = None
         if self.spec.is_loop_head:
             self.loop = LoopHeadProtocol(range(self.n_aligned, len(self.spec.inputs)), self.recorder)
@@ -198,7 +200,8 @@ class Task(ReadSteps, BarrierSteps):
                 self.outputs[cid] = OutputChannel(cid, conn, self.cv)
         ch = self.attempt.channels
         self.router = Router(self.spec.outputs, self.outputs, ch.batch_size, ch.linger,
-                             self.plan.max_parallelism, self.spec.id, self._check_cancelled)
+                             self.plan.max_parallelism, self.spec.id, self._check_cancelled,
+                             batch_bytes=ch.batch_bytes, max_frame_bytes=ch.max_frame_bytes)
         storage = CheckpointStorage(self.attempt.storage_url, self.plan.job)
         self.uploader = Uploader(self.spec.id, storage, self._send, self.faults)
         t_restore = time.monotonic()
@@ -274,10 +277,11 @@ class Task(ReadSteps, BarrierSteps):
         # A broken channel is usually the echo of another task's failure: the coordinator
         # prefers a primary cause that arrives shortly after.
         secondary = isinstance(exc, ChannelFailure)
-        # A ConfigError (e.g. state that cannot be rescaled) is deterministic: restarting
-        # the attempt would fail the same way, so the job fails at once.
+        # A ConfigError (e.g. state that cannot be rescaled) or a DataError (input that
+        # cannot be read, decoded or encoded) is deterministic: restarting the attempt would
+        # fail the same way, so the job fails at once.
         try:
-            flags = {"secondary": secondary, "fatal": isinstance(exc, ConfigError)}
+            flags = {"secondary": secondary, "fatal": isinstance(exc, (ConfigError, DataError))}
             if isinstance(exc, OperatorError):  # the driver stops retrying a record that fails every time
                 flags["poison"] = [exc.operator, exc.record_repr, exc.cause.split(":", 1)[0]]
             lost = wire.lost_host(exc)
@@ -375,11 +379,11 @@ class Task(ReadSteps, BarrierSteps):
                 if len(msg) > 2 and msg[2]:  # stopping with a savepoint: confirm the commit (runtime/driver/savepoints.py)
                     self._send(("committed", self.spec.id, msg[1]))
             elif kind == "abort":  # coordinator gave up the epoch: release alignment and loop logging
+                self._barrier_ts.pop(msg[1], None)
                 self.handler.abort_epoch(msg[1])
                 self.recorder.drop(msg[1])
                 if self.loop is not None:
                     self.loop.abort(msg[1])
-                self._barrier_ts.pop(msg[1], None)
                 if self.backend is not None:
                     self.backend.notify_epoch_aborted(msg[1])
             elif kind == "release_end":  # a loop head: the loop is quiescent, event time may end
@@ -422,6 +426,10 @@ class Task(ReadSteps, BarrierSteps):
         m["records_out"] = self.router.records_out
         m["backpressure_s"] = sum(o.blocked_seconds for o in self.outputs.values())
         m["max_buffered_batches"] = self.gate.buffered_batches_max
+        m["feedback_spilled_frames"] = self.gate.spilled_frames  # loop feedback beyond its memory budget
+        if hasattr(self, "router"):
+            m["largest_frame_bytes"] = self.router.largest_frame
+            m["unencodable_records"] = self.router.unencodable  # sent to dead letters
         if hasattr(self, "chain"):
             m["watermark"] = self.chain.output.watermark
         return m

@@ -23,6 +23,8 @@ import tempfile
 import threading
 from typing import Callable
 
+from epochal import serde
+
 __all__ = ["SpillQueue"]
 
 _LEN = struct.Struct("!Q")
@@ -51,6 +53,7 @@ class SpillQueue:
         #: frames that went to disk (cumulative), and the most frame bytes held in memory
         self.spilled = 0
         self.peak_memory_bytes = 0
+        self._closed = False
 
     # ------------------------------------------------------------------ reader side
     def put(self, message, frame) -> bool:
@@ -58,6 +61,8 @@ class SpillQueue:
         disk (then only ``frame`` is kept)."""
         size = len(frame)
         with self._lock:
+            if self._closed:  # the task ended: nothing reads this queue any more
+                return False
             if self._on_disk or (self._mem and self._mem_bytes + size > self.memory_bytes):
                 self._spill(frame)
                 return True
@@ -83,9 +88,9 @@ class SpillQueue:
     def append(self, message) -> None:
         """Queue a message outside the budget (a marker the gate adds itself)."""
         with self._lock:
+            if self._closed:
+                return
             if self._on_disk:
-                from epochal import serde
-
                 self._spill(serde.dumps(message))
             else:
                 self._mem.append((message, 0))
@@ -152,6 +157,7 @@ class SpillQueue:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
