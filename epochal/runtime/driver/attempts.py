@@ -305,7 +305,7 @@ class JobDriver:
             server.trigger_epoch()
         attempt = AttemptSpec(self.plan_blob, generation, key, server.address, self.components, self.channels,
                               self.url, self.faults, bind, self.backend, tls, self.metrics_config.interval,
-                              self.peer_timeout)
+                              self.peer_timeout, storage_retry=self.storage.retry.deadline)
         payload = cloudpickle.dumps(attempt)
 
         exited = threading.Event()

@@ -31,6 +31,7 @@ import time
 import traceback
 
 from epochal.alignment.channel_state import ChannelStateRecorder
+from epochal.backends.retry import RetryPolicy
 from epochal.backends.storage import CheckpointStorage
 from epochal.errors import ChannelSetupError, ConfigError, DataError, EpochalError, OperatorError, TaskStartError
 from epochal.loops.head import LOOP_LOG, LoopHeadProtocol
@@ -202,7 +203,8 @@ class Task(ReadSteps, BarrierSteps):
         self.router = Router(self.spec.outputs, self.outputs, ch.batch_size, ch.linger,
                              self.plan.max_parallelism, self.spec.id, self._check_cancelled,
                              batch_bytes=ch.batch_bytes, max_frame_bytes=ch.max_frame_bytes)
-        storage = CheckpointStorage(self.attempt.storage_url, self.plan.job)
+        storage = CheckpointStorage(self.attempt.storage_url, self.plan.job,
+                                    retry_policy=RetryPolicy(deadline=self.attempt.storage_retry))
         self.uploader = Uploader(self.spec.id, storage, self._send, self.faults)
         t_restore = time.monotonic()
         restored: RestoredState = load_restored_state(self.plan, self.spec, restore, storage)
