@@ -53,3 +53,74 @@ def test_the_metrics_endpoint_binds_loopback_unless_told_otherwise():
         exposed.close()
     with pytest.raises(ConfigError, match="metrics.prometheus_host"):
         ep.MetricsConfig(prometheus_host="")
+
+
+# ------------------------------------------------------------------ signed checkpoints
+def _plant(storage, source_epoch: int, epoch: int) -> None:
+    """What someone who can write the storage (not the key) can do: a newer checkpoint made
+    of an existing one's files, with a ``_metadata`` of their own."""
+    import json
+
+    from epochal.backends.layout import chk_name
+
+    src, dst = f"{storage.root}/{chk_name(source_epoch)}", f"{storage.root}/{chk_name(epoch)}"
+    storage.fs.copy(src, dst, recursive=True)
+    doc = json.loads(storage.fs.cat_file(f"{dst}/_metadata"))
+    doc.pop("signature", None)
+    doc["epoch"] = doc["meta"]["epoch"] = epoch
+    storage.fs.pipe_file(f"{dst}/_metadata", json.dumps(doc).encode())
+
+
+def test_a_checkpoint_planted_in_the_storage_is_not_restored(tmp_path, caplog):
+    """With ``signing_key`` every ``_metadata`` carries an HMAC over the document (which
+    holds every file's SHA-256); a checkpoint planted without the key is skipped on
+    resume — the job restores the newest signed one and its output equals the oracle —
+    and another key restores nothing."""
+    from epochal.backends.storage import CheckpointStorage
+
+    from pipelines import output, run_until_checkpoints, unique_dir, wordcount, wordcount_oracle
+
+    key = b"signing key of the job, 32 bytes"
+    url, out = "file://" + unique_dir(tmp_path, "c"), unique_dir(tmp_path, "out")
+    handle = wordcount("signed", out, n_lines=2000, rate=100.0).start(
+        runtime="local", checkpoint=ep.CheckpointConfig(interval=0.05, storage=url, signing_key=key))
+    try:
+        import time
+
+        deadline = time.monotonic() + 60
+        while len(handle.completed_epochs) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        handle.cancel()
+        with pytest.raises(ep.JobFailedError, match="cancelled"):
+            handle.wait(60)
+    plain = CheckpointStorage(url, "signed")
+    newest = plain.completed_checkpoints()[-1]
+    assert "signature" in plain.load_metadata(newest)
+    _plant(plain, newest, newest + 100)
+    assert plain.latest_restorable()[0] == newest + 100  # without a key the planted one would be restored
+    assert CheckpointStorage(url, "signed", signing_key=key).latest_restorable()[0] == newest
+
+    result = wordcount("signed", out, n_lines=2000, rate=None).run(
+        runtime="local", resume=True, checkpoint=ep.CheckpointConfig(interval=0.05, storage=url, signing_key=key))
+    assert result.restored_from[0] == newest
+    assert "_metadata is not trusted: it is not signed" in caplog.text
+    assert output(out) == wordcount_oracle(2000)
+
+    with pytest.raises(Exception, match="signed with another key"):
+        CheckpointStorage(url, "signed", signing_key=b"another key, also 32 bytes long!").latest_restorable()
+    with pytest.raises(ConfigError, match="checkpoint.signing_key: a signing key must have at least 16 bytes"):
+        ep.CheckpointConfig(signing_key="short")
+    assert "signing" not in repr(ep.CheckpointConfig(signing_key=key))  # never printed
+
+
+def test_restore_from_refuses_a_savepoint_not_signed_with_the_key(tmp_path):
+    from pipelines import run_until_checkpoints, unique_dir, wordcount
+
+    url = "file://" + unique_dir(tmp_path, "c")
+    run_until_checkpoints(wordcount("unsigned", unique_dir(tmp_path, "o1"), n_lines=2000, rate=100.0), url, 1, False)
+    flow = wordcount("restored", unique_dir(tmp_path, "o2"), n_lines=2000)
+    with pytest.raises(ConfigError, match="restore_from .*: its _metadata is not trusted: it is not signed"):
+        flow.start(runtime="local", restore_from=f"{url}/unsigned",
+                   checkpoint=ep.CheckpointConfig(storage="file://" + unique_dir(tmp_path, "c2"),
+                                                  signing_key=b"k" * 16))
