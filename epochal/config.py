@@ -139,8 +139,8 @@ class CheckpointConfig:
         targets = self.savepoint_targets
         if isinstance(targets, str):
             targets = (targets,)
-        if not isinstance(targets, (tuple, list)) or not all(isinstance(t, str) and "://" in t for t in targets):
-            raise ConfigError(f"checkpoint.savepoint_targets: expected a list of URL prefixes (e.g. "
+        if not isinstance(targets, (tuple, list)) or not all(isinstance(t, str) and t for t in targets):
+            raise ConfigError(f"checkpoint.savepoint_targets: expected a list of URL prefixes or paths (e.g. "
                               f"['s3://backups/'] ), got {self.savepoint_targets!r}")
         object.__setattr__(self, "savepoint_targets", tuple(targets))
         object.__setattr__(self, "requests_poll",

@@ -124,3 +124,37 @@ def test_restore_from_refuses_a_savepoint_not_signed_with_the_key(tmp_path):
         flow.start(runtime="local", restore_from=f"{url}/unsigned",
                    checkpoint=ep.CheckpointConfig(storage="file://" + unique_dir(tmp_path, "c2"),
                                                   signing_key=b"k" * 16))
+
+
+# ------------------------------------------------------------------ savepoint requests
+def test_savepoint_requests_through_the_storage_may_only_write_under_allowed_prefixes(tmp_path):
+    """Whoever can write the checkpoint storage can ask for a savepoint, but only into the
+    job's own ``savepoints/`` or a ``savepoint_targets`` prefix: another location, or one
+    that climbs out of the prefix with ``..``, is answered with an error and not written."""
+    import os
+
+    from epochal.backends.storage import CheckpointStorage
+    from epochal.runtime.driver import requests
+
+    from pipelines import unique_dir, wordcount
+
+    root, allowed = unique_dir(tmp_path, "c"), unique_dir(tmp_path, "backups")
+    url = "file://" + root
+    handle = wordcount("asked", unique_dir(tmp_path, "out"), n_lines=40_000, rate=200.0).start(
+        runtime="local", checkpoint=ep.CheckpointConfig(interval=0.1, storage=url, requests_poll=0.1,
+                                                        savepoint_targets=[allowed]))
+    storage = CheckpointStorage(url, "asked")
+    try:
+        for refused in (str(tmp_path / "elsewhere"), f"{url}/asked/savepoints/../../escaped", "http://evil/sp"):
+            answer = requests.wait_answer(storage, requests.submit(storage, refused, stop=False), 60)
+            assert answer is not None and "is not allowed for requests through the checkpoint storage" in \
+                answer.get("error", ""), (refused, answer)
+        assert not os.path.exists(tmp_path / "elsewhere") and not os.path.exists(os.path.join(root, "escaped"))
+        for ok in (f"{allowed}/sp-1", None):  # an allowed prefix, the job's default location
+            answer = requests.wait_answer(storage, requests.submit(storage, ok, stop=False), 60)
+            assert answer is not None and "error" not in answer, answer
+            assert os.path.exists(answer["url"].removeprefix("file://") + "/_savepoint")
+    finally:
+        handle.cancel()
+        with pytest.raises(ep.JobFailedError):
+            handle.wait(60)

@@ -199,7 +199,7 @@ class JobDriver:
             from epochal.runtime.driver.requests import RequestWatcher
 
             watcher = RequestWatcher(self.storage, self.request_savepoint, self.checkpoint.requests_poll,
-                                     self.plan.job).start()
+                                     self.plan.job, self.checkpoint.savepoint_targets).start()
         try:
             self.result = self._run()
             self.state = "finished"
