@@ -239,11 +239,15 @@ class FileSinkWriter(TwoPhaseCommitSink):
         """
         staging = self._join(STAGING_DIR)
         self._fs.invalidate_cache(staging)
-        if not self._fs.exists(staging):
+        try:
+            # On an object store the directory is only its files: another subtask cleaning up at
+            # the same time may delete the last one between any check and this listing.
+            staged = self._fs.ls(staging, detail=False)
+        except FileNotFoundError:
             return
         own, p = self.ctx.subtask, self.ctx.parallelism
         mine = f"part-{self._names.tag}-"  # never another job's or sink's staging (take_over)
-        for path in self._fs.ls(staging, detail=False):
+        for path in staged:
             name = posixpath.basename(path)
             m = _STAGED_SUBTASK.search(name)
             j = int(m.group(1)) if m and name.startswith(mine) else -1
