@@ -157,3 +157,16 @@ def test_text_that_is_not_utf8_fails_the_job_at_once_naming_the_file(tmp_path):
     flow = ep.Dataflow("latin", parallelism=1)
     flow.source("lines", ArrowFileSource(str(src_dir))).sink("out", FileSink(unique_dir(tmp_path, "out")))
     _fails_at_once(flow, tmp_path, r"ArrowFileSource\(.*\): file '.*bad.txt' is not UTF-8 text: the line at byte 4")
+
+
+def test_a_record_the_sink_cannot_write_stops_the_retries_after_two_attempts(tmp_path):
+    """csv rows must be dicts: the same record fails the sink in every attempt, so the
+    driver stops after the second (it used to run all four), naming the sink and record."""
+    flow = ep.Dataflow("csv-ints", parallelism=1)
+    flow.source("numbers", ep.sources.CollectionSource(range(10))).sink("out", FileSink(unique_dir(tmp_path, "o"),
+                                                                                        format="csv"))
+    with pytest.raises(ep.JobFailedError, match=r"stopped retrying: operator 'out' failed on the same record in two "
+                                                r"attempts in a row .*record 0") as failed:
+        flow.run(runtime="local", restart=ep.RestartStrategy(max_attempts=5),
+                 checkpoint=ep.CheckpointConfig(storage="file://" + unique_dir(tmp_path, "c")))
+    assert len(failed.value.causes) == 2

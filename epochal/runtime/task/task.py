@@ -48,6 +48,7 @@ from epochal.runtime.task.snapshots import Uploader
 from epochal.runtime.task.steps import ReadSteps
 from epochal.runtime.transport import wire
 from epochal.runtime.transport.channels import END, ChannelFailure, InputGate, OutputChannel
+from epochal.sinks.base import SinkWriteError
 from epochal.testing import FaultInjector
 from epochal.time.units import MAX_TIME, now_micros
 from epochal.time.watermarks import WatermarkTracker
@@ -286,6 +287,8 @@ class Task(ReadSteps, BarrierSteps):
             flags = {"secondary": secondary, "fatal": isinstance(exc, (ConfigError, DataError))}
             if isinstance(exc, OperatorError):  # the driver stops retrying a record that fails every time
                 flags["poison"] = [exc.operator, exc.record_repr, exc.cause.split(":", 1)[0]]
+            elif isinstance(exc, SinkWriteError):  # a record the sink cannot write fails every time too
+                flags["poison"] = [exc.sink_name, exc.record_repr, exc.reason.split(":", 1)[0]]
             lost = wire.lost_host(exc)
             if lost is not None:  # a peer's host went silent: the driver waits for Spark to drop it
                 flags["lost_host"] = lost
