@@ -272,12 +272,19 @@ class ClusterConfig:
             connections keep reading. Spark then needs its own heartbeat timeout
             (``spark.network.timeout``) to release the lost host's executors; see README
             "Running on a cluster".
+        allow_insecure_spark_rpc: a job on a cluster is refused when Spark's own RPC is
+            neither authenticated (``spark.authenticate``) nor encrypted
+            (``spark.network.crypto.enabled`` / ``spark.ssl.rpc.enabled``): the per-attempt
+            TLS key and the job secret reach the executors in Spark's task closure, over that
+            RPC, so whoever can read or join it could impersonate tasks and send them pickles.
+            ``True`` runs anyway (with a WARNING each start), for a network only you use.
     """
 
     executor_wait: float | str = 120.0
     startup_timeout: float | str = 300.0
     shared_paths: tuple = ()
     peer_timeout: float | str = 30.0
+    allow_insecure_spark_rpc: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "executor_wait", parse_duration(self.executor_wait, "cluster.executor_wait"))
@@ -288,6 +295,9 @@ class ClusterConfig:
         if self.peer_timeout < 1:
             raise ConfigError(f"cluster.peer_timeout: must be >= 1 s (TCP keepalive counts whole seconds), "
                               f"got {self.peer_timeout!r}")
+        if not isinstance(self.allow_insecure_spark_rpc, bool):
+            raise ConfigError(f"cluster.allow_insecure_spark_rpc: expected True or False, "
+                              f"got {self.allow_insecure_spark_rpc!r}")
         paths = self.shared_paths
         if isinstance(paths, str):
             paths = (paths,)

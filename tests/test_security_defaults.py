@@ -212,3 +212,34 @@ def test_a_wrapper_directory_someone_else_owns_is_refused(monkeypatch, tmp_path)
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     with pytest.raises(java.JavaNotFoundError, match="is not a directory owned by user 0"):
         java.ensure_java()
+
+
+# ------------------------------------------------------------------ Spark's RPC on a cluster
+def test_a_cluster_whose_spark_rpc_is_neither_authenticated_nor_encrypted_is_refused(caplog):
+    """The per-attempt TLS key and job secret reach the executors in Spark's task closure:
+    on a cluster, Spark's RPC must be authenticated or encrypted, unless the user opts out
+    (then a WARNING each start). The secured cluster of tests/test_cluster.py runs the
+    real thing (authenticated, encrypted RPC shared by master, workers and drivers)."""
+    import logging
+
+    from epochal.runtime.launch.spark import check_rpc_security
+
+    with pytest.raises(ConfigError) as info:
+        check_rpc_security({}, "spark://m:7077", allow_insecure=False)
+    text = str(info.value)
+    assert "spark://m:7077 is neither authenticated nor encrypted" in text
+    assert "spark.authenticate=true" in text and "spark.network.crypto.enabled=true" in text
+    assert "ClusterConfig(allow_insecure_spark_rpc=True)" in text
+    with caplog.at_level(logging.WARNING, logger="epochal"):
+        check_rpc_security({"spark.authenticate": "false"}, "spark://m:7077", allow_insecure=True)
+        assert "running anyway: cluster.allow_insecure_spark_rpc=True" in caplog.text
+        caplog.clear()
+        check_rpc_security({"spark.authenticate": "true"}, "spark://m:7077", allow_insecure=False)
+        assert "authenticated but not encrypted" in caplog.text and "spark.network.crypto.enabled=true" in caplog.text
+        caplog.clear()
+        check_rpc_security({"spark.authenticate": "true", "spark.network.crypto.enabled": "TRUE"}, "spark://m:7077",
+                           allow_insecure=False)
+        check_rpc_security({"spark.ssl.rpc.enabled": "true"}, "spark://m:7077", allow_insecure=False)
+        assert caplog.text == ""
+    with pytest.raises(ConfigError, match="cluster.allow_insecure_spark_rpc: expected True or False"):
+        ep.ClusterConfig(allow_insecure_spark_rpc="yes")
