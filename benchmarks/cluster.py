@@ -69,6 +69,9 @@ def driver(args) -> int:
                .config("spark.driver.host", args.driver_host).config("spark.python.worker.reuse", "true"))
     if args.master.startswith("local"):
         builder = builder.config("spark.driver.bindAddress", args.driver_host)
+    else:  # the cluster's authenticated, encrypted RPC (tests/standalone.py)
+        for k, v in json.loads(os.environ.get("EPOCHAL_TEST_SPARK_CONF", "{}")).items():
+            builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     if not args.master.startswith("local"):  # start on a warm cluster: executors on both hosts

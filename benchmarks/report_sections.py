@@ -452,3 +452,34 @@ def section_cluster(doc: dict) -> str:
         + (f" (stop + launch + run, s: {restart})" if restart else "") + f" ({_command(doc)}):",
         ["variant", "steady records/s", "vs local", "checkpoint p50 / p99 ms", "restart s", "hosts",
          "runs"], rows)
+
+
+def section_soak(doc: dict) -> str:
+    def kb(v):
+        return "–" if v is None else f"{v / 1024:.3f}"
+
+    def mb(v):
+        return "–" if v is None else f"{v / 2**20:.0f}"
+
+    rows = []
+    for r in doc["runs"]:
+        g = r["growth"]["rss"]
+        start, end = r.get("rss_after_warmup", {}), r.get("rss_at_end", {})
+        rows.append([r["runtime"], _n(r["epochs"]), _n(r["wall_s"] / 60, ".1f"), _n(r["epochs_per_s"], ".1f"),
+                     _n(r["warmup_epochs"]), kb(g["driver_bytes_per_epoch"]), kb(g["tasks_bytes_per_epoch"]),
+                     kb(g["total_bytes_per_epoch"]), kb(g["jvm_bytes_per_epoch"]),
+                     f"{mb(start.get('driver'))} → {mb(end.get('driver'))}", f"{mb(start.get('tasks'))} → {mb(end.get('tasks'))}",
+                     "yes" if r["growth"]["goal_met"] else "no", str(r["restarts"])])
+    cfg = doc["config"]
+    return _section(
+        "Soak: memory per epoch",
+        f"An unbounded keyed job (generator → key_by → reduce → FileSink, exactly-once, parallelism "
+        f"{cfg['parallelism']}, {cfg['rate']:g} records/s per split) with {cfg['interval'] * 1000:g} ms checkpoints "
+        f"and {cfg['metrics']:g} s progress events, at least {cfg['minutes']:g} min and {cfg['epochs']:,} epochs per "
+        f"runtime; RSS of the driver process and of every task process sampled every {cfg['sample']:g} s from "
+        f"/proc; growth = least-squares slope of RSS against the completed epoch after the warm-up epochs "
+        f"(driver: the Python process; tasks: summed over the task processes; the Spark driver's JVM apart). "
+        f"Goal: at most {doc['runs'][0]['growth']['goal_bytes_per_epoch'] / 1024:g} KB per epoch for driver + "
+        f"tasks ({_command(doc)}):",
+        ["runtime", "epochs", "min", "epochs/s", "warm-up", "driver KB/epoch", "tasks KB/epoch", "total KB/epoch",
+         "JVM KB/epoch", "driver RSS MB", "tasks RSS MB", "goal met", "restarts"], rows)

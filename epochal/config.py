@@ -9,12 +9,14 @@ import datetime
 import enum
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epochal.errors import ConfigError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")
 _UNIT = {None: 1.0, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+#: the largest frame a receiver accepts (epochal.runtime.transport.wire.MAX_FRAME)
+MAX_FRAME_BYTES = 1 << 30
 
 
 def parse_duration(value, key: str, *, optional: bool = False) -> float | None:
@@ -89,6 +91,25 @@ class CheckpointConfig:
             from another process (``epochal savepoint trigger``,
             :mod:`epochal.runtime.driver.requests`): one listing of ``<job>/_requests`` per poll.
             ``None`` disables it.
+        history: completed (and aborted) epochs the driver keeps in detail
+            (``JobResult.completed_epochs``, ``JobHandle.completed_epochs``); older ones
+            are only counted and summarised (durations and sizes, p50 / p99 within 1 %), so
+            the driver's memory does not grow with the number of epochs.
+        storage_retry: how long a storage call (a write, rename, read, listing, delete)
+            keeps retrying a transient error — throttling (S3 ``503 SlowDown``), a timeout,
+            a broken connection, the storage being down — with exponential backoff, at most
+            ``timeout``; a permanent one (a missing file, denied access, a full disk) is not
+            retried. A checkpoint whose files or ``_metadata`` still cannot be written is
+            declined and the job runs on: ``tolerable_failures`` decides when it fails.
+        signing_key: a secret (bytes or str, at least 16 bytes) the driver signs every
+            checkpoint's ``_metadata`` with (HMAC-SHA256; ``_metadata`` holds the SHA-256 of
+            every file of the checkpoint) and verifies before restoring one: a checkpoint
+            someone planted or changed in the storage is refused. Keep it outside the
+            storage (an environment variable, a secret manager); ``None``: unsigned.
+        savepoint_targets: locations (URL prefixes) a savepoint requested through the
+            storage (``epochal savepoint trigger``) may be written to, besides the job's own
+            ``<storage>/<job>/savepoints/``; any other location is refused, so whoever can
+            write the storage cannot make the driver write elsewhere.
     """
 
     interval: float | str | None = 1.0
@@ -101,8 +122,27 @@ class CheckpointConfig:
     unaligned: bool = False
     aligned_timeout: float | str | None = None
     requests_poll: float | str | None = 2.0
+    history: int = 1000
+    storage_retry: float | str = 30.0
+    signing_key: bytes | str | None = field(default=None, repr=False)
+    savepoint_targets: tuple = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "storage_retry", parse_duration(self.storage_retry, "checkpoint.storage_retry"))
+        if self.signing_key is not None:
+            from epochal.backends.signing import key_bytes
+
+            try:
+                object.__setattr__(self, "signing_key", key_bytes(self.signing_key))
+            except ValueError as exc:
+                raise ConfigError(f"checkpoint.signing_key: {exc}") from None
+        targets = self.savepoint_targets
+        if isinstance(targets, str):
+            targets = (targets,)
+        if not isinstance(targets, (tuple, list)) or not all(isinstance(t, str) and t for t in targets):
+            raise ConfigError(f"checkpoint.savepoint_targets: expected a list of URL prefixes or paths (e.g. "
+                              f"['s3://backups/'] ), got {self.savepoint_targets!r}")
+        object.__setattr__(self, "savepoint_targets", tuple(targets))
         object.__setattr__(self, "requests_poll",
                            parse_duration(self.requests_poll, "checkpoint.requests_poll", optional=True))
         if self.requests_poll is not None and self.requests_poll <= 0:
@@ -118,7 +158,7 @@ class CheckpointConfig:
         if self.timeout <= 0:
             raise ConfigError("checkpoint.timeout: must be > 0")
         object.__setattr__(self, "min_pause", parse_duration(self.min_pause, "checkpoint.min_pause"))
-        for key in ("max_concurrent", "retained"):
+        for key in ("max_concurrent", "retained", "history"):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"checkpoint.{key}: must be an integer >= 1, got {v!r}")
@@ -162,6 +202,18 @@ class ChannelConfig:
             at its measured rate (between 2 and ``credits``), so queues in front of a slow
             task stay short and a barrier behind them waits about this long at most.
             ``None`` (default): ``credits`` batches per channel.
+        batch_bytes: a batch is also cut when it would encode to about this many bytes (the
+            sender learns each channel's bytes per record), so ``credits`` bounds what a
+            receiver buffers in bytes too, not only in batches.
+        max_frame_bytes: no frame is larger: a batch that encodes to more is split before
+            it is sent (an Arrow batch by rows), and a single record over it fails the job
+            naming the operator that produced it (at most 1 GiB, the receivers' limit).
+        feedback_memory_bytes: what waits in memory on a loop's feedback channel (which
+            has no credit: the loop must never block) — beyond it, frames wait in a local
+            temporary file until the loop head reaches them.
+        log_memory_bytes: what a loop head's in-transit log or an unaligned checkpoint's
+            channel-state log holds in memory per epoch; beyond it the log spills to a local
+            temporary file (it is uploaded with the checkpoint either way).
     """
 
     batch_size: int = 512
@@ -169,6 +221,10 @@ class ChannelConfig:
     credits: int = 8
     encryption: bool | None = None
     in_flight: float | str | None = None
+    batch_bytes: int = 4 << 20
+    max_frame_bytes: int = 64 << 20
+    feedback_memory_bytes: int = 64 << 20
+    log_memory_bytes: int = 64 << 20
 
     def __post_init__(self):
         object.__setattr__(self, "linger", parse_duration(self.linger, "channels.linger"))
@@ -178,10 +234,14 @@ class ChannelConfig:
         if self.encryption is not None and not isinstance(self.encryption, bool):
             raise ConfigError(f"channels.encryption: expected True, False or None (automatic), "
                               f"got {self.encryption!r}")
-        for key in ("batch_size", "credits"):
+        for key in ("batch_size", "credits", "batch_bytes", "max_frame_bytes", "feedback_memory_bytes",
+                    "log_memory_bytes"):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"channels.{key}: must be an integer >= 1, got {v!r}")
+        if self.max_frame_bytes > MAX_FRAME_BYTES:
+            raise ConfigError(f"channels.max_frame_bytes: at most {MAX_FRAME_BYTES} (1 GiB, what a receiver accepts), "
+                              f"got {self.max_frame_bytes}")
 
 
 @dataclass(frozen=True)
@@ -212,12 +272,19 @@ class ClusterConfig:
             connections keep reading. Spark then needs its own heartbeat timeout
             (``spark.network.timeout``) to release the lost host's executors; see README
             "Running on a cluster".
+        allow_insecure_spark_rpc: a job on a cluster is refused when Spark's own RPC is
+            neither authenticated (``spark.authenticate``) nor encrypted
+            (``spark.network.crypto.enabled`` / ``spark.ssl.rpc.enabled``): the per-attempt
+            TLS key and the job secret reach the executors in Spark's task closure, over that
+            RPC, so whoever can read or join it could impersonate tasks and send them pickles.
+            ``True`` runs anyway (with a WARNING each start), for a network only you use.
     """
 
     executor_wait: float | str = 120.0
     startup_timeout: float | str = 300.0
     shared_paths: tuple = ()
     peer_timeout: float | str = 30.0
+    allow_insecure_spark_rpc: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "executor_wait", parse_duration(self.executor_wait, "cluster.executor_wait"))
@@ -228,6 +295,9 @@ class ClusterConfig:
         if self.peer_timeout < 1:
             raise ConfigError(f"cluster.peer_timeout: must be >= 1 s (TCP keepalive counts whole seconds), "
                               f"got {self.peer_timeout!r}")
+        if not isinstance(self.allow_insecure_spark_rpc, bool):
+            raise ConfigError(f"cluster.allow_insecure_spark_rpc: expected True or False, "
+                              f"got {self.allow_insecure_spark_rpc!r}")
         paths = self.shared_paths
         if isinstance(paths, str):
             paths = (paths,)
@@ -247,8 +317,12 @@ class MetricsConfig:
             quick (it delays the next event, never the job).
         log: log each progress event as one JSON line on the ``epochal.progress`` logger
             (INFO) — the progress lines of a job that runs without a terminal.
-        prometheus_port: serve the metrics at ``http://<driver>:<port>/metrics`` for
+        prometheus_port: serve the metrics at ``http://<prometheus_host>:<port>/metrics`` for
             Prometheus (needs ``pip install 'epochal[metrics]'``); ``None``: off.
+        prometheus_host: the address the endpoint binds: the loopback interface by default,
+            so only processes of the driver's host can read the job's metrics (task hosts,
+            throughput, errors); ``"0.0.0.0"`` (or one of the host's addresses) exposes them
+            to the network, for a Prometheus server on another host.
         status: a live one-line status on the terminal while :meth:`Dataflow.run` blocks:
             ``None`` = when standard error is a terminal.
     """
@@ -258,6 +332,7 @@ class MetricsConfig:
     log: bool = True
     prometheus_port: int | None = None
     status: bool | None = None
+    prometheus_host: str = "127.0.0.1"
 
     def __post_init__(self):
         object.__setattr__(self, "interval", parse_duration(self.interval, "metrics.interval"))
@@ -268,5 +343,8 @@ class MetricsConfig:
         port = self.prometheus_port
         if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536):
             raise ConfigError(f"metrics.prometheus_port: expected a TCP port number, got {port!r}")
+        if not isinstance(self.prometheus_host, str) or not self.prometheus_host:
+            raise ConfigError(f"metrics.prometheus_host: expected an address to bind (e.g. '127.0.0.1' or "
+                              f"'0.0.0.0'), got {self.prometheus_host!r}")
         if self.status not in (None, True, False):
             raise ConfigError(f"metrics.status: expected None, True or False, got {self.status!r}")

@@ -33,6 +33,13 @@ class OperatorError(EpochalError):
         return (OperatorError, (self.operator, self.task, self.record_repr, self.cause))
 
 
+class DataError(EpochalError):
+    """Input the job cannot process, the same way on every attempt: a text file that is not
+    UTF-8, a line longer than the source's limit, a record that cannot be encoded for the
+    wire. Retrying cannot help, so the job fails at once; the message names the source or
+    operator, where in the input, and what to do."""
+
+
 class CheckpointStorageError(EpochalError):
     """Checkpoint storage could not be read or written (or a checksum did not match)."""
 

@@ -118,11 +118,27 @@ def _check_exclusive_outputs(job: str, nodes: dict) -> None:
             seen.append((node.name, loc))
 
 
+def _check_dead_letters_read(job: str, nodes: dict[str, Node]) -> None:
+    """An operator built with ``dead_letters=True`` whose ``.dead_letters()`` nothing reads
+    would drop the records its function fails on (each with a warning, where nobody looks):
+    refused, naming the operators and both fixes."""
+    read = {inp.node for n in nodes.values() for inp in n.inputs if inp.port == "dead_letters"}
+    unread = [n.name for n in nodes.values() if n.dead_letters and n.name not in read]
+    if unread:
+        names = ", ".join(map(repr, unread))
+        raise PipelineDefinitionError(
+            f"dataflow {job!r}: {names} {'is' if len(unread) == 1 else 'are'} built with dead_letters=True but nothing "
+            f"reads {'its' if len(unread) == 1 else 'their'} .dead_letters(): the records the function fails on would "
+            f"be dropped. Sink them (e.g. stream.dead_letters().sink('dlq', FileSink(...))) or build the operator "
+            "without dead_letters, so that such a record fails the job naming it")
+
+
 def compile_plan(flow) -> PhysicalPlan:
     """Validate ``flow`` and build its physical plan.
 
     Raises:
-        PipelineDefinitionError: empty graph, a stream nobody consumes, a source-less graph.
+        PipelineDefinitionError: empty graph, a stream nobody consumes, a source-less graph,
+            dead letters nobody reads.
     """
     nodes: dict[str, Node] = flow.nodes
     if not nodes:
@@ -144,6 +160,7 @@ def compile_plan(flow) -> PhysicalPlan:
         )
     if not any(n.kind == NodeKind.SINK for n in nodes.values()):
         raise PipelineDefinitionError(f"dataflow {flow.name!r} has no sink")
+    _check_dead_letters_read(flow.name, nodes)
 
     check_acyclic(nodes)
     _check_exclusive_outputs(flow.name, nodes)

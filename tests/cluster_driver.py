@@ -50,6 +50,8 @@ def _session(args):
     env.update(dict(kv.split("=", 1) for kv in args.executor_env))
     for k, v in env.items():
         builder = builder.config(f"spark.executorEnv.{k}", v)
+    for k, v in json.loads(os.environ.get("EPOCHAL_TEST_SPARK_CONF", "{}")).items():  # authenticated RPC
+        builder = builder.config(k, v)
     for kv in args.conf:
         k, v = kv.split("=", 1)
         builder = builder.config(k, v)

@@ -12,6 +12,11 @@ root, no ``ip``). Benchmarks use :func:`start_cluster` directly.
 
 Everything the cluster starts is killed and every namespace and link it created is deleted
 at the end, also when a test fails.
+
+Spark's RPC is authenticated and encrypted (a random secret shared by the master, the workers
+and the drivers): epochal refuses a cluster without it. Drivers started by
+:meth:`StandaloneCluster.start_driver` find the settings in ``EPOCHAL_TEST_SPARK_CONF`` (JSON),
+``spark-submit`` gets them from :attr:`StandaloneCluster.spark_conf`.
 """
 from __future__ import annotations
 
@@ -34,6 +39,13 @@ import pytest
 S3_BUCKET = "epochal-cluster"
 S3_KEY = S3_SECRET = "testing"
 REGION = "us-east-1"
+#: environment variable holding the Spark settings a driver needs (JSON; :func:`driver_conf`)
+SPARK_CONF_ENV = "EPOCHAL_TEST_SPARK_CONF"
+
+
+def driver_conf() -> dict:
+    """The Spark settings a driver of the test cluster needs (empty outside one)."""
+    return json.loads(os.environ.get(SPARK_CONF_ENV, "{}"))
 
 
 def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -128,6 +140,20 @@ class StandaloneCluster:
     processes: list[subprocess.Popen] = field(default_factory=list)
     drivers: list[subprocess.Popen] = field(default_factory=list)
     _moto: object = None
+    #: Spark's RPC secret: the master, the workers and every driver authenticate with it
+    #: and encrypt their RPC (what epochal requires on a cluster, epochal.runtime.launch.spark)
+    rpc_secret: str = field(default_factory=lambda: os.urandom(16).hex(), repr=False)
+
+    @property
+    def spark_conf(self) -> dict:
+        """The driver settings this cluster needs: authenticated, encrypted Spark RPC."""
+        return {"spark.authenticate": "true", "spark.authenticate.secret": self.rpc_secret,
+                "spark.network.crypto.enabled": "true"}
+
+    @property
+    def daemon_env(self) -> dict:
+        """Environment of the master and the workers: the same secret, RPC authenticated."""
+        return {"SPARK_DAEMON_JAVA_OPTS": f"-Dspark.authenticate=true -Dspark.authenticate.secret={self.rpc_secret}"}
 
     # ------------------------------------------------------------------ S3
     @property
@@ -159,7 +185,8 @@ class StandaloneCluster:
         env = dict(os.environ)
         env.update(self.s3_env)
         env.update({"SPARK_LOCAL_IP": self.driver_host, "PYSPARK_PYTHON": sys.executable,
-                    "PYSPARK_DRIVER_PYTHON": sys.executable, "SPARK_HOME": spark_home()})
+                    "PYSPARK_DRIVER_PYTHON": sys.executable, "SPARK_HOME": spark_home(),
+                    SPARK_CONF_ENV: json.dumps(self.spark_conf)})
         env.update(extra)
         return env
 
@@ -207,7 +234,7 @@ class StandaloneCluster:
         os.makedirs(h.workdir, exist_ok=True)
         log = open(os.path.join(self.root, f"{h.name}-worker.log"), "ab")
         env = dict(os.environ, SPARK_LOCAL_IP=h.address, SPARK_HOME=spark_home(),
-                   SPARK_WORKER_DIR=h.workdir)
+                   SPARK_WORKER_DIR=h.workdir, **self.daemon_env)
         h.worker = subprocess.Popen(
             ["ip", "netns", "exec", h.name, os.path.join(spark_home(), "bin", "spark-class"),
              "org.apache.spark.deploy.worker.Worker", self.master_url, "--host", h.address,
@@ -305,7 +332,7 @@ def start_cluster(workers: int = 2, cores: int = 8, memory: str = "3g", root: st
             [os.path.join(spark_home(), "bin", "spark-class"), "org.apache.spark.deploy.master.Master",
              "--host", driver_host, "--port", str(master_port), "--webui-port", str(ui_port)],
             stdout=log, stderr=subprocess.STDOUT,
-            env=dict(os.environ, SPARK_LOCAL_IP=driver_host, SPARK_HOME=spark_home()))
+            env=dict(os.environ, SPARK_LOCAL_IP=driver_host, SPARK_HOME=spark_home(), **cluster.daemon_env))
         log.close()
         cluster.processes.append(master)
         for i in range(workers):

@@ -367,6 +367,8 @@ def test_spark_submit_with_a_packed_virtualenv(s3, tmp_path):
     env = cluster.driver_env(PYSPARK_DRIVER_PYTHON=sys.executable, PYSPARK_PYTHON="./env/bin/python")
     submit = [os.path.join(os.path.dirname(sys.executable), "spark-submit"), "--master", cluster.master_url,
               "--archives", f"{archive}#env", "--conf", f"spark.driver.host={cluster.driver_host}"]
+    for k, v in cluster.spark_conf.items():  # the cluster's authenticated, encrypted RPC
+        submit += ["--conf", f"{k}={v}"]
     for k, v in cluster.s3_env.items():
         submit += ["--conf", f"spark.executorEnv.{k}={v}"]
     done = subprocess.run([*submit, os.path.join(repo, "examples", "cluster_wordcount.py"), base],

@@ -143,33 +143,61 @@ def slow(batch):
 def test_unaligned_channel_state_of_batches_is_rerouted_by_key_group(tmp_path):
     """Unaligned checkpoints keep queued Arrow batches as channel state; restored with the
     keyed aggregate at another parallelism, each new subtask replays the rows of its key
-    groups only."""
+    groups only.
+
+    Deterministic: the first run has no periodic epochs and its source never ends (after
+    its lines it yields empty batches), so the only epochs are the ones the test triggers,
+    one at a time. It cancels right after a completed epoch holds channel state: no other
+    epoch can complete in between, so that epoch is the restore point."""
     out, url = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "c")
 
-    def flow(p, rate):
+    def flow(p, fn, rate):
         f = ep.Dataflow("ua-col", parallelism=2)
-        (f.source("lines", ep.sources.GeneratorSource(line_batches, num_splits=SPLITS, schema=LINE_SCHEMA,
+        (f.source("lines", ep.sources.GeneratorSource(fn, num_splits=SPLITS, schema=LINE_SCHEMA,
                                                       records_per_second=rate))
-            .map_batches("split", words).key_by("word").map_batches("slow", slow, parallelism=p)
+            .map_batches("split", words).key_by("word").map_batches("slow", sleepy, parallelism=p)
             .key_by("word").aggregate("count", n=count(), parallelism=p)
             .sink("out", FileSink(out)))
         return f
 
-    handle = flow(2, 60.0).start(runtime="local", channels=ep.ChannelConfig(credits=2),
-                                 checkpoint=ep.CheckpointConfig(interval=0.3, storage=url, unaligned=True))
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (handle.completed_epochs and
-                                               handle.completed_epochs[-1]["channel_state_records"]):
-        time.sleep(0.005)
-    handle.cancel()  # right after the newest checkpoint holds channel state (the next is 0.3 s away)
+    # 3 batches/s per split for 2 s against a stage that takes 0.15 s per batch: the queues
+    # in front of "slow" stay full (credits=2) for seconds, so unaligned epochs capture them
+    handle = flow(2, lines_then_empty_batches, 3.0).start(
+        runtime="local", channels=ep.ChannelConfig(credits=2),
+        checkpoint=ep.CheckpointConfig(interval=None, storage=url, unaligned=True))
+    deadline, held = time.monotonic() + 120, None
+    while held is None and time.monotonic() < deadline and handle.running:
+        seen = len(handle.completed_epochs)
+        handle.trigger_epoch()
+        wait_until = time.monotonic() + 30
+        while len(handle.completed_epochs) == seen and time.monotonic() < wait_until and handle.running:
+            time.sleep(0.005)
+        if len(handle.completed_epochs) > seen and handle.completed_epochs[-1]["channel_state_records"]:
+            held = handle.completed_epochs[-1]["epoch"]
+    handle.cancel()  # no epoch is triggered or pending: the one holding channel state stays the newest
     with pytest.raises(ep.JobFailedError):
         handle.wait(60)
-    assert handle.completed_epochs[-1]["channel_state_records"]
-    result = flow(3, None).run(runtime="local", resume=True, channels=ep.ChannelConfig(credits=2),
-                              checkpoint=ep.CheckpointConfig(interval=0.05, storage=url, unaligned=True))
-    assert result.restored_from[0] is not None
+    assert held is not None, [e["channel_state_records"] for e in handle.completed_epochs]
+    assert handle.completed_epochs[-1]["epoch"] == held
+    result = flow(3, line_batches, None).run(runtime="local", resume=True, channels=ep.ChannelConfig(credits=2),
+                                             checkpoint=ep.CheckpointConfig(interval=0.05, storage=url,
+                                                                            unaligned=True))
+    assert result.restored_from[0] == held
     assert sum(m.get("channel_state_replayed", 0) for m in result.task_metrics.values()) > 0
     check_exactly_once(out)
+
+
+def lines_then_empty_batches(split, offset):
+    """``line_batches``, then empty batches for ever: a source that never ends."""
+    yield from line_batches(split, offset)
+    empty = pa.record_batch([pa.array([], pa.string())], schema=LINE_SCHEMA)
+    while True:
+        yield empty
+
+
+def sleepy(batch):
+    time.sleep(0.15)  # a slow operator (the user's function), not a protocol step
+    return batch
 
 
 def test_columnar_loop(tmp_path):

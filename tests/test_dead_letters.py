@@ -59,6 +59,20 @@ def test_dead_letters_of_an_operator_without_them_is_a_build_error():
         s.map("m2", str, dead_letters="yes")
 
 
+def test_dead_letters_nobody_reads_are_refused_before_any_task_starts(tmp_path):
+    """``dead_letters=True`` with nothing reading ``.dead_letters()`` would drop the failed
+    records: refused when the job is built, naming every such operator and the fixes."""
+    flow = ep.Dataflow("unread-dlq")
+    s = flow.source("in", ep.sources.CollectionSource(["1,1", "2,x"]))
+    s.map("parse", parse, dead_letters=True).map("again", str, dead_letters=True) \
+        .sink("out", FileSink(unique_dir(tmp_path, "o")))
+    with pytest.raises(PipelineDefinitionError,
+                       match=r"'parse', 'again' are built with dead_letters=True but nothing reads their "
+                             r"\.dead_letters\(\).*\.sink\('dlq'"):
+        flow.run(runtime="local", checkpoint=ep.CheckpointConfig(storage="file://" + unique_dir(tmp_path, "c")))
+    assert not list((tmp_path).glob("o*/*"))  # nothing ran, nothing was written
+
+
 def test_without_dead_letters_a_poison_record_fails_the_job_naming_it(tmp_path):
     flow = ep.Dataflow("nodlq")
     flow.source("in", ep.sources.CollectionSource(["1,1", "2,x"])).map("parse", parse) \

@@ -85,11 +85,14 @@ def test_retention_keeps_referenced_shared_files_and_deletes_the_rest(storage):
     left = set(storage.shared_files())
     assert paths[2] | paths[3] <= left
     assert {in_flight.path, protected.path} <= left and orphan.path not in left
-    assert orphan.path in storage.deleted_shared
+    assert storage.shared_deleted(orphan.path)  # an ack still naming it is declined
+    assert not any(storage.shared_deleted(p) for p in paths[2] | paths[3] | {in_flight.path, protected.path})
 
     storage.retain(1)  # keeps 3 only: epoch 1-2's files go
     left = set(storage.shared_files())
     assert paths[3] <= left and not (paths[2] & left) and in_flight.path in left
+    gone = (paths[2] - paths[3]) | {orphan.path}  # deleted by this pass and by the one before
+    assert all(storage.shared_deleted(p) for p in gone) and not any(storage.shared_deleted(p) for p in left)
     assert storage.latest_restorable() is not None
     restored = RocksDBStateBackend(range(0, MAXP))
     restored.restore_from([d3], storage)

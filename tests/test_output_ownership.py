@@ -43,7 +43,7 @@ def test_a_directory_of_another_job_is_refused_unless_taken_over(tmp_path):
     out = unique_dir(tmp_path, "out")
     run(job("first", FileSink(out), n=10), tmp_path)
     with open(os.path.join(out, "_epochal_sink.json")) as f:
-        assert json.load(f) == {"job": "first", "sink": "out0", "format": 1}
+        assert json.load(f) == {"job": "first", "sink": "out0", "format": 1, "file_format": "jsonl"}
     with pytest.raises(ConfigError, match=r"output directory of job 'first' sink 'out0'.*take_over=True"):
         run(job("second", FileSink(out), n=10), tmp_path)
     run(job("second", FileSink(out, take_over=True), n=10), tmp_path)
@@ -74,3 +74,32 @@ def test_a_sink_path_that_is_a_file_fails_at_start_not_after_retries(tmp_path):
     path.write_text("x")
     with pytest.raises(ConfigError, match="is a file, not a directory"):
         run(job("f", FileSink(str(path))), tmp_path)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_read_committed_reads_the_format_the_sink_wrote(tmp_path, fmt):
+    """The ownership marker says the part files' format: read_committed(path) needs no
+    format= (it used to return [] for a parquet sink); a contradicting format= is refused."""
+    out = unique_dir(tmp_path, "out")
+    flow = ep.Dataflow(f"fmt-{fmt}")
+    flow.source("numbers", ep.sources.CollectionSource(list(range(200)), num_splits=1)) \
+        .map("row", lambda x: {"x": x}).sink("out", FileSink(out, format=fmt))
+    run(flow, tmp_path)
+    assert json.loads(open(os.path.join(out, "_epochal_sink.json")).read())["file_format"] == fmt
+    assert sorted(int(r["x"]) for r in read_committed(out)) == list(range(200))  # csv: strings
+    assert read_committed(out) == read_committed(out, format=fmt)
+    with pytest.raises(ConfigError, match=f"the sink wrote '{fmt}' part files.*pass format='{fmt}'"):
+        read_committed(out, format="jsonl")
+
+
+def test_read_committed_without_a_marker_reads_the_one_format_present(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = tmp_path / "plain"
+    d.mkdir()
+    pq.write_table(pa.table({"x": [1, 2]}), d / "part-0.parquet")
+    assert read_committed(str(d)) == [{"x": 1}, {"x": 2}]
+    (d / "part-1.jsonl").write_text('{"x": 3}\n')
+    with pytest.raises(ConfigError, match="part files of several formats \\['jsonl', 'parquet'\\]"):
+        read_committed(str(d))

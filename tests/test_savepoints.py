@@ -313,7 +313,7 @@ def test_a_savepoint_requested_from_another_process_stops_the_job_at_its_cut(tmp
     out, root = unique_dir(tmp_path, "out"), unique_dir(tmp_path, "ckpt")
     storage, url = "file://" + root, str(tmp_path / "sp-outside")
     handle = counting(out).start(runtime="local", checkpoint=ep.CheckpointConfig(
-        interval=0.15, storage=storage, requests_poll=0.2))
+        interval=0.15, storage=storage, requests_poll=0.2, savepoint_targets=[str(tmp_path)]))
     deadline = time.monotonic() + 60
     while len(handle.completed_epochs) < 2:
         assert time.monotonic() < deadline and handle.running, "no 2 epochs within 60 s"

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterable
 
-from epochal.loops.log import InTransitLog
+from epochal.loops.log import DEFAULT_MEMORY_BYTES, InTransitLog
 
 __all__ = ["ChannelStateRecorder"]
 
@@ -50,7 +50,9 @@ class ChannelStateRecorder:
 
     Args:
         log_key: channel index → the key of the log its records go to.
-        memory_records: in-memory bound of each log (spills beyond it).
+        memory_records: in-memory bound of each log in records (spills beyond it).
+        memory_bytes: in-memory bound of each log in bytes of pickled records (spills beyond
+            it; ``ChannelConfig.log_memory_bytes``).
         attach: called as ``attach(upload, logs, counts)`` when an epoch is complete, to
             hand its logs (``{log key: InTransitLog}``) and record counts per log key to
             the upload.
@@ -59,10 +61,12 @@ class ChannelStateRecorder:
     """
 
     def __init__(self, log_key: Callable[[int], Hashable], attach: Callable[[object, dict, dict], None],
-                 memory_records: int = 100_000, discard: frozenset = frozenset()):
+                 memory_records: int = 100_000, discard: frozenset = frozenset(),
+                 memory_bytes: int = DEFAULT_MEMORY_BYTES):
         self.log_key = log_key
         self.attach = attach
         self.memory_records = memory_records
+        self.memory_bytes = memory_bytes
         self.discard = discard
         self._open: list[_Recording] = []  # epoch order
 
@@ -132,7 +136,7 @@ class ChannelStateRecorder:
             return
         log = rec.logs.get(key)
         if log is None:
-            log = rec.logs[key] = InTransitLog(self.memory_records)
+            log = rec.logs[key] = InTransitLog(self.memory_records, self.memory_bytes)
         log.append(records)
 
     def _release(self, rec: _Recording) -> None:

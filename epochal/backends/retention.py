@@ -10,6 +10,10 @@ worst unreferenced files, which the next call deletes.
 Savepoints live outside the job's ``chk-*`` directories and ``shared/`` area (their own
 directory, see :mod:`epochal.state.savepoint`), so retention never sees them.
 
+Storage faults: deletes are retried for :data:`DELETE_RETRY` only; an error left fails the
+call, and the coordinator logs it and runs retention again after the next completed
+checkpoint (nothing is lost: what was not deleted is found unreachable again).
+
 Every function takes the :class:`~epochal.backends.storage.CheckpointStorage` it works on;
 the storage's ``retain`` and ``discard`` methods call them. They use its public methods and
 :mod:`epochal.backends.layout` only (never import the storage module: it imports them).
@@ -20,20 +24,28 @@ import contextlib
 from collections.abc import Iterable
 
 from epochal.backends.layout import METADATA_FILE, SHARED_EPOCH, state_handles
+from epochal.backends.retry import RetryPolicy
 from epochal.errors import CheckpointStorageError, ConfigError
 
 __all__ = ["discard", "retain"]
 
 
+#: deletes are retried briefly: retention runs again after the next completed checkpoint,
+#: so a delete that still fails is logged by the caller and redone then
+DELETE_RETRY = RetryPolicy(deadline=2.0)
+
+
 def _delete_dir(storage, epoch: int, complete: bool) -> None:
     directory = storage.epoch_dir(epoch)
-    with storage.io_errors("delete", directory):
+
+    def delete():
         if complete:  # un-complete it first: an interrupted delete leaves no half checkpoint
             with contextlib.suppress(FileNotFoundError):
                 storage.fs.rm_file(f"{directory}/{METADATA_FILE}")
         with contextlib.suppress(FileNotFoundError):
             storage.fs.rm(directory, recursive=True)
         storage.fs.invalidate_cache(storage.root)
+    storage.call("delete", directory, delete, DELETE_RETRY)
 
 
 def retain(storage, n: int, protect: Iterable[str] = (), pinned: Iterable[int] = ()) -> list[int]:
@@ -88,14 +100,17 @@ def _collect_shared(storage, kept: list[int], newest: int, referenced: set[str])
         if doc is None:  # vanished meanwhile: be safe, delete nothing this time
             return
         referenced.update(h.path for h in state_handles(doc["meta"]))
+    storage.shared_gc = (newest, frozenset(referenced))  # before deleting: an interrupted pass errs safe
     for rel in files:
         m = SHARED_EPOCH.match(rel.rsplit("/", 1)[-1])
         if rel in referenced or m is None or int(m.group(1)) > newest:
             continue
         path = f"{storage.root}/{rel}"
-        storage.deleted_shared.add(rel)
-        with storage.io_errors("delete", path), contextlib.suppress(FileNotFoundError):
-            storage.fs.rm_file(path)
+
+        def delete(path=path):
+            with contextlib.suppress(FileNotFoundError):
+                storage.fs.rm_file(path)
+        storage.call("delete", path, delete, DELETE_RETRY)
 
 
 def discard(storage, epoch: int) -> None:

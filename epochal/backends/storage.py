@@ -28,6 +28,20 @@ the newest completed checkpoint whose every state file is present and matches it
 checksum; a corrupted or partly deleted newer checkpoint is skipped with a WARNING on the
 ``epochal`` logger.
 
+Storage faults: every file-system call (write, rename, read, listing, delete, existence)
+goes through :meth:`CheckpointStorage.call`, which retries transient errors — throttling,
+timeouts, broken connections, the storage being down — with exponential backoff for up to
+the storage's :class:`~epochal.backends.retry.RetryPolicy` (``CheckpointConfig.storage_retry``)
+and raises permanent ones (a missing file, denied access, a full disk) at once
+(:mod:`epochal.backends.retry`). A write that still fails leaves no file under its final
+name (the temporary file is removed) and raises :class:`CheckpointStorageError`: the task
+declines its snapshot, the coordinator declines the epoch.
+
+Signed checkpoints: with a ``signing_key`` (``CheckpointConfig.signing_key``) the
+``_metadata`` written by :meth:`CheckpointStorage.write_metadata` carries an HMAC-SHA256 of
+its contents (:mod:`epochal.backends.signing`), and :meth:`latest_restorable` skips a
+checkpoint whose signature is missing or wrong like a damaged one.
+
 Object stores: file-system options (endpoint, credentials) come from ``storage_options``
 or, when not given, from the driver's standard configuration — for ``s3://`` botocore
 reads ``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``), ``AWS_ACCESS_KEY_ID``,
@@ -54,7 +68,7 @@ from collections.abc import Mapping
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from epochal.backends import retention, verification
+from epochal.backends import retention, retry, signing, verification
 from epochal.backends.layout import (CHK_DIR, FILE_NAME, HASH_CHUNK, METADATA_FILE, SHARED_DIR, SHARED_EPOCH,
                                      StateHandle, chk_name, encode_document, metadata_document, mismatch,
                                      parse_metadata, referenced_bytes, state_handles)
@@ -97,18 +111,20 @@ class CheckpointStorage:
     directory when the file system fails.
     """
 
-    def __init__(self, url: str, job: str, storage_options: Mapping | None = None):
+    def __init__(self, url: str, job: str, storage_options: Mapping | None = None,
+                 retry_policy: retry.RetryPolicy | None = None, signing_key: bytes | None = None):
         if not isinstance(job, str) or not FILE_NAME.match(job):
             raise ConfigError(
                 f"job name {job!r} cannot name a checkpoint directory: use letters, digits "
                 "and . _ = + - (not starting with . _ + = or -)"
             )
-        base = self._open(url, storage_options)
+        base = self._open(url, storage_options, retry_policy, signing_key)
         self.job = job
         self.root = f"{base.rstrip('/')}/{job}"
 
     @classmethod
-    def at_root(cls, url: str, storage_options: Mapping | None = None) -> "CheckpointStorage":
+    def at_root(cls, url: str, storage_options: Mapping | None = None, retry_policy: retry.RetryPolicy | None = None,
+                signing_key: bytes | None = None) -> "CheckpointStorage":
         """The storage whose job root is ``url`` itself: a savepoint directory, or a job's
         directory ``<checkpoint.storage>/<job>`` named by one URL. State handles resolve
         against ``url``; :attr:`job` is its last path component (not validated).
@@ -117,12 +133,13 @@ class CheckpointStorage:
             CheckpointStorageError: the file system cannot be opened.
         """
         self = cls.__new__(cls)
-        base = self._open(url, storage_options).rstrip("/")
+        base = self._open(url, storage_options, retry_policy, signing_key).rstrip("/")
         self.root = base or "/"
         self.job = base.rsplit("/", 1)[-1]
         return self
 
-    def _open(self, url: str, storage_options: Mapping | None) -> str:
+    def _open(self, url: str, storage_options: Mapping | None, retry_policy: retry.RetryPolicy | None,
+              signing_key: bytes | None) -> str:
         """Set up the file system of ``url``; return its path in that file system."""
         if storage_options is not None and not isinstance(storage_options, Mapping):
             raise ConfigError(
@@ -140,9 +157,15 @@ class CheckpointStorage:
         self._local = isinstance(self.fs, LocalFileSystem)
         # epoch -> reason, found by latest_restorable(); retain() does not count these
         self.unrestorable: dict[int, str] = {}
-        # shared files retain() deleted (relative paths): a checkpoint still referencing
-        # one (a task with a stale base) must not complete
-        self.deleted_shared: set[str] = set()
+        #: how long a file-system call retries transient errors (CheckpointConfig.storage_retry)
+        self.retry = retry_policy or retry.RetryPolicy()
+        self._stopped = False  # stop_retrying() was called: calls give up instead of waiting
+        #: signs _metadata and checks it before a restore (CheckpointConfig.signing_key)
+        self.signing_key = signing_key
+        # (newest completed epoch, shared files kept) of retain()'s last collection of shared
+        # files: what shared_deleted() answers from (bounded by the retained checkpoints'
+        # files, never by the number of files ever deleted)
+        self.shared_gc: tuple[int, frozenset] | None = None
         return base
 
     @property
@@ -178,6 +201,30 @@ class CheckpointStorage:
                 f"cannot {action} {self.display(path)}: {type(e).__name__}: {e}"
             ) from e
 
+    def call(self, action: str, path: str, fn, policy: retry.RetryPolicy | None = None):
+        """``fn()``, a file-system call acting on ``path``, retried through transient errors
+        (:mod:`epochal.backends.retry`) under ``policy`` (default: :attr:`retry`); any error
+        left is raised as :class:`CheckpointStorageError` naming ``action`` and the URL.
+        Thread-safe. Let ``fn`` handle the errors that are answers (``FileNotFoundError``
+        for "absent"): everything it raises counts as a failure of the call."""
+        with self.io_errors(action, path):
+            return retry.call(fn, policy or self.retry, f"{action} {self.display(path)}",
+                              should_stop=lambda: self._stopped)
+
+    def stop_retrying(self) -> None:
+        """From now on a failing call gives up instead of retrying (the attempt using this
+        storage is over: a reused worker process must not keep writing for it)."""
+        self._stopped = True
+
+    def _cat(self, path: str, action: str = "read") -> bytes | None:
+        """The bytes of ``path``, ``None`` when it does not exist."""
+        def read():
+            try:
+                return self.fs.cat_file(path)
+            except FileNotFoundError:
+                return None
+        return self.call(action, path, read)
+
     def epoch_dir(self, epoch: int) -> str:
         """Path (in ``self.fs``) of epoch ``epoch``'s checkpoint directory."""
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
@@ -185,25 +232,27 @@ class CheckpointStorage:
         return f"{self.root}/{chk_name(epoch)}"
 
     def _put(self, path: str, data: bytes) -> None:
-        """Publish ``data`` at ``path`` atomically (see module docstring)."""
-        with self.io_errors("write", path):
-            if not self._local:
-                self.fs.pipe_file(path, data)
-                return
-            directory, name = os.path.split(path)
-            _makedirs_durable(directory)
-            tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-                fsync_dir(None, directory)  # the rename is durable only with its directory
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+        """Publish ``data`` at ``path`` atomically (see module docstring), retried as a whole."""
+        self.call("write", path, lambda: self._put_once(path, data))
+
+    def _put_once(self, path: str, data: bytes) -> None:
+        if not self._local:
+            self.fs.pipe_file(path, data)
+            return
+        directory, name = os.path.split(path)
+        _makedirs_durable(directory)
+        tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
+        try:  # a full disk fails here and leaves nothing behind
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            fsync_dir(None, directory)  # the rename is durable only with its directory
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     def all_epochs(self) -> list[int]:
         """Every ``chk-*`` epoch present, complete or not (ascending): ids a driver must never
@@ -221,10 +270,8 @@ class CheckpointStorage:
         restored job's generations continue above the old job's.
         """
         path = f"{self.root}/_generation"
-        current = -1
-        with self.io_errors("read", path):
-            if self.fs.exists(path):
-                current = int(self.fs.cat_file(path).decode().strip() or -1)
+        raw = self._cat(path)
+        current = -1 if raw is None else int(raw.decode().strip() or -1)
         claimed = max(current + 1, at_least)
         self._put(path, str(claimed).encode())
         return claimed
@@ -249,11 +296,9 @@ class CheckpointStorage:
             CheckpointStorageError: it is unreadable or not a JSON object (naming the file).
         """
         path = f"{self.root}/{rel}"
-        with self.io_errors("read", path):
-            try:
-                raw = self.fs.cat_file(path)
-            except FileNotFoundError:
-                return None
+        raw = self._cat(path)
+        if raw is None:
+            return None
         try:
             doc = json.loads(raw)
         except ValueError as e:
@@ -264,12 +309,13 @@ class CheckpointStorage:
 
     def _list_epochs(self) -> list[int]:
         """Epochs with a ``chk-*`` directory (complete or not), ascending."""
-        with self.io_errors("list", self.root):
+        def ls():
             self.fs.invalidate_cache(self.root)
             try:
-                names = self.fs.ls(self.root, detail=False)
+                return self.fs.ls(self.root, detail=False)
             except FileNotFoundError:
                 return []
+        names = self.call("list", self.root, ls)
         epochs = []
         for name in names:
             m = CHK_DIR.match(name.rstrip("/").rsplit("/", 1)[-1])
@@ -284,11 +330,9 @@ class CheckpointStorage:
     def inspect_metadata(self, epoch: int) -> tuple[dict | None, str]:
         """``(document, "")``, or ``(None, why it is missing or not valid)``."""
         path = f"{self.epoch_dir(epoch)}/{METADATA_FILE}"
-        with self.io_errors("read", path):
-            try:
-                raw = self.fs.cat_file(path)
-            except FileNotFoundError:
-                return None, "missing"
+        raw = self._cat(path)
+        if raw is None:
+            return None, "missing"
         return parse_metadata(raw, epoch)
 
     # ------------------------------------------------------------- state files
@@ -333,28 +377,43 @@ class CheckpointStorage:
         path = f"{self.root}/{rel}"
         self.epoch_dir(epoch)  # validates epoch
         try:
-            with self.io_errors("write", path):
-                if self._local:
-                    directory = os.path.dirname(path)
+            if self._local:
+                directory = os.path.dirname(path)
+                tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
+                source = local_path
+
+                def stage():
                     _makedirs_durable(directory)
-                    tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
                     try:
-                        os.replace(local_path, tmp)
-                    except OSError:  # another device: copy
-                        shutil.copyfile(local_path, tmp)
-                    local_path = tmp
-                digest, size = hashlib.sha256(), 0
-                with open(local_path, "rb") as f:
-                    while chunk := f.read(HASH_CHUNK):
-                        digest.update(chunk)
-                        size += len(chunk)
-                    if self._local:
-                        os.fsync(f.fileno())
-                if self._local:
-                    os.replace(local_path, path)
+                        os.replace(source, tmp)
+                    except OSError:  # another device: copy (a partial copy is removed)
+                        try:
+                            shutil.copyfile(source, tmp)
+                        except BaseException:
+                            with contextlib.suppress(OSError):
+                                os.unlink(tmp)
+                            raise
+                self.call("write", path, stage)
+                with contextlib.suppress(OSError):
+                    os.unlink(source)
+                local_path = tmp
+            digest, size = hashlib.sha256(), 0
+            with self.io_errors("read", local_path), open(local_path, "rb") as f:
+                while chunk := f.read(HASH_CHUNK):
+                    digest.update(chunk)
+                    size += len(chunk)
+            if self._local:
+                staged = local_path
+
+                def publish():
+                    if os.path.exists(staged):  # not yet renamed by an earlier try
+                        with open(staged, "rb") as f:
+                            os.fsync(f.fileno())
+                        os.replace(staged, path)
                     fsync_dir(None, os.path.dirname(path))
-                else:
-                    self.fs.put_file(local_path, path)
+                self.call("write", path, publish)
+            else:
+                self.call("write", path, lambda: self.fs.put_file(local_path, path))
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(local_path)
@@ -383,15 +442,35 @@ class CheckpointStorage:
         self._put(f"{self.root}/{rel}", data)
         return StateHandle(rel, len(data), sha256 or hashlib.sha256(data).hexdigest())
 
+    def shared_deleted(self, rel: str) -> bool:
+        """Whether retention deleted (or may have deleted) shared file ``rel``, so that a
+        checkpoint still referencing it (a task with a stale base) must not complete.
+
+        True exactly for the files retain()'s last collection found unreachable: first
+        uploaded at an epoch not newer than the newest completed one, referenced neither by
+        a kept checkpoint nor by an acknowledgement then in flight. A file deleted by an
+        earlier collection stays unreachable in every later one (an acknowledgement
+        referencing it is declined, and nothing uploads under an old epoch's name), so the
+        last collection's view covers every deletion ever made — in memory bounded by the
+        kept checkpoints' files, whatever the number of epochs."""
+        state = self.shared_gc
+        if state is None:
+            return False
+        newest, kept = state
+        m = SHARED_EPOCH.match(rel.rsplit("/", 1)[-1])
+        return m is not None and int(m.group(1)) <= newest and rel not in kept
+
     def shared_files(self) -> list[str]:
         """Relative paths of every shared file present (temp files excluded), sorted."""
         base = f"{self.root}/{SHARED_DIR}"
-        with self.io_errors("list", base):
+
+        def find():
             self.fs.invalidate_cache(base)
             try:
-                found = self.fs.find(base)
+                return self.fs.find(base)
             except FileNotFoundError:
                 return []
+        found = self.call("list", base, find)
         prefix = self.root.rstrip("/") + "/"
         rel = []
         for p in found:
@@ -410,16 +489,19 @@ class CheckpointStorage:
         if not isinstance(handle, StateHandle):
             handle = StateHandle.from_dict(handle)
         path = f"{self.root}/{handle.path}"
-        with self.io_errors("read", path):
+
+        def read():
             # s3fs may consult its cached listing of the directory (e.g. from retention's
             # find) before a GET and find a newer file "missing": never trust it here
             self.fs.invalidate_cache(path.rsplit("/", 1)[0])
             try:
-                data = self.fs.cat_file(path)
+                return self.fs.cat_file(path)
             except FileNotFoundError:
-                raise CheckpointStorageError(
-                    f"state file {self.display(path)} is missing (referenced by the checkpoint's _metadata)"
-                ) from None
+                return None
+        data = self.call("read", path, read)
+        if data is None:
+            raise CheckpointStorageError(
+                f"state file {self.display(path)} is missing (referenced by the checkpoint's _metadata)")
         problem = mismatch(handle, len(data), lambda: hashlib.sha256(data).hexdigest())
         if problem:
             raise CheckpointStorageError(f"state file {self.display(path)} is corrupt: {problem}")
@@ -436,6 +518,8 @@ class CheckpointStorage:
             CheckpointStorageError: the write failed (the epoch stays incomplete).
         """
         doc = metadata_document(self.job, epoch, meta)
+        if self.signing_key is not None:
+            doc = signing.sign(json.loads(encode_document(doc)), self.signing_key)  # over the JSON as stored
         self._put(f"{self.epoch_dir(epoch)}/{METADATA_FILE}", encode_document(doc))
 
     def read_metadata(self, epoch: int) -> dict:

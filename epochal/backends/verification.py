@@ -19,10 +19,11 @@ from __future__ import annotations
 import hashlib
 import logging
 
+from epochal.backends import signing
 from epochal.backends.layout import HASH_CHUNK, METADATA_FILE, StateHandle, chk_name, mismatch, state_handles
 from epochal.errors import CheckpointStorageError
 
-__all__ = ["check_file", "first_bad_file", "latest_restorable"]
+__all__ = ["check_file", "first_bad_file", "latest_restorable", "unsigned"]
 
 log = logging.getLogger("epochal")
 
@@ -40,7 +41,8 @@ def check_file(storage, handle: StateHandle, verify: bool = True) -> str:
             checkpoint: the caller must not fall back to an older one because of it).
     """
     path = f"{storage.root}/{handle.path}"
-    with storage.io_errors("read", path):
+
+    def read():  # retried as a whole through transient errors (storage.call)
         storage.fs.invalidate_cache(path.rsplit("/", 1)[0])  # a cached listing may predate the file
         try:
             if not verify:
@@ -52,7 +54,8 @@ def check_file(storage, handle: StateHandle, verify: bool = True) -> str:
                     size += len(chunk)
         except FileNotFoundError:
             return "missing"
-    return _corrupt(mismatch(handle, size, digest.hexdigest))
+        return _corrupt(mismatch(handle, size, digest.hexdigest))
+    return storage.call("read", path, read)
 
 
 def latest_restorable(storage, verify: bool = True) -> tuple[int, dict] | None:
@@ -60,7 +63,8 @@ def latest_restorable(storage, verify: bool = True) -> tuple[int, dict] | None:
     intact, or ``None`` if no checkpoint ever completed. What the driver restores from.
 
     Walks completed checkpoints newest → oldest. A checkpoint is skipped when its
-    ``_metadata`` exists but is not valid, or a state file it references (every
+    ``_metadata`` exists but is not valid or — when the storage has a ``signing_key`` — not
+    signed with it (:func:`unsigned`: planted or changed), or a state file it references (every
     ``{"path", "size", "sha256"}`` mapping in ``meta``, i.e. a :class:`StateHandle`)
     is missing, has another size or (``verify=True``: the file is read and hashed;
     ``verify=False``: sizes only, one metadata request per file) another SHA-256.
@@ -86,7 +90,7 @@ def latest_restorable(storage, verify: bool = True) -> tuple[int, dict] | None:
         if doc is None:
             why = f"{METADATA_FILE} is {why}"
         else:
-            why = first_bad_file(storage, doc["meta"], verify)
+            why = unsigned(storage, doc) or first_bad_file(storage, doc["meta"], verify)
         if not why:
             if skipped:
                 log.warning(
@@ -106,6 +110,15 @@ def latest_restorable(storage, verify: bool = True) -> tuple[int, dict] | None:
             + " — delete these checkpoints or use another checkpoint.storage to start from scratch"
         )
     return None
+
+
+def unsigned(storage, doc: dict) -> str:
+    """Why the ``_metadata`` document ``doc`` is not signed with the storage's signing key
+    (:mod:`epochal.backends.signing`), or ``""`` (also when the storage has no key)."""
+    if storage.signing_key is None:
+        return ""
+    why = signing.verify(doc, storage.signing_key)
+    return f"{METADATA_FILE} is not trusted: {why} (checkpoint.signing_key)" if why else ""
 
 
 def first_bad_file(storage, meta: dict, verify: bool = True) -> str:

@@ -4,7 +4,9 @@ Splits are the files matching at plan time (one per split, assigned round-robin)
 
 * ``"lines"`` — one ``string`` column (``line``): a block of bytes is read from the file's
   offset, cut after its last newline and split with ``pyarrow.compute`` (no per-line
-  Python); the offset is a byte position;
+  Python); the offset is a byte position. The text must be UTF-8 and no line longer than
+  ``max_line_bytes``: otherwise reading fails with a :class:`~epochal.errors.DataError`
+  naming the source, the file and the line's byte offset (retrying cannot help);
 * ``"csv"``, ``"jsonl"`` (pyarrow's streaming readers) and ``"parquet"`` — the offset is the
   number of rows already emitted; a restored reader skips that many rows of the file.
 
@@ -19,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from fsspec.core import url_to_fs
 
-from epochal.errors import PipelineDefinitionError
+from epochal.errors import DataError, PipelineDefinitionError
 from epochal.sources.base import Poll, Source, SourceReader, check_positive_int
 
 __all__ = ["ArrowFileSource"]
@@ -36,15 +38,18 @@ class ArrowFileSource(Source):
         format: ``"lines"``, ``"csv"``, ``"jsonl"`` or ``"parquet"``.
         schema: the batches' schema; inferred from the first file when omitted (``lines``:
             one ``line`` string column).
+        max_line_bytes: ``lines``: the longest line accepted (a line is read whole before
+            it is cut; beyond this the file is refused instead of exhausting memory).
     """
 
     def __init__(self, path: str, *, pattern: str = "*", format: str = "lines", schema: pa.Schema | None = None,
-                 batch_rows: int = 65536, block_bytes: int = 4 << 20):
+                 batch_rows: int = 65536, block_bytes: int = 4 << 20, max_line_bytes: int = 64 << 20):
         if format not in _FORMATS:
             raise PipelineDefinitionError(f"{self.name_for(path)}: format must be one of {_FORMATS}, got {format!r}")
         self._path, self._pattern, self._format = str(path), pattern, format
         self._batch_rows = check_positive_int(batch_rows, "batch_rows", self.name_for(path))
         self._block = check_positive_int(block_bytes, "block_bytes", self.name_for(path))
+        self._max_line = check_positive_int(max_line_bytes, "max_line_bytes", self.name_for(path))
         self._planned: list[str] | None = None
         if schema is None:
             schema = LINES if format == "lines" else self._infer()
@@ -167,23 +172,50 @@ class _ArrowFileReader(SourceReader):
         return batch if batch.schema.equals(self._src.schema) else batch.cast(self._src.schema)
 
     def _read_lines(self) -> pa.RecordBatch | None:
-        block = self._file.read(self._src._block)
-        data = self._carry + block
+        """The next block of whole lines (the last line of the file may lack its newline).
+        A line longer than a block is read block after block (a loop, not recursion) up to
+        ``max_line_bytes``."""
+        parts, size = [self._carry], len(self._carry)  # the carry holds no newline
+        while True:
+            block = self._file.read(self._src._block)
+            if not block or b"\n" in block:
+                data = b"".join(parts) + block
+                break
+            parts.append(block)
+            size += len(block)
+            if size > self._src._max_line:  # no newline yet, and more than a line may hold
+                raise DataError(
+                    f"{self._src.name}: file {self._path!r} has a line longer than max_line_bytes="
+                    f"{self._src._max_line} starting at byte {self._offsets[self._path]}; raise max_line_bytes or "
+                    "split the line (format='lines' reads a line whole before cutting it)")
         if not data:
             return None
-        end = data.rfind(b"\n") + 1
-        if not block:  # end of file: the last line may lack its newline
-            end = len(data)
-        elif end == 0:  # no newline in a whole block: keep reading
-            self._carry = data
-            return self._read_lines()
+        end = len(data) if not block else data.rfind(b"\n") + 1
         chunk, self._carry = data[:end], data[end:]
-        self._offsets[self._path] += len(chunk)
+        start = self._offsets[self._path]
         lines = pc.split_pattern(pa.array([chunk], pa.binary()), b"\n").flatten()
         if chunk.endswith(b"\n"):
             lines = lines.slice(0, len(lines) - 1)
-        lines = pc.utf8_rtrim(lines.cast(pa.string()), "\r")  # cast validates UTF-8
-        return pa.record_batch([lines], schema=LINES)
+        try:
+            text = lines.cast(pa.string())  # validates UTF-8
+        except pa.ArrowInvalid:
+            raise self._not_utf8(chunk, start) from None
+        self._offsets[self._path] += len(chunk)
+        return pa.record_batch([pc.utf8_rtrim(text, "\r")], schema=LINES)
+
+    def _not_utf8(self, chunk: bytes, start: int) -> DataError:
+        """The error naming the first line of ``chunk`` (read from byte ``start``) that is not UTF-8."""
+        offset = start
+        for line in chunk.split(b"\n"):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return DataError(
+                    f"{self._src.name}: file {self._path!r} is not UTF-8 text: the line at byte {offset} has "
+                    f"{line[exc.start:exc.start + 4]!r} at byte {offset + exc.start} ({exc.reason}); format='lines' "
+                    "reads UTF-8 only — convert the file, or read it with a source of bytes")
+            offset += len(line) + 1
+        return DataError(f"{self._src.name}: file {self._path!r}: bytes {start}..{start + len(chunk)} are not UTF-8")
 
     def snapshot(self) -> dict:
         return dict(self._offsets)

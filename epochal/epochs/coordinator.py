@@ -12,6 +12,7 @@ clock)::
     on decline: progress = coord.decline(task, epoch, why, now)           # partial error
     then for c in progress.completed: write chk-c/_metadata, notify "commit epoch" (2a)
          for a in progress.aborted:   notify abort (roll back pre-commits)
+         if writing chk-c/_metadata failed: coord.revoke(c, why, now)  (declined after all)
          if coord.failure_budget_exceeded: fail the job and restart
 
 Triggers (seed 000 §3.1: *periodic* vs *operator-driven*; seed 004 §4.1.3: periodic or
@@ -135,6 +136,9 @@ class EpochCoordinator:
         self._last_completion: float | None = None
         self._latest_completed: CompletedEpoch | None = None
         self._consecutive_failures = 0
+        # revoke(): per epoch completed by the latest completing call, the latest completed
+        # epoch and the consecutive failures just before it completed
+        self._undo: dict[int, tuple[CompletedEpoch | None, int]] = {}
 
     # -- queries ------------------------------------------------------------------------
     @property
@@ -309,6 +313,37 @@ class EpochCoordinator:
         self._final_requested = False
         return Progress((), aborted)
 
+    def revoke(self, completed: CompletedEpoch, detail: str, now: float) -> AbortedEpoch:
+        """The driver could not make ``completed`` durable (writing its ``_metadata`` failed:
+        a storage fault; seed 004 §4.1.3's commit never started): it is declined after all.
+
+        Call only for an epoch completed by the latest call that completed epochs, before
+        anything was told of its completion, oldest first (the order the driver writes
+        them in). It becomes an :class:`AbortedEpoch` (DECLINED, counted as a failure, so
+        ``tolerable_failures`` decides when the job fails) as if it had been declined when
+        it completed: the latest completed epoch and the consecutive-failure count become
+        what they would have been; a revoked FINAL epoch is requested again. The job runs on.
+
+        Raises:
+            ValueError: ``completed`` was not completed by the latest completing call, or
+                was revoked already.
+        """
+        undo = self._undo.pop(completed.epoch, None)
+        if undo is None:
+            raise ValueError(f"revoke: epoch {completed.epoch} was not completed by the latest completing call")
+        previous, failures = undo
+        for epoch, (prev, fails) in list(self._undo.items()):  # the newer epochs of that call
+            if epoch > completed.epoch:
+                self._undo[epoch] = (previous if prev is completed else prev, fails + 1 if prev is completed else fails)
+        if self._latest_completed is completed:
+            self._latest_completed = previous
+            self._consecutive_failures = failures + 1
+        if completed.is_final:
+            self._finished = False
+            self._final_requested = True
+        return AbortedEpoch(completed.epoch, completed.trigger_time, now, AbortReason.DECLINED, detail,
+                            completed.reason)
+
     # -- internals ----------------------------------------------------------------------
     def _observe(self, now: float) -> None:
         if self._clock_start is None:
@@ -350,6 +385,9 @@ class EpochCoordinator:
             del self._pending[oldest.epoch]
             done = oldest.complete(now)
             completed.append(done)
+            if len(completed) == 1:
+                self._undo.clear()  # only this call's epochs can be revoked
+            self._undo[done.epoch] = (self._latest_completed, self._consecutive_failures)
             self._latest_completed = done
             self._last_completion = now
             self._consecutive_failures = 0

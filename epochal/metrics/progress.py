@@ -13,8 +13,9 @@ latest ones, the completed epochs and the driver's attempt history into one JSON
 * ``late_dropped``: late records of windows whose ``.late()`` output nothing reads;
 * ``backpressure_ratio`` per task (the share of the last interval it waited for credit),
   ``queued_batches`` (its input queues), ``watermark`` (its output event time, seconds);
-* checkpoints: ``last_completed_epoch``, its age, and duration / size p50 and p99 over the
-  attempt's completed epochs.
+* checkpoints: ``last_completed_epoch``, its age, the attempt's completed and aborted
+  counts, and duration / size p50 and p99 over all its completed epochs (streaming
+  quantiles within 1 %, :mod:`epochal.metrics.quantiles`).
 
 Pure bookkeeping (no threads): the reporter (:mod:`epochal.metrics.reporter`) calls
 :meth:`ProgressBuilder.build` on its own thread.
@@ -50,10 +51,12 @@ class ProgressBuilder:
         self.started = time.monotonic()
         self._previous: dict[str, dict] = {}  # task -> its counters at the previous event
 
-    def build(self, driver_state: dict, live: dict, completed: list[dict]) -> dict:
+    def build(self, driver_state: dict, live: dict, history) -> dict:
         """One progress event. ``driver_state``: ``state``, ``attempt``, ``generation``,
-        ``restarts``; ``live``: task → its latest counters; ``completed``: the attempt's
-        completed epochs (``JobResult.completed_epochs`` items)."""
+        ``restarts``; ``live``: task → its latest counters; ``history``: the attempt's
+        :class:`~epochal.epochs.history.EpochHistory` (``None`` before it started). The
+        checkpoint percentiles come from its streaming summaries: nothing is sorted here,
+        and nothing grows with the number of epochs."""
         now = time.time()
         tasks, operators = {}, {}
         rate_in = rate_out = 0.0
@@ -94,9 +97,10 @@ class ProgressBuilder:
                 if name in self.sinks:
                     rate_out += rate(n_in, b_in)
             self._previous[task] = m
-        durations = [e["duration_s"] for e in completed if e.get("duration_s") is not None]
-        sizes = [e.get("bytes", 0) for e in completed]
-        last = completed[-1] if completed else None
+        last = history.latest if history is not None else None
+
+        def pct(what, q):
+            return history.quantile(what, q) if history is not None else None
         self.sequence += 1
         return {
             "job": self.job, "sequence": self.sequence, "time": now,
@@ -108,11 +112,12 @@ class ProgressBuilder:
             "last_completed_epoch": last["epoch"] if last else None,
             "last_checkpoint_age_s": now - last["wall_time"] if last and last.get("wall_time") else None,
             "checkpoints": {
-                "completed": len(completed),
-                "duration_s": {"last": last["duration_s"] if last else None, "p50": percentile(durations, 50),
-                               "p99": percentile(durations, 99)},
-                "bytes": {"last": last.get("bytes") if last else None, "p50": percentile(sizes, 50),
-                          "p99": percentile(sizes, 99)},
+                "completed": history.completed_count if history is not None else 0,
+                "aborted": history.aborted_count if history is not None else 0,
+                "duration_s": {"last": last["duration_s"] if last else None, "p50": pct("duration_s", 50),
+                               "p99": pct("duration_s", 99)},
+                "bytes": {"last": last.get("bytes") if last else None, "p50": pct("bytes", 50),
+                          "p99": pct("bytes", 99)},
             },
             "tasks": tasks,
             "operators": operators,

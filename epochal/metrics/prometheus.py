@@ -13,7 +13,14 @@ __all__ = ["PrometheusExporter"]
 
 
 class PrometheusExporter:
-    def __init__(self, reporter, port: int, host: str = "0.0.0.0"):
+    """Serves ``/metrics`` on ``host:port`` (``port`` 0: any free port; :attr:`address` says
+    which). ``host`` defaults to loopback (``MetricsConfig.prometheus_host``).
+
+    Raises:
+        ConfigError: prometheus_client is missing, or ``host:port`` cannot be bound.
+    """
+
+    def __init__(self, reporter, port: int, host: str = "127.0.0.1"):
         try:
             from prometheus_client import start_http_server
             from prometheus_client.core import CollectorRegistry
@@ -22,7 +29,11 @@ class PrometheusExporter:
                               "pip install 'epochal[metrics]'") from None
         self.registry = CollectorRegistry()
         self.registry.register(_Collector(reporter))
-        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise ConfigError(f"metrics.prometheus_host / prometheus_port: cannot serve /metrics on {host}:{port}: "
+                              f"{exc}") from exc
         self.address = self._server.server_address[:2]
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ log = logging.getLogger("epochal.progress")
 class Reporter:
     """Publishes progress events of one job (see the module docstring).
 
-    ``source()`` returns ``(driver_state, live, completed)`` for
+    ``source()`` returns ``(driver_state, live, history)`` for
     :meth:`~epochal.metrics.progress.ProgressBuilder.build`; it is called on the reporter
     thread and on threads asking :meth:`snapshot`.
     """
@@ -38,7 +38,7 @@ class Reporter:
         if config.prometheus_port is not None:
             from epochal.metrics.prometheus import PrometheusExporter
 
-            self._exporter = PrometheusExporter(self, config.prometheus_port)
+            self._exporter = PrometheusExporter(self, config.prometheus_port, config.prometheus_host)
         self._thread = threading.Thread(target=self._loop, name=f"epochal-metrics-{plan.job}", daemon=True)
         self._thread.start()
 

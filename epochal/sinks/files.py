@@ -127,7 +127,7 @@ class FileSink(Sink):
         """Refuse a directory that is a file, is owned by another job or sink, holds files
         epochal did not write, or holds an earlier run's output of this very sink while the
         job starts afresh (see ``take_over``); then write the ownership marker."""
-        claim_directory(self.path, job, sink, resume, self.take_over)
+        claim_directory(self.path, job, sink, resume, self.take_over, self.format)
 
 
 @dataclass
@@ -239,11 +239,15 @@ class FileSinkWriter(TwoPhaseCommitSink):
         """
         staging = self._join(STAGING_DIR)
         self._fs.invalidate_cache(staging)
-        if not self._fs.exists(staging):
+        try:
+            # On an object store the directory is only its files: another subtask cleaning up at
+            # the same time may delete the last one between any check and this listing.
+            staged = self._fs.ls(staging, detail=False)
+        except FileNotFoundError:
             return
         own, p = self.ctx.subtask, self.ctx.parallelism
         mine = f"part-{self._names.tag}-"  # never another job's or sink's staging (take_over)
-        for path in self._fs.ls(staging, detail=False):
+        for path in staged:
             name = posixpath.basename(path)
             m = _STAGED_SUBTASK.search(name)
             j = int(m.group(1)) if m and name.startswith(mine) else -1
@@ -313,14 +317,22 @@ def _make_durable(fs, part: Part | None, unsynced: list[str]) -> None:
 # ------------------------------------------------------------------------- reading
 
 
-def read_committed(path: str, format: str = "jsonl") -> list:
+def read_committed(path: str, format: str | None = None) -> list:
     """All records of the committed part files under ``path`` (staging and hidden files are
     skipped), file by file in name order. csv values come back as strings.
+
+    ``format``: ``None`` reads the one the sink wrote, as its ownership marker
+    (``_epochal_sink.json``) says — or, in a directory without one, the one format its part
+    files have (``jsonl`` when there are none).
+
+    Raises:
+        ConfigError: an unknown ``format``, one that contradicts the marker, or (no marker)
+            part files of several formats.
 
     >>> read_committed("memory://no-such-dir")
     []
     """
-    if format not in FORMATS:
+    if format is not None and format not in FORMATS:
         raise ConfigError(f"read_committed format: expected one of {sorted(FORMATS)}, got {format!r}")
     fs, root = fsspec.core.url_to_fs(path)
     fs.invalidate_cache(root)
@@ -328,6 +340,7 @@ def read_committed(path: str, format: str = "jsonl") -> list:
         entries = fs.ls(root, detail=False)
     except FileNotFoundError:
         return []
+    format = _committed_format(fs, root, entries, format, path)
     suffix = "." + FORMATS[format].ext
     records: list = []
     for p in sorted(entries):
@@ -341,6 +354,31 @@ def read_committed(path: str, format: str = "jsonl") -> list:
 OWNER_FILE = "_epochal_sink.json"
 
 
+def _committed_format(fs, root: str, entries: list, asked: str | None, path: str) -> str:
+    """The part-file format of a sink directory (see :func:`read_committed`)."""
+    written = None
+    marker = posixpath.join(root, OWNER_FILE)
+    if any(posixpath.basename(e.rstrip("/")) == OWNER_FILE for e in entries):
+        try:
+            written = json.loads(fs.cat_file(marker)).get("file_format")
+        except (ValueError, AttributeError):
+            written = None
+    if written is not None:
+        if asked is not None and asked != written:
+            raise ConfigError(f"read_committed({path!r}, format={asked!r}): the sink wrote {written!r} part files "
+                              f"({OWNER_FILE}); pass format={written!r} or leave format out")
+        return written
+    if asked is not None:
+        return asked
+    by_ext = {fmt.ext: name for name, fmt in FORMATS.items()}
+    found = {by_ext[ext] for e in entries for name in [posixpath.basename(e.rstrip("/"))] if name.startswith("part-")
+             for ext in [name.rsplit(".", 1)[-1]] if ext in by_ext}
+    if len(found) > 1:
+        raise ConfigError(f"read_committed({path!r}): part files of several formats {sorted(found)} and no "
+                          f"{OWNER_FILE} saying which the sink wrote: pass format=")
+    return found.pop() if found else "jsonl"
+
+
 def normalized_location(path: str) -> str:
     """``path`` as a comparable location: absolute for local paths, no trailing slash."""
     protocol = fsspec.utils.get_protocol(path)
@@ -350,8 +388,10 @@ def normalized_location(path: str) -> str:
     return path.rstrip("/")
 
 
-def claim_directory(path: str, job: str, sink: str, resume: bool, take_over: bool) -> None:
-    """Ownership of a FileSink's output directory (see :class:`FileSink` ``take_over``)."""
+def claim_directory(path: str, job: str, sink: str, resume: bool, take_over: bool,
+                    file_format: str | None = None) -> None:
+    """Ownership of a FileSink's output directory (see :class:`FileSink` ``take_over``); the
+    marker also says which ``file_format`` the part files have (:func:`read_committed`)."""
     fs, root = fsspec.core.url_to_fs(path)
     where = f"sink {sink!r}: {path}"
     if fs.isfile(root):
@@ -384,4 +424,7 @@ def claim_directory(path: str, job: str, sink: str, resume: bool, take_over: boo
                 "resume=True to continue that run from its checkpoints, delete the directory to start afresh, or "
                 "pass FileSink(..., take_over=True) to add to it")
     fs.makedirs(root, exist_ok=True)
-    fs.pipe_file(marker, json.dumps({"job": job, "sink": sink, "format": 1}).encode())
+    owner = {"job": job, "sink": sink, "format": 1}
+    if file_format is not None:
+        owner["file_format"] = file_format
+    fs.pipe_file(marker, json.dumps(owner).encode())

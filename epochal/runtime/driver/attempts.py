@@ -20,6 +20,7 @@ import cloudpickle
 
 from epochal.backends.storage import CheckpointStorage, referenced_bytes
 from epochal.config import MetricsConfig
+from epochal.epochs.history import EpochHistory
 from epochal.errors import ConfigError, EpochalError, JobFailedError
 from epochal.runtime.driver import compatibility
 from epochal.runtime.driver.coordinator_server import AttemptOutcome, CoordinatorServer
@@ -130,6 +131,7 @@ class _NotStarted:
 
     def __init__(self, first_epoch: int):
         self.highest_triggered = first_epoch - 1
+        self.history = EpochHistory(1)
         self.completed: list = []
         self.aborted: list = []
 
@@ -168,8 +170,8 @@ class JobDriver:
         state = {"state": self.state, "attempt": self.attempt_index, "generation": self.generation,
                  "restarts": list(self.restarts)}
         if server is None or isinstance(server, _NotStarted):
-            return state, {}, []
-        return state, dict(server.live), list(server.completed)
+            return state, {}, None
+        return state, dict(server.live), server.history
 
     def trigger_epoch(self) -> None:
         with self._server_lock:
@@ -197,7 +199,7 @@ class JobDriver:
             from epochal.runtime.driver.requests import RequestWatcher
 
             watcher = RequestWatcher(self.storage, self.request_savepoint, self.checkpoint.requests_poll,
-                                     self.plan.job).start()
+                                     self.plan.job, self.checkpoint.savepoint_targets).start()
         try:
             self.result = self._run()
             self.state = "finished"
@@ -250,7 +252,7 @@ class JobDriver:
                     duration_s=time.monotonic() - t0, checkpoint_root=f"{self.url}/{self.plan.job}",
                     restored_from=restored_from, attempt_timeline=timeline, encrypted=self.encrypted,
                     savepoints=list(self.savepoints.written), stopped_with_savepoint=self.stopped_with_savepoint,
-                    restored_from_url=self.restored_from_url,
+                    restored_from_url=self.restored_from_url, checkpoints=server.history.summary(),
                 )
             failures.append(outcome.cause)
             self.state = "restarting"
@@ -303,7 +305,7 @@ class JobDriver:
             server.trigger_epoch()
         attempt = AttemptSpec(self.plan_blob, generation, key, server.address, self.components, self.channels,
                               self.url, self.faults, bind, self.backend, tls, self.metrics_config.interval,
-                              self.peer_timeout)
+                              self.peer_timeout, storage_retry=self.storage.retry.deadline)
         payload = cloudpickle.dumps(attempt)
 
         exited = threading.Event()

@@ -12,7 +12,10 @@ storage. Protocol per attempt (task → coordinator / coordinator → task):
    ``("ack", epoch, payload)`` after its snapshot is durable, or ``("decline", ...)``;
 3. when all acked, the coordinator writes ``chk-n/_metadata`` (last: the checkpoint is
    complete only once it exists) and then sends ``("complete", n)`` — the commit phase of
-   the epoch commit (seed 004 §4.1.3);
+   the epoch commit (seed 004 §4.1.3). A write that still fails after the storage's retries
+   declines the epoch after all (:meth:`EpochCoordinator.revoke`: ``("abort", n)``, the job
+   runs on, ``tolerable_failures`` decides); a failing retention is logged and runs again
+   after the next completion;
 4. sources report ``("exhausted", task)``; when all are, a FINAL epoch runs; after it
    completed — and, with loops, only once its loop heads logged nothing (quiescence,
    :mod:`epochal.loops.termination`; else another FINAL epoch runs) — every task receives
@@ -42,8 +45,10 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-from epochal.epochs.coordinator import EpochCoordinator
+from epochal.epochs.coordinator import EpochCoordinator, Progress
+from epochal.epochs.history import EpochHistory
 from epochal.epochs.pending import TriggerReason
+from epochal.errors import CheckpointStorageError
 from epochal.loops.termination import in_flight_at_cut
 from epochal.runtime.transport import wire
 from epochal.runtime.driver.savepoints import SavepointTracker
@@ -96,8 +101,9 @@ class CoordinatorServer:
         self.started = False
         self.exhausted: set[str] = set()
         self.finished: dict[str, dict] = {}
-        self.completed: list[dict] = []
-        self.aborted: list[dict] = []
+        #: the attempt's completed and aborted epochs: the newest ``checkpoint.history`` in
+        #: detail, all of them counted and summarised (bounded memory, epochal.epochs.history)
+        self.history = EpochHistory(config.history)
         self.highest_triggered = first_epoch - 1
         self.inbox: queue.Queue = queue.Queue()
         self._secondary: tuple[float, str] | None = None
@@ -130,6 +136,16 @@ class CoordinatorServer:
         self._thread.start()
 
     # ------------------------------------------------------------------ public
+    @property
+    def completed(self) -> list[dict]:
+        """The newest completed epochs of this attempt (``checkpoint.history`` at most), oldest first."""
+        return self.history.completed
+
+    @property
+    def aborted(self) -> list[dict]:
+        """The newest aborted epochs of this attempt, oldest first."""
+        return self.history.aborted
+
     def trigger_epoch(self) -> None:
         """Manual trigger from the API (thread-safe)."""
         self.inbox.put(("manual",))
@@ -218,7 +234,7 @@ class CoordinatorServer:
     def _tick(self, now: float) -> None:
         self._apply(self.coordinator.check_timeouts(now))
         if self.coordinator.failure_budget_exceeded:
-            last = self.aborted[-1]["detail"] if self.aborted else ""
+            last = (self.history.latest_aborted or {}).get("detail", "")
             self._finish_attempt(False, f"more than {self.config.tolerable_failures} consecutive failed "
                                         f"checkpoints (checkpoint.tolerable_failures); last: {last}")
             return
@@ -253,7 +269,7 @@ class CoordinatorServer:
                 self.times["running"] = now
         elif kind == "ack":
             _, epoch, payload = msg
-            gone = [h["path"] for h in payload.get("shared", ()) if h["path"] in self.storage.deleted_shared]
+            gone = [h["path"] for h in payload.get("shared", ()) if self.storage.shared_deleted(h["path"])]
             if gone:  # a task with a stale base reused a file retention already deleted
                 self._apply(self.coordinator.decline(
                     payload["task"], epoch, f"task {payload['task']}: snapshot references {gone[0]}, "
@@ -330,7 +346,7 @@ class CoordinatorServer:
 
     def _apply(self, progress) -> None:
         for aborted in progress.aborted:
-            self.aborted.append({"epoch": aborted.epoch, "reason": aborted.reason.value, "detail": aborted.detail})
+            self.history.add_aborted({"epoch": aborted.epoch, "reason": aborted.reason.value, "detail": aborted.detail})
             self.log(f"epoch {aborted.epoch} aborted ({aborted.reason.value}): {aborted.detail}")
             self._broadcast(("abort", aborted.epoch))
             try:
@@ -364,8 +380,15 @@ class CoordinatorServer:
             "wall_time": time.time(),
         }
         # Step 1: the metadata makes the checkpoint complete — written after all state files.
+        # A storage fault is retried (CheckpointConfig.storage_retry); if it still fails, the
+        # epoch is declined after all and the job runs on (tolerable_failures decides).
         t_meta = time.monotonic()
-        self.storage.write_metadata(completed.epoch, meta)
+        try:
+            self.storage.write_metadata(completed.epoch, meta)
+        except CheckpointStorageError as exc:
+            self._apply(Progress(aborted=(self.coordinator.revoke(
+                completed, f"the coordinator could not write the checkpoint's _metadata: {exc}", time.monotonic()),)))
+            return
         metadata_s = time.monotonic() - t_meta
         # Step 2: commit phase — tasks (sinks) publish everything up to this epoch (and confirm
         # it when the job stops with a savepoint of this epoch).
@@ -375,9 +398,12 @@ class CoordinatorServer:
         self.savepoints.on_complete(completed.epoch, meta)
         in_flight_files = {h["path"] for p in self.coordinator.pending for a in p.acks.values() if a
                            for h in a.get("shared", ())}
-        self.storage.retain(self.config.retained, protect=in_flight_files, pinned=self.savepoints.pinned)
+        try:
+            self.storage.retain(self.config.retained, protect=in_flight_files, pinned=self.savepoints.pinned)
+        except CheckpointStorageError as exc:  # nothing is lost: the next completion collects it again
+            self.log(f"retention after epoch {completed.epoch} failed, retried after the next checkpoint: {exc}")
         metrics = [dict(p.get("metrics", {})) for p in completed.acks.values()]
-        self.completed.append({
+        self.history.add_completed({
             "epoch": completed.epoch,
             "reason": completed.reason.value,
             "duration_s": completed.duration,

@@ -12,7 +12,9 @@ import time
 import cloudpickle
 
 from epochal.alignment.factory import components_for
+from epochal.backends import signing
 from epochal.backends.choice import backend_spec
+from epochal.backends.retry import RetryPolicy
 from epochal.backends.storage import CheckpointStorage
 from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, MetricsConfig, RestartStrategy
 from epochal.errors import ConfigError, EpochalError
@@ -70,7 +72,8 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
 
         check_storage_visible_from_every_host(plan, checkpoint.storage, cluster.shared_paths, launcher.master)
     url = checkpoint.storage or "file://" + tempfile.mkdtemp(prefix=f"epochal-{flow.name}-")
-    storage = CheckpointStorage(url, flow.name)
+    storage = CheckpointStorage(url, flow.name, retry_policy=RetryPolicy(deadline=storage_retry(checkpoint)),
+                                signing_key=checkpoint.signing_key)
     if not isinstance(allow_non_restored_state, bool):
         raise ConfigError(f"allow_non_restored_state: expected True or False, got {allow_non_restored_state!r}")
     if restore_from is not None:
@@ -118,11 +121,24 @@ def _import_restore_point(restore_from: str, storage: CheckpointStorage, plan, r
             f"(latest completed epoch {latest[0]}); a restore starts the job's history from {restore_from}: use "
             "another checkpoint.storage (or job name), or resume=True to continue from the latest checkpoint there")
     point = open_checkpoint(restore_from)
+    if storage.signing_key is not None:  # importing re-signs it: only a checkpoint signed with the key
+        doc = point.storage.load_metadata(point.epoch) or {}
+        why = signing.verify(doc, storage.signing_key)
+        if why:
+            raise ConfigError(
+                f"restore_from {restore_from}: its _metadata is not trusted: {why} — checkpoint.signing_key is set, "
+                "so only checkpoints and savepoints of jobs signing with the same key are restored")
     compatibility.enforce(plan, point.meta, allow_non_restored_state, log)  # before anything is copied
     t0 = time.monotonic()
     copied = import_checkpoint(point, storage)
     log.info("job %s: %s %s (epoch %d, %d bytes) copied into %s in %.2f s", plan.job, point.kind, restore_from,
              point.epoch, copied, storage.root_url, time.monotonic() - t0)
+
+
+def storage_retry(checkpoint: CheckpointConfig) -> float:
+    """How long a storage call retries transient errors: ``checkpoint.storage_retry``, but
+    never longer than an epoch may take (``checkpoint.timeout``)."""
+    return min(checkpoint.storage_retry, checkpoint.timeout)
 
 
 def _ship(plan) -> bytes:

@@ -12,7 +12,11 @@ savepoint's URL::
     <storage>/<job>/_requests/sp-<id>.done.json   {"url", "epoch"} or {"error"}   ← the driver, last
 
 The storage is the channel (like Flink's REST endpoint, but without a listening socket to
-secure): whoever may write a job's checkpoints may ask for its savepoints. A driver takes a
+secure): whoever may write a job's checkpoints may ask for its savepoints — but not make the
+driver write anywhere else: a requested location must lie under the job's own
+``<storage>/<job>/savepoints/`` or a prefix of ``CheckpointConfig.savepoint_targets``
+(:func:`target_allowed`, after normalising the path), else the request is answered with an
+error and nothing is written. A driver takes a
 request once (``taken`` is written before the savepoint starts, and a request with a
 ``taken`` or ``done`` document is never taken again, so a restarted driver with
 ``resume=True`` does not repeat it). The command deletes the three documents once it has
@@ -22,16 +26,44 @@ a driver has taken it meanwhile.
 from __future__ import annotations
 
 import logging
+import posixpath
 import threading
 import time
 import uuid
 
+import fsspec
+
 from epochal.errors import EpochalError
 
-__all__ = ["RequestWatcher", "submit", "taken", "wait_answer", "withdraw"]
+__all__ = ["RequestWatcher", "submit", "taken", "target_allowed", "wait_answer", "withdraw"]
 
 log = logging.getLogger("epochal")
 DIR = "_requests"
+
+
+def _location(url: str) -> tuple[str, str]:
+    """``(protocol, normalised absolute path)`` of ``url`` (``..`` and ``//`` resolved)."""
+    fs, path = fsspec.core.url_to_fs(url)
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return {"local": "file"}.get(protocol, protocol), posixpath.normpath("/" + path.lstrip("/"))
+
+
+def target_allowed(url: str, prefixes) -> bool:
+    """Whether savepoint location ``url`` lies under one of ``prefixes`` (URLs or local
+    paths), compared on protocol and normalised path: ``s3://b/job/savepoints/../../x`` is
+    not under ``s3://b/job/savepoints``. An unparseable URL is not allowed."""
+    try:
+        protocol, path = _location(url)
+    except Exception:
+        return False
+    for prefix in prefixes:
+        try:
+            p_protocol, p_path = _location(prefix)
+        except Exception:
+            continue
+        if protocol == p_protocol and (path == p_path or path.startswith(p_path.rstrip("/") + "/")):
+            return True
+    return False
 
 
 def _rel(rid: str, suffix: str = "") -> str:
@@ -85,8 +117,10 @@ class RequestWatcher:
     waits for it and publishes the answer. A failing listing or document is logged and
     retried at the next poll; it never affects the job."""
 
-    def __init__(self, storage, take, poll: float, job: str):
+    def __init__(self, storage, take, poll: float, job: str, targets=()):
         self.storage = storage
+        #: where requested savepoints may go: the job's savepoints/ and CheckpointConfig.savepoint_targets
+        self.targets = (storage.file_url("savepoints"), *targets)
         self.take = take
         self.poll = poll
         self.job = job
@@ -132,8 +166,16 @@ class RequestWatcher:
                              daemon=True).start()
 
     def _serve(self, rid: str, request: dict) -> None:
+        url = request.get("url")
         try:
-            pending = self.take(request.get("url"), bool(request.get("stop")))
+            if url is not None and not (isinstance(url, str) and target_allowed(url, self.targets)):
+                log.warning("job %s: refused a savepoint request to %r from the storage: not under %s", self.job, url,
+                            " or ".join(self.targets))
+                raise ValueError(
+                    f"savepoint location {url!r} is not allowed for requests through the checkpoint storage: "
+                    f"it must lie under {' or '.join(self.targets)} (add a prefix to the job's "
+                    "CheckpointConfig.savepoint_targets to allow another one)")
+            pending = self.take(url, bool(request.get("stop")))
             url = pending.wait()
             answer = {"url": url, "epoch": pending.epoch}
         except (EpochalError, ValueError, OSError) as exc:

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 class JobResult:
     """What a finished job did: attempts, failures survived, epochs, per-task metrics.
 
-    ``completed_epochs`` (of the final attempt): per epoch ``duration_s`` (trigger → last
+    ``completed_epochs`` (of the final attempt; the newest ``CheckpointConfig.history`` of
+    them, ``checkpoints`` summarises all): per epoch ``duration_s`` (trigger → last
     acknowledgement), ``metadata_s`` (writing ``_metadata`` afterwards), ``bytes`` /
     ``state_bytes``, the maxima over tasks ``max_alignment_s`` / ``max_sync_s`` /
     ``max_upload_s``, and ``tasks``: each task's ``barrier_s``, ``alignment_s``, ``sync_s``,
@@ -49,6 +50,10 @@ class JobResult:
     stopped_with_savepoint: str | None = None
     #: the checkpoint or savepoint the job started from (``restore_from``), else ``None``
     restored_from_url: str | None = None
+    #: every epoch of the final attempt, including those beyond ``completed_epochs``' window:
+    #: ``completed``, ``aborted`` (counts), ``duration_s`` and ``bytes`` (count, sum, mean,
+    #: min, max, p50, p99 within 1 %; epochal.epochs.history)
+    checkpoints: dict = field(default_factory=dict)
 
     @property
     def records_in(self) -> int:

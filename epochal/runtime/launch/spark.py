@@ -26,6 +26,10 @@ On a cluster (any master but ``local[...]``; DESIGN.md "On a cluster"):
   (``spark.network.timeout``) and would place tasks of the next attempt there, wasting
   it. :meth:`SparkLauncher.prepare` therefore also waits until every such host is either
   dropped by Spark or answers again.
+* **Spark's RPC.** The attempt's key and TLS material reach the executors in the task
+  closure, over Spark's RPC: a cluster whose RPC is neither authenticated nor encrypted is
+  refused (:func:`check_rpc_security`, naming the settings that fix it) unless
+  ``ClusterConfig(allow_insecure_spark_rpc=True)``.
 """
 from __future__ import annotations
 
@@ -103,6 +107,44 @@ def _session(spark, num_tasks: int):
     if os.environ.get("PYSPARK_GATEWAY_PORT"):  # started by spark-submit: honour its --master
         return SparkSession.builder.appName("epochal").getOrCreate()
     return _local_session(num_tasks)
+
+
+#: what protects Spark's RPC: the fix an insecure cluster is told to apply
+RPC_FIX = ("--conf spark.authenticate=true --conf spark.network.crypto.enabled=true (with "
+           "spark.authenticate.secret; YARN and Kubernetes generate one per application, a standalone "
+           "cluster's master and workers need the same secret: "
+           "SPARK_DAEMON_JAVA_OPTS='-Dspark.authenticate=true -Dspark.authenticate.secret=...')")
+
+
+def check_rpc_security(conf, master: str, allow_insecure: bool) -> None:
+    """Refuse (or with ``allow_insecure`` warn about) a cluster whose Spark RPC is neither
+    authenticated nor encrypted; warn when it is authenticated only (readable in transit).
+
+    Why: the per-attempt TLS key and the job secret reach the executors inside Spark's task
+    closure (:class:`~epochal.runtime.task.attempt.AttemptSpec`): whoever can read Spark's
+    RPC can then authenticate as a task of the job and send pickles to the others.
+
+    Raises:
+        ConfigError: naming the settings that fix it and the opt-out.
+    """
+    def on(key: str) -> bool:
+        return str(conf.get(key, "false") or "false").strip().lower() == "true"
+
+    authenticated = on("spark.authenticate")
+    encrypted = on("spark.network.crypto.enabled") or on("spark.ssl.rpc.enabled")
+    if encrypted:
+        return
+    if authenticated:
+        log.warning("Spark's RPC on %s is authenticated but not encrypted: epochal's job secret and per-attempt TLS "
+                    "key cross it readable in Spark's task closure; set spark.network.crypto.enabled=true", master)
+        return
+    message = (f"Spark's RPC on {master} is neither authenticated nor encrypted: epochal's job secret and per-attempt "
+               "TLS key reach the executors in Spark's task closure over it, so whoever can read or join Spark's "
+               f"traffic could impersonate the job's tasks and send them pickles. Secure it: {RPC_FIX}")
+    if not allow_insecure:
+        raise ConfigError(message + "; or, on a network only you can reach, accept the risk with "
+                                    "ClusterConfig(allow_insecure_spark_rpc=True)")
+    log.warning("%s (running anyway: cluster.allow_insecure_spark_rpc=True)", message)
 
 
 def _check_cluster_conf(conf, num_tasks: int, master: str) -> None:
@@ -185,6 +227,7 @@ class SparkLauncher(Launcher):
         conf = sc.getConf()
         if self.is_cluster:
             _check_cluster_conf(conf, num_tasks, self.master)
+            check_rpc_security(conf, self.master, self.cluster.allow_insecure_spark_rpc)
             advertised = os.environ.get(DRIVER_HOST_ENV) or conf.get("spark.driver.host")
             self.advertised_host = advertised
             self.bind_host = (os.environ.get(DRIVER_BIND_HOST_ENV) or conf.get("spark.driver.bindAddress", None)

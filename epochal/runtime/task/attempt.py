@@ -49,3 +49,6 @@ class AttemptSpec:
     #: seconds after which a peer host that stopped answering is lost (wire.PeerLost);
     #: ``None`` on loopback (local runs), ClusterConfig.peer_timeout on a cluster
     peer_timeout: float | None = None
+    #: seconds a storage call retries transient errors (CheckpointConfig.storage_retry,
+    #: at most its timeout; epochal.backends.retry)
+    storage_retry: float = 30.0

@@ -43,9 +43,12 @@ class BarrierSteps:
             self._send(("decline", epoch, self.spec.id, f"task {self.spec.id}: barrier handler gave up epoch {epoch}"))
         plan = result.channel_state
         if result.snapshot_epoch is not None:
-            self.metrics["alignment_s"].append(self.handler.last_alignment_duration)
-            self._snapshot_and_forward(result.snapshot_epoch, self._barrier_ts.get(result.snapshot_epoch, time.time()),
-                                       plan, reached_channel=channel if reached else None)
+            self.metrics["alignment_s"].add(self.handler.last_alignment_duration)
+            epoch = result.snapshot_epoch
+            timestamp = self._barrier_ts.get(epoch, time.time())
+            for older in [e for e in self._barrier_ts if e <= epoch]:  # never needed again
+                del self._barrier_ts[older]
+            self._snapshot_and_forward(epoch, timestamp, plan, reached_channel=channel if reached else None)
         elif plan is not None:  # barriers of an epoch snapshotted unaligned arrived
             ready = []
             for c in plan.capture:
@@ -94,7 +97,7 @@ class BarrierSteps:
         keyed_job = self.backend.snapshot(epoch) if self.backend is not None else None
         self.router.broadcast((BARRIER, epoch, timestamp, True) if unaligned else (BARRIER, epoch, timestamp), force)
         sync = time.monotonic() - t0
-        self.metrics["sync_s"].append(sync)
+        self.metrics["sync_s"].add(sync)
         self.metrics["snapshots"] += 1
         self.metrics["unaligned_snapshots"] += unaligned
         kind = "source" if not self.spec.inputs else (getattr(self.handler, "last_snapshot_kind", None) or "aligned")

@@ -19,6 +19,16 @@ against a record-by-record reference):
   :meth:`Router.broadcast` flushes before it sends its event, so a barrier (or end of
   stream) is never inside a batch and never overtakes a record: events and data share
   each channel's FIFO connection.
+* **Bytes.** A batch is also cut early when it would encode to more than about
+  ``batch_bytes`` (each outlet learns its bytes per record from the frames it sent,
+  :class:`~epochal.runtime.transport.frames.BatchSizer`), and no frame exceeds
+  ``max_frame_bytes``: a batch that encodes to more is split before it is sent
+  (:func:`~epochal.runtime.transport.frames.encode_within`). A record that cannot be encoded,
+  or encodes to more than ``max_frame_bytes`` alone, raises a :class:`~epochal.errors.DataError`
+  naming the operator that produced it and the edge — retrying cannot help, so the job fails
+  at once. With ``dead_letters=True`` on that operator, a record that cannot be encoded goes
+  to its ``dead_letters()`` output instead (as its ``repr``, since the record itself cannot
+  travel) and the job goes on.
 * **Flow control.** Every data batch goes through ``OutputChannel.send_batch``, which
   takes one credit per batch and blocks (calling ``should_stop``) while there is none.
   ``should_stop`` raises to cancel, or returns True when the task has urgent work that
@@ -42,10 +52,12 @@ import time
 
 from epochal.backends.keygroups import KeyGroupAssigner
 from epochal.columnar.keys import rows
-from epochal.errors import OperatorError
+from epochal.errors import DataError, OperatorError
 from epochal.graph import PartitionKind
+from epochal.operators.base import DeadLetter
 from epochal.plan import OutputGate
-from epochal.runtime.transport.channels import encode_batch
+from epochal.runtime.transport.channels import edge_name, encode_batch
+from epochal.runtime.transport.frames import BatchSizer, RecordTooLarge, Unencodable, encode_within
 
 
 class _Gate:
@@ -142,13 +154,20 @@ class Router:
     module docstring for the full contract."""
 
     def __init__(self, gates, channels: dict, batch_size: int, linger: float, max_parallelism: int,
-                 task: str, should_stop):
+                 task: str, should_stop, batch_bytes: int = 4 << 20, max_frame_bytes: int = 64 << 20):
         self.channels = channels  # cid -> OutputChannel
         self.batch_size = batch_size
+        self.max_frame_bytes = max_frame_bytes
+        self.task = task
+        #: the largest frame sent so far (bytes), for the task's metrics
+        self.largest_frame = 0
+        #: records that could not be encoded and went to dead letters
+        self.unencodable = 0
         self.linger = linger
         self.should_stop = should_stop
         # outlets: (buffer, the channels it is sent on) — one per channel, one per BROADCAST gate
         self._outlets: list[tuple[list, tuple]] = []
+        self._sources: list[tuple[str, str]] = []  # per outlet: (producing operator, a channel id)
         self._gates = []  # of the chain's main output
         self._side: dict[tuple[str, str], list[_Gate]] = {}  # (producer, port) -> gates
         for g in gates:
@@ -156,9 +175,11 @@ class Router:
             if g.partitioning.kind is PartitionKind.BROADCAST:
                 buffers = [[]]
                 self._outlets.append((buffers[0], outs))
+                self._sources.append((g.producer, g.channels[0]))
             else:
                 buffers = [[] for _ in outs]
                 self._outlets.extend((b, (out,)) for b, out in zip(buffers, outs))
+                self._sources.extend((g.producer, cid) for cid in g.channels)
             gate = _Gate(g, buffers, max_parallelism, task)
             if g.port == "main":
                 self._gates.append(gate)
@@ -168,7 +189,8 @@ class Router:
         # Arrow batches are large already: every one is sent as its own frame (no linger)
         columnar = {id(b) for g in self._gates + [g for gs in self._side.values() for g in gs] if g.columnar
                     for b in g.buffers}
-        self._sizes = [1 if id(buf) in columnar else batch_size for buf, _ in self._outlets]
+        self._sizers = [None if id(buf) in columnar else BatchSizer(batch_size, batch_bytes)
+                        for buf, _ in self._outlets]
         self._order = [cid for g in gates for cid in g.channels]
         self.oldest_unsent: float | None = None
         self.records_out = 0
@@ -195,12 +217,13 @@ class Router:
         for g in gates:
             g.route(records)
         try:
-            for (buf, outs), size in zip(self._outlets, self._sizes):
-                full = len(buf) - len(buf) % size
-                if full:
-                    for start in range(0, full, size):
-                        self._send(outs, buf[start:start + size])
-                    del buf[:full]
+            for k, (buf, outs) in enumerate(self._outlets):
+                sizer = self._sizers[k]
+                size = 1 if sizer is None else sizer.size
+                while len(buf) >= size:
+                    self._send(k, buf[:size])
+                    del buf[:size]
+                    size = 1 if sizer is None else sizer.size
         finally:
             self._urgent = False
         if self.oldest_unsent is None and any(self._buffers):
@@ -213,28 +236,71 @@ class Router:
             self._urgent = True
         return self._urgent
 
-    def _send(self, outs: tuple, batch: list, force: bool = False) -> None:
-        force = force or self._urgent
-        if len(outs) == 1:
-            if force:
-                outs[0].send_now(batch)
-            else:
-                outs[0].send_batch(batch, self._blocked)
-            return
-        frame = encode_batch(batch)
-        for out in outs:
-            if force or self._urgent:
-                out.send_now(batch, frame)
-            else:
-                out.send_batch(batch, self._blocked, frame)
+    def _send(self, k: int, batch: list, force: bool = False) -> None:
+        """Send ``batch`` from outlet ``k``: encoded once, in frames within ``max_frame_bytes``."""
+        outs = self._outlets[k][1]
+        for part, frame in self._frames(k, batch):
+            for out in outs:
+                if force or self._urgent:
+                    out.send_now(part, frame)
+                else:
+                    out.send_batch(part, self._blocked, frame)
+
+    def _frames(self, k: int, batch: list) -> list:
+        """``[(records, frame)]`` of ``batch`` (see the module docstring, "Bytes")."""
+        while True:
+            try:
+                parts = encode_within(batch, self.max_frame_bytes, encode_batch)
+                break
+            except Unencodable as exc:
+                batch = self._dead_letter(k, batch, exc)
+                if not batch:
+                    return []
+            except RecordTooLarge as exc:
+                producer, cid = self._sources[k]
+                raise DataError(
+                    f"task {self.task}: operator {producer!r} emitted a record that encodes to {exc.size} bytes, "
+                    f"more than channels.max_frame_bytes={exc.limit}, on the edge {edge_name(cid)}: "
+                    f"{repr(exc.record)[:200]} — split it into smaller records, or raise channels.max_frame_bytes "
+                    "(at most 1 GiB)") from None
+        if self._sizers[k] is not None:
+            self._sizers[k].observe_frames(parts)
+        self.largest_frame = max(self.largest_frame, max(len(f) for _, f in parts))
+        return parts
+
+    def _dead_letter(self, k: int, batch: list, exc: Unencodable) -> list:
+        """``exc.record`` cannot be encoded: raise the error naming its operator, or — the
+        operator has dead letters — put a :class:`DeadLetter` of its ``repr`` in them and
+        return the batch without it."""
+        producer, cid = self._sources[k]
+        error = f"{type(exc.cause).__name__}: {exc.cause}"
+        gates = self._side.get((producer, "dead_letters"))
+        if not gates:
+            raise DataError(
+                f"task {self.task}: operator {producer!r} emitted a record that cannot be encoded for the edge "
+                f"{edge_name(cid)}: {error}; the record: {repr(exc.record)[:200]} — return plain data (or give its "
+                f"class a __reduce__), or build {producer!r} with dead_letters=True to set such records aside"
+            ) from exc.cause
+        letter = DeadLetter(producer, f"cannot be encoded: {error}", repr(exc.record)[:1000])
+        for g in gates:  # buffered only: sent with the side output's next batch, before any barrier
+            g.route([letter])
+        self.records_out += 1
+        self.unencodable += 1
+        if self.oldest_unsent is None:
+            self.oldest_unsent = time.monotonic()
+        i = next(i for i, r in enumerate(batch) if r is exc.record)
+        return batch[:i] + batch[i + 1:]
 
     def flush(self, force: bool = False) -> None:
-        """Send every buffered record (``force``: without waiting for credit)."""
+        """Send every buffered record (``force``: without waiting for credit), including
+        dead letters that sending put in other buffers."""
         try:
-            for buf, outs in self._outlets:
-                if buf:
-                    self._send(outs, buf.copy(), force)
-                    buf.clear()
+            while any(self._buffers):
+                for k, (buf, _) in enumerate(self._outlets):
+                    if buf:
+                        batch = buf.copy()
+                        buf.clear()
+                        self._send(k, batch, force)
         finally:
             self._urgent = False
         self.oldest_unsent = None

@@ -87,6 +87,7 @@ class Uploader:
 
     def close(self) -> None:
         self._closed = True
+        self.storage.stop_retrying()  # an upload waiting out a storage fault gives up: the attempt is over
         self._queue.put(None)
 
     def _run(self) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from epochal.columnar.keys import rows
 from epochal.epochs.barrier import Barrier
+from epochal.errors import DataError
 from epochal.runtime.transport.channels import BARRIER, DATA, END, ChannelFailure
 from epochal.time.watermarks import WATERMARK, WatermarkMark
 
@@ -89,8 +90,8 @@ class ReadSteps:
             self._apply(self.handler.on_barrier(channel, Barrier(msg[1], msg[2])), channel, reached=True)
         elif kind == END:
             self.gate.ended[channel] = True
-        else:  # "!" — the producer vanished without an end of stream
-            raise ChannelFailure(f"task {self.spec.id}: {msg[1]}") from (msg[2] if len(msg) > 2 else None)
+        else:  # "!" — the producer vanished without an end of stream, or its data cannot be decoded
+            _raise_broken(self.spec.id, msg)
         return True
 
     def _on_feedback(self, channel: int, msg: tuple) -> None:
@@ -110,4 +111,13 @@ class ReadSteps:
         elif kind == END:
             self.gate.ended[channel] = True
         else:
-            raise ChannelFailure(f"task {self.spec.id}: {msg[1]}")
+            _raise_broken(self.spec.id, msg)
+
+
+def _raise_broken(task: str, msg: tuple):
+    """A channel's ``("!", text[, cause])``: its own DataError (the data cannot be decoded:
+    the task's failure, not an echo of another's), else a ChannelFailure."""
+    cause = msg[2] if len(msg) > 2 else None
+    if isinstance(cause, DataError):
+        raise DataError(f"task {task}: {cause}")
+    raise ChannelFailure(f"task {task}: {msg[1]}") from cause

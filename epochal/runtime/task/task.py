@@ -31,9 +31,11 @@ import time
 import traceback
 
 from epochal.alignment.channel_state import ChannelStateRecorder
+from epochal.backends.retry import RetryPolicy
 from epochal.backends.storage import CheckpointStorage
-from epochal.errors import ChannelSetupError, ConfigError, EpochalError, OperatorError, TaskStartError
+from epochal.errors import ChannelSetupError, ConfigError, DataError, EpochalError, OperatorError, TaskStartError
 from epochal.loops.head import LOOP_LOG, LoopHeadProtocol
+from epochal.metrics.quantiles import Summary
 from epochal.operators.base import OperatorContext
 from epochal.operators.factory import create_operator
 from epochal.runtime.task.attempt import AttemptSpec
@@ -46,6 +48,7 @@ from epochal.runtime.task.snapshots import Uploader
 from epochal.runtime.task.steps import ReadSteps
 from epochal.runtime.transport import wire
 from epochal.runtime.transport.channels import END, ChannelFailure, InputGate, OutputChannel
+from epochal.sinks.base import SinkWriteError
 from epochal.testing import FaultInjector
 from epochal.time.units import MAX_TIME, now_micros
 from epochal.time.watermarks import WatermarkTracker
@@ -88,7 +91,8 @@ class Task(ReadSteps, BarrierSteps):
         self.priority = components.priority_barriers  # unaligned snapshots: barriers overtake data
         self.gate = InputGate(self.spec.inputs, attempt.channels.credits, self.cv,
                               unbounded=frozenset(range(self.n_aligned, len(self.spec.inputs))),
-                              announce_barriers=self.priority, in_flight=attempt.channels.in_flight)
+                              announce_barriers=self.priority, in_flight=attempt.channels.in_flight,
+                              unbounded_memory_bytes=attempt.channels.feedback_memory_bytes)
         self.handler = components.barrier_handler(self.n_aligned)
         self.clock = WatermarkTracker(self.n_aligned)  # event time of the task's input (epochal.time)
         self._end_held = False  # a loop head holds the end of input until the loop is quiescent
@@ -98,14 +102,18 @@ class Task(ReadSteps, BarrierSteps):
         self.recorder = ChannelStateRecorder(
             log_key=lambda c: LOOP_LOG if c >= self.n_aligned else self.spec.inputs[c],
             attach=self._attach_channel_state, memory_records=memory,
-            discard=frozenset() if self.faults.loop_log_enabled else frozenset({LOOP_LOG}))
+            discard=frozenset() if self.faults.loop_log_enabled else frozenset({LOOP_LOG}),
+            memory_bytes=attempt.channels.log_memory_bytes)
         self.loop: LoopHeadProtocol | None = None
         if self.spec.is_loop_head:
             self.loop = LoopHeadProtocol(range(self.n_aligned, len(self.spec.inputs)), self.recorder)
-        self._barrier_ts: dict[int, float] = {}  # epoch -> trigger time, for barriers forwarded later
+        # epoch -> trigger time, for barriers forwarded later; entries up to a snapshot's epoch
+        # are dropped with it, so at most the epochs in flight are kept
+        self._barrier_ts: dict[int, float] = {}
+        # timings as streaming summaries (count, sum, max, p50, p99): bounded over any run
         self.metrics = {"task": self.spec.id, "host": self.node, "source": self.spec.is_source, "records_in": 0,
                         "snapshots": 0, "unaligned_snapshots": 0, "channel_state_replayed": 0, "channel_state_watermarks": 0,
-                        "alignment_s": [], "sync_s": [], "loop_replayed": 0}
+                        "alignment_s": Summary(), "sync_s": Summary(), "loop_replayed": 0}
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> dict:
@@ -195,8 +203,10 @@ class Task(ReadSteps, BarrierSteps):
                 self.outputs[cid] = OutputChannel(cid, conn, self.cv)
         ch = self.attempt.channels
         self.router = Router(self.spec.outputs, self.outputs, ch.batch_size, ch.linger,
-                             self.plan.max_parallelism, self.spec.id, self._check_cancelled)
-        storage = CheckpointStorage(self.attempt.storage_url, self.plan.job)
+                             self.plan.max_parallelism, self.spec.id, self._check_cancelled,
+                             batch_bytes=ch.batch_bytes, max_frame_bytes=ch.max_frame_bytes)
+        storage = CheckpointStorage(self.attempt.storage_url, self.plan.job,
+                                    retry_policy=RetryPolicy(deadline=self.attempt.storage_retry))
         self.uploader = Uploader(self.spec.id, storage, self._send, self.faults)
         t_restore = time.monotonic()
         restored: RestoredState = load_restored_state(self.plan, self.spec, restore, storage)
@@ -271,12 +281,15 @@ class Task(ReadSteps, BarrierSteps):
         # A broken channel is usually the echo of another task's failure: the coordinator
         # prefers a primary cause that arrives shortly after.
         secondary = isinstance(exc, ChannelFailure)
-        # A ConfigError (e.g. state that cannot be rescaled) is deterministic: restarting
-        # the attempt would fail the same way, so the job fails at once.
+        # A ConfigError (e.g. state that cannot be rescaled) or a DataError (input that
+        # cannot be read, decoded or encoded) is deterministic: restarting the attempt would
+        # fail the same way, so the job fails at once.
         try:
-            flags = {"secondary": secondary, "fatal": isinstance(exc, ConfigError)}
+            flags = {"secondary": secondary, "fatal": isinstance(exc, (ConfigError, DataError))}
             if isinstance(exc, OperatorError):  # the driver stops retrying a record that fails every time
                 flags["poison"] = [exc.operator, exc.record_repr, exc.cause.split(":", 1)[0]]
+            elif isinstance(exc, SinkWriteError):  # a record the sink cannot write fails every time too
+                flags["poison"] = [exc.sink_name, exc.record_repr, exc.reason.split(":", 1)[0]]
             lost = wire.lost_host(exc)
             if lost is not None:  # a peer's host went silent: the driver waits for Spark to drop it
                 flags["lost_host"] = lost
@@ -378,6 +391,7 @@ class Task(ReadSteps, BarrierSteps):
                 if len(msg) > 2 and msg[2]:  # stopping with a savepoint: confirm the commit (runtime/driver/savepoints.py)
                     self._send(("committed", self.spec.id, msg[1]))
             elif kind == "abort":  # coordinator gave up the epoch: release alignment and loop logging
+                self._barrier_ts.pop(msg[1], None)
                 self._source_offsets.pop(msg[1], None)
                 self.handler.abort_epoch(msg[1])
                 self.recorder.drop(msg[1])
@@ -421,10 +435,14 @@ class Task(ReadSteps, BarrierSteps):
         }
 
     def _final_metrics(self) -> dict:
-        m = dict(self.metrics)
+        m = {k: v.to_dict() if isinstance(v, Summary) else v for k, v in self.metrics.items()}
         m["records_out"] = self.router.records_out
         m["backpressure_s"] = sum(o.blocked_seconds for o in self.outputs.values())
         m["max_buffered_batches"] = self.gate.buffered_batches_max
+        m["feedback_spilled_frames"] = self.gate.spilled_frames  # loop feedback beyond its memory budget
+        if hasattr(self, "router"):
+            m["largest_frame_bytes"] = self.router.largest_frame
+            m["unencodable_records"] = self.router.unencodable  # sent to dead letters
         if hasattr(self, "chain"):
             m["watermark"] = self.chain.output.watermark
         return m

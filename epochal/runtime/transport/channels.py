@@ -32,7 +32,9 @@ import time
 
 import pyarrow as pa
 
-from epochal.runtime.transport.wire import Connection, ConnectionClosed, encode, encode_arrow
+from epochal.errors import DataError
+from epochal.runtime.transport.spill import SpillQueue
+from epochal.runtime.transport.wire import Connection, ConnectionClosed, decode, encode, encode_arrow
 from epochal.time.watermarks import WATERMARK, WatermarkMark
 
 DATA, BARRIER, END, CREDIT = "B", "E", "X", "C"
@@ -56,16 +58,40 @@ class ChannelFailure(Exception):
     """A peer disappeared without a clean end of stream (it crashed or was cancelled)."""
 
 
+def edge_name(cid: str) -> str:
+    """``"operator 'a' → 'b' (subtask 0 → 1)"`` for a channel id ``a>b.<input>:0>1``
+    (:func:`epochal.plan.compile_plan` makes them)."""
+    try:
+        ops, subtasks = cid.rsplit(":", 1)
+        producer, consumer = ops.split(">", 1)
+        up, down = subtasks.split(">")
+        return f"operator {producer!r} → {consumer.rsplit('.', 1)[0]!r} (subtask {up} → {down})"
+    except ValueError:
+        return f"channel {cid!r}"
+
+
+def producer_of(cid: str) -> str:
+    """The operator that sends on channel ``cid``."""
+    return cid.split(">", 1)[0]
+
+
 class InputGate:
     """The receiving side of all input channels of one task.
 
     Reader threads append messages to per-channel queues and notify ``cv``; the task
-    thread takes them with :meth:`poll`, skipping blocked channels.
+    thread takes them with :meth:`poll`, skipping blocked channels. The queues of the
+    ``unbounded`` channels (a loop head's feedback) hold ``unbounded_memory_bytes`` of
+    frames in memory and the rest in a local file (:class:`~epochal.runtime.transport.spill.SpillQueue`).
+
+    A frame a reader cannot decode (a record that pickles but does not unpickle, e.g. an
+    exception class whose ``__init__`` takes other arguments than its ``args``) ends its
+    channel with a ``("!", text, DataError)`` naming the producing operator, the edge and
+    the error: the task fails at once instead of waiting for a message that never comes.
     """
 
     def __init__(self, channel_ids: tuple[str, ...], credits: int, cv: threading.Condition,
                  unbounded: frozenset[int] = frozenset(), announce_barriers: bool = False,
-                 in_flight: float | None = None):
+                 in_flight: float | None = None, unbounded_memory_bytes: int = 64 << 20):
         self.channel_ids = channel_ids
         self.index = {cid: i for i, cid in enumerate(channel_ids)}
         self.credits = credits
@@ -79,7 +105,8 @@ class InputGate:
         self._rate = [0.0] * n  # consumed batches per second (EWMA), for in_flight
         self._window = [(time.monotonic(), 0)] * n  # (start, batches) of the current rate window
         self.cv = cv
-        self.queues = [collections.deque() for _ in channel_ids]
+        self.queues = [SpillQueue(unbounded_memory_bytes, decode) if i in unbounded else collections.deque()
+                       for i in range(n)]
         self.conns: list[Connection | None] = [None] * len(channel_ids)
         self.ended = [False] * len(channel_ids)
         self._data_buffered = [0] * len(channel_ids)  # data batches queued (bounded by credits)
@@ -110,11 +137,20 @@ class InputGate:
 
     def _read(self, i: int, conn: Connection) -> None:
         q = self.queues[i]
+        spill = q if isinstance(q, SpillQueue) else None
         try:
             while True:
-                msg = conn.recv()
+                frame = conn.recv_bytes()
+                try:
+                    msg = decode(frame)
+                except Exception as exc:
+                    self._undecodable(i, frame, exc)
+                    return
                 with self.cv:
-                    q.append(msg)
+                    if spill is not None:
+                        spill.put(msg, frame)
+                    else:
+                        q.append(msg)
                     if msg[0] == DATA:
                         self._data_buffered[i] += 1
                         if self._data_buffered[i] > self.buffered_batches_max:
@@ -128,6 +164,28 @@ class InputGate:
             with self.cv:
                 q.append(("!", f"input channel {self.channel_ids[i]} broke: {exc}", exc))
                 self.cv.notify_all()
+        except Exception as exc:  # never die silently: the task would wait for this channel for ever
+            with self.cv:
+                q.append(("!", f"input channel {self.channel_ids[i]}: its reader failed: "
+                               f"{type(exc).__name__}: {exc}", exc))
+                self.cv.notify_all()
+
+    def _undecodable(self, i: int, frame: bytes, exc: Exception) -> None:
+        """End channel ``i`` with a DataError naming the producing operator and the edge."""
+        cid = self.channel_ids[i]
+        error = DataError(
+            f"a record from operator {producer_of(cid)!r} cannot be decoded on the edge {edge_name(cid)}: "
+            f"{type(exc).__name__}: {exc} (a frame of {len(frame)} bytes) — the record pickles but does not unpickle "
+            "(e.g. an exception class whose __init__ takes other arguments than its args, or a class missing on "
+            "this host): give its class a __reduce__, or send plain data out of that operator")
+        with self.cv:
+            self.queues[i].append(("!", str(error), error))
+            self.cv.notify_all()
+
+    @property
+    def spilled_frames(self) -> int:
+        """Frames that waited on disk (the loop feedback channels' :class:`SpillQueue`)."""
+        return sum(q.spilled for q in self.queues if isinstance(q, SpillQueue))
 
     def poll(self, blocked) -> tuple[int, tuple] | None:
         """Next message from a non-blocked channel, round-robin; ``None`` if none is ready.
@@ -221,6 +279,9 @@ class InputGate:
         for c in self.conns:
             if c is not None:
                 c.close()
+        for q in self.queues:
+            if isinstance(q, SpillQueue):
+                q.close()
 
 
 class OutputChannel:

@@ -61,6 +61,12 @@ class ConnectionClosed(EpochalError):
     """The peer closed the connection (or it broke) while we were reading."""
 
 
+class FrameTooLarge(EpochalError, ValueError):
+    """A message encodes to more than :data:`MAX_FRAME` bytes; nothing was sent. Data
+    channels never get here: their sender cuts batches to ``ChannelConfig.max_frame_bytes``
+    first (:mod:`epochal.runtime.transport.frames`)."""
+
+
 class PeerLost(ConnectionClosed, OSError):
     """The peer's host stopped acknowledging the connection for ``peer_timeout`` seconds
     (the kernel gave up: ``ETIMEDOUT``); the message names the peer's address, ``host``
@@ -171,6 +177,8 @@ class Connection:
     def send_bytes(self, payload) -> None:
         """Send one frame; ``payload`` is bytes or any buffer (an Arrow buffer is sent
         without a copy)."""
+        if len(payload) > MAX_FRAME:  # the receiver would drop the connection (and over 4 GiB no header fits)
+            raise FrameTooLarge(f"a frame of {len(payload)} bytes exceeds the {MAX_FRAME} byte limit of every receiver")
         header = _LEN.pack(len(payload))
         with self._send_lock:
             try:
