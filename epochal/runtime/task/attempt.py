@@ -49,3 +49,5 @@ class AttemptSpec:
     #: seconds after which a peer host that stopped answering is lost (wire.PeerLost);
     #: ``None`` on loopback (local runs), ClusterConfig.peer_timeout on a cluster
     peer_timeout: float | None = None
+    #: task state up to this many bytes travels inline with the ack (CheckpointConfig.inline_state)
+    inline_state: int = 0

@@ -196,7 +196,7 @@ class Task(ReadSteps, BarrierSteps):
         self.router = Router(self.spec.outputs, self.outputs, ch.batch_size, ch.linger,
                              self.plan.max_parallelism, self.spec.id, self._check_cancelled)
         storage = CheckpointStorage(self.attempt.storage_url, self.plan.job)
-        self.uploader = Uploader(self.spec.id, storage, self._send, self.faults)
+        self.uploader = Uploader(self.spec.id, storage, self._send, self.faults, self.attempt.inline_state)
         t_restore = time.monotonic()
         restored: RestoredState = load_restored_state(self.plan, self.spec, restore, storage)
 
