@@ -69,7 +69,7 @@ def count(acc: dict, record: dict) -> dict:
     return {"k": record["k"], "t": record["t"], "n": acc["n"] + 1}
 
 
-class Reader(threading.Thread):
+class Poller(threading.Thread):
     """Polls the sink's committed output like an external read-committed consumer;
     ``seen`` holds ``(seen_at, produced_at, epoch)`` per record."""
 
@@ -88,7 +88,7 @@ class Reader(threading.Thread):
         raise NotImplementedError
 
 
-class FileReader(Reader):
+class FileReader(Poller):
     def __init__(self, path: str, poll: float):
         super().__init__(poll)
         self.path, self.files = path, set()
@@ -108,7 +108,7 @@ class FileReader(Reader):
             self.files.add(name)
 
 
-class LogTopicReader(Reader):
+class LogTopicReader(Poller):
     def __init__(self, root: str, topic: str, partitions: int, poll: float):
         super().__init__(poll)
         self.root, self.topic, self.partitions = root, topic, partitions
@@ -133,6 +133,38 @@ class LogTopicReader(Reader):
             self.batches[p] = len(batches)
 
 
+class Reader(threading.Thread):
+    """Polls a FileSink directory every 10 ms (used by ``backpressure.py``): ``latencies``
+    per record (seen − its ``"t"``), ``sink_times`` the records' ``"w"`` stamps if any."""
+
+    def __init__(self, path: str):
+        super().__init__(daemon=True)
+        self.path, self.seen_files, self.latencies = path, set(), []
+        self.sink_times: list[float] = []
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            self.scan()
+            time.sleep(0.01)
+        self.scan()
+
+    def scan(self):
+        if not os.path.isdir(self.path):
+            return
+        for name in sorted(os.listdir(self.path)):
+            if name.startswith(("_", ".")) or name in self.seen_files:
+                continue
+            now = time.time()
+            with open(os.path.join(self.path, name)) as f:
+                for line in f:
+                    record = json.loads(line)
+                    self.latencies.append(now - record["t"])
+                    if "w" in record:
+                        self.sink_times.append(record["w"])
+            self.seen_files.add(name)
+
+
 def _txn_epoch(txn) -> int | None:
     m = re.search(r"e(\d+)", str(txn))
     return int(m.group(1)) if m else None
@@ -148,7 +180,7 @@ def one_run(sink_kind: str, rate: float, interval: float, concurrent: int, args,
     if sink_kind == "file":
         out = os.path.join(tmp, "out")
         counted.sink("out", FileSink(out, format="jsonl"))
-        reader: Reader = FileReader(out, args.poll)
+        reader: Poller = FileReader(out, args.poll)
     else:
         counted.sink("out", LogSink(os.path.join(tmp, "log"), "t", partitions=2))
         reader = LogTopicReader(os.path.join(tmp, "log"), "t", 2, args.poll)

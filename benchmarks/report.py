@@ -22,7 +22,8 @@ import report_sections as sections
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BENCHMARKS = ("throughput", "latency", "chain", "chain_intervals", "alignment", "recovery", "state", "state_stress",
-              "window", "event_windows", "loops", "peers", "dataplane", "serde", "backpressure", "cluster")
+              "window", "event_windows", "loops", "peers", "dataplane", "serde", "backpressure", "cluster",
+              "coldstart")
 
 
 def describe_machine(m: dict) -> str:
@@ -57,6 +58,7 @@ SECTIONS = {
     "serde": sections.section_serde,
     "backpressure": sections.section_backpressure,
     "cluster": sections.section_cluster,
+    "coldstart": sections.section_coldstart,
 }
 
 

@@ -21,7 +21,7 @@ from epochal.config import CheckpointConfig
 from epochal.epochs.coordinator import EpochCoordinator
 from epochal.errors import CheckpointStorageError, ConfigError
 from epochal.testing import CrashDuringCommit, CrashDuringDurability
-from pipelines import output, unique_dir, wordcount, wordcount_oracle
+from pipelines import output, running_counts, unique_dir, wordcount, wordcount_oracle
 
 N_LINES = 2000
 CHANNELS = ep.ChannelConfig(batch_size=32, linger="1ms")
@@ -67,6 +67,10 @@ def test_concurrent_epochs_commit_in_order_and_equal_the_oracle(tmp_path):
     assert handles and all(h.is_inline for h in handles)
     assert state_handles(meta) == []
     assert os.listdir(storage.epoch_dir(epoch).split("://")[-1]) == ["_metadata"]
+    # ... and reads back offline: the reduce's state is one running count per distinct word
+    table = ep.state.read(storage.root_url, "count")
+    words = {w for w, _n in (tuple(r) for r in running_counts(N_LINES))}
+    assert table.num_rows == len(words)
 
 
 @pytest.mark.parametrize("inline_state", [16 * 1024, 0], ids=["inline", "files"])

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 
 __all__ = [
     "CHECKPOINT_FORMAT", "CHK_DIR", "FILE_NAME", "HASH_CHUNK", "INLINE_PATH", "METADATA_FILE", "SHARED_DIR", "SHARED_EPOCH",
-    "StateHandle", "chk_name", "encode_document", "metadata_document", "mismatch", "parse_metadata",
+    "StateHandle", "chk_name", "encode_document", "inline_bytes", "metadata_document", "mismatch", "parse_metadata",
     "referenced_bytes", "state_handles",
 ]
 
@@ -117,10 +117,26 @@ def state_handles(meta) -> list[StateHandle]:
     return sorted(set(found), key=lambda h: h.path)
 
 
+def inline_bytes(meta) -> int:
+    """Total size of the state carried inline in checkpoint metadata (:class:`StateHandle`)."""
+    total, stack = 0, [meta]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            if set(item) == {"path", "size", "sha256", "inline"}:
+                total += int(item["size"])
+            else:
+                stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return total
+
+
 def referenced_bytes(meta) -> int:
-    """Total size of the distinct state files a checkpoint's metadata references (its own
-    files plus, for incremental snapshots, the shared files it reuses)."""
-    return sum(h.size for h in state_handles(meta))
+    """Total size of the state a checkpoint's metadata references: the distinct state files
+    (its own plus, for incremental snapshots, the shared files it reuses) and the state
+    carried inline."""
+    return sum(h.size for h in state_handles(meta)) + inline_bytes(meta)
 
 
 def _json_default(obj):

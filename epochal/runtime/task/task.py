@@ -292,14 +292,16 @@ class Task(ReadSteps, BarrierSteps):
 
     def _check_cancelled(self) -> bool:
         """While blocked on credit: raise if the coordinator cancelled the attempt; True if
-        a barrier must not wait for it (with unaligned snapshots: one arrived, or a source
-        was triggered), so the blocked send goes out without credit (see the router)."""
+        a barrier must not wait for it (with unaligned snapshots: one arrived, a source was
+        triggered, or an aligning epoch's timeout passed), so the blocked send goes out
+        without credit (see the router) and the loop takes the barrier or switches."""
         for msg in list(self.control):
             if msg[0] in ("cancel", "lost"):
                 raise TaskCancelled(f"task {self.spec.id}: {msg[0]}: {msg[1] if len(msg) > 1 else ''}")
         if not self.priority:
             return False
-        return self.gate.has_arrivals or any(m[0] == "trigger" for m in self.control)
+        return (self.gate.has_arrivals or any(m[0] == "trigger" for m in self.control)
+                or getattr(self.handler, "switch_due", False))
 
     # ------------------------------------------------------------------ main loop
     def _loop(self) -> None:
