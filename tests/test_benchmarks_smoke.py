@@ -170,3 +170,28 @@ def test_record_path_smoke(tmp_path):
     assert {"source+split", "count+sink", "component"} <= tasks
     assert all(s["ns_per_word"] > 0 for s in doc["stages"])
     assert set(doc["totals_ns_per_word"]) == {"source+split", "count+sink", "both"}
+
+
+@pytest.mark.bench
+def test_kafka_smoke(tmp_path):
+    """benchmarks/kafka.py --smoke: every mode moves every record topic to topic, and the
+    latency runs see every record (its own noida-db broker)."""
+    out = tmp_path / "kafka.json"
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "kafka.py"), "--smoke", "--runtime", "local",
+                           "--out", str(out), "--tmp", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    doc = json.loads(out.read_text())
+    assert doc["errors"] == []
+    assert all(m["records_per_s"]["median"] for m in doc["modes"].values())
+    assert {r["guarantee"] for r in doc["latency"]} == {"exactly-once", "at-least-once"}
+
+
+@pytest.mark.bench
+def test_postgres_smoke(tmp_path):
+    """benchmarks/postgres.py --smoke: every sink mode writes every row once (its own server)."""
+    out = tmp_path / "postgres.json"
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "postgres.py"), "--smoke", "--out", str(out),
+                           "--tmp", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    doc = json.loads(out.read_text())
+    assert doc["errors"] == [] and all(m["records_per_s"]["median"] for m in doc["modes"].values())

@@ -24,5 +24,25 @@ What a connector may import: the public bases and shared pieces — :mod:`epocha
 the guarantee), :mod:`epochal.durable`, :mod:`epochal.backends.keygroups`,
 :mod:`epochal.serde`, :mod:`epochal.testing` — and its own client library. Never
 :mod:`epochal.runtime` (connectors run inside operators, on the task thread and the
-uploader), never pyspark. This ``__init__`` imports nothing.
+uploader), never pyspark. This ``__init__`` imports nothing at module level; its
+:func:`lazy_exports` is how :mod:`epochal.sinks` and :mod:`epochal.sources` re-export connectors.
 """
+
+
+def lazy_exports(module: str, names: dict[str, str]):
+    """A module ``__getattr__`` (PEP 562) that imports ``names[attr]`` on first access of
+    ``attr`` and caches it in ``module``. ``epochal.sinks`` and ``epochal.sources`` export
+    connectors this way: connectors import the sink and source bases, so those packages
+    cannot import them eagerly, and users need no client library to import epochal."""
+    import importlib
+    import sys
+
+    def __getattr__(attr: str):
+        target = names.get(attr)
+        if target is None:
+            raise AttributeError(f"module {module!r} has no attribute {attr!r}")
+        value = getattr(importlib.import_module(target), attr)
+        setattr(sys.modules[module], attr, value)
+        return value
+
+    return __getattr__

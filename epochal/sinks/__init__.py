@@ -30,3 +30,15 @@ __all__ = [
 from epochal.sinks.log import LogSink, LogSinkWriter, LogTransaction, ProducerFencedError, TransactionalLog
 
 __all__ += ["LogSink", "LogSinkWriter", "LogTransaction", "ProducerFencedError", "TransactionalLog"]
+
+from epochal.connectors import lazy_exports  # noqa: E402
+
+# Connectors (epochal/connectors/) build on the names above, so they are loaded on first use:
+# ``from epochal.sinks import KafkaSink`` works without importing a client library.
+_CONNECTORS = {
+    "KafkaSink": "epochal.connectors.kafka.sink",
+    "PostgresSink": "epochal.connectors.postgres.sink",
+}
+__all__ += sorted(_CONNECTORS)
+
+__getattr__ = lazy_exports(__name__, _CONNECTORS)

@@ -124,6 +124,17 @@ class Sink(ABC):
         """
 
 
+    def check_run(self, sink: str, checkpoint, mode: SinkMode) -> None:
+        """On the driver, after :meth:`claim`, before the job starts: refuse a run this sink
+        cannot keep its guarantee in — a :class:`~epochal.config.CheckpointConfig` (e.g. a
+        transaction timeout shorter than an epoch) or a system that lacks what ``mode``
+        needs (e.g. prepared transactions). ``sink``: the operator name. Default: nothing.
+
+        Raises:
+            ConfigError: naming the sink, the settings and what to do.
+        """
+
+
 class SinkWriter(ABC):
     """Per-task writer driven by the runtime on the task thread, in this order:
 

@@ -22,3 +22,15 @@ from epochal.sources.log import (
 )
 
 __all__ += ["CommittedBatch", "LogReader", "LogSource", "TransactionalLog", "UnknownTopicError", "read_committed_log"]
+
+from epochal.connectors import lazy_exports  # noqa: E402
+
+# Connectors (epochal/connectors/) build on the names above, so they are loaded on first use:
+# ``from epochal.sources import KafkaSource`` works without importing a client library.
+_CONNECTORS = {
+    "KafkaSource": "epochal.connectors.kafka.source",
+    "KafkaRecord": "epochal.connectors.kafka.records",
+}
+__all__ += sorted(_CONNECTORS)
+
+__getattr__ = lazy_exports(__name__, _CONNECTORS)

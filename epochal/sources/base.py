@@ -93,6 +93,13 @@ class SourceReader(ABC):
         redistributes splits. It must be a fresh object: later polls must not mutate it.
         """
 
+    def notify_epoch_complete(self, epoch: int, offsets: dict) -> None:
+        """Checkpoint ``epoch`` is durable; ``offsets`` is what :meth:`snapshot` returned at
+        its barrier, so the job never reads before them again. For side effects outside the
+        protocol only (e.g. committing Kafka consumer-group offsets for lag monitoring), never
+        a source of truth. Called on the task thread, possibly late or never (aborted
+        epochs; a later epoch's call covers them). Default: nothing."""
+
     def close(self) -> None:
         """Release files and connections. Idempotent; the reader is not used afterwards."""
 

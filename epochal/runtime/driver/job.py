@@ -92,6 +92,7 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
     for node in plan.nodes.values():  # output ownership, before anything writes
         if node.kind is NodeKind.SINK:
             node.payload.claim(job=flow.name, sink=node.name, resume=latest is not None)
+            node.payload.check_run(node.name, checkpoint, components.sink_mode)
     if launcher is None:
         launcher = LocalLauncher()
     encrypted = launcher.is_cluster if channels.encryption is None else channels.encryption

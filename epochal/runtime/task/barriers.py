@@ -89,6 +89,8 @@ class BarrierSteps:
             if state is not None:
                 operators[op.ctx.operator] = state
         source = self.reader.snapshot() if self.reader is not None else None
+        if source is not None:
+            self._source_offsets[epoch] = source  # until the epoch completes or is aborted
         keyed_job = self.backend.snapshot(epoch) if self.backend is not None else None
         self.router.broadcast((BARRIER, epoch, timestamp, True) if unaligned else (BARRIER, epoch, timestamp), force)
         sync = time.monotonic() - t0

@@ -92,11 +92,10 @@ def load_restored_state(plan, spec, restore: dict | None, storage) -> RestoredSt
             result.keyed.extend(blobs[t]["keyed"] for t in holders if blobs[t]["keyed"] is not None)
             continue
         if name == spec.chain[0] and spec.is_source:
-            if old_p == spec.parallelism:
-                own = [t for t in holders if relevant[t]["subtask"] == spec.subtask]
-                result.source = blobs[own[0]]["source"] if own else None
-            else:
-                result.source = merge_offsets([blobs[t]["source"] for t in holders])
+            # every old subtask's offsets, also at the same parallelism: the reader takes the
+            # entries of the splits it owns now, which may have moved (a topic that gained
+            # partitions reorders the plan-time split list)
+            result.source = merge_offsets([blobs[t]["source"] for t in holders])
             continue
         states = {relevant[t]["subtask"]: blobs[t]["operators"].get(name) for t in holders}
         if old_p == spec.parallelism:

@@ -76,6 +76,7 @@ class Task(ReadSteps, BarrierSteps):
         self.finished = False
         self.exhausted = False
         self.reader = None
+        self._source_offsets: dict[int, dict] = {}  # epoch -> the reader's offsets at its barrier, until complete
         self.coordinator: wire.Connection | None = None
         self.server: wire.Server | None = None
         self.outputs: dict[str, OutputChannel] = {}
@@ -370,9 +371,16 @@ class Task(ReadSteps, BarrierSteps):
                     op.notify_epoch_complete(msg[1])
                 if self.backend is not None:
                     self.backend.notify_epoch_complete(msg[1])
+                if self.reader is not None:
+                    offsets = self._source_offsets.pop(msg[1], None)
+                    for e in [e for e in self._source_offsets if e < msg[1]]:
+                        del self._source_offsets[e]  # aborted or never notified: covered by this one
+                    if offsets is not None:
+                        self.reader.notify_epoch_complete(msg[1], offsets)
                 if len(msg) > 2 and msg[2]:  # stopping with a savepoint: confirm the commit (runtime/driver/savepoints.py)
                     self._send(("committed", self.spec.id, msg[1]))
             elif kind == "abort":  # coordinator gave up the epoch: release alignment and loop logging
+                self._source_offsets.pop(msg[1], None)
                 self.handler.abort_epoch(msg[1])
                 self.recorder.drop(msg[1])
                 if self.loop is not None:

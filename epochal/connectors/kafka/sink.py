@@ -1,0 +1,457 @@
+"""KafkaSink: one Kafka transaction per epoch and sink subtask, exactly-once for
+``read_committed`` readers.
+
+Table 4.1 of seed 004 (Kafka row), mapped onto :class:`~epochal.sinks.base.TwoPhaseCommitSink`
+under librdkafka's constraints:
+
+=========  ===============================================================================
+Start      a handle for the epoch; on its first record a free producer of the subtask's
+           small pool begins a Kafka transaction, and records stream into it (invisible to
+           read_committed readers). With no free producer (earlier epochs still await
+           completion) the epoch is only kept in the handle and produced at commit.
+write      serialize; append ``(key, value, headers, timestamp)`` to the handle — the
+           **write-ahead log**, part of the checkpoint — and produce into the transaction
+Pre-commit seal at the barrier (task thread, O(1)); durability step (uploader thread): flush
+           the producer, so the commit later is short. The epoch's records are durable in
+           the checkpoint itself (the handle), whatever happens to the Kafka transaction.
+Commit     ``send_offsets_to_transaction`` of the **marker** (offset = epoch for the group
+           ``<prefix>-<subtask>-epochs``) + ``commit_transaction``: records and marker become
+           visible atomically. Idempotent: a writer that did not produce the transaction
+           itself (after a restart, a rescale) asks Kafka for the marker and, if the epoch is
+           missing, produces the handle's records again in a fresh transaction with the marker
+Abort      ``abort_transaction`` of the open transaction (at a clean end: it is empty)
+=========  ===============================================================================
+
+librdkafka cannot resume another producer's open transaction after a crash (Flink does it by
+reflection on the Java client), hence the write-ahead log: a crash between checkpoint
+completion and the commit loses nothing, the next generation produces the epoch from the
+restored handle. Its cost is the epoch's serialized records written once more, into the
+checkpoint (``benchmarks/kafka.py`` measures it).
+
+**Fencing.** Transactional ids are ``<prefix>-<subtask>-g<generation>-<slot>``: fresh per
+generation, never reused. Before a new writer commits anything it fences
+(``init_transactions``) every id the last registered generation of its subtask — and, after
+a rescale, of the subtasks it absorbs — may hold, which aborts their open transactions and
+makes a zombie's late commit fail; then it *registers* its own generation in its marker's
+metadata, in a transaction of its own. See :mod:`~epochal.connectors.kafka.recovery`.
+
+**At-least-once** (``SinkMode.DIRECT``): one idempotent producer, no transactions; records
+are visible as soon as they are delivered, and every barrier waits until all of them were
+(``flush``): after a restore, records of epochs after it are written again.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from epochal.alignment.factory import SinkMode
+from epochal.config import parse_duration
+from epochal.connectors.kafka import recovery
+from epochal.connectors.kafka.client import (
+    check_servers,
+    check_topic,
+    client_config,
+    describe_error,
+    kafka,
+    require_topics,
+)
+from epochal.connectors.kafka.records import KafkaRecord, default_serializer, to_key
+from epochal.errors import ConfigError
+from epochal.sinks.base import Sink, SinkCommitError, SinkContext, SinkWriteError, TwoPhaseCommitSink
+
+log = logging.getLogger("epochal")
+
+#: seconds a Kafka call of the sink may take (transactions, markers, flushes)
+KAFKA_CALL_TIMEOUT_S = 60.0
+#: the default ``transaction.timeout.ms``: Kafka brokers' default ``transaction.max.timeout.ms``
+DEFAULT_TRANSACTION_TIMEOUT_MS = 900_000
+
+_RESERVED = ("transactional.id", "enable.idempotence", "transaction.timeout.ms")
+
+
+class KafkaSink(Sink):
+    """Write records to a Kafka topic, exactly-once for ``read_committed`` readers under the
+    exactly-once guarantee (see the module docstring), at-least-once otherwise.
+
+    Args:
+        bootstrap_servers: ``"host:port[,host:port]"`` (or a list).
+        topic: the topic to write; it must exist.
+        serializer: ``record -> bytes | None`` for the value; default
+            :func:`~epochal.connectors.kafka.records.default_serializer` (bytes as they are,
+            str as UTF-8, anything else as JSON; a ``KafkaRecord``'s own value).
+        key: ``record -> bytes | str | int | None``: the message key, which also picks the
+            partition (murmur2, as Java clients do). Default: none, or a ``KafkaRecord``'s
+            own key and headers.
+        config: more librdkafka producer settings (security, compression, ...). epochal sets
+            ``transactional.id`` and ``enable.idempotence`` itself.
+        producers: producers per subtask that stream epochs into their own transactions
+            while earlier epochs await completion (an epoch without a free one is produced
+            at its commit instead). 2 covers one pending epoch plus the open one.
+        transaction_timeout: Kafka's ``transaction.timeout.ms`` (a duration): how long a
+            transaction may stay open before the broker aborts it. It must cover an epoch
+            plus its checkpoint (checked when the job starts); the broker must allow it
+            (``transaction.max.timeout.ms``, 15 min by default).
+        transactional_id_prefix: default ``f"epochal-{job}-{sink}"``; two jobs writing one
+            topic under one job and sink name need different prefixes.
+
+    Raises:
+        ConfigError: for an invalid argument, when the sink is built.
+    """
+
+    def __init__(self, bootstrap_servers, topic: str, *, serializer: Callable[[Any], Any] | None = None,
+                 key: Callable[[Any], Any] | None = None, config: Mapping | None = None, producers: int = 2,
+                 transaction_timeout: float | str = DEFAULT_TRANSACTION_TIMEOUT_MS / 1000,
+                 transactional_id_prefix: str | None = None):
+        what = "KafkaSink"
+        self.servers = check_servers(bootstrap_servers, what)
+        self.topic = check_topic(topic, what)
+        for name, fn in (("serializer", serializer), ("key", key)):
+            if fn is not None and not callable(fn):
+                raise ConfigError(f"{what} {name}: expected a callable record -> bytes, got {fn!r}")
+        if isinstance(producers, bool) or not isinstance(producers, int) or producers < 1:
+            raise ConfigError(f"{what} producers: expected an integer >= 1, got {producers!r}")
+        if transactional_id_prefix is not None:
+            check_topic(transactional_id_prefix, f"{what} transactional_id_prefix")
+        self.serializer, self.key = serializer, key
+        self.producers = producers
+        self.transaction_timeout = parse_duration(transaction_timeout, "KafkaSink transaction_timeout")
+        self.transactional_id_prefix = transactional_id_prefix
+        self.config = client_config(self.servers, config, what, reserved=_RESERVED)
+
+    def __repr__(self) -> str:
+        return f"KafkaSink({self.servers!r}, {self.topic!r})"
+
+    def create_writer(self, ctx: SinkContext) -> KafkaSinkWriter:
+        return KafkaSinkWriter(self, ctx)
+
+    def claim(self, job: str, sink: str, resume: bool) -> None:
+        """On the driver: the brokers answer and the topic exists (else ConfigError naming both)."""
+        kafka()
+        require_topics(self.config, [self.topic], f"sink {sink!r} ({self!r})")
+
+    def check_run(self, sink: str, checkpoint, mode: SinkMode) -> None:
+        """Refuse a ``transaction_timeout`` the broker would hit: an epoch's transaction stays
+        open for up to one checkpoint interval plus its checkpoint (``checkpoint.timeout``)."""
+        need = (checkpoint.interval or 0.0) + checkpoint.timeout
+        if self.transaction_timeout < need:
+            raise ConfigError(
+                f"sink {sink!r}: transaction_timeout={self.transaction_timeout:g} s is shorter than a checkpoint "
+                f"interval plus its timeout ({checkpoint.interval} + {checkpoint.timeout:g} s): Kafka would abort "
+                "the epoch's transaction before it can commit; raise transaction_timeout (the broker's "
+                "transaction.max.timeout.ms must allow it) or lower checkpoint.interval / checkpoint.timeout")
+
+    def prefix(self, ctx: SinkContext) -> str:
+        return self.transactional_id_prefix or f"epochal-{ctx.job}-{ctx.sink_name}"
+
+
+@dataclass
+class KafkaTransaction:
+    """Picklable handle of one epoch: its records (the write-ahead log) and who wrote it.
+
+    ``records`` holds ``(key, value, headers, timestamp_ms)``; empty in at-least-once mode,
+    where nothing is replayed from a handle. ``subtask`` names the marker group the epoch
+    commits to — the writing subtask's, kept through a rescale.
+    """
+
+    epoch: int
+    subtask: int
+    generation: int
+    records: list = field(default_factory=list)
+    slot: int | None = None  # the streaming producer, None: produced at commit (or not begun)
+    count: int = 0
+
+
+class KafkaSinkWriter(TwoPhaseCommitSink):
+    """The per-task writer of a :class:`KafkaSink` (the two-phase-commit hooks only)."""
+
+    #: records are visible once delivered; at-least-once needs no early publishing
+    direct_publish_interval = float("inf")
+
+    def __init__(self, sink: KafkaSink, ctx: SinkContext):
+        super().__init__(ctx)
+        self._ck = kafka()
+        self._sink = sink
+        self._topic = sink.topic
+        self._serialize = sink.serializer or default_serializer
+        self._key = sink.key
+        self._transactional = ctx.mode is SinkMode.TRANSACTIONAL
+        self._prefix = sink.prefix(ctx)
+        self._base = dict(sink.config)
+        self._base.setdefault("partitioner", "murmur2_random")  # keys land where Java clients put them
+        self._base.setdefault("linger.ms", 5)
+        self._started = False
+        self._slots: list = [None] * sink.producers  # streaming producers, created on first use
+        self._live: dict[int, int] = {}  # slot -> epoch of its open or sealed transaction (this writer)
+        self._replay = None  # the replay slot's producer
+        self._plain = None  # at-least-once producer
+        self._groups: dict[int, Any] = {}  # marker subtask -> Consumer of its marker group
+        self._markers: dict[int, int] = {}  # marker subtask -> highest epoch known committed
+        self._metas: dict[int, recovery.MarkerMeta] = {}  # marker subtask -> metadata read from Kafka
+        self._own_meta = recovery.MarkerMeta(ctx.generation, ctx.parallelism, sink.producers)
+        self._last_marker = time.monotonic()
+        self._failed: str | None = None  # first delivery error (at-least-once)
+
+    # ------------------------------------------------------------------ hooks
+
+    def begin_transaction(self, epoch: int) -> KafkaTransaction:
+        self._start()
+        return KafkaTransaction(epoch, self.ctx.subtask, self.ctx.generation)
+
+    def write_to(self, txn: KafkaTransaction, record: Any) -> None:
+        self.write_many_to(txn, [record])
+
+    def write_many_to(self, txn: KafkaTransaction, records: list) -> None:
+        if not records:
+            return
+        producer = self._producer_for(txn)
+        keep = txn.records.append if self._transactional else None
+        serialize, key_fn, topic = self._serialize, self._key, self._topic
+        now = int(time.time() * 1000)
+        for record in records:
+            try:
+                value = serialize(record)
+                if value is not None and not isinstance(value, bytes):
+                    raise TypeError(f"the serializer returned {type(value).__name__}, not bytes")
+                if key_fn is not None:
+                    key, headers = to_key(key_fn(record)), None
+                elif type(record) is KafkaRecord:
+                    key, headers = record.key, record.headers
+                else:
+                    key = headers = None
+            except Exception as exc:
+                raise SinkWriteError(self.ctx.sink_name, record, f"{type(exc).__name__}: {exc}") from exc
+            if producer is not None:
+                self._produce(producer, topic, key, value, headers, now, record)
+            if keep is not None:
+                keep((key, value, headers, now))
+            txn.count += 1
+
+    def pre_commit(self, txn: KafkaTransaction):
+        """Seal: nothing to detach (the next epoch gets another producer or none). The
+        durability step flushes the epoch's producer, on the uploader thread: the records
+        are durable in the checkpoint anyway (the handle), flushing here only keeps the
+        commit short. At-least-once: the flush is what makes the barrier safe."""
+        if not txn.count:
+            return None
+        producer = self._plain if not self._transactional else (
+            self._slots[txn.slot] if txn.slot is not None else None)
+        if producer is None:
+            return None
+        return functools.partial(self._flush, producer, txn)
+
+    def commit(self, txn: KafkaTransaction) -> None:
+        """At-least-once: raise if a record was not delivered. Exactly-once:
+
+        1. An epoch this writer streamed itself: commit its transaction with the marker.
+        2. Otherwise (restored, rescaled, or produced-at-commit): ask Kafka for the marker of
+           the epoch's subtask; skip the epoch if Kafka holds it (idempotence), else produce
+           its records from the handle in a fresh transaction of the replay slot, with the
+           marker, and commit.
+        3. An empty epoch commits nothing, but refreshes the marker now and then, so the
+           broker never expires the group (``offsets.retention.minutes``).
+        """
+        if not self._transactional:
+            if self._failed:
+                raise SinkCommitError(f"{self._where()}: a record of epoch {txn.epoch} was not delivered to "
+                                      f"topic {self._topic!r}: {self._failed}")
+            return
+        self._start()
+        # Step 1
+        slot = txn.slot
+        if txn.generation == self.ctx.generation and slot is not None and self._live.get(slot) == txn.epoch:
+            producer = self._slots[slot]
+            self._kafka_call(f"commit epoch {txn.epoch}", self._commit_with_marker, producer, txn.epoch)
+            del self._live[slot]
+            return
+        # Step 2
+        if txn.count:
+            self._replay_epoch(txn)
+        # Step 3
+        elif time.monotonic() - self._last_marker > MARKER_REFRESH_S:
+            self._kafka_call("refresh the marker", self._marker_only, self._markers.get(self.ctx.subtask, 0))
+
+    def abort(self, txn: KafkaTransaction) -> None:
+        slot = txn.slot
+        if self._transactional and slot is not None and self._live.get(slot) == txn.epoch:
+            self._kafka_call(f"abort epoch {txn.epoch}", self._slots[slot].abort_transaction, KAFKA_CALL_TIMEOUT_S)
+            del self._live[slot]
+            self._slots[slot] = None  # an aborted id is never written again (recovery module docstring)
+
+    def cleanup_orphans(self, restored_epoch: int) -> None:
+        """Nothing is staged outside Kafka; :meth:`_start` fenced every earlier producer,
+        which aborted their open transactions."""
+        self._start()
+
+    # ------------------------------------------------------------------ start: fence, register
+
+    def _start(self) -> None:
+        """Once, on the first hook (inside ``restore``): fence what earlier generations may hold
+        and register this generation in the marker (exactly-once), or create the producer."""
+        if self._started:
+            return
+        self._started = True
+        if not self._transactional:
+            conf = dict(self._base, **{"enable.idempotence": True, "delivery.report.only.error": True,
+                                       "on_delivery": self._on_delivery})
+            self._plain = self._ck.Producer(conf)
+            return
+        own, p = self.ctx.subtask, self.ctx.parallelism
+        markers = {own: self._read_marker(own)}
+        meta = markers[own].meta if markers[own] else None
+        candidates = recovery.absorbed_subtasks(own, p, meta.parallelism if meta else p)
+        for j in candidates:
+            markers[j] = self._read_marker(j)
+        j = max(candidates, default=own) + p  # subtasks of an even larger earlier parallelism
+        while (m := self._read_marker(j)) is not None:
+            markers[j] = m
+            j += p
+        fenced = recovery.fence_ids(self._prefix, markers, self.ctx.generation)
+        for txid in fenced:
+            self._kafka_call(f"fence transactional id {txid!r}", self._fence, txid)
+        if fenced:
+            log.info("%s: fenced %d transactional id(s) of earlier generations", self._where(), len(fenced))
+        self._replay = self._new_producer(recovery.REPLAY_SLOT)
+        current = markers[own].epoch if markers[own] else 0
+        self._kafka_call("register the generation", self._marker_only, current)
+
+    def _fence(self, txid: str) -> None:
+        producer = self._ck.Producer(dict(self._base, **{"transactional.id": txid,
+                                                         "transaction.timeout.ms": self._timeout_ms()}))
+        producer.init_transactions(KAFKA_CALL_TIMEOUT_S)
+        producer.flush(0)
+
+    def _new_producer(self, slot):
+        txid = recovery.transactional_id(self._prefix, self.ctx.subtask, self.ctx.generation, slot)
+        producer = self._ck.Producer(dict(self._base, **{"transactional.id": txid,
+                                                         "transaction.timeout.ms": self._timeout_ms()}))
+        self._kafka_call(f"initialise producer {txid!r}", producer.init_transactions, KAFKA_CALL_TIMEOUT_S)
+        return producer
+
+    def _timeout_ms(self) -> int:
+        return int(self._sink.transaction_timeout * 1000)
+
+    # ------------------------------------------------------------------ markers
+
+    def _group(self, subtask: int):
+        consumer = self._groups.get(subtask)
+        if consumer is None:
+            conf = {k: v for k, v in self._base.items() if k.startswith(("security.", "sasl.", "ssl.", "client."))}
+            conf.update({"bootstrap.servers": self._sink.servers, "enable.auto.commit": False,
+                         "group.id": recovery.marker_group(self._prefix, subtask)})
+            consumer = self._groups[subtask] = self._ck.Consumer(conf)
+        return consumer
+
+    def _read_marker(self, subtask: int) -> recovery.Marker | None:
+        """Kafka's marker of ``subtask``: the highest epoch it committed, or None if none."""
+        tp = self._ck.TopicPartition(self._topic, 0)
+        found = self._kafka_call(f"read the marker of subtask {subtask}", self._group(subtask).committed, [tp],
+                                 timeout=KAFKA_CALL_TIMEOUT_S)[0]
+        if found.offset < 0:
+            return None
+        self._markers[subtask] = max(self._markers.get(subtask, 0), found.offset)
+        meta = recovery.MarkerMeta.decode(found.metadata)
+        if meta is not None:
+            self._metas.setdefault(subtask, meta)
+        return recovery.Marker(found.offset, meta)
+
+    def _marker_offsets(self, subtask: int, epoch: int) -> list:
+        """The marker of ``epoch``: this generation's metadata in its own group; an absorbed
+        subtask's group keeps the metadata of the generation that wrote it last."""
+        meta = self._own_meta if subtask == self.ctx.subtask else self._metas.get(subtask, self._own_meta)
+        return [self._ck.TopicPartition(self._topic, 0, epoch, metadata=meta.encode())]
+
+    def _commit_with_marker(self, producer, epoch: int, subtask: int | None = None) -> None:
+        subtask = self.ctx.subtask if subtask is None else subtask
+        producer.send_offsets_to_transaction(self._marker_offsets(subtask, epoch),
+                                             self._group(subtask).consumer_group_metadata(), KAFKA_CALL_TIMEOUT_S)
+        producer.commit_transaction(KAFKA_CALL_TIMEOUT_S)
+        self._markers[subtask] = epoch
+        self._last_marker = time.monotonic()
+
+    def _marker_only(self, epoch: int) -> None:
+        self._replay.begin_transaction()
+        self._commit_with_marker(self._replay, epoch)
+
+    def _replay_epoch(self, txn: KafkaTransaction) -> None:
+        """Step 2 of :meth:`commit`: produce ``txn`` from its handle unless Kafka holds it."""
+        s = txn.subtask
+        if s not in self._markers:
+            self._read_marker(s)
+        todo = recovery.epochs_to_produce([(txn.epoch, s)], self._markers)
+        if not todo:
+            return
+        producer = self._replay
+
+        def produce_and_commit():
+            producer.begin_transaction()
+            for key, value, headers, ts in txn.records:
+                self._produce(producer, self._topic, key, value, headers, ts, None)
+            self._commit_with_marker(producer, txn.epoch, s)
+
+        self._kafka_call(f"produce epoch {txn.epoch} of subtask {s} from the checkpoint", produce_and_commit)
+        log.info("%s: produced epoch %d (%d records) from the checkpoint", self._where(), txn.epoch, txn.count)
+
+    # ------------------------------------------------------------------ producing
+
+    def _producer_for(self, txn: KafkaTransaction):
+        """The producer ``txn``'s records stream into, beginning its transaction on the first
+        call; None when no streaming producer is free (the epoch is produced at commit)."""
+        if not self._transactional:
+            return self._plain
+        if txn.slot is not None:
+            return self._slots[txn.slot]
+        if txn.count:  # a produced-at-commit epoch stays so
+            return None
+        for slot, producer in enumerate(self._slots):
+            if slot in self._live:
+                continue
+            if producer is None:
+                producer = self._slots[slot] = self._new_producer(slot)
+            self._kafka_call(f"begin epoch {txn.epoch}", producer.begin_transaction)
+            self._live[slot] = txn.epoch
+            txn.slot = slot
+            return producer
+        return None
+
+    def _produce(self, producer, topic, key, value, headers, ts, record) -> None:
+        while True:
+            try:
+                producer.produce(topic, value, key, headers=headers, timestamp=ts)
+                return
+            except BufferError:
+                producer.poll(0.05)  # the local queue is full: let librdkafka send
+            except self._ck.KafkaException as exc:
+                text = describe_error(exc)
+                if record is not None and ("MSG_SIZE_TOO_LARGE" in text or "INVALID_ARG" in text):
+                    raise SinkWriteError(self.ctx.sink_name, record, text) from exc
+                raise SinkCommitError(f"{self._where()}: producing to topic {topic!r} failed: {text}") from exc
+
+    def _flush(self, producer, txn: KafkaTransaction) -> None:
+        """The durability step (uploader thread): every record of ``txn`` reached the broker."""
+        left = producer.flush(KAFKA_CALL_TIMEOUT_S)
+        if left:
+            raise SinkCommitError(f"{self._where()}: {left} record(s) of epoch {txn.epoch} not delivered to topic "
+                                  f"{self._topic!r} within {KAFKA_CALL_TIMEOUT_S:.0f} s")
+        if self._failed:
+            raise SinkCommitError(f"{self._where()}: a record of epoch {txn.epoch} was not delivered to topic "
+                                  f"{self._topic!r}: {self._failed}")
+
+    def _on_delivery(self, err, msg) -> None:
+        if err is not None and self._failed is None:
+            self._failed = f"{err.name()}: {err.str()}"
+
+    def _kafka_call(self, what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except self._ck.KafkaException as exc:
+            raise SinkCommitError(f"{self._where()}: cannot {what} on {self._sink.servers}: "
+                                  f"{describe_error(exc)}") from exc
+
+
+#: seconds between marker refreshes of a subtask that commits nothing (Kafka expires the
+#: offsets of an empty group after ``offsets.retention.minutes``, 7 days by default)
+MARKER_REFRESH_S = 3600.0

@@ -1,0 +1,83 @@
+"""What the PostgreSQL sink asks the server, on the driver and in tasks: the driver
+(psycopg 3, an optional extra), connections, a table's columns, the server's settings and
+the progress table that records which epochs the database holds."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from epochal.errors import ConfigError
+
+#: seconds to wait for a connection
+CONNECT_TIMEOUT_S = 10
+
+
+def psycopg():
+    """The ``psycopg`` module, or ConfigError naming the extra to install."""
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - the test extra installs it
+        raise ConfigError("PostgresSink needs psycopg 3: pip install 'epochal[postgres]'") from None
+    return psycopg
+
+
+def connect(dsn: str, what: str, *, autocommit: bool = False):
+    """A connection to ``dsn``; ConfigError naming the sink and the server's answer."""
+    pg = psycopg()
+    try:
+        return pg.connect(dsn, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_S)
+    except pg.OperationalError as exc:
+        raise ConfigError(f"{what}: cannot connect to PostgreSQL ({_one_line(exc)}); is the server running and "
+                          "the DSN right?") from None
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str  # pg_type.typname, e.g. int8, text, jsonb, _int4 (an array)
+    not_null: bool
+
+
+def table_columns(conn, table: str, what: str) -> list[Column]:
+    """The table's columns in table order; ConfigError if the table does not exist."""
+    pg = psycopg()
+    try:
+        rows = conn.execute(
+            "SELECT a.attname, t.typname, a.attnotnull FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+            "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            (table,)).fetchall()
+    except (pg.errors.UndefinedTable, pg.errors.InvalidSchemaName):
+        conn.rollback()
+        raise ConfigError(f"{what}: table {table!r} does not exist; create it first") from None
+    return [Column(name, typ, bool(nn)) for name, typ, nn in rows]
+
+
+def pick_columns(found: list[Column], wanted: list[str] | None, table: str, what: str) -> list[Column]:
+    """``wanted`` columns (all of the table's when None), each checked to exist."""
+    if wanted is None:
+        return found
+    by_name = {c.name: c for c in found}
+    missing = [c for c in wanted if c not in by_name]
+    if missing:
+        raise ConfigError(f"{what}: table {table!r} has no column(s) {missing} (it has {[c.name for c in found]})")
+    return [by_name[c] for c in wanted]
+
+
+def max_prepared_transactions(conn) -> int:
+    return int(conn.execute("SHOW max_prepared_transactions").fetchone()[0])
+
+
+def ensure_progress_table(conn, table: str) -> None:
+    """Create the progress table unless it exists: one row per committed epoch transaction of
+    a (job, sink, target table, subtask); the newest are kept."""
+    conn.execute(f"CREATE TABLE IF NOT EXISTS {quote_ident(table)} (job text NOT NULL, sink text NOT NULL, "
+                 "target text NOT NULL, subtask int NOT NULL, epoch bigint NOT NULL, generation bigint NOT NULL, "
+                 "committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (job, sink, target, subtask, epoch))")
+
+
+def quote_ident(name: str) -> str:
+    """A (possibly schema-qualified) name as SQL identifiers: ``a.b`` → ``"a"."b"``."""
+    return ".".join('"' + part.replace('"', '""') + '"' for part in name.split("."))
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:500]
