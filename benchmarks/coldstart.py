@@ -204,7 +204,8 @@ def main() -> None:
         whole = [e["whole_s"] for e in examples if e["mode"] == mode]
         summary[mode] = {"first_visible_s": harness.summary(firsts), "example_s": harness.summary(whole)}
     for mode in modes:
-        print(f"{mode:>10}: first committed record median {harness.fmt(summary[mode]['first_visible_s']['median'], '.2f')} s"
+        first = harness.fmt(summary[mode]["first_visible_s"]["median"], ".2f")
+        print(f"{mode:>10}: first committed record median {first} s"
               + (f", example median {harness.fmt(summary[mode]['example_s']['median'], '.2f')} s" if examples else ""))
     harness.write_json(out, {"benchmark": "coldstart", "command": " ".join(sys.argv), "started_at": started,
                              "finished_at": harness.now_iso(), "machine": machine,

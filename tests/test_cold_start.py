@@ -74,3 +74,12 @@ def test_the_class_archive_is_made_once_and_can_be_switched_off(tmp_path, monkey
     monkeypatch.setenv(jvm_archive.CACHE_ENV, "off")
     assert jvm_archive.archive_path(LOCAL_JAVA_OPTIONS) is None
     assert jvm_archive.java_options(LOCAL_JAVA_OPTIONS) == ""
+
+
+def test_a_recent_failure_to_make_the_archive_is_not_retried(tmp_path, monkeypatch):
+    monkeypatch.setenv(jvm_archive.CACHE_ENV, str(tmp_path))
+    path = jvm_archive.archive_path(LOCAL_JAVA_OPTIONS)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".failed").write_text("0\n")
+    assert jvm_archive.java_options(LOCAL_JAVA_OPTIONS) == ""
+    assert not path.with_suffix(".lock").exists()  # no maker started

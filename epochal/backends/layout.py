@@ -26,7 +26,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
 __all__ = [
-    "CHECKPOINT_FORMAT", "CHK_DIR", "FILE_NAME", "HASH_CHUNK", "INLINE_PATH", "METADATA_FILE", "SHARED_DIR", "SHARED_EPOCH",
+    "CHECKPOINT_FORMAT", "CHK_DIR", "FILE_NAME", "HASH_CHUNK", "INLINE_PATH", "METADATA_FILE", "SHARED_DIR",
+    "SHARED_EPOCH",
     "StateHandle", "chk_name", "encode_document", "inline_bytes", "metadata_document", "mismatch", "parse_metadata",
     "referenced_bytes", "state_handles",
 ]

@@ -56,7 +56,8 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from epochal.backends import retention, verification
-from epochal.backends.layout import (CHK_DIR, FILE_NAME, HASH_CHUNK, INLINE_PATH, METADATA_FILE, SHARED_DIR, SHARED_EPOCH,
+from epochal.backends.layout import (CHK_DIR, FILE_NAME, HASH_CHUNK, INLINE_PATH, METADATA_FILE, SHARED_DIR,
+                                     SHARED_EPOCH,
                                      StateHandle, chk_name, encode_document, metadata_document, mismatch,
                                      parse_metadata, referenced_bytes, state_handles)
 from epochal.durable import fsync_dir

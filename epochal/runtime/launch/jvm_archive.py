@@ -9,8 +9,9 @@ any more is ignored by the JVM (``-Xshare:auto``), never an error.
 
 :func:`java_options` is what the embedded session adds to its JVM options: the archive
 when it exists; when it does not, it starts :func:`main` once in a detached, low-priority
-process that waits until the starting process exited (at most :data:`WAIT_FOR_PARENT_S`), runs a throw-away local session with two tasks under
-``-XX:ArchiveClassesAtExit`` and installs the archive atomically when its JVM exited —
+process that waits until the starting process exited (at most :data:`WAIT_FOR_PARENT_S`),
+runs a throw-away local session with two tasks under ``-XX:ArchiveClassesAtExit`` and
+installs the archive atomically when its JVM exited —
 so the user's own process never waits for the dump, and later processes start faster.
 
 Archives live in ``$EPOCHAL_JVM_CACHE`` (default ``~/.cache/epochal/jvm``), one per JVM +
@@ -31,6 +32,8 @@ STALE_LOCK_S = 900.0
 #: the generator waits until the process that started it exits, at most this long, so it
 #: does not compete for the cores with the job that is starting
 WAIT_FOR_PARENT_S = 120.0
+#: after a failed attempt to make the archive, the next one waits this long
+RETRY_FAILED_S = 86400.0
 #: the JVM must say nothing about the archive on the user's terminal
 QUIET = "-Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
 
@@ -87,6 +90,12 @@ def java_options(base_options: str) -> str:
 
 def _start_generator(path: Path, base_options: str) -> None:
     lock = path.with_suffix(".lock")
+    failed = path.with_suffix(".failed")
+    try:
+        if time.time() - failed.stat().st_mtime < RETRY_FAILED_S:
+            return  # the last attempt on this machine failed recently: do not burn the CPU again
+    except FileNotFoundError:
+        pass
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -145,10 +154,13 @@ def _wait_for(pid: int, timeout: float) -> None:
 
 def main() -> None:
     path, base_options, parent = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    ok = False
     try:
         _wait_for(parent, WAIT_FOR_PARENT_S)
-        generate(path, base_options)
+        ok = generate(path, base_options)
     finally:
+        if not ok:
+            path.with_suffix(".failed").write_text(f"{time.time()}\n")
         for leftover in path.parent.glob(f"{path.name}.{os.getpid()}.tmp"):
             leftover.unlink(missing_ok=True)
         path.with_suffix(".lock").unlink(missing_ok=True)
