@@ -183,6 +183,7 @@ def main(argv=None) -> int:
     p.add_argument("--interval", type=float, default=1.0)
     p.add_argument("--repetitions", type=int, default=1)
     p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    p.add_argument("--cases", nargs="+", default=None, help="run only these cases (e.g. 'map 1 ms')")
     p.add_argument("--run-timeout", type=float, default=300)
     p.add_argument("--tmp", default=None)
     p.add_argument("--out", type=Path, default=None)
@@ -201,6 +202,8 @@ def main(argv=None) -> int:
         "map 1 ms": (0.001, 0.0, int(2 / 0.001 * args.seconds * 0.8)),
         "sink 10x": (0.0, cal["sink_cost_s"], 2 * int(cal["records_per_s"] / 20 * args.seconds)),
     }
+    if args.cases:
+        cases = {c: v for c, v in cases.items() if c in args.cases}
     runs = []
     for rep in range(args.repetitions):
         for case, (map_cost, sink_cost, records) in cases.items():

@@ -22,7 +22,8 @@ import report_sections as sections
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BENCHMARKS = ("throughput", "latency", "chain", "chain_intervals", "alignment", "recovery", "state", "state_stress",
-              "window", "event_windows", "loops", "peers", "dataplane", "serde", "backpressure", "cluster", "soak")
+              "window", "event_windows", "loops", "peers", "dataplane", "serde", "backpressure", "cluster", "soak",
+              "coldstart")
 
 
 def describe_machine(m: dict) -> str:
@@ -58,6 +59,7 @@ SECTIONS = {
     "backpressure": sections.section_backpressure,
     "cluster": sections.section_cluster,
     "soak": sections.section_soak,
+    "coldstart": sections.section_coldstart,
 }
 
 

@@ -49,6 +49,14 @@ def _one_line(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _median(values: list) -> float | None:
+    values = sorted(values)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
 def _section(title: str, text: str, header: list[str], rows: list[list[str]]) -> str:
     """The shape every benchmark's section has: ``### title``, what was measured and how
     (``text``), then the table."""
@@ -75,20 +83,57 @@ def section_throughput(doc: dict) -> str:
 
 
 def section_latency(doc: dict) -> str:
-    by = {(r["interval_s"], r["guarantee"]): r["latency_s"] for r in doc["runs"]}
+    ms = lambda v: _n(1e3 * v, ".1f") if v is not None else "–"  # noqa: E731
+    groups: dict = {}
+    for r in doc["runs"]:
+        groups.setdefault((r["sink"], r["rate"], r["interval_s"], r["max_concurrent"]), []).append(r)
     rows = []
-    for interval in sorted({i for i, _ in by}):
-        cells = []
-        for g in ("exactly-once", "at-least-once"):
-            lat = by.get((interval, g))
-            cells.append(f"{lat['p50']:.3f} / {lat['p99']:.3f}" if lat and lat["p50"] is not None else "–")
-        rows.append([f"{interval:g}", *cells])
+    for (sink, rate, interval, conc), rs in sorted(groups.items()):
+        med = lambda f: _median([f(r) for r in rs if f(r) is not None])  # noqa: E731
+        parts = [med(lambda r, k=k: r["parts_s"][k]["p50"]) for k in ("wait_s", "checkpoint_s", "visible_s")]
+        rows.append([sink, _n(rate), f"{interval:g}", str(conc),
+                     *(ms(med(lambda r, q=q: r["latency_s"][q])) for q in ("p50", "p99", "p999")),
+                     " / ".join(ms(p) for p in parts), ms(med(lambda r: r["per_epoch_p50_s"]["duration_s"])),
+                     _n(med(lambda r: r["throughput"])), _n(med(lambda r: r["throughput_vs_reference"]), ".2f"),
+                     _n(med(lambda r: r["loadavg"]), ".1f")])
     cfg = doc.get("config", {})
     return _section(
         "End-to-end latency",
-        f"Record produced → visible to a reader of the output directory, "
-        f"{_n(cfg.get('rate'))} records/s, runtime `{cfg.get('runtime')}` ({_command(doc)}):",
-        ["checkpoint interval s", "exactly-once p50 / p99 s", "at-least-once p50 / p99 s"], rows)
+        "Record produced → visible to a read-committed reader polling every "
+        f"{_n(1e3 * cfg.get('poll', 0.002), '.0f')} ms, exactly-once, `GeneratorSource` (2 splits, rate-limited) → "
+        "`key_by` → `reduce` → FileSink (jsonl) or LogSink, parallelism 2, runtime "
+        f"`{cfg.get('runtime')}`; median over repetitions of each run's percentiles. *wait / checkpoint / visible*: "
+        "p50 of production → the record's epoch triggered, trigger → `_metadata` written, → seen by the reader; "
+        "*rec/s*: records / production span, and its ratio to the 1 s-interval run of the same sink and rate "
+        f"({_command(doc)}):",
+        ["sink", "rate", "interval s", "max conc.", "p50 ms", "p99 ms", "p999 ms", "wait / checkpoint / visible ms",
+         "ckpt p50 ms", "rec/s", "vs 1 s", "load"], rows)
+
+
+def section_coldstart(doc: dict) -> str:
+    rows = []
+    for mode in doc["modes"]:
+        cold = [c for c in doc["cold"] if c["mode"] == mode]
+        med = lambda k: _median([c["runs"][0][k] for c in cold if c["runs"][0].get(k) is not None])  # noqa: E731
+        ex = doc["summary"][mode]["example_s"]["median"]
+        rows.append([mode, str(len(cold)), _n(_median([c["import_s"] for c in cold]), ".2f"),
+                     _n(med("launched_s"), ".2f"), _n(med("connected_s"), ".2f"), _n(med("first_complete_s"), ".2f"),
+                     _n(med("first_visible_s"), ".2f"), _n(_median([c["exit_s"] for c in cold]), ".2f"),
+                     _n(ex, ".1f"), _n(_median([c["loadavg"] for c in cold]), ".1f")])
+    warm = doc.get("warm") or {}
+    later = [r["first_visible_s"] - r["start_s"] for r in warm.get("runs", [])[1:]]
+    return _section(
+        "Cold start",
+        "A fresh Python process runs a 1,000-record exactly-once job (collection → map → key_by → reduce → "
+        "jsonl FileSink, parallelism 2) on embedded Spark; seconds from spawning the process to: `import epochal` "
+        "done, the barrier stage launched (session up), every task connected (Python workers started), the first "
+        "epoch completed, the first committed record seen by a reader, the process gone. *example*: "
+        "`examples/wordcount.py` whole. Modes interleaved: `now` (the JVM class archive made beforehand, as every "
+        "run after a machine's first finds it), `no-archive` (a machine's first run), `base` (the tree before "
+        f"issue 24). A later `run()` in the same process: first record after {_n(_median(later), '.2f')} s "
+        f"({_command(doc)}):",
+        ["mode", "runs", "import s", "launched s", "connected s", "first commit s", "first record s", "exit s",
+         "example s", "load"], rows)
 
 
 def section_chain(doc: dict) -> str:

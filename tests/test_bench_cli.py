@@ -128,7 +128,7 @@ def test_report_from_the_checked_in_results(tmp_path):
               "peers": "### The same word count", "dataplane": "### The data plane against its ceiling",
               "chain_intervals": "### Stateless chain vs checkpoint interval", "state_stress": "### State backends at scale",
               "serde": "### Records of classes from `__main__`", "backpressure": "### Checkpoints under back-pressure",
-              "cluster": "### On a two-host Spark cluster"}
+              "cluster": "### On a two-host Spark cluster", "coldstart": "### Cold start"}
     present = [n for n in titles if (results / f"{n}.json").exists()]
     assert present, "no benchmark results checked in"
     _run([sys.executable, str(BENCHMARKS / "report.py"), "--results", str(results)], timeout=60)

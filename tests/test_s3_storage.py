@@ -223,7 +223,7 @@ def s3_wordcount(out: str) -> ep.Dataflow:
 
 
 def _run(flow, storage_url, faults=(), **ckpt):
-    cfg = ep.CheckpointConfig(storage=storage_url, **{**CKPT, **ckpt})
+    cfg = ep.CheckpointConfig(storage=storage_url, **{**CKPT, "inline_state": 0, **ckpt})  # state files on S3
     return flow.run(guarantee="exactly-once", checkpoint=cfg, restart=RESTART, channels=CHANNELS,
                     runtime="local", faults=faults)
 

@@ -93,7 +93,7 @@ def stop_midway(tmp_path, backend, savepoint_name="sp", interval=0.15, epochs=3)
     out, storage = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "ckpt")
     url = str(tmp_path / savepoint_name)
     handle = counting(out).start(runtime="local", backend=backend,
-                                 checkpoint=ep.CheckpointConfig(interval=interval, storage=storage))
+                                 checkpoint=ep.CheckpointConfig(interval=interval, storage=storage, inline_state=0))
     deadline = time.monotonic() + 60
     while len(handle.completed_epochs) < epochs:
         assert time.monotonic() < deadline and handle.running, f"no {epochs} epochs within 60 s"

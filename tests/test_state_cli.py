@@ -40,7 +40,7 @@ def job(request, tmp_path_factory):
     storage = "file://" + unique_dir(tmp, "ckpt")
     handle = counting(unique_dir(tmp, "out")).start(
         runtime="local", backend=BACKENDS[request.param],
-        checkpoint=ep.CheckpointConfig(interval=0.1, storage=storage, retained=3))
+        checkpoint=ep.CheckpointConfig(interval=0.1, storage=storage, retained=3, inline_state=0))
     while len(handle.completed_epochs) < 2:
         assert handle.running
         time.sleep(0.02)

@@ -28,7 +28,8 @@ def joined(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("join")
     storage = "file://" + unique_dir(tmp, "ckpt")
     join("join", unique_dir(tmp, "out"), n=JOIN_N).run(runtime="local",
-                                                      checkpoint=ep.CheckpointConfig(interval=0.2, storage=storage))
+                                                      checkpoint=ep.CheckpointConfig(interval=0.2, storage=storage,
+                                                                                     inline_state=0))  # files
     return f"{storage}/join"
 
 

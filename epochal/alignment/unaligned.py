@@ -125,6 +125,16 @@ class UnalignedBarrierHandler(BarrierHandler):
         return self._aligning is not None and self.aligned_timeout is not None and not self._aligning.flagged
 
     @property
+    def switch_due(self) -> bool:
+        """The aligning epoch's timeout has passed (or a flagged barrier of it arrived):
+        the next :meth:`on_tick` switches it. For a task blocked elsewhere (waiting for
+        credit) to know it must come back to its loop."""
+        al = self._aligning
+        if al is None or self.aligned_timeout is None:
+            return False
+        return al.flagged or self._clock() - al.first_arrival >= self.aligned_timeout
+
+    @property
     def recording_epochs(self) -> tuple[int, ...]:
         """Unaligned epochs snapshotted whose barrier has not arrived on every channel."""
         return tuple(sorted(self._waiting))

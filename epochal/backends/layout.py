@@ -26,8 +26,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
 __all__ = [
-    "CHECKPOINT_FORMAT", "CHK_DIR", "FILE_NAME", "HASH_CHUNK", "METADATA_FILE", "SHARED_DIR", "SHARED_EPOCH",
-    "StateHandle", "chk_name", "encode_document", "metadata_document", "mismatch", "parse_metadata",
+    "CHECKPOINT_FORMAT", "CHK_DIR", "FILE_NAME", "HASH_CHUNK", "INLINE_PATH", "METADATA_FILE", "SHARED_DIR",
+    "SHARED_EPOCH",
+    "StateHandle", "chk_name", "encode_document", "inline_bytes", "metadata_document", "mismatch", "parse_metadata",
     "referenced_bytes", "state_handles",
 ]
 
@@ -48,22 +49,43 @@ def chk_name(epoch: int) -> str:
     return f"chk-{epoch:010d}"
 
 
+#: path of a handle whose bytes are inline (:attr:`StateHandle.inline`), not in a file
+INLINE_PATH = "inline"
+
+
 @dataclass(frozen=True)
 class StateHandle:
     """A state file of a checkpoint: ``path`` relative to the job root, its exact size and
     SHA-256 (hex). Goes into the checkpoint's ``_metadata`` (as a dict, see
-    :meth:`to_dict` / :meth:`from_dict`); relative paths keep a checkpoint relocatable."""
+    :meth:`to_dict` / :meth:`from_dict`); relative paths keep a checkpoint relocatable.
+
+    Small state travels *inline* instead (issue 24; Flink's byte-stream handles below
+    ``state.storage.fs.memory-threshold``): ``inline`` holds the bytes (base64), ``path`` is
+    :data:`INLINE_PATH`, and no file exists — the task acknowledges without writing one, and
+    the epoch's ``_metadata`` carries the state. Such a handle is not a file:
+    :func:`state_handles` (retention, verification, savepoint copies) never lists it.
+    """
 
     path: str
     size: int
     sha256: str
+    inline: str | None = None
+
+    @property
+    def is_inline(self) -> bool:
+        return self.inline is not None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if self.inline is None:  # a file handle keeps exactly the three keys of format 1
+            del d["inline"]
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "StateHandle":
-        return cls(path=str(d["path"]), size=int(d["size"]), sha256=str(d["sha256"]))
+        inline = d.get("inline")
+        return cls(path=str(d["path"]), size=int(d["size"]), sha256=str(d["sha256"]),
+                   inline=None if inline is None else str(inline))
 
 
 def mismatch(handle: StateHandle, size: int, digest: Callable[[], str] | None) -> str:
@@ -80,7 +102,8 @@ def mismatch(handle: StateHandle, size: int, digest: Callable[[], str] | None) -
 
 def state_handles(meta) -> list[StateHandle]:
     """Every state file referenced anywhere in checkpoint metadata: each mapping with
-    exactly the :class:`StateHandle` fields (how :meth:`StateHandle.to_dict` writes one)."""
+    exactly the fields of a file :class:`StateHandle` (how :meth:`StateHandle.to_dict`
+    writes one; inline handles are not files and are not listed)."""
     found: list[StateHandle] = []
     stack = [meta]
     while stack:
@@ -95,10 +118,26 @@ def state_handles(meta) -> list[StateHandle]:
     return sorted(set(found), key=lambda h: h.path)
 
 
+def inline_bytes(meta) -> int:
+    """Total size of the state carried inline in checkpoint metadata (:class:`StateHandle`)."""
+    total, stack = 0, [meta]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            if set(item) == {"path", "size", "sha256", "inline"}:
+                total += int(item["size"])
+            else:
+                stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return total
+
+
 def referenced_bytes(meta) -> int:
-    """Total size of the distinct state files a checkpoint's metadata references (its own
-    files plus, for incremental snapshots, the shared files it reuses)."""
-    return sum(h.size for h in state_handles(meta))
+    """Total size of the state a checkpoint's metadata references: the distinct state files
+    (its own plus, for incremental snapshots, the shared files it reuses) and the state
+    carried inline."""
+    return sum(h.size for h in state_handles(meta)) + inline_bytes(meta)
 
 
 def _json_default(obj):

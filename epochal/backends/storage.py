@@ -57,6 +57,7 @@ so use the environment (which they inherit) for settings they need too.
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
@@ -69,7 +70,8 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from epochal.backends import retention, retry, signing, verification
-from epochal.backends.layout import (CHK_DIR, FILE_NAME, HASH_CHUNK, METADATA_FILE, SHARED_DIR, SHARED_EPOCH,
+from epochal.backends.layout import (CHK_DIR, FILE_NAME, HASH_CHUNK, INLINE_PATH, METADATA_FILE, SHARED_DIR,
+                                     SHARED_EPOCH,
                                      StateHandle, chk_name, encode_document, metadata_document, mismatch,
                                      parse_metadata, referenced_bytes, state_handles)
 from epochal.durable import fsync_dir
@@ -357,6 +359,15 @@ class CheckpointStorage:
         self._put(f"{self.root}/{rel}", data)
         return StateHandle(rel, len(data), hashlib.sha256(data).hexdigest())
 
+    @staticmethod
+    def inline_state(data: bytes) -> StateHandle:
+        """A handle carrying ``data`` itself (no file is written): for small task state,
+        which then reaches storage inside the epoch's ``_metadata`` (see :class:`StateHandle`).
+        Pure: nothing to fail, nothing to clean up if the epoch never completes."""
+        data = bytes(data)
+        return StateHandle(INLINE_PATH, len(data), hashlib.sha256(data).hexdigest(),
+                           inline=base64.b64encode(data).decode("ascii"))
+
     def move_state_file(self, epoch: int, name: str, local_path: str) -> StateHandle:
         """Publish the local file ``local_path`` as state file ``name`` of epoch ``epoch``
         (like :meth:`write_state`, without holding the bytes in memory); the local file is
@@ -488,6 +499,12 @@ class CheckpointStorage:
         """
         if not isinstance(handle, StateHandle):
             handle = StateHandle.from_dict(handle)
+        if handle.is_inline:
+            data = base64.b64decode(handle.inline)
+            problem = mismatch(handle, len(data), lambda: hashlib.sha256(data).hexdigest())
+            if problem:
+                raise CheckpointStorageError(f"inline state in the checkpoint's _metadata is corrupt: {problem}")
+            return data
         path = f"{self.root}/{handle.path}"
 
         def read():

@@ -164,6 +164,18 @@ class EpochCoordinator:
         return self._latest_completed
 
     @property
+    def next_periodic_due(self) -> float | None:
+        """When the next PERIODIC trigger falls due (``now`` units), or None (no interval,
+        or no time observed yet). The driver sleeps until then at most, so a short interval
+        is not rounded up to its polling tick; the trigger itself may still wait for
+        ``max_concurrent`` / ``min_pause``."""
+        interval = self._config.interval
+        anchor = self._last_trigger if self._last_trigger is not None else self._clock_start
+        if interval is None or anchor is None:
+            return None
+        return anchor + interval
+
+    @property
     def has_queued_request(self) -> bool:
         """A manual/source request (or the final epoch) waits to be triggered."""
         return bool(self._requests) or (self._final_requested and not self._has_final_pending())

@@ -152,6 +152,10 @@ class FileSinkWriter(TwoPhaseCommitSink):
         self._part: Part | None = None  # open part file of the open transaction
         self._local = isinstance(self._fs, LocalFileSystem)  # rolled files need a later fsync
         self._unsynced: list[str] = []  # rolled part files of the open transaction, not fsynced
+        # exactly-once: commits renamed files whose directories are not fsynced yet; the next
+        # durability step (or the clean end) does it, off the task thread, once for them all
+        self._defer_dir_sync = ctx.mode is SinkMode.TRANSACTIONAL and self._local
+        self._published = False
 
     def begin_transaction(self, epoch: int) -> FileTransaction:
         return FileTransaction(epoch)  # files appear with the first record: empty epochs publish nothing
@@ -206,20 +210,35 @@ class FileSinkWriter(TwoPhaseCommitSink):
         and fsyncs the rolled ones."""
         part, self._part = self._part, None
         unsynced, self._unsynced = self._unsynced, []
+        published, self._published = self._published, False
         if part is not None:
             part.seal()
-        elif not unsynced:
+        elif not unsynced and not published:
             return None  # nothing written, or nothing left to make durable
-        return functools.partial(_make_durable, self._fs, part, unsynced)
+        return functools.partial(_make_durable, self._fs, part, unsynced,
+                                 (self._root, self._join(STAGING_DIR)) if published else ())
 
     def commit(self, txn: FileTransaction) -> None:
+        """Rename the transaction's files into place: visible now. The renames are durable
+        only with both directories fsynced; exactly-once defers that (group commit) to the
+        next durability step, which runs on the uploader before the next checkpoint is
+        acknowledged — so no checkpoint that no longer lists this transaction as pending
+        completes before its renames are durable, and a crash before then re-commits it
+        from the restored state — or to the clean end (:meth:`abort` of the last, open
+        transaction). The task thread pays the renames only."""
         for staged, final in txn.files:
             self._publish(staged, final)
-        if txn.files:  # the renames are durable only with both directories
-            fsync_dir(self._fs, self._root)
-            fsync_dir(self._fs, self._join(STAGING_DIR))
+        if not txn.files:
+            return
+        if self._defer_dir_sync:
+            self._published = True
+        else:
+            _sync_dirs(self._fs, (self._root, self._join(STAGING_DIR)))
 
     def abort(self, txn: FileTransaction) -> None:
+        if self._published:  # the clean end (close) aborts the open transaction last
+            self._published = False
+            _sync_dirs(self._fs, (self._root, self._join(STAGING_DIR)))
         part, self._part = self._part, None
         self._unsynced = []
         if part is not None:
@@ -301,17 +320,24 @@ class _GenerationNames(_EpochNames):
 _NAMES = {SinkMode.TRANSACTIONAL: _EpochNames, SinkMode.DIRECT: _GenerationNames}
 
 
-def _make_durable(fs, part: Part | None, unsynced: list[str]) -> None:
+def _make_durable(fs, part: Part | None, unsynced: list[str], published: tuple[str, ...] = ()) -> None:
     """A FileSink transaction's durability step (uploader thread): touches only the sealed
-    part and the rolled files' paths, never the writer. The staging directory is fsynced
-    last, so the staged files' entries survive a power loss too."""
+    part, the rolled files' paths and the directories of earlier commits' renames
+    (``published``), never the writer. The staging directory is fsynced last, so the staged
+    files' entries survive a power loss too."""
     if part is not None:
         part.close()
     for path in unsynced:
         fsync_path(fs, path)
     staged = unsynced or ([part.path] if part is not None else [])
+    _sync_dirs(fs, tuple(d for d in published if not staged or d != posixpath.dirname(staged[0])))
     if staged:
         fsync_dir(fs, posixpath.dirname(staged[0]))
+
+
+def _sync_dirs(fs, directories: tuple[str, ...]) -> None:
+    for directory in directories:
+        fsync_dir(fs, directory)
 
 
 # ------------------------------------------------------------------------- reading

@@ -93,6 +93,9 @@ class Checkpoint:
             handle = StateHandle.from_dict(self.tasks[task]["handle"])
             blob = self.storage.read_state(handle)
             where = self.storage.file_url(handle.path)
+            if handle.is_inline:
+                chk = self.storage.file_url(f"chk-{self.epoch:010d}")
+                where = f"inline state of task {task} in {chk}/{METADATA_FILE}"
             try:
                 self._states[task] = decode_task_state(blob, f"state file {where}")
             except (ImportError, AttributeError) as exc:

@@ -305,7 +305,8 @@ class JobDriver:
             server.trigger_epoch()
         attempt = AttemptSpec(self.plan_blob, generation, key, server.address, self.components, self.channels,
                               self.url, self.faults, bind, self.backend, tls, self.metrics_config.interval,
-                              self.peer_timeout, storage_retry=self.storage.retry.deadline)
+                              self.peer_timeout, storage_retry=self.storage.retry.deadline,
+                              inline_state=self.checkpoint.inline_state)
         payload = cloudpickle.dumps(attempt)
 
         exited = threading.Event()

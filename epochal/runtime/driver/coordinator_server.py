@@ -206,8 +206,12 @@ class CoordinatorServer:
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:
         while self.outcome is None:
+            timeout = TICK
+            due = self.coordinator.next_periodic_due if self.started else None
+            if due is not None and due > time.monotonic():  # wake for a periodic trigger on time, not at
+                timeout = min(TICK, due - time.monotonic())  # the next tick (past due: blocked, tick)
             try:
-                msg = self.inbox.get(timeout=TICK)
+                msg = self.inbox.get(timeout=max(timeout, 0.0001))
             except queue.Empty:
                 msg = None
             try:

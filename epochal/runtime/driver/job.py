@@ -41,6 +41,10 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
     (:mod:`epochal.runtime.driver.compatibility`), then copied into this job's checkpoint storage
     — which must hold no completed checkpoint — as its first checkpoint, and the job
     starts from it (:func:`epochal.state.savepoint.import_checkpoint`)."""
+    if runtime == "spark" and spark is None:  # the JVM boots while the job is planned and checked
+        from epochal.runtime.launch.spark import start_local_session
+
+        start_local_session()
     checkpoint = checkpoint or CheckpointConfig()
     if not isinstance(checkpoint, CheckpointConfig):
         raise ConfigError(f"checkpoint: expected CheckpointConfig, got {type(checkpoint).__name__}")

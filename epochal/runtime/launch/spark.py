@@ -49,11 +49,25 @@ from epochal.runtime.launch.launcher import Launcher, OnExit
 log = logging.getLogger("epochal")
 
 _owned_session = None
+_session_lock = threading.Lock()  # one embedded session is created at a time (see start_local_session)
 #: driver address overrides (a multi-homed driver)
 DRIVER_HOST_ENV = "EPOCHAL_DRIVER_HOST"
 DRIVER_BIND_HOST_ENV = "EPOCHAL_DRIVER_BIND_HOST"
 #: seconds between "waiting for executors" log lines
 WAIT_LOG_EVERY = 5.0
+#: task slots of the embedded session at least (``local[K]``: K threads, not cores; DESIGN.md
+#: "Facts": 32 tasks on 2 cores work), so that later jobs in the same process fit and reuse it
+LOCAL_SLOTS = 16
+#: JVM options of the embedded session (its driver JVM, and the short-lived launcher JVM
+#: ``spark-submit`` runs first). The JVM of local Spark only schedules — records never
+#: enter it — so the C2 compiler and a parallel collector buy nothing but threads that
+#: compete with the tasks for the cores: with them off the session starts in 8.6 s instead
+#: of 20 s on 2 busy cores (load 10; issue 24). An explicit ``spark.driver.extraJavaOptions``
+#: / ``SPARK_LAUNCHER_OPTS`` wins.
+LOCAL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"
+#: Spark's Python worker daemon for the embedded session: pre-imports epochal, so each task's
+#: worker is a fork (:mod:`epochal.runtime.launch.daemon`)
+DAEMON_MODULE = "epochal.runtime.launch.daemon"
 
 
 class SlotsUnavailable(EpochalError):
@@ -61,28 +75,40 @@ class SlotsUnavailable(EpochalError):
 
 
 def _local_session(num_tasks: int):
-    """A local SparkSession with at least ``num_tasks`` slots (created once and grown)."""
+    """A local SparkSession with at least ``num_tasks`` slots (created once per process,
+    reused by every later job, grown only when a job needs more than it has)."""
     global _owned_session
+    with _session_lock:
+        if _owned_session is not None:
+            if _owned_session.sparkContext._jsc is not None \
+                    and _owned_session.sparkContext.defaultParallelism >= num_tasks:
+                return _owned_session
+            _owned_session.stop()
+            _owned_session = None
+        _owned_session = _create_local_session(max(num_tasks, LOCAL_SLOTS, os.cpu_count() or 2))
+        return _owned_session
+
+
+def _create_local_session(slots: int):
     from pyspark.sql import SparkSession
 
+    from epochal.runtime.launch import jvm_archive
     from epochal.runtime.launch.java import ensure_java
 
     ensure_java()
-    slots = max(num_tasks, os.cpu_count() or 2)
-    if _owned_session is not None:
-        if _owned_session.sparkContext.defaultParallelism >= num_tasks:
-            return _owned_session
-        _owned_session.stop()
-        _owned_session = None
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # embedded local Spark stays on loopback
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    _owned_session = (
+    os.environ.setdefault("SPARK_LAUNCHER_OPTS", LOCAL_JAVA_OPTIONS)
+    java_options = f"{LOCAL_JAVA_OPTIONS} {jvm_archive.java_options(LOCAL_JAVA_OPTIONS)}".strip()
+    session = (
         SparkSession.builder.master(f"local[{slots}]")
         .appName("epochal")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.python.worker.reuse", "true")
+        .config("spark.python.daemon.module", DAEMON_MODULE)
+        .config("spark.driver.extraJavaOptions", java_options)
         .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
@@ -90,8 +116,33 @@ def _local_session(num_tasks: int):
     )
     # epochal reports task failures (with their cause) itself; Spark would add a JVM stack
     # trace per expected, recovered failure
-    _owned_session.sparkContext.setLogLevel("FATAL")
-    return _owned_session
+    session.sparkContext.setLogLevel("FATAL")
+    return session
+
+
+def start_local_session(num_tasks: int = LOCAL_SLOTS) -> threading.Thread | None:
+    """Start the embedded session on a thread, so the JVM boots while the driver plans
+    and checks the job (:func:`epochal.runtime.driver.job.start_job`); ``None`` when the
+    job will not use it (a session is active, or ``spark-submit`` set one up) or it exists.
+
+    A later :func:`_local_session` waits for this one; if creating it failed (no Java),
+    that call fails again with the error, where the caller sees it.
+    """
+    from pyspark.sql import SparkSession
+
+    if _owned_session is not None or SparkSession.getActiveSession() is not None \
+            or os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return None
+
+    def create():
+        try:
+            _local_session(num_tasks)
+        except Exception as exc:  # the caller's own _local_session raises it again
+            log.debug("starting the embedded Spark session early failed: %s", exc)
+
+    thread = threading.Thread(target=create, name="epochal-spark-start", daemon=True)
+    thread.start()
+    return thread
 
 
 def _session(spark, num_tasks: int):

@@ -52,3 +52,5 @@ class AttemptSpec:
     #: seconds a storage call retries transient errors (CheckpointConfig.storage_retry,
     #: at most its timeout; epochal.backends.retry)
     storage_retry: float = 30.0
+    #: task state up to this many bytes travels inline with the ack (CheckpointConfig.inline_state)
+    inline_state: int = 0

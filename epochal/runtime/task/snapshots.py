@@ -7,7 +7,11 @@ thread keeps processing records:
 
 1. runs the operators' ``before_ack`` jobs (:class:`~epochal.operators.base.SnapshotResult`:
    a two-phase-commit sink flushes, fsyncs and closes the sealed transaction's files);
-2. serialises the keyed state and writes the task's state file to checkpoint storage;
+2. serialises the keyed state and writes the task's state file to checkpoint storage — or,
+   when it is at most ``inline_state`` bytes (``CheckpointConfig.inline_state``), hands it
+   over inline with the ack, for the coordinator to put into the epoch's ``_metadata``
+   (:meth:`~epochal.backends.storage.CheckpointStorage.inline_state`): the file's write,
+   fsync, rename and directory fsync leave every epoch's critical path;
 3. only then acknowledges the epoch to the coordinator.
 
 A failure in step 1 or 2 declines the epoch (the task keeps running); a process crash
@@ -19,7 +23,7 @@ import pickle
 import queue
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from epochal import serde
@@ -71,8 +75,9 @@ class Uploader:
     process does not touch the files of a finished attempt after the next one started.
     """
 
-    def __init__(self, task_id: str, storage, send: Callable[[tuple], None], faults):
+    def __init__(self, task_id: str, storage, send: Callable[[tuple], None], faults, inline_state: int = 0):
         self.task_id = task_id
+        self.inline_state = inline_state
         self.storage = storage
         self.send = send
         self.faults = faults
@@ -119,7 +124,10 @@ class Uploader:
                             for k, (cid, log) in enumerate(sorted(upload.channel_state.items()))]
                 blob = encode_task_state(upload.operators, upload.source, keyed, loop, channels)
                 self.faults.on_upload(upload.epoch)
-                handle = self.storage.write_state(upload.epoch, state_file_name(self.task_id), blob)
+                if len(blob) <= self.inline_state:
+                    handle = self.storage.inline_state(blob)
+                else:
+                    handle = self.storage.write_state(upload.epoch, state_file_name(self.task_id), blob)
             except Exception as exc:  # storage errors decline the epoch; the task keeps running
                 self._release(upload)
                 reason = f"{type(exc).__name__}: {exc}"
@@ -142,7 +150,7 @@ class Uploader:
                            durable_s=durable_s, bytes=uploaded, state_bytes=total,
                            channel_state_bytes=sum(c.get("bytes", 0) for c in channels))
             try:
-                self.send(("ack", upload.epoch, {"task": self.task_id, "handle": asdict(handle), "metrics": metrics,
+                self.send(("ack", upload.epoch, {"task": self.task_id, "handle": handle.to_dict(), "metrics": metrics,
                                                  "shared": shared}))
             except Exception as exc:
                 self.failed = exc

@@ -16,6 +16,8 @@ they read and change is the task's own, set up in its ``__init__`` and ``_setup`
 """
 from __future__ import annotations
 
+import time
+
 from epochal.columnar.keys import rows
 from epochal.epochs.barrier import Barrier
 from epochal.errors import DataError
@@ -23,8 +25,14 @@ from epochal.runtime.transport.channels import BARRIER, DATA, END, ChannelFailur
 from epochal.time.watermarks import WATERMARK, WatermarkMark
 
 #: elements of a batch processed between two checks of the aligned timeout while an epoch
-#: aligns (CheckpointConfig.aligned_timeout); batches are not sliced otherwise
+#: aligns (CheckpointConfig.aligned_timeout)
 SWITCH_SLICE = 32
+#: with priority barriers (unaligned snapshots, aligned_timeout) a task whose batches take
+#: longer than this processes them in slices of about this long, so a barrier that arrives
+#: meanwhile — flagged unaligned upstream, or starting an aligned timeout — is seen within
+#: a slice instead of after the whole batch (issue 24: a 1 ms/record map took 0.5 s batches);
+#: the rest of the batch is put back and, if the epoch goes unaligned, becomes channel state
+SLICE_SECONDS = 0.02
 
 
 class ReadSteps:
@@ -68,19 +76,25 @@ class ReadSteps:
             self._on_feedback(channel, msg)
             return True
         kind = msg[0]
-        if kind == DATA and len(msg[1]) > SWITCH_SLICE and getattr(self.handler, "switch_pending", False):
-            # An aligned epoch may time out (CheckpointConfig.aligned_timeout) while this batch
-            # runs: take a slice and put the rest back, so the timeout is checked every slice
-            # (one slow batch would delay the switch by its whole duration) and the rest,
-            # still queued before the barrier, becomes channel state if the epoch switches.
-            self.gate.unread(channel, (DATA, msg[1][SWITCH_SLICE:]))
-            msg = (DATA, msg[1][:SWITCH_SLICE])
         if kind == DATA:
-            self.metrics["records_in"] += rows(msg[1])
+            # An aligned epoch may time out (CheckpointConfig.aligned_timeout) while this batch
+            # runs, or a barrier arrive: take a slice and put the rest back, so the timeout and
+            # arrivals are checked every slice (one slow batch would delay the switch by its
+            # whole duration) and the rest, still queued before the barrier, becomes channel
+            # state if the epoch goes unaligned.
+            limit = SWITCH_SLICE if getattr(self.handler, "switch_pending", False) else self._slice
+            if limit is not None and len(msg[1]) > limit:
+                self.gate.unread(channel, (DATA, msg[1][limit:]))
+                msg = (DATA, msg[1][:limit])
+            n = rows(msg[1])
+            self.metrics["records_in"] += n
             if self.recorder.recording:
                 self.recorder.on_records(channel, msg[1])
+            t0 = time.monotonic() if self.priority else 0.0
             self._process(msg[1])
             self.chain.after_batch()
+            if self.priority and n:
+                self._size_slices(n, time.monotonic() - t0)
         elif kind == WATERMARK:
             if self.recorder.recording:  # in order with the records of an unaligned epoch's channel state
                 self.recorder.on_records(channel, [WatermarkMark(msg[1], msg[2])])
@@ -93,6 +107,16 @@ class ReadSteps:
         else:  # "!" — the producer vanished without an end of stream, or its data cannot be decoded
             _raise_broken(self.spec.id, msg)
         return True
+
+    _slice: int | None = None  # records per slice of a slow task's batches (None: whole batches)
+
+    def _size_slices(self, n: int, seconds: float) -> None:
+        """After a batch of ``n`` records took ``seconds``: slice the next batches into
+        about :data:`SLICE_SECONDS` worth of records if batches are slower than that."""
+        if seconds > SLICE_SECONDS:
+            self._slice = max(SWITCH_SLICE, int(n * SLICE_SECONDS / seconds))
+        elif self._slice is not None and n >= self._slice and seconds < SLICE_SECONDS / 4:
+            self._slice = None  # fast again: whole batches
 
     def _on_feedback(self, channel: int, msg: tuple) -> None:
         """A loop head's phantom channel (seed 004 Alg. 7 lines 9-13)."""

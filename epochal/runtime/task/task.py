@@ -207,7 +207,7 @@ class Task(ReadSteps, BarrierSteps):
                              batch_bytes=ch.batch_bytes, max_frame_bytes=ch.max_frame_bytes)
         storage = CheckpointStorage(self.attempt.storage_url, self.plan.job,
                                     retry_policy=RetryPolicy(deadline=self.attempt.storage_retry))
-        self.uploader = Uploader(self.spec.id, storage, self._send, self.faults)
+        self.uploader = Uploader(self.spec.id, storage, self._send, self.faults, self.attempt.inline_state)
         t_restore = time.monotonic()
         restored: RestoredState = load_restored_state(self.plan, self.spec, restore, storage)
 
@@ -306,14 +306,16 @@ class Task(ReadSteps, BarrierSteps):
 
     def _check_cancelled(self) -> bool:
         """While blocked on credit: raise if the coordinator cancelled the attempt; True if
-        a barrier must not wait for it (with unaligned snapshots: one arrived, or a source
-        was triggered), so the blocked send goes out without credit (see the router)."""
+        a barrier must not wait for it (with unaligned snapshots: one arrived, a source was
+        triggered, or an aligning epoch's timeout passed), so the blocked send goes out
+        without credit (see the router) and the loop takes the barrier or switches."""
         for msg in list(self.control):
             if msg[0] in ("cancel", "lost"):
                 raise TaskCancelled(f"task {self.spec.id}: {msg[0]}: {msg[1] if len(msg) > 1 else ''}")
         if not self.priority:
             return False
-        return self.gate.has_arrivals or any(m[0] == "trigger" for m in self.control)
+        return (self.gate.has_arrivals or any(m[0] == "trigger" for m in self.control)
+                or getattr(self.handler, "switch_due", False))
 
     # ------------------------------------------------------------------ main loop
     def _loop(self) -> None:
