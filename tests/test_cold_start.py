@@ -23,7 +23,7 @@ def _worker(x: int) -> dict:
 def _run_once(tmp_path, n: int = 300):
     out = unique_dir(tmp_path, "out")
     flow = ep.Dataflow("reuse", parallelism=2)
-    flow.source("numbers", ep.sources.CollectionSource(list(range(n)))).map("where", _worker).sink(
+    flow.source("numbers", ep.sources.CollectionSource(list(range(n)), num_splits=2)).map("where", _worker).sink(
         "out", FileSink(out))
     result = flow.run(runtime="spark", checkpoint=ep.CheckpointConfig(
         interval=0.2, storage="file://" + unique_dir(tmp_path, "ckpt")))
@@ -39,6 +39,7 @@ def test_jobs_of_one_process_reuse_the_session_and_its_forked_workers(spark, tmp
         assert sorted(r["x"] for r in rows) == list(range(300))
     assert SparkSession.getActiveSession() is spark  # no second session, no second JVM
     pids1, pids2 = {r["pid"] for r in rows1}, {r["pid"] for r in rows2}
+    assert len(pids1) == 2, pids1  # both subtasks read a split: every worker of the first job is seen
     assert pids2 <= pids1, "the second job's tasks ran in new Python workers"
     assert all(DAEMON_MODULE in r["parent"] for r in rows1 + rows2), {r["parent"] for r in rows1}
     # the second job does not wait for a JVM or for workers: every task connects at once
