@@ -67,7 +67,8 @@ def test_s3_errors_and_throttling_are_retried_without_a_restart(s3, tmp_path):
     faults.fail(8, match="/_metadata", method="PUT")  # the coordinator completing an epoch
     faults.throttle(12, match=".state", method="PUT")  # the tasks' uploaders
     result = wordcount("s3-flaky", out, n_lines=1200, rate=150.0).run(
-        runtime="local", checkpoint=ep.CheckpointConfig(interval=0.2, storage=s3.fresh_url("flaky")))
+        runtime="local", checkpoint=ep.CheckpointConfig(interval=0.2, storage=s3.fresh_url("flaky"),
+                                                      inline_state=0))  # state in files: uploads to throttle
     assert faults.pending == 0, "not every injected fault fired"
     assert faults.injected["fail"] == 11 and faults.injected["throttle"] == 12
     assert result.attempts == 1, result.failures
