@@ -30,3 +30,21 @@ __all__ = [
 from epochal.sinks.log import LogSink, LogSinkWriter, LogTransaction, ProducerFencedError, TransactionalLog
 
 __all__ += ["LogSink", "LogSinkWriter", "LogTransaction", "ProducerFencedError", "TransactionalLog"]
+
+# Connectors (epochal/connectors/) build on the names above, so they are loaded on first use:
+# ``from epochal.sinks import DeltaSink`` works without importing a client library.
+_CONNECTORS = {
+    "DeltaSink": "epochal.connectors.delta.sink",
+    "IcebergSink": "epochal.connectors.iceberg.sink",
+}
+__all__ += sorted(_CONNECTORS)
+
+
+def __getattr__(name: str):
+    module = _CONNECTORS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = globals()[name] = getattr(importlib.import_module(module), name)
+    return value

@@ -22,3 +22,20 @@ from epochal.sources.log import (
 )
 
 __all__ += ["CommittedBatch", "LogReader", "LogSource", "TransactionalLog", "UnknownTopicError", "read_committed_log"]
+
+# Connectors (epochal/connectors/) build on the names above, so they are loaded on first use:
+# ``from epochal.sources import DeltaSource`` works without importing a client library.
+_CONNECTORS = {
+    "DeltaSource": "epochal.connectors.delta.source",
+}
+__all__ += sorted(_CONNECTORS)
+
+
+def __getattr__(name: str):
+    module = _CONNECTORS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = globals()[name] = getattr(importlib.import_module(module), name)
+    return value
