@@ -265,11 +265,8 @@ class DeltaSinkWriter(TwoPhaseCommitSink):
             dt = self._refresh()
             held = dt.transaction_version(txn.app_id)
             if recovery.decide(txn.epoch, held) is recovery.Decision.ALREADY_COMMITTED:
-                if txn.epoch in self._fresh:  # only this writer holds its fresh epochs: someone else uses the app id
-                    raise SinkCommitError(
-                        f"{self._where()}: the Delta table {self._sink.table_uri} already holds epoch {txn.epoch} of "
-                        f"app id {txn.app_id!r} (version {held}), written by another writer: do two jobs write with "
-                        "the same app id? Give each its own DeltaSink(..., app_id=...)")
+                if txn.epoch in self._fresh:
+                    self._check_same_handle(dt, txn, held)
                 log.info("%s: epoch %d of %s is already in the Delta table (version %s), skipped",
                          self._where(), txn.epoch, txn.app_id, held)
                 return
@@ -355,6 +352,17 @@ class DeltaSinkWriter(TwoPhaseCommitSink):
             actions, mode="append", schema=self._schema, partition_by=self._partitions or None,
             commit_properties=dl.CommitProperties(app_transactions=[transaction] if transaction else None,
                                                   custom_metadata=meta))
+
+    def _check_same_handle(self, dt, txn: DeltaTransaction, held: int) -> None:
+        """An epoch this writer pre-committed is in the table already: fine if a newer
+        generation committed this very handle (restored from the checkpoint: this writer is a
+        zombie told late), an error if other data went in under the app id."""
+        self._fresh.discard(txn.epoch)
+        if not {f["path"] for f in txn.files} & self._referenced(dt):
+            raise SinkCommitError(
+                f"{self._where()}: the Delta table {self._sink.table_uri} already holds epoch {txn.epoch} of app id "
+                f"{txn.app_id!r} (version {held}) with other files than this epoch's: do two jobs write with the "
+                "same app id? Give each its own DeltaSink(..., app_id=...)")
 
     def _check_files(self, txn: DeltaTransaction) -> None:
         missing = [f["path"] for f in txn.files if self._files.size(f["path"]) is None]
