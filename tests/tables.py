@@ -7,9 +7,9 @@ Load it from a test module with ``pytest_plugins = ["tables"]`` (fixtures ``iceb
   over the committed files ``DeltaTable.file_uris()`` lists (``to_pyarrow_table()`` aborted
   the interpreter at exit here, delta-rs issue 2184) — never through epochal.
 * :func:`read_iceberg` reads an Iceberg table with pyiceberg's own scan.
-* :class:`GatedLines` holds back the second half of every split until the test opens its
-  gate (a file): a fault that waits for a completed checkpoint always finds records left,
-  however loaded the machine, so no timing decides whether it fires.
+* :class:`EpochLines` feeds a few lines per split into every epoch: a fault that waits for
+  a completed checkpoint always finds records left and a non-empty transaction, however
+  loaded the machine, so no timing decides whether (and how) it fires.
 """
 from __future__ import annotations
 
@@ -81,48 +81,52 @@ def iceberg_catalog(tmp_path) -> dict:
 # ------------------------------------------------------------------ the keyed running count
 
 
-class GatedLines(Source):
-    """``per_split`` lines per split (:func:`pipelines.line`); lines from ``per_split // 2``
-    on are read only once the file ``gate`` exists. State: ``{str(split): next line}``."""
+class EpochLines(Source):
+    """``per_split`` lines per split (:func:`pipelines.line`), at most ``per_epoch`` of them
+    per split between two barriers: every epoch until the input is exhausted carries
+    records, however fast or slow the machine — so a fault at epoch 2 always meets a
+    non-empty transaction, and with ``max_concurrent=1`` the records of epoch ``n + 1``
+    flow only after epoch ``n - 1`` completed. State: ``{str(split): next line}``."""
 
-    def __init__(self, gate: str, splits: int = 4, per_split: int = 500):
-        self.gate, self.n, self.per_split = gate, splits, per_split
+    def __init__(self, splits: int = 4, per_split: int = 300, per_epoch: int = 40):
+        self.n, self.per_split, self.per_epoch = splits, per_split, per_epoch
 
     def splits(self) -> list[int]:
         return list(range(self.n))
 
     def create_reader(self, splits, state, *, subtask=0, parallelism=1) -> SourceReader:
-        return _GatedReader(self, list(splits), state or {})
+        return _EpochReader(self, list(splits), state or {})
 
     def lines(self) -> list[str]:
         return [line(s, i) for s in range(self.n) for i in range(self.per_split)]
 
 
-class _GatedReader(SourceReader):
-    def __init__(self, src: GatedLines, splits: list[int], state: dict):
+class _EpochReader(SourceReader):
+    def __init__(self, src: EpochLines, splits: list[int], state: dict):
         self.src, self.splits = src, splits
         self.offsets = {s: int(state.get(str(s), 0)) for s in splits}
+        self.budget = dict.fromkeys(splits, src.per_epoch)
         self.turn = 0
 
     def poll(self, max_records: int) -> Poll:
-        half, end = self.src.per_split // 2, self.src.per_split
-        open_ = os.path.exists(self.src.gate)
+        end = self.src.per_split
         for step in range(len(self.splits)):
             s = self.splits[(self.turn + step) % len(self.splits)]
-            stop = end if open_ else half
             start = self.offsets[s]
-            if start >= stop:
+            k = min(max_records, 20, end - start, self.budget[s])
+            if k <= 0:
                 continue
-            k = min(max_records, 50, stop - start)
             self.offsets[s] = start + k
+            self.budget[s] -= k
             self.turn = (self.turn + step + 1) % len(self.splits)
             return Poll([line(s, i) for i in range(start, start + k)], split=s)
         done = all(o >= end for o in self.offsets.values())
         if not done:
-            time.sleep(0.005)
+            time.sleep(0.002)
         return Poll([], finished=done, idle=not done)
 
     def snapshot(self) -> dict:
+        self.budget = dict.fromkeys(self.splits, self.src.per_epoch)  # a barrier: the next epoch's share
         return {str(s): o for s, o in self.offsets.items()}
 
 
@@ -157,19 +161,6 @@ def oracle(lines) -> collections.Counter:
 
 def counts(rows) -> collections.Counter:
     return collections.Counter((r["word"], r["n"]) for r in rows)
-
-
-def run_gated(flow: ep.Dataflow, gate: str, timeout: float = 240.0, **options):
-    """Start ``flow``; open ``gate`` once its first checkpoint completed; wait for the end."""
-    handle = flow.start(**options)
-    deadline = time.monotonic() + timeout
-    while not handle.completed_epochs:
-        assert time.monotonic() < deadline, "no checkpoint completed"
-        if not handle.running:
-            break
-        time.sleep(0.01)
-    open(gate, "w").close()
-    return handle.wait(timeout)
 
 
 def checkpoint(tmp_path, interval: float = 0.1) -> ep.CheckpointConfig:

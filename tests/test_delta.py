@@ -18,13 +18,13 @@ from epochal.sources import DeltaSource
 from epochal.testing import CrashAtRecord, CrashDuringCommit, CrashDuringDurability
 
 pytest.register_assert_rewrite("tables")
-from tables import GatedLines, checkpoint, counts, delta_files, keyed_count, oracle, read_delta, run_gated  # noqa: E402
+from tables import EpochLines, checkpoint, counts, delta_files, keyed_count, oracle, read_delta  # noqa: E402
 
 pytest_plugins = ["s3server", "tables"]
 
 SCHEMA = pa.schema([("word", pa.string()), ("n", pa.int64())])
 
-FAULTS = {
+FAULTS = {  # EpochLines feeds every epoch: epoch 2 is never empty, records past 700 flow after epoch 1 completed
     "crash-at-record": CrashAtRecord("count", subtask=1, record=700, how="exit", after_epoch=1),
     "crash-during-durability": CrashDuringDurability("out", subtask=0, epoch=2, how="exit", after_epoch=1),
     "crash-between-completion-and-commit": CrashDuringCommit("out", subtask=0, epoch=2, how="exit", after_epoch=1),
@@ -34,11 +34,13 @@ FAULTS = {
 @pytest.mark.parametrize("fault", list(FAULTS), ids=list(FAULTS))
 def test_keyed_count_into_a_delta_table_exactly_once_under_a_crash(tmp_path, fault):
     """One process crash; the table, read through its own file list, equals the oracle as a
-    multiset (no duplicate, no gap) and holds each subtask's epochs as app transactions."""
+    multiset (no duplicate, no gap) and holds each subtask's epochs as app transactions. A
+    crash around the commit leaves a completed epoch that the next generation commits from
+    its restored handle (the table's history shows it)."""
     table = str(tmp_path / "table")
-    source = GatedLines(str(tmp_path / "gate"))
-    result = run_gated(keyed_count("delta-wc", source, DeltaSink(table, schema=SCHEMA)), str(tmp_path / "gate"),
-                       runtime="local", checkpoint=checkpoint(tmp_path), faults=[FAULTS[fault]])
+    source = EpochLines()
+    result = keyed_count("delta-wc", source, DeltaSink(table, schema=SCHEMA)).run(
+        runtime="local", checkpoint=checkpoint(tmp_path), faults=[FAULTS[fault]])
     assert result.attempts == 2, f"the fault did not fire: {result.failures}"
     assert "disconnected without finishing" in result.failures[0]
     assert counts(read_delta(table)) == oracle(source.lines())
@@ -46,6 +48,14 @@ def test_keyed_count_into_a_delta_table_exactly_once_under_a_crash(tmp_path, fau
 
     dt = DeltaTable(table)
     assert all(dt.transaction_version(f"epochal-delta-wc-out-{s}") for s in range(2))
+    if fault == "crash-between-completion-and-commit":
+        assert (0, result.restored_from[1]) in recommitted(dt, result.restored_from[1])
+
+
+def recommitted(dt, restored: int) -> list[tuple[int, int]]:
+    """(subtask, epoch) of the commits a later generation made of epochs it restored."""
+    return sorted((int(h["epochal.subtask"]), int(h["epochal.epoch"])) for h in dt.history()
+                  if int(h.get("epochal.generation", 0)) > 0 and int(h.get("epochal.epoch", 1 << 60)) <= restored)
 
 
 def test_on_s3_with_a_crash_between_completion_and_commit(tmp_path, s3_server):
@@ -55,10 +65,10 @@ def test_on_s3_with_a_crash_between_completion_and_commit(tmp_path, s3_server):
     table = s3_server.fresh_url("delta")
     options = {"AWS_ENDPOINT_URL": s3_server.endpoint_url, "AWS_ACCESS_KEY_ID": "testing",
                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
-    source = GatedLines(str(tmp_path / "gate"), per_split=300)
-    result = run_gated(keyed_count("delta-s3", source, DeltaSink(table, schema=SCHEMA, storage_options=options)),
-                       str(tmp_path / "gate"), runtime="local", checkpoint=checkpoint(tmp_path, 0.3),
-                       faults=[CrashDuringCommit("out", subtask=1, epoch=2, how="exit", after_epoch=1)])
+    source = EpochLines(per_split=200)
+    result = keyed_count("delta-s3", source, DeltaSink(table, schema=SCHEMA, storage_options=options)).run(
+        runtime="local", checkpoint=checkpoint(tmp_path, 0.2),
+        faults=[CrashDuringCommit("out", subtask=1, epoch=2, how="exit", after_epoch=1)])
     assert result.attempts == 2, f"the fault did not fire: {result.failures}"
     import s3fs
 
@@ -74,10 +84,10 @@ def test_on_spark_and_spark_reads_the_committed_files(tmp_path, spark):
     reads the committed set (``spark.read.parquet(*file_uris())``: this Spark cannot load
     delta-spark's jars) and counts what the oracle counts."""
     table = str(tmp_path / "table")
-    source = GatedLines(str(tmp_path / "gate"), per_split=300)
-    result = run_gated(keyed_count("delta-spark", source, DeltaSink(table, schema=SCHEMA)), str(tmp_path / "gate"),
-                       spark=spark, checkpoint=checkpoint(tmp_path),
-                       faults=[CrashDuringCommit("out", subtask=1, epoch=2, how="exit", after_epoch=1)])
+    source = EpochLines(per_split=200)
+    result = keyed_count("delta-spark", source, DeltaSink(table, schema=SCHEMA)).run(
+        spark=spark, checkpoint=checkpoint(tmp_path),
+        faults=[CrashDuringCommit("out", subtask=1, epoch=2, how="exit", after_epoch=1)])
     assert result.runtime == "spark" and result.attempts == 2, result.failures
     want = oracle(source.lines())
     assert counts(read_delta(table)) == want
@@ -87,10 +97,10 @@ def test_on_spark_and_spark_reads_the_committed_files(tmp_path, spark):
 
 def test_at_least_once_contains_every_record(tmp_path):
     table = str(tmp_path / "table")
-    source = GatedLines(str(tmp_path / "gate"))
-    result = run_gated(keyed_count("delta-alo", source, DeltaSink(table, schema=SCHEMA)), str(tmp_path / "gate"),
-                       runtime="local", guarantee="at-least-once", checkpoint=checkpoint(tmp_path),
-                       faults=[CrashAtRecord("count", subtask=0, record=700, how="exit", after_epoch=1)])
+    source = EpochLines()
+    result = keyed_count("delta-alo", source, DeltaSink(table, schema=SCHEMA)).run(
+        runtime="local", guarantee="at-least-once", checkpoint=checkpoint(tmp_path),
+        faults=[CrashAtRecord("count", subtask=0, record=700, how="exit", after_epoch=1)])
     assert result.attempts == 2, result.failures
     got, want = counts(read_delta(table)), oracle(source.lines())
     assert set(got) == set(want) and not (want - got)
@@ -102,8 +112,7 @@ def test_delta_source_follows_a_table_another_job_writes(tmp_path):
     files) while A runs, crashes once itself, and copies every row to a FileSink. B's
     committed output equals A's oracle: no row lost or read twice across B's restore."""
     table = str(tmp_path / "table")
-    gate = str(tmp_path / "gate")
-    source = GatedLines(gate)
+    source = EpochLines(per_split=400, per_epoch=25)
     want = oracle(source.lines())
     writer = keyed_count("delta-writer", source, DeltaSink(table, schema=SCHEMA)).start(
         runtime="local", checkpoint=checkpoint(tmp_path / "a"),
@@ -119,7 +128,6 @@ def test_delta_source_follows_a_table_another_job_writes(tmp_path):
         .sink("copy", FileSink(out)))
     reader = reader_flow.start(runtime="local", checkpoint=checkpoint(tmp_path / "b"),
                                faults=[CrashAtRecord("pair", subtask=1, record=400, how="exit", after_epoch=1)])
-    open(gate, "w").close()
     written = writer.wait(240)
     assert written.attempts == 2, written.failures
     assert counts(read_delta(table)) == want

@@ -92,6 +92,28 @@ def test_nothing_is_visible_before_the_commit_and_a_restore_recommits_only_what_
     assert DeltaTable(table).transaction_version(w3.app_id) == 2
 
 
+def test_a_recommit_after_a_compaction_adds_nothing(table):
+    """Re-adding a committed file is harmless while the table still references it (same
+    path); after a compaction removed it, only ``transaction_version`` knows the epoch is
+    in: a restore from checkpoint 2 must not bring epoch 2's old file back."""
+    sink = new_sink(table)
+    w = sink.create_writer(ctx())
+    w.restore(None)
+    w.write_many(rows(1))
+    barrier(w, 1)
+    w.notify_epoch_complete(1)
+    w.write_many(rows(2))
+    s2 = barrier(w, 2)
+    w.notify_epoch_complete(2)
+    from deltalake import DeltaTable
+
+    DeltaTable(table).optimize.compact()
+    assert len(DeltaTable(table).file_uris()) == 1
+    heir = sink.create_writer(ctx(gen=1))
+    heir.restore(pickle.loads(pickle.dumps(s2)))
+    assert words(table) == sorted(r["word"] for r in rows(1) + rows(2))
+
+
 def test_a_zombie_racing_the_new_generation_publishes_the_epoch_once(table):
     """The old writer (a zombie that was told late that checkpoint 1 completed) and the new
     generation (re-committing the restored handle) both find epoch 1 missing and commit at

@@ -307,12 +307,15 @@ class _DeltaReader(SourceReader):
         """The files commit ``version`` added with ``dataChange``, in log order; None if the
         commit does not exist yet."""
         rel = f"_delta_log/{version:020d}.json"
-        try:
-            with self._files.open_read(rel) as f:
-                text = f.read()
-        except FileNotFoundError:
-            self._check_not_cleaned_up(version)
-            return None
+        text = self._read_commit(rel)
+        if text is None:
+            if not self._committed(version):
+                return None  # not written yet
+            text = self._read_commit(rel)  # it may have landed between the two looks
+            if text is None:
+                raise DeltaSourceError(
+                    f"{self._src.name}: commit {version} is no longer in the table's log (removed after "
+                    "delta.logRetentionDuration); the source cannot continue from its offset")
         types = self._plan["partition_types"]
         files = []
         for line in (text.decode("utf-8") if isinstance(text, bytes) else text).splitlines():
@@ -338,16 +341,20 @@ class _DeltaReader(SourceReader):
             files.append(_File(path, values))
         return files
 
-    def _check_not_cleaned_up(self, version: int) -> None:
-        """A missing commit is either not written yet or removed by log cleanup."""
+    def _read_commit(self, rel: str):
+        try:
+            with self._files.open_read(rel) as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def _committed(self, version: int) -> bool:
+        """Whether the table has reached ``version`` (a missing commit file is then gone)."""
         if self._table is None:
             self._table = client.require_table(self._src._uri, self._src._options, self._src.name)
         else:
             self._table.update_incremental()
-        if self._table.version() >= version:
-            raise DeltaSourceError(
-                f"{self._src.name}: commit {version} is no longer in the table's log (removed after "
-                "delta.logRetentionDuration); the source cannot continue from its offset")
+        return self._table.version() >= version
 
     def _open(self, file: _File, start_row: int):
         """An iterator over ``file``'s rows from ``start_row``, as batches of the output schema."""

@@ -59,9 +59,9 @@ def committed_epochs(ancestry: Iterable[tuple[int, Mapping[str, str] | None]], a
     """
     todo = set(apps)
     found: dict[str, int | None] = {}
+    if not todo:
+        return found
     for snapshot_id, props in ancestry:
-        if not todo:
-            break
         if known is not None and snapshot_id == known[0]:
             for app in todo:
                 found[app] = known[1].get(app)
@@ -74,6 +74,8 @@ def committed_epochs(ancestry: Iterable[tuple[int, Mapping[str, str] | None]], a
             except (KeyError, TypeError, ValueError):
                 continue
             todo.discard(app)
+            if not todo:
+                break
     for app in todo:
         found[app] = None
     return found

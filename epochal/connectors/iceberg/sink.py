@@ -225,8 +225,8 @@ class IcebergSinkWriter(TwoPhaseCommitSink):
         """1. Nothing to do for an epoch without files.
         2. Reload the table; refuse it if its retries were switched on meanwhile.
         3. Exactly-once: ask the snapshot ancestry for the app id's epoch; skip the epoch if
-           the table holds it (a handle this writer pre-committed itself: raise, another
-           writer uses the app id).
+           the table holds it (for a handle this writer pre-committed itself — a zombie told
+           late — only if the table references its files: else another writer uses the app id).
         4. Fast-append the data files (described by the durability step, or from their
            footers for a restored handle — which also checks they still exist) in one
            snapshot with the epoch in its summary; when the catalog's compare-and-swap
@@ -251,10 +251,7 @@ class IcebergSinkWriter(TwoPhaseCommitSink):
                 held = self._committed(table, txn.app_id)
                 if recovery.decide(txn.epoch, held) is recovery.Decision.ALREADY_COMMITTED:
                     if txn.epoch in self._fresh:
-                        raise SinkCommitError(
-                            f"{self._where()}: the Iceberg table already holds epoch {txn.epoch} of app id "
-                            f"{txn.app_id!r} (epoch {held}), written by another writer: do two jobs write with the "
-                            "same app id? Give each its own IcebergSink(..., app_id=...)")
+                        self._check_same_handle(table, txn, held)
                     log.info("%s: epoch %d of %s is already in the Iceberg table, skipped", self._where(), txn.epoch,
                              txn.app_id)
                     return
@@ -349,6 +346,17 @@ class IcebergSinkWriter(TwoPhaseCommitSink):
                         "table location (deleted by hand, or by an orphan-file cleanup?)") from None
             out.append(described)
         return out
+
+    def _check_same_handle(self, table, txn: IcebergTransaction, held) -> None:
+        """As :meth:`DeltaSinkWriter._check_same_handle
+        <epochal.connectors.delta.sink.DeltaSinkWriter._check_same_handle>`."""
+        self._fresh.discard(txn.epoch)
+        referenced = {task.file.file_path for task in table.scan().plan_files()}
+        if not {client.full_path(table, rel) for rel in txn.files} & referenced:
+            raise SinkCommitError(
+                f"{self._where()}: the Iceberg table already holds epoch {txn.epoch} of app id {txn.app_id!r} (epoch "
+                f"{held}) with other files than this epoch's: do two jobs write with the same app id? Give each its "
+                "own IcebergSink(..., app_id=...)")
 
     def _commit_error(self, txn: IcebergTransaction, exc) -> SinkCommitError:
         return SinkCommitError(f"{self._where()}: committing epoch {txn.epoch} to the Iceberg table "
