@@ -140,3 +140,18 @@ def test_delta_source_follows_a_table_another_job_writes(tmp_path):
     with pytest.raises(ep.JobFailedError, match="cancelled"):
         reader.wait(60)
     assert collections.Counter(tuple(r) for r in read_committed(out)) == want
+
+
+def test_the_tables_example_runs_and_checks_itself():
+    """examples/tables.py: a crash between completion and commit, both tables and the Delta
+    source's read-back checked against a plain-Python count by the example itself."""
+    import os
+    import subprocess
+    import sys
+
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "tables.py")
+    proc = subprocess.run([sys.executable, example, "--runtime", "local", "--lines", "1200"], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "2 attempt(s)" in proc.stdout and proc.stdout.count("equals a failure-free count: yes") == 2
+    assert "final counts equal" in proc.stdout
