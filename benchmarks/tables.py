@@ -12,15 +12,17 @@ stamps each row with the time it reaches the sink (``at``), and the sink:
 * ``iceberg``: ``IcebergSink`` (SQL catalog on sqlite, warehouse on local disk) — one fast
   append per epoch and subtask.
 
-Two record shapes (``--shapes``): ``records`` (Python dicts, the record path: rows are
-converted to Arrow by the sink) and ``columnar`` (a stream of 8,192-row Arrow batches
-written as they are). Steady rate = (rows − 1) / (last − first ``at``) over the rows read
+Two record shapes (``--shapes``): ``records`` (``--rows`` Python dicts, the record path:
+rows are converted to Arrow by the sink) and ``columnar`` (``--columnar-rows`` rows as a
+stream of 8,192-row Arrow batches written as they are; more rows, so that a run spans many
+epochs too). Steady rate = (rows − 1) / (last − first ``at``) over the rows read
 back from the committed output with each system's own reader; every run must hold every row
 exactly once (``id`` unique, count = ``--rows``). Sinks are interleaved across repetitions
 (abc, bca, cab) and each sink's ratio to the baseline is taken per repetition, so the ratios
 compare runs made minutes apart in one invocation, never across invocations.
 
-    python benchmarks/tables.py [--runtime local|spark] [--rows 1000000] [--repetitions 3] [--smoke]
+    python benchmarks/tables.py [--runtime local|spark] [--rows 2000000] [--columnar-rows 8000000]
+                                [--repetitions 3] [--smoke]
 """
 from __future__ import annotations
 
@@ -109,10 +111,10 @@ def read_back(kind: str, where: Path) -> pa.Table:
 
 def run(kind: str, shape: str, args, spark) -> dict:
     where = Path(tempfile.mkdtemp(dir=args.tmp, prefix=f"{kind}-"))
-    rec = {"sink": kind, "shape": shape, "rows": args.rows}
+    rec = {"sink": kind, "shape": shape}
     flow = ep.Dataflow(f"tables-{kind}-{shape}", parallelism=args.parallelism)
     if shape == "columnar":
-        per_split = args.rows // BATCH // 2
+        per_split = args.columnar_rows // BATCH // 2
         rec["rows"] = per_split * 2 * BATCH
         src = ep.sources.GeneratorSource(batches_from, num_splits=2, limit=per_split, schema=SCHEMA)
         stream = flow.source("rows", src).map_batches("stamp", stamp_batch)
@@ -144,7 +146,8 @@ def run(kind: str, shape: str, args, spark) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runtime", default="local", choices=["spark", "local"])
-    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--columnar-rows", type=int, default=8_000_000)
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--repetitions", type=int, default=3)
@@ -155,7 +158,7 @@ def main() -> int:
     parser.add_argument("--tmp", default=None)
     args = parser.parse_args()
     if args.smoke:
-        args.rows, args.repetitions, args.interval = 40_000, 1, 0.5
+        args.rows, args.columnar_rows, args.repetitions, args.interval = 40_000, 80_000, 1, 0.5
     args.tmp = args.tmp or tempfile.mkdtemp(prefix="epochal-tables-bench-")
     os.makedirs(args.tmp, exist_ok=True)
     shapes = [s for s in args.shapes.split(",") if s]
