@@ -14,7 +14,6 @@ Load it from a test module with ``pytest_plugins = ["tables"]`` (fixtures ``iceb
 from __future__ import annotations
 
 import collections
-import os
 import time
 
 import cloudpickle

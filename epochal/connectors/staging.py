@@ -12,6 +12,8 @@ Table 4.1, "DBMS (MVCC)" row: pre-commit = new version, not yet visible).
   completes, on close).
 * :class:`StagedParquet` is one data file being written; ``close`` runs in the durability
   step, on the uploader thread, and returns what a table commit needs to reference it.
+* :class:`TableRows` gives a :class:`~epochal.sinks.base.TwoPhaseCommitSink` the ``write_*_to``
+  hooks over a :class:`RowBuffer`: the sink only says where a table of rows goes.
 """
 from __future__ import annotations
 
@@ -76,6 +78,37 @@ class RowBuffer:
             return dict(zip(self._names, record))
         raise SinkWriteError(self.sink_name, record, f"records must be dicts or tuples in the column order "
                              f"{self._names}, got {type(record).__name__}")
+
+
+class TableRows:
+    """Mixin of the table sinks' writers (before :class:`~epochal.sinks.base.TwoPhaseCommitSink`
+    in the bases): records go through ``self._buffer`` (a :class:`RowBuffer` of
+    ``self._schema``, set by the writer's start) into ``self._write_table(txn, table)``, one
+    chunk of :data:`ROW_GROUP` rows at a time; Arrow batches are fitted to the schema and
+    written after the records before them. ``self._flush(txn)`` writes what is buffered (the
+    seal calls it, so a bad record raises there at the latest)."""
+
+    def write_to(self, txn, record) -> None:
+        self._buffer.add(record)
+        if self._buffer.full():
+            self._flush(txn)
+
+    def write_many_to(self, txn, records: list) -> None:
+        self._buffer.extend(records)
+        if self._buffer.full():
+            self._flush(txn)
+
+    def write_batch_to(self, txn, batch) -> None:
+        self._flush(txn)  # records before the batch keep their place
+        self._write_table(txn, fit_batch(self.ctx.sink_name, batch, self._schema))
+
+    def _flush(self, txn) -> None:
+        table = self._buffer.take()
+        if table is not None:
+            self._write_table(txn, table)
+
+    def _write_table(self, txn, table: pa.Table) -> None:
+        raise NotImplementedError
 
 
 def fit_batch(sink_name: str, batch: pa.RecordBatch, schema: pa.Schema) -> pa.Table:

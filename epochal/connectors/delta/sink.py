@@ -50,7 +50,6 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -58,7 +57,7 @@ import pyarrow.compute as pc
 
 from epochal.alignment.factory import SinkMode
 from epochal.connectors.delta import client, recovery
-from epochal.connectors.staging import RowBuffer, StagedParquet, fit_batch
+from epochal.connectors.staging import RowBuffer, StagedParquet, TableRows
 from epochal.errors import ConfigError
 from epochal.sinks.base import Sink, SinkCommitError, SinkContext, TwoPhaseCommitSink
 
@@ -190,8 +189,9 @@ class DeltaTransaction:
     files: list[dict] = field(default_factory=list)
 
 
-class DeltaSinkWriter(TwoPhaseCommitSink):
-    """The per-task writer of a :class:`DeltaSink` (the two-phase-commit hooks only)."""
+class DeltaSinkWriter(TableRows, TwoPhaseCommitSink):
+    """The per-task writer of a :class:`DeltaSink`: the two-phase-commit hooks (the
+    ``write_*_to`` ones from :class:`~epochal.connectors.staging.TableRows`)."""
 
     #: at-least-once commits at barriers only: a Delta version per 50 ms would flood the log
     direct_publish_interval = float("inf")
@@ -216,20 +216,6 @@ class DeltaSinkWriter(TwoPhaseCommitSink):
     def begin_transaction(self, epoch: int) -> DeltaTransaction:
         self._start()
         return DeltaTransaction(epoch, self.app_id if self._transactional else None)
-
-    def write_to(self, txn: DeltaTransaction, record: Any) -> None:
-        self._buffer.add(record)
-        if self._buffer.full():
-            self._flush(txn)
-
-    def write_many_to(self, txn: DeltaTransaction, records: list) -> None:
-        self._buffer.extend(records)
-        if self._buffer.full():
-            self._flush(txn)
-
-    def write_batch_to(self, txn: DeltaTransaction, batch) -> None:
-        self._flush(txn)  # records before the batch keep their place
-        self._write_table(txn, fit_batch(self.ctx.sink_name, batch, self._schema))
 
     def pre_commit(self, txn: DeltaTransaction):
         """Seal (task thread): convert the buffered records (a bad one raises SinkWriteError
@@ -383,11 +369,6 @@ class DeltaSinkWriter(TwoPhaseCommitSink):
                                f"{self._sink.table_uri} failed: {client._short(exc)}")
 
     # ------------------------------------------------------------------ data files
-
-    def _flush(self, txn: DeltaTransaction) -> None:
-        table = self._buffer.take()
-        if table is not None:
-            self._write_table(txn, table)
 
     def _write_table(self, txn: DeltaTransaction, table: pa.Table) -> None:
         if not self._partitions:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from epochal.connectors.delta.recovery import (  # noqa: F401  (re-exported: the shared decisions)
+from epochal.connectors.delta.recovery import (  # re-exported: the shared decisions
     Decision,
     ahead_of_restore,
     app_id,
@@ -35,6 +35,9 @@ from epochal.connectors.delta.recovery import (  # noqa: F401  (re-exported: the
     recovery_plan,
     staged_name,
 )
+
+__all__ = ["APP_ID", "EPOCH", "Decision", "ahead_of_restore", "app_id", "committed_epochs", "decide", "name_tag",
+           "orphans", "owns", "parse_name", "recovery_plan", "staged_name", "summary"]
 
 APP_ID = "epochal.app-id"
 EPOCH = "epochal.epoch"

@@ -48,7 +48,7 @@ import pyarrow as pa
 
 from epochal.alignment.factory import SinkMode
 from epochal.connectors.iceberg import client, recovery
-from epochal.connectors.staging import RowBuffer, StagedParquet, fit_batch
+from epochal.connectors.staging import RowBuffer, StagedParquet, TableRows
 from epochal.errors import ConfigError
 from epochal.sinks.base import Sink, SinkCommitError, SinkContext, TwoPhaseCommitSink
 
@@ -170,8 +170,9 @@ class IcebergTransaction:
     rows: int = 0
 
 
-class IcebergSinkWriter(TwoPhaseCommitSink):
-    """The per-task writer of an :class:`IcebergSink` (the two-phase-commit hooks only)."""
+class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
+    """The per-task writer of an :class:`IcebergSink`: the two-phase-commit hooks (the
+    ``write_*_to`` ones from :class:`~epochal.connectors.staging.TableRows`)."""
 
     #: at-least-once commits at barriers only: a snapshot per 50 ms would flood the metadata
     direct_publish_interval = float("inf")
@@ -197,20 +198,6 @@ class IcebergSinkWriter(TwoPhaseCommitSink):
     def begin_transaction(self, epoch: int) -> IcebergTransaction:
         self._start()
         return IcebergTransaction(epoch, self.app_id if self._transactional else None)
-
-    def write_to(self, txn: IcebergTransaction, record: Any) -> None:
-        self._buffer.add(record)
-        if self._buffer.full():
-            self._flush(txn)
-
-    def write_many_to(self, txn: IcebergTransaction, records: list) -> None:
-        self._buffer.extend(records)
-        if self._buffer.full():
-            self._flush(txn)
-
-    def write_batch_to(self, txn: IcebergTransaction, batch) -> None:
-        self._flush(txn)
-        self._write_table(txn, fit_batch(self.ctx.sink_name, batch, self._schema))
 
     def pre_commit(self, txn: IcebergTransaction):
         self._flush(txn)
@@ -363,11 +350,6 @@ class IcebergSinkWriter(TwoPhaseCommitSink):
                                f"{'.'.join(self._sink.identifier)} failed: {client._short(exc)}")
 
     # ------------------------------------------------------------------ data files
-
-    def _flush(self, txn: IcebergTransaction) -> None:
-        table = self._buffer.take()
-        if table is not None:
-            self._write_table(txn, table)
 
     def _write_table(self, txn: IcebergTransaction, table: pa.Table) -> None:
         if self._part is None:
