@@ -17,13 +17,14 @@ import json
 import sys
 from pathlib import Path
 
+import report_connectors as connectors
 import report_plots as plots
 import report_sections as sections
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BENCHMARKS = ("throughput", "latency", "chain", "chain_intervals", "alignment", "recovery", "state", "state_stress",
               "window", "event_windows", "loops", "peers", "dataplane", "serde", "backpressure", "cluster", "soak",
-              "coldstart")
+              "coldstart", "kafka", "postgres", "tables")
 
 
 def describe_machine(m: dict) -> str:
@@ -60,6 +61,9 @@ SECTIONS = {
     "cluster": sections.section_cluster,
     "soak": sections.section_soak,
     "coldstart": sections.section_coldstart,
+    "kafka": connectors.section_kafka,
+    "postgres": connectors.section_postgres,
+    "tables": connectors.section_tables,
 }
 
 

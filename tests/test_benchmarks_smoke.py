@@ -195,3 +195,18 @@ def test_postgres_smoke(tmp_path):
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     doc = json.loads(out.read_text())
     assert doc["errors"] == [] and all(m["records_per_s"]["median"] for m in doc["modes"].values())
+
+
+@pytest.mark.bench
+def test_tables_smoke(tmp_path):
+    """benchmarks/tables.py --smoke: FileSink, DeltaSink and IcebergSink each write every row
+    exactly once (read back with each system's own reader), records and columnar."""
+    out = tmp_path / "tables.json"
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "tables.py"), "--smoke", "--runtime", "local",
+                           "--out", str(out), "--tmp", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    doc = json.loads(out.read_text())
+    assert doc["errors"] == []
+    assert set(doc["sinks"]) == {f"{k}/{s}" for k in ("filesink-parquet", "delta", "iceberg")
+                                 for s in ("records", "columnar")}
+    assert all(r["output_rows"] == r["rows"] and r["rows_per_s"] > 0 for r in doc["runs"])

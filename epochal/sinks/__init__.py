@@ -38,6 +38,8 @@ from epochal.connectors import lazy_exports  # noqa: E402
 _CONNECTORS = {
     "KafkaSink": "epochal.connectors.kafka.sink",
     "PostgresSink": "epochal.connectors.postgres.sink",
+    "DeltaSink": "epochal.connectors.delta.sink",
+    "IcebergSink": "epochal.connectors.iceberg.sink",
 }
 __all__ += sorted(_CONNECTORS)
 

@@ -71,7 +71,7 @@ class Part:
             self._file.close()
 
 
-def _row(record: Any) -> Any:
+def as_row(record: Any) -> Any:
     """Named tuples (e.g. :class:`~epochal.windows.WindowResult`) are written as objects."""
     if isinstance(record, tuple) and hasattr(record, "_asdict"):
         return record._asdict()
@@ -104,7 +104,7 @@ def _json_chunks_encoder():
 
 class JsonLinesPart(Part):
     def write(self, record: Any) -> None:
-        record = _row(record)
+        record = as_row(record)
         try:
             line = json.dumps(record).encode("utf-8") + b"\n"
         except _JSON_ERRORS as exc:
@@ -121,7 +121,7 @@ class JsonLinesPart(Part):
             super().write_many(records)
             return
         if any(issubclass(t, tuple) for t in set(map(type, records))):  # named tuples become objects
-            records = [_row(r) for r in records]
+            records = [as_row(r) for r in records]
         join = "".join
         try:
             lines = [join(encoder(r, 0)) for r in records]
@@ -137,7 +137,7 @@ class JsonLinesPart(Part):
 class CsvPart(Part):
     def write(self, record: Any) -> None:
         fmt = self._fmt
-        record = _row(record)
+        record = as_row(record)
         if not isinstance(record, Mapping):
             raise SinkWriteError(fmt.sink_name, record,
                                  f"csv records must be dicts (column -> value), got {type(record).__name__}")
@@ -163,7 +163,7 @@ class ParquetPart(Part):
         self._writer: pq.ParquetWriter | None = None
 
     def write(self, record: Any) -> None:
-        record = _row(record)
+        record = as_row(record)
         if not isinstance(record, Mapping):
             raise SinkWriteError(self._fmt.sink_name, record,
                                  f"parquet records must be dicts (column -> value), got {type(record).__name__}")

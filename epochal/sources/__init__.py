@@ -30,6 +30,7 @@ from epochal.connectors import lazy_exports  # noqa: E402
 _CONNECTORS = {
     "KafkaSource": "epochal.connectors.kafka.source",
     "KafkaRecord": "epochal.connectors.kafka.records",
+    "DeltaSource": "epochal.connectors.delta.source",
 }
 __all__ += sorted(_CONNECTORS)
 

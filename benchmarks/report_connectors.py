@@ -1,0 +1,87 @@
+"""The README's "Results" tables of the connector benchmarks (``kafka.py``, ``postgres.py``,
+``tables.py``): one ``section_<name>(doc)`` per ``benchmarks/results/<name>.json``, shaped
+like :mod:`report_sections` (a title, what was measured and how, one table).
+"""
+from __future__ import annotations
+
+from report_sections import _command, _median, _ms, _n, _table
+
+
+def _loads(runs: list[dict]) -> str:
+    """The range of the one-minute load average before the runs: how noisy the machine was."""
+    loads = [r["loadavg_before"][0] for r in runs if r.get("loadavg_before")]
+    return f"{min(loads, default=0):.1f}–{max(loads, default=0):.1f}"
+
+
+def _per_rep(values: list) -> str:
+    return ", ".join(_n(x, ".2f") for x in values)
+
+
+def section_kafka(doc: dict) -> str:
+    cfg = doc["config"]
+    rows = [[name, _n(m["records_per_s"]["median"]),
+             f"{_n(m['records_per_s']['min'])}–{_n(m['records_per_s']['max'])}",
+             _per_rep(m["vs_exactly_once_per_repetition"])] for name, m in doc["modes"].items()]
+    lat = [[r["guarantee"], f"{r['interval_s']:g}", f"{r['seen']:,} / {r['records']:,}",
+            f"{r['latency_s']['p50']:.2f} / {r['latency_s']['p99']:.2f} / {r['latency_s']['p999']:.2f}"]
+           for r in doc.get("latency", [])]
+    every = all(r.get("output_records") == r.get("records") for r in doc["runs"] if r.get("mode") != "raw-client")
+    return (f"### Kafka: topic to topic\n\n"
+            f"{cfg['records']:,} records (100-byte values, 1,000 keys) from a {cfg['partitions']}-partition topic, "
+            f"counted per key in keyed state, into another topic, parallelism {cfg['parallelism']}, {cfg['interval']:g} s checkpoints, runtime `{cfg['runtime']}`, "
+            f"one noida-db broker on this machine. `exactly-once`: `KafkaSource` read_committed → `KafkaSink` "
+            f"transactions per epoch; `at-least-once`: idempotent producer flushed at each barrier; "
+            f"`no-checkpoint`: exactly-once with only the final epoch; `raw-client`: confluent-kafka alone, consume → produce in one process (the "
+            f"client's ceiling here; Spark's own Kafka connector is not among pyspark's jars and no Maven repository "
+            f"is reachable). Rate = output records / (last − first record written by the sink, stamped as it writes them); median and range of "
+            f"{cfg['repetitions']} interleaved repetitions, ratio to exactly-once per repetition; every run's output "
+            f"{'held every record' if every else 'did NOT hold every record'} (load average before the runs "
+            f"{_loads(doc['runs'])}; {_command(doc)}):\n\n"
+            + _table(["mode", "records/s", "min–max", "vs exactly-once"], rows)
+            + (f"\n\nLatency, produce → visible to a read_committed consumer of the output topic at "
+               f"{_n(cfg['latency_rate'])} records/s for {cfg['latency_seconds']:g} s (load "
+               f"{_loads(doc['latency'])}):\n\n"
+               + _table(["guarantee", "checkpoint s", "seen", "p50 / p99 / p99.9 s"], lat) if lat else ""))
+
+
+def section_postgres(doc: dict) -> str:
+    cfg = doc["config"]
+    rows = []
+    for name, m in doc["modes"].items():
+        runs = [r for r in doc["runs"] if r["mode"] == name and not r.get("error")]
+        rows.append([name, _n(m["records_per_s"]["median"]),
+                     f"{_n(m['records_per_s']['min'])}–{_n(m['records_per_s']['max'])}",
+                     _per_rep(m["vs_file_parquet_per_repetition"]),
+                     _ms(_median([r["checkpoint_s_p50"] for r in runs if r.get("checkpoint_s_p50")]))])
+    return (f"### PostgreSQL sink vs FileSink\n\n"
+            f"{cfg['rows']:,} rows `(id, key, value, t)`, parallelism 2, unthrottled, {cfg['interval']:g} s "
+            f"checkpoints, runtime `{cfg['runtime']}`, a throw-away {doc.get('server', 'PostgreSQL').split(' on ')[0]} "
+            f"on this machine. `postgres`: COPY per epoch, PREPARE TRANSACTION at the barrier, COMMIT PREPARED on "
+            f"completion; `postgres-at-least-once`: committed at each barrier; `postgres-upsert`: exactly-once with "
+            f"`upsert_key` (every key twice). Rate = rows / (first to last stamp, taken by a map chained before the "
+            f"sink); every run's output read back held every row once. Median and range of {cfg['repetitions']} "
+            f"interleaved repetitions, ratio to FileSink parquet per repetition (load average before the runs "
+            f"{_loads(doc['runs'])}; {_command(doc)}):\n\n"
+            + _table(["mode", "rows/s", "min–max", "vs FileSink parquet", "checkpoint p50 ms"], rows))
+
+
+def section_tables(doc: dict) -> str:
+    cfg = doc["config"]
+    rows = []
+    for name, s in doc["sinks"].items():
+        sink, shape = name.split("/")
+        runs = [r for r in doc["runs"] if r["sink"] == sink and r["shape"] == shape and not r.get("error")]
+        rows.append([sink, shape, _n(s["rows_per_s"]["median"]), _n(s["vs_filesink_median"], ".2f"),
+                     _per_rep(s["vs_filesink_per_repetition"]),
+                     _ms(_median([r["checkpoint_s_p50"] for r in runs if r.get("checkpoint_s_p50")])),
+                     str(len(runs))])
+    return (f"### Table sinks: Delta Lake and Iceberg vs FileSink\n\n"
+            f"Rows `{{id, key, value, payload}}` from an unthrottled source through a map that stamps each row "
+            f"as it reaches the sink, parallelism {cfg['parallelism']}, exactly-once, {cfg['interval']:g} s "
+            f"checkpoints, runtime `{cfg['runtime']}`: {cfg['rows']:,} dict rows (records) or "
+            f"{cfg['columnar_rows']:,} rows in 8,192-row Arrow batches (columnar). Steady rate = (rows − 1) / "
+            f"(last − first stamp) over the rows read back from the committed output with each system's own reader "
+            f"(every row exactly once in every run); median of {cfg['repetitions']} interleaved repetitions, ratio "
+            f"to FileSink per repetition (same invocation; load average before the runs {_loads(doc['runs'])}; "
+            f"{_command(doc)}):\n\n"
+            + _table(["sink", "shape", "rows/s", "vs FileSink", "per repetition", "checkpoint p50 ms", "runs"], rows))

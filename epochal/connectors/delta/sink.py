@@ -1,0 +1,424 @@
+"""DeltaSink: one Delta commit per epoch and sink subtask, exactly-once for every Delta reader.
+
+Table 4.1 of seed 004 ("DBMS (MVCC)" row: pre-commit = a new version, commit = make it
+the current one), mapped onto :class:`~epochal.sinks.base.TwoPhaseCommitSink`:
+
+=========  ===============================================================================
+Start      a handle carrying its own app id (``<prefix>-<subtask>``) and the epoch
+write      records are converted to the table's Arrow schema in chunks (a record that does
+           not fit raises :class:`~epochal.sinks.base.SinkWriteError` naming it) and
+           written as row groups of parquet data files directly in the table directory,
+           one per partition (``col=value/``): files no version references, invisible to
+           every Delta reader
+Pre-commit seal at the barrier (task thread: convert the last buffered records, detach the
+           files); durability step (uploader thread, before the ack): close the files
+           (footer, fsync locally; an object store persists them on close) and record in
+           the handle what an ``AddAction`` needs — path, size, partition values, row count
+Commit     one ``create_write_transaction`` of the epoch's files with the application
+           transaction ``(app id, version = epoch)``, unless ``transaction_version(app id)``
+           already holds the epoch (:func:`~epochal.connectors.delta.recovery.decide`):
+           idempotent, and a re-commit of a restored handle checks its files still exist
+Abort      delete the open transaction's files (never referenced)
+=========  ===============================================================================
+
+After a restore, staged files of rolled-back epochs are deleted
+(:func:`~epochal.connectors.delta.recovery.orphans`, decided by name: never a file of an
+epoch a version may reference); first the writer refuses a table whose app id is already
+*beyond* the restored epoch (another run with the same app id, or a restore from an older
+savepoint), which would otherwise drop epochs as "already committed".
+
+**Zombies.** A task of an older generation still running after a restart can only commit
+handles of completed checkpoints — the same handles the new generation re-commits. Both ask
+:func:`~epochal.connectors.delta.recovery.decide` before committing; when they race, delta-rs's
+conflict checker fails the second commit on the shared app id (``CommitFailedError``,
+measured), which then asks again and skips. An epoch is never published twice.
+
+**At-least-once** (``SinkMode.DIRECT``): the same files, committed at every barrier without
+an application transaction (so nothing is skipped); after a restore, records of epochs
+after it appear again. Files of a transaction open at a crash are left to
+``DeltaTable.vacuum()`` (they are unreferenced).
+
+One Delta version per epoch and subtask that wrote records: a 1 s checkpoint interval with
+4 subtasks adds up to 4 versions a second; delta-rs writes a log checkpoint every 100
+versions (``delta.checkpointInterval``). Files carry ``numRecords`` and ``nullCount`` stats
+(no min/max: readers skip files by partition only).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from epochal.alignment.factory import SinkMode
+from epochal.connectors.delta import client, recovery
+from epochal.connectors.staging import RowBuffer, StagedParquet, TableRows
+from epochal.errors import ConfigError
+from epochal.sinks.base import Sink, SinkCommitError, SinkContext, TwoPhaseCommitSink
+
+log = logging.getLogger("epochal")
+
+#: commits of one epoch tried before giving up (each after asking Delta again)
+COMMIT_ATTEMPTS = 8
+
+
+class DeltaSink(Sink):
+    """Append records to a Delta table: exactly-once under the exactly-once guarantee (one
+    Delta commit per epoch and subtask; see the module docstring), at-least-once otherwise.
+
+    Args:
+        table_uri: local path, ``file://``, ``s3://`` (or another store delta-rs opens).
+        partition_by: partition columns of a table the sink creates; for an existing table,
+            if given, they must be the table's.
+        storage_options: delta-rs storage options (e.g. ``AWS_ENDPOINT_URL``,
+            ``AWS_ACCESS_KEY_ID``, ``AWS_ALLOW_HTTP``), also used for the data files.
+        schema: a ``pyarrow.Schema``. A missing table is created with it when the job
+            starts (the driver creates it, once); an existing table must have it (Delta
+            types compared). None: the table must exist, and its schema is used.
+        app_id: prefix of the Delta application ids (``f"{app_id}-{subtask}"``); default
+            ``f"epochal-{job}-{sink}"``. A new run of the same job into the same table needs
+            another prefix or ``resume=True`` (a fresh run is refused when the table already
+            holds epochs of the prefix: its epochs would be skipped as committed).
+
+    Records: dicts (column → value), named tuples, or plain tuples in column order; a
+    columnar stream writes its Arrow batches (cast to the table schema).
+
+    Raises:
+        ConfigError: for an invalid argument when the sink is built; when the job starts,
+            naming the sink, for a missing table without a schema, a schema or partitioning
+            that differs from the table's, a table with constraints or generated columns,
+            or an unreadable location.
+    """
+
+    def __init__(self, table_uri, *, partition_by: str | list[str] | None = None,
+                 storage_options: dict | None = None, schema: pa.Schema | None = None, app_id: str | None = None):
+        what = "DeltaSink"
+        self.table_uri = client.check_uri(table_uri, what)
+        if isinstance(partition_by, str):
+            partition_by = [partition_by]
+        if partition_by is not None and (not isinstance(partition_by, (list, tuple)) or
+                                         not all(isinstance(c, str) and c for c in partition_by)):
+            raise ConfigError(f"{what} partition_by: expected a column name or a list of them, got {partition_by!r}")
+        if schema is not None and not isinstance(schema, pa.Schema):
+            raise ConfigError(f"{what} schema: expected a pyarrow.Schema, got {type(schema).__name__}")
+        if schema is not None and partition_by:
+            for column in partition_by:
+                if column not in schema.names:
+                    raise ConfigError(f"{what} partition_by: column {column!r} is not in the schema {schema.names}")
+                client.check_partition_type(column, schema.field(column).type, what)
+        if app_id is not None and (not isinstance(app_id, str) or not app_id.strip()):
+            raise ConfigError(f"{what} app_id: expected a non-empty string, got {app_id!r}")
+        self.partition_by = list(partition_by) if partition_by is not None else None
+        self.storage_options = client.check_storage_options(storage_options, what)
+        self.schema = schema
+        self.app_id = app_id
+
+    def __repr__(self) -> str:
+        return f"DeltaSink({self.table_uri!r})"
+
+    def create_writer(self, ctx: SinkContext) -> DeltaSinkWriter:
+        return DeltaSinkWriter(self, ctx)
+
+    def locations(self) -> tuple[str, ...]:
+        return (self.table_uri,)
+
+    def prefix(self, job: str, sink: str) -> str:
+        return self.app_id or f"epochal-{job}-{sink}"
+
+    def claim(self, job: str, sink: str, resume: bool) -> None:
+        """On the driver, before any task starts: create the table from ``schema`` if it does
+        not exist; check schema, partitioning and writer features of an existing one; refuse
+        a fresh run (``resume`` False) into a table that already holds epochs of this sink's
+        app ids."""
+        what = f"sink {sink!r} ({self!r})"
+        dl = client.deltalake()
+        dt = client.open_table(self.table_uri, self.storage_options, what)
+        if dt is None:
+            if self.schema is None:
+                raise ConfigError(f"{what}: there is no Delta table at {self.table_uri}; pass "
+                                  "DeltaSink(..., schema=pyarrow.schema([...])) to create it, or create it first")
+            try:
+                dl.DeltaTable.create(self.table_uri, self.schema, partition_by=self.partition_by or None,
+                                     mode="ignore", storage_options=self.storage_options,
+                                     commit_properties=dl.CommitProperties(
+                                         custom_metadata={"epochal.job": job, "epochal.sink": sink}))
+            except Exception as exc:
+                raise ConfigError(f"{what}: cannot create the Delta table at {self.table_uri}: "
+                                  f"{client._short(exc)}") from None
+            log.info("%s: created the Delta table %s", what, self.table_uri)
+            dt = client.require_table(self.table_uri, self.storage_options, what)
+        client.check_appendable(dt, self.table_uri, what)
+        table_schema = client.arrow_schema(dt)
+        if self.schema is not None:
+            diffs = client.schema_differences(self.schema, table_schema)
+            if diffs:
+                raise ConfigError(f"{what}: the schema differs from the Delta table's: {'; '.join(diffs)} (table: "
+                                  f"{table_schema.to_string(show_schema_metadata=False)})".replace("\n", ", "))
+        columns = list(dt.metadata().partition_columns)
+        if self.partition_by is not None and self.partition_by != columns:
+            raise ConfigError(f"{what}: partition_by={self.partition_by} but the Delta table is partitioned by "
+                              f"{columns}")
+        for column in columns:
+            client.check_partition_type(column, table_schema.field(column).type, what)
+        if not resume:
+            first = recovery.app_id(self.prefix(job, sink), 0)
+            held = dt.transaction_version(first)
+            if held is not None:
+                raise ConfigError(
+                    f"{what}: the Delta table already holds epochs up to {held} of app id {first!r} from an earlier "
+                    "run of this job; a fresh run would have them skipped as committed. Pass resume=True to continue "
+                    "that run from its checkpoints, or DeltaSink(..., app_id='<new prefix>') to write a new run")
+
+
+@dataclass
+class DeltaTransaction:
+    """Picklable handle of one epoch's data files, carrying its own app id (None: at-least-once)
+    so any writer — after a restart or a rescale — can commit it.
+
+    ``files`` holds one dict per durable file (the fields of a Delta ``AddAction``), filled
+    by the durability step.
+    """
+
+    epoch: int
+    app_id: str | None
+    files: list[dict] = field(default_factory=list)
+
+
+class DeltaSinkWriter(TableRows, TwoPhaseCommitSink):
+    """The per-task writer of a :class:`DeltaSink`: the two-phase-commit hooks (the
+    ``write_*_to`` ones from :class:`~epochal.connectors.staging.TableRows`)."""
+
+    #: at-least-once commits at barriers only: a Delta version per 50 ms would flood the log
+    direct_publish_interval = float("inf")
+
+    def __init__(self, sink: DeltaSink, ctx: SinkContext):
+        super().__init__(ctx)
+        self._dl = client.deltalake()
+        self._sink = sink
+        self._transactional = ctx.mode is SinkMode.TRANSACTIONAL
+        prefix = sink.prefix(ctx.job, ctx.sink_name)
+        self.app_id = recovery.app_id(prefix, ctx.subtask)
+        self._tag = recovery.name_tag(prefix)
+        self._token = uuid.uuid4().hex[:8]
+        self._files = client.table_files(sink.table_uri, sink.storage_options)
+        self._dt = None  # opened by the first hook
+        self._seq = 0
+        self._parts: dict[tuple, StagedParquet] = {}  # partition values -> open data file
+        self._fresh: set[int] = set()  # epochs pre-committed by this writer (their files exist)
+
+    # ------------------------------------------------------------------ hooks
+
+    def begin_transaction(self, epoch: int) -> DeltaTransaction:
+        self._start()
+        return DeltaTransaction(epoch, self.app_id if self._transactional else None)
+
+    def pre_commit(self, txn: DeltaTransaction):
+        """Seal (task thread): convert the buffered records (a bad one raises SinkWriteError
+        here) and detach the open data files; the returned step closes them durably."""
+        self._flush(txn)
+        parts, self._parts = self._parts, {}
+        if not parts:
+            return None  # an empty epoch commits nothing
+        if self._transactional:
+            self._fresh.add(txn.epoch)
+        return functools.partial(self._close_files, txn, parts)
+
+    def commit(self, txn: DeltaTransaction) -> None:
+        """1. Nothing to do for an epoch without files.
+        2. At-least-once: commit the files (no application transaction).
+        3. Otherwise ask Delta for the app id's version; skip the epoch if it holds it.
+        4. A handle this writer did not pre-commit (restored, rescaled): its files must exist.
+        5. Commit the files with ``Transaction(app id, epoch)``; when a concurrent commit
+           wins (``CommitFailedError``: a zombie, or other writers' commits), go to 3 again.
+        """
+        # Step 1
+        if not txn.files:
+            return
+        self._start()
+        # Step 2
+        if txn.app_id is None:
+            self._delta_call(txn, self._commit_files, self._refresh(), txn, None)
+            return
+        checked = txn.epoch in self._fresh
+        failure = None
+        for _ in range(COMMIT_ATTEMPTS):
+            # Step 3
+            dt = self._refresh()
+            held = dt.transaction_version(txn.app_id)
+            if recovery.decide(txn.epoch, held) is recovery.Decision.ALREADY_COMMITTED:
+                if txn.epoch in self._fresh:
+                    self._check_same_handle(dt, txn, held)
+                log.info("%s: epoch %d of %s is already in the Delta table (version %s), skipped",
+                         self._where(), txn.epoch, txn.app_id, held)
+                return
+            # Step 4
+            if not checked:
+                self._check_files(txn)
+                checked = True
+            # Step 5
+            try:
+                self._commit_files(dt, txn, self._dl.Transaction(txn.app_id, txn.epoch))
+                self._fresh.discard(txn.epoch)
+                return
+            except self._dl.exceptions.CommitFailedError as exc:
+                failure = exc
+            except Exception as exc:
+                raise self._commit_error(txn, exc) from exc
+        raise self._commit_error(txn, failure)
+
+    def abort(self, txn: DeltaTransaction) -> None:
+        parts, self._parts = self._parts, {}
+        self._buffer.rows = []
+        for part in parts.values():
+            part.discard()
+
+    def cleanup_orphans(self, restored_epoch: int) -> None:
+        """Delete this subtask's staged files of epochs after ``restored_epoch`` (and those of
+        old subtasks it absorbed after a rescale): never referenced by any version, see
+        :func:`~epochal.connectors.delta.recovery.orphans`. First refuse a table whose app id
+        is beyond the restored epoch. At-least-once: nothing (leftovers are for vacuum)."""
+        self._start()
+        if not self._transactional:
+            return
+        dt = self._refresh()
+        ahead = recovery.ahead_of_restore({self.app_id: dt.transaction_version(self.app_id)}, restored_epoch)
+        if ahead:
+            raise SinkCommitError(
+                f"{self._where()}: the Delta table {self._sink.table_uri} holds epochs up to {ahead[self.app_id]} of "
+                f"app id {self.app_id!r}, but the job restored epoch {restored_epoch}: another run wrote it with the "
+                "same app id, or the job restored an older savepoint. Use DeltaSink(..., app_id='<new prefix>') to "
+                "write this run next to it")
+        mine = f"part-{self._tag}-"
+        listed = self._files.list(keep=lambda name: name.startswith(mine))
+        doomed = recovery.orphans(listed, self._tag, self.ctx.subtask, self.ctx.parallelism, restored_epoch)
+        if not doomed:
+            return
+        referenced = self._referenced(dt)
+        doomed = [p for p in doomed if p not in referenced]  # never, by the epoch rule; checked all the same
+        for path in doomed:
+            self._files.delete(path)
+        self._files.sync_dirs(doomed)
+        log.info("%s: deleted %d staged file(s) of epochs after %d", self._where(), len(doomed), restored_epoch)
+
+    # ------------------------------------------------------------------ table
+
+    def _start(self) -> None:
+        """Once, on the first hook (inside ``restore``): open the table and take its schema."""
+        if self._dt is not None:
+            return
+        what = f"sink {self.ctx.sink_name!r} subtask {self.ctx.subtask}"
+        dt = client.require_table(self._sink.table_uri, self._sink.storage_options, what)
+        self._schema = client.arrow_schema(dt)
+        self._partitions = list(dt.metadata().partition_columns)
+        self._data_schema = pa.schema([f for f in self._schema if f.name not in self._partitions])
+        self._buffer = RowBuffer(self.ctx.sink_name, self._schema)
+        self._dt = dt
+
+    def _refresh(self):
+        self._dt.update_incremental()
+        return self._dt
+
+    def _referenced(self, dt) -> set[str]:
+        """Relative paths of the files the current version references."""
+        actions = pa.table(dt.get_add_actions(flatten=False))
+        return {unquote(p) for p in actions.column("path").to_pylist()}
+
+    def _commit_files(self, dt, txn: DeltaTransaction, transaction) -> None:
+        dl = self._dl
+        actions = [dl.transaction.AddAction(f["path"], f["size"], f["partition_values"], f["modification_time"],
+                                            True, f["stats"]) for f in txn.files]
+        meta = {"epochal.job": self.ctx.job, "epochal.sink": self.ctx.sink_name, "epochal.subtask": str(self.ctx.subtask),
+                "epochal.epoch": str(txn.epoch), "epochal.generation": str(self.ctx.generation)}
+        dt.create_write_transaction(
+            actions, mode="append", schema=self._schema, partition_by=self._partitions or None,
+            commit_properties=dl.CommitProperties(app_transactions=[transaction] if transaction else None,
+                                                  custom_metadata=meta))
+
+    def _check_same_handle(self, dt, txn: DeltaTransaction, held: int) -> None:
+        """An epoch this writer pre-committed is in the table already: fine if a newer
+        generation committed this very handle (restored from the checkpoint: this writer is a
+        zombie told late), an error if other data went in under the app id."""
+        self._fresh.discard(txn.epoch)
+        if not {f["path"] for f in txn.files} & self._referenced(dt):
+            raise SinkCommitError(
+                f"{self._where()}: the Delta table {self._sink.table_uri} already holds epoch {txn.epoch} of app id "
+                f"{txn.app_id!r} (version {held}) with other files than this epoch's: do two jobs write with the "
+                "same app id? Give each its own DeltaSink(..., app_id=...)")
+
+    def _check_files(self, txn: DeltaTransaction) -> None:
+        missing = [f["path"] for f in txn.files if self._files.size(f["path"]) is None]
+        if missing:
+            raise SinkCommitError(
+                f"{self._where()}: cannot commit epoch {txn.epoch} to {self._sink.table_uri}: its data file(s) "
+                f"{missing[:3]}{' ...' if len(missing) > 3 else ''} are gone (deleted by hand, or by a vacuum with a "
+                "retention shorter than the checkpoints'?)")
+
+    def _delta_call(self, txn, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as exc:
+            raise self._commit_error(txn, exc) from exc
+
+    def _commit_error(self, txn: DeltaTransaction, exc) -> SinkCommitError:
+        return SinkCommitError(f"{self._where()}: committing epoch {txn.epoch} to the Delta table "
+                               f"{self._sink.table_uri} failed: {client._short(exc)}")
+
+    # ------------------------------------------------------------------ data files
+
+    def _write_table(self, txn: DeltaTransaction, table: pa.Table) -> None:
+        if not self._partitions:
+            self._part(txn, ()).write(table)
+            return
+        for key, rows in split_partitions(table, self._partitions):
+            self._part(txn, key).write(rows.drop_columns(self._partitions))
+
+    def _part(self, txn: DeltaTransaction, key: tuple) -> StagedParquet:
+        part = self._parts.get(key)
+        if part is None:
+            name = recovery.staged_name(self._tag, self.ctx.subtask, txn.epoch if self._transactional else None,
+                                        self.ctx.generation, self._token, self._seq)
+            self._seq += 1
+            rel = f"{client.partition_dir(self._partitions, key)}/{name}" if key else name
+            part = self._parts[key] = StagedParquet(self._files, rel, self._data_schema)
+        return part
+
+    def _close_files(self, txn: DeltaTransaction, parts: dict[tuple, StagedParquet]) -> None:
+        """The durability step (uploader thread): touches ``parts`` and ``txn`` only."""
+        paths = []
+        for key, part in parts.items():
+            written = part.close(durable=True)
+            if written is None:
+                continue
+            stats = {"numRecords": written.rows,
+                     "nullCount": {c: n for c, n in written.null_counts.items() if _flat(self._data_schema, c)}}
+            txn.files.append({"path": written.path, "size": written.size,
+                              "partition_values": {c: client.encode_partition_value(v)
+                                                   for c, v in zip(self._partitions, key)},
+                              "modification_time": written.modification_time, "stats": json.dumps(stats)})
+            paths.append(written.path)
+        self._files.sync_dirs(paths)
+
+
+def _flat(schema: pa.Schema, column: str) -> bool:
+    t = schema.field(column).type
+    return not (pa.types.is_nested(t))
+
+
+def split_partitions(table: pa.Table, columns: list[str]):
+    """``(partition values, rows)`` for each distinct combination of ``columns`` in ``table``."""
+    keys = table.select(columns).group_by(columns, use_threads=False).aggregate([]).to_pylist()
+    if len(keys) == 1:
+        yield tuple(keys[0][c] for c in columns), table
+        return
+    for key in keys:
+        mask = None
+        for c in columns:
+            v = key[c]
+            m = pc.is_null(table.column(c)) if v is None else pc.fill_null(pc.equal(table.column(c), v), False)
+            mask = m if mask is None else pc.and_(mask, m)
+        yield tuple(key[c] for c in columns), table.filter(mask)

@@ -1,0 +1,374 @@
+"""IcebergSink: one Iceberg snapshot per epoch and sink subtask, exactly-once for every reader.
+
+Table 4.1 of seed 004 ("DBMS (MVCC)" row), mapped onto
+:class:`~epochal.sinks.base.TwoPhaseCommitSink`:
+
+=========  ===============================================================================
+Start      a handle carrying its own app id (``<prefix>-<subtask>``) and the epoch
+write      records are converted to the table's Arrow schema (with Iceberg field ids) and
+           written as row groups of a parquet data file in the table's ``data/``
+           directory: a file no snapshot references, invisible to every reader
+Pre-commit seal at the barrier (task thread); durability step (uploader thread): close the
+           file (footer, fsync locally) and describe it as an Iceberg ``DataFile`` (stats
+           from its footer, as pyiceberg's own writer does)
+Commit     a **fast append** of the epoch's data files — one new snapshot, a pure metadata
+           operation (manifest, manifest list, metadata file, the catalog's compare-and-
+           swap) — whose summary records the app id and epoch, unless the table's ancestry
+           already holds the epoch (:mod:`~epochal.connectors.iceberg.recovery`)
+Abort      delete the open transaction's file (never referenced)
+=========  ===============================================================================
+
+**Why a fast append of files written at pre-commit.** pyiceberg offers ``append(df)``
+(writes and commits in one call: nothing could be pre-committed), ``add_files(paths)``
+(commits existing files, but sets a name mapping on the table and reads every footer at
+commit time) and the snapshot producer's ``fast_append().append_data_file(...)`` that
+``append`` itself uses. The last one, fed with data files written at pre-commit, is the
+two-phase commit: the data is durable before the checkpoint is acknowledged, and the commit
+is only metadata. Files carry Iceberg field ids, so readers need no name mapping.
+
+**Retries.** The table must have ``commit.retry.num-retries=0`` (see
+:mod:`~epochal.connectors.iceberg.recovery` for why): the sink sets it on a table it
+creates and refuses an existing table without it (changing it would change every other
+writer's commits), naming the property and how to set it. Each commit checks it again.
+
+Unpartitioned tables only: a partitioned table is refused when the job starts.
+
+**At-least-once** (``SinkMode.DIRECT``): the same files, fast-appended at every barrier
+without the epoch in the summary (nothing is skipped).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from epochal.alignment.factory import SinkMode
+from epochal.connectors.iceberg import client, recovery
+from epochal.connectors.staging import RowBuffer, StagedParquet, TableRows
+from epochal.errors import ConfigError
+from epochal.sinks.base import Sink, SinkCommitError, SinkContext, TwoPhaseCommitSink
+
+log = logging.getLogger("epochal")
+
+#: commits of one epoch tried before giving up (each after asking the table again)
+COMMIT_ATTEMPTS = 8
+
+
+class IcebergSink(Sink):
+    """Append records to an Iceberg table: exactly-once under the exactly-once guarantee
+    (one snapshot per epoch and subtask; see the module docstring), at-least-once otherwise.
+
+    Args:
+        catalog: the catalog's name (pyiceberg configuration) or a dict of its properties,
+            e.g. ``{"type": "sql", "uri": "sqlite:////data/cat.db", "warehouse": "file:///data/wh"}``.
+        table: ``"namespace.table"``.
+        schema: a ``pyarrow.Schema``. A missing table (and namespace) is created with it
+            when the job starts, with ``commit.retry.num-retries=0``; an existing table must
+            have it. None: the table must exist.
+        app_id: prefix of the app ids in snapshot summaries (``f"{app_id}-{subtask}"``);
+            default ``f"epochal-{job}-{sink}"`` (see :class:`~epochal.sinks.DeltaSink`).
+
+    Records: dicts, named tuples, or plain tuples in column order; a columnar stream writes
+    its Arrow batches (cast to the table schema).
+
+    Raises:
+        ConfigError: for an invalid argument when the sink is built; when the job starts,
+            naming the sink, for an unreachable catalog, a missing table without a schema,
+            a different schema, a partitioned table, or retries not disabled.
+    """
+
+    def __init__(self, catalog, table, *, schema: pa.Schema | None = None, app_id: str | None = None):
+        what = "IcebergSink"
+        self.catalog_name, self.catalog_properties = client.check_catalog(catalog, what)
+        self.identifier = client.check_identifier(table, what)
+        if schema is not None and not isinstance(schema, pa.Schema):
+            raise ConfigError(f"{what} schema: expected a pyarrow.Schema, got {type(schema).__name__}")
+        if app_id is not None and (not isinstance(app_id, str) or not app_id.strip()):
+            raise ConfigError(f"{what} app_id: expected a non-empty string, got {app_id!r}")
+        self.schema, self.app_id = schema, app_id
+
+    def __repr__(self) -> str:
+        return f"IcebergSink({self.catalog_name!r}, {'.'.join(self.identifier)!r})"
+
+    def create_writer(self, ctx: SinkContext) -> IcebergSinkWriter:
+        return IcebergSinkWriter(self, ctx)
+
+    def prefix(self, job: str, sink: str) -> str:
+        return self.app_id or f"epochal-{job}-{sink}"
+
+    def catalog(self, what: str):
+        return client.load_catalog(self.catalog_name, self.catalog_properties, what)
+
+    def claim(self, job: str, sink: str, resume: bool) -> None:
+        """On the driver, before any task starts: create the table from ``schema`` if missing;
+        check an existing one (schema, unpartitioned, retries disabled); refuse a fresh run
+        into a table whose snapshots already hold epochs of this sink's app ids."""
+        what = f"sink {sink!r} ({self!r})"
+        client.pyiceberg()
+        catalog = self.catalog(what)
+        table = client.load_table(catalog, self.identifier, what)
+        if table is None:
+            if self.schema is None:
+                client.require_table(catalog, self.identifier, what)
+            table = self._create(catalog, what)
+        if not table.spec().is_unpartitioned():
+            raise ConfigError(f"{what}: the Iceberg table is partitioned ({table.spec()}); IcebergSink writes "
+                              "unpartitioned tables")
+        if not client.retries_disabled(table):
+            raise ConfigError(
+                f"{what}: the Iceberg table has {client.RETRIES}={table.metadata.properties.get(client.RETRIES, '(unset: 4)')}; "
+                f"pyiceberg's commit retries re-apply a stale writer's append (a duplicate), so IcebergSink needs "
+                f"{client.RETRIES}=0. Set it with: with table.transaction() as t: "
+                f"t.set_properties({{'{client.RETRIES}': '0'}}) (it applies to every writer of the table)")
+        if self.schema is not None:
+            diffs = client.schema_differences(self.schema, client.arrow_schema(table))
+            if diffs:
+                raise ConfigError(f"{what}: the schema differs from the Iceberg table's: {'; '.join(diffs)}")
+        if not resume:
+            first = recovery.app_id(self.prefix(job, sink), 0)
+            held = recovery.committed_epochs(ancestry(table), [first])[first]
+            if held is not None:
+                raise ConfigError(
+                    f"{what}: the Iceberg table already holds epochs up to {held} of app id {first!r} from an earlier "
+                    "run of this job; a fresh run would have them skipped as committed. Pass resume=True to continue "
+                    "that run from its checkpoints, or IcebergSink(..., app_id='<new prefix>') to write a new run")
+
+    def _create(self, catalog, what: str):
+        namespace = self.identifier[:-1]
+        try:
+            catalog.create_namespace_if_not_exists(namespace)
+            table = catalog.create_table_if_not_exists(self.identifier, schema=self.schema,
+                                                       properties={client.RETRIES: "0"})
+        except Exception as exc:
+            raise ConfigError(f"{what}: cannot create the Iceberg table {'.'.join(self.identifier)}: "
+                              f"{client._short(exc)}") from None
+        log.info("%s: created the Iceberg table %s", what, ".".join(self.identifier))
+        return table
+
+
+def ancestry(table):
+    """``(snapshot id, summary properties)`` of the current snapshot and its ancestors, newest first."""
+    from pyiceberg.table.snapshots import ancestors_of
+
+    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+        s = snapshot.summary
+        yield snapshot.snapshot_id, (dict(s.additional_properties) if s is not None else None)
+
+
+@dataclass
+class IcebergTransaction:
+    """Picklable handle of one epoch's data files (relative to the table location), carrying
+    its own app id (None: at-least-once)."""
+
+    epoch: int
+    app_id: str | None
+    files: list[str] = field(default_factory=list)
+    rows: int = 0
+
+
+class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
+    """The per-task writer of an :class:`IcebergSink`: the two-phase-commit hooks (the
+    ``write_*_to`` ones from :class:`~epochal.connectors.staging.TableRows`)."""
+
+    #: at-least-once commits at barriers only: a snapshot per 50 ms would flood the metadata
+    direct_publish_interval = float("inf")
+
+    def __init__(self, sink: IcebergSink, ctx: SinkContext):
+        super().__init__(ctx)
+        client.pyiceberg()
+        self._sink = sink
+        self._transactional = ctx.mode is SinkMode.TRANSACTIONAL
+        prefix = sink.prefix(ctx.job, ctx.sink_name)
+        self.app_id = recovery.app_id(prefix, ctx.subtask)
+        self._tag = recovery.name_tag(prefix)
+        self._token = uuid.uuid4().hex[:8]
+        self._table = None  # loaded by the first hook
+        self._seq = 0
+        self._part: StagedParquet | None = None
+        self._described: dict[str, Any] = {}  # data file path -> DataFile, made by the durability step
+        self._fresh: set[int] = set()
+        self._known = None  # (snapshot id, {app id: epoch}) of the last look at the ancestry
+
+    # ------------------------------------------------------------------ hooks
+
+    def begin_transaction(self, epoch: int) -> IcebergTransaction:
+        self._start()
+        return IcebergTransaction(epoch, self.app_id if self._transactional else None)
+
+    def pre_commit(self, txn: IcebergTransaction):
+        self._flush(txn)
+        part, self._part = self._part, None
+        if part is None:
+            return None
+        if self._transactional:
+            self._fresh.add(txn.epoch)
+        return functools.partial(self._close_file, txn, part, self._table)
+
+    def commit(self, txn: IcebergTransaction) -> None:
+        """1. Nothing to do for an epoch without files.
+        2. Reload the table; refuse it if its retries were switched on meanwhile.
+        3. Exactly-once: ask the snapshot ancestry for the app id's epoch; skip the epoch if
+           the table holds it (for a handle this writer pre-committed itself — a zombie told
+           late — only if the table references its files: else another writer uses the app id).
+        4. Fast-append the data files (described by the durability step, or from their
+           footers for a restored handle — which also checks they still exist) in one
+           snapshot with the epoch in its summary; when the catalog's compare-and-swap
+           fails (``CommitFailedException``), go to 2 again.
+        """
+        # Step 1
+        if not txn.files:
+            return
+        from pyiceberg.exceptions import CommitFailedException
+
+        self._start()
+        failure = None
+        for _ in range(COMMIT_ATTEMPTS):
+            # Step 2
+            table = self._reload()
+            if not client.retries_disabled(table):
+                raise SinkCommitError(f"{self._where()}: the Iceberg table {'.'.join(self._sink.identifier)} no "
+                                      f"longer has {client.RETRIES}=0; committing could duplicate an epoch")
+            # Step 3
+            props = {}
+            if txn.app_id is not None:
+                held = self._committed(table, txn.app_id)
+                if recovery.decide(txn.epoch, held) is recovery.Decision.ALREADY_COMMITTED:
+                    if txn.epoch in self._fresh:
+                        self._check_same_handle(table, txn, held)
+                    log.info("%s: epoch %d of %s is already in the Iceberg table, skipped", self._where(), txn.epoch,
+                             txn.app_id)
+                    return
+                props = recovery.summary(txn.app_id, txn.epoch, self.ctx.job, self.ctx.sink_name, self.ctx.generation)
+            # Step 4
+            data_files = self._data_files(table, txn)
+            try:
+                with table.transaction() as tx:
+                    with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
+                        for data_file in data_files:
+                            append.append_data_file(data_file)
+                self._fresh.discard(txn.epoch)
+                for path in txn.files:
+                    self._described.pop(path, None)
+                return
+            except CommitFailedException as exc:
+                failure = exc
+            except Exception as exc:
+                raise self._commit_error(txn, exc) from exc
+        raise self._commit_error(txn, failure)
+
+    def abort(self, txn: IcebergTransaction) -> None:
+        part, self._part = self._part, None
+        self._buffer.rows = []
+        if part is not None:
+            part.discard()
+
+    def cleanup_orphans(self, restored_epoch: int) -> None:
+        """As :meth:`DeltaSinkWriter.cleanup_orphans
+        <epochal.connectors.delta.sink.DeltaSinkWriter.cleanup_orphans>`, with the committed
+        epoch from the snapshot ancestry."""
+        self._start()
+        if not self._transactional:
+            return
+        table = self._reload()
+        held = self._committed(table, self.app_id)
+        ahead = recovery.ahead_of_restore({self.app_id: held}, restored_epoch)
+        if ahead:
+            raise SinkCommitError(
+                f"{self._where()}: the Iceberg table {'.'.join(self._sink.identifier)} holds epochs up to {held} of "
+                f"app id {self.app_id!r}, but the job restored epoch {restored_epoch}: another run wrote it with the "
+                "same app id, or the job restored an older savepoint. Use IcebergSink(..., app_id='<new prefix>')")
+        mine = f"part-{self._tag}-"
+        listed = self._files.list(self._dir, keep=lambda name: name.startswith(mine))
+        doomed = recovery.orphans(listed, self._tag, self.ctx.subtask, self.ctx.parallelism, restored_epoch)
+        if not doomed:
+            return
+        referenced = {task.file.file_path for task in table.scan().plan_files()} if table.current_snapshot() else set()
+        doomed = [p for p in doomed if client.full_path(table, p) not in referenced]
+        for path in doomed:
+            self._files.delete(path)
+        self._files.sync_dirs(doomed)
+        log.info("%s: deleted %d staged file(s) of epochs after %d", self._where(), len(doomed), restored_epoch)
+
+    # ------------------------------------------------------------------ table
+
+    def _start(self) -> None:
+        if self._table is not None:
+            return
+        what = f"sink {self.ctx.sink_name!r} subtask {self.ctx.subtask}"
+        catalog = self._sink.catalog(what)
+        table = client.require_table(catalog, self._sink.identifier, what)
+        self._catalog = catalog
+        self._schema = client.arrow_schema(table)
+        self._files, self._dir = client.data_files(table, what)
+        self._buffer = RowBuffer(self.ctx.sink_name, self._schema)
+        self._table = table
+
+    def _reload(self):
+        self._table = self._catalog.load_table(self._sink.identifier)
+        return self._table
+
+    def _committed(self, table, app: str) -> int | None:
+        epochs = recovery.committed_epochs(ancestry(table), [app], self._known)
+        current = table.current_snapshot()
+        if current is not None and app == self.app_id:
+            self._known = (current.snapshot_id, {app: epochs[app]})
+        return epochs[app]
+
+    def _data_files(self, table, txn: IcebergTransaction) -> list:
+        from pyiceberg.io.pyarrow import parquet_file_to_data_file
+
+        out = []
+        for rel in txn.files:
+            described = self._described.get(rel)
+            if described is None:  # a restored handle: describe the file again from its footer
+                try:
+                    described = parquet_file_to_data_file(table.io, table.metadata, client.full_path(table, rel))
+                except FileNotFoundError:
+                    raise SinkCommitError(
+                        f"{self._where()}: cannot commit epoch {txn.epoch}: its data file {rel} is gone from the "
+                        "table location (deleted by hand, or by an orphan-file cleanup?)") from None
+            out.append(described)
+        return out
+
+    def _check_same_handle(self, table, txn: IcebergTransaction, held) -> None:
+        """As :meth:`DeltaSinkWriter._check_same_handle
+        <epochal.connectors.delta.sink.DeltaSinkWriter._check_same_handle>`."""
+        self._fresh.discard(txn.epoch)
+        referenced = {task.file.file_path for task in table.scan().plan_files()}
+        if not {client.full_path(table, rel) for rel in txn.files} & referenced:
+            raise SinkCommitError(
+                f"{self._where()}: the Iceberg table already holds epoch {txn.epoch} of app id {txn.app_id!r} (epoch "
+                f"{held}) with other files than this epoch's: do two jobs write with the same app id? Give each its "
+                "own IcebergSink(..., app_id=...)")
+
+    def _commit_error(self, txn: IcebergTransaction, exc) -> SinkCommitError:
+        return SinkCommitError(f"{self._where()}: committing epoch {txn.epoch} to the Iceberg table "
+                               f"{'.'.join(self._sink.identifier)} failed: {client._short(exc)}")
+
+    # ------------------------------------------------------------------ data files
+
+    def _write_table(self, txn: IcebergTransaction, table: pa.Table) -> None:
+        if self._part is None:
+            name = recovery.staged_name(self._tag, self.ctx.subtask, txn.epoch if self._transactional else None,
+                                        self.ctx.generation, self._token, self._seq)
+            self._seq += 1
+            self._part = StagedParquet(self._files, f"{self._dir}/{name}", self._schema)
+        self._part.write(table)
+
+    def _close_file(self, txn: IcebergTransaction, part: StagedParquet, table) -> None:
+        """The durability step (uploader thread): close the file durably and describe it
+        (``table``: the table as loaded at the seal; only its schema and io are read)."""
+        from pyiceberg.io.pyarrow import parquet_file_to_data_file
+
+        written = part.close(durable=True)
+        if written is None:
+            return
+        self._files.sync_dirs([written.path])
+        self._described[written.path] = parquet_file_to_data_file(table.io, table.metadata,
+                                                                  client.full_path(table, written.path))
+        txn.files.append(written.path)
+        txn.rows += written.rows
