@@ -449,23 +449,20 @@ class KeyedStream(Stream):
 
         return WindowedStream(self, assigner, allowed_lateness)
 
-    def aggregate(self, name: str, *, parallelism: int | None = None, **aggregations) -> Stream:
+    def aggregate(self, name: str, *, parallelism: int | None = None, local: bool | None = None,
+                  budget_bytes: int = 64 << 20, **aggregations) -> Stream:
         """Vectorized keyed aggregation of Arrow batches (:mod:`epochal.columnar.aggregates`):
-        ``key_by("word").aggregate("counts", n=count(), bytes=sum("size"))``. Emits, once per
-        epoch (before its barrier), one batch of the keys updated since the previous one:
-        the key column and one column per aggregation."""
-        from epochal.columnar.aggregates import Aggregation
+        ``key_by("word").aggregate("counts", n=count(), bytes=sum("size"))``.
 
-        if not aggregations:
-            raise PipelineDefinitionError(f"aggregate {name!r}: name at least one aggregation, e.g. n=count()")
-        for column, agg in aggregations.items():
-            if not isinstance(agg, Aggregation):
-                raise PipelineDefinitionError(
-                    f"aggregate {name!r}: {column}= must be an aggregation from epochal.columnar (count(), sum(col), "
-                    f"...), got {type(agg).__name__}")
-        node = self._then(NodeKind.AGGREGATE, name, (getattr(self._key_fn, "column", None), dict(aggregations)),
-                          parallelism, self._key_fn, accepts="batches")
-        return Stream(self._flow, (Input(node.name, FORWARD),))
+        Output: just before each barrier, one batch of the keys whose aggregates changed
+        since the previous emission, with their current values (the key column and one
+        column per aggregation) — and earlier when the partials buffered since then exceed
+        ``budget_bytes`` (per subtask). ``local`` (default: when every aggregation combines
+        in Arrow): pre-aggregate in the producing tasks before the shuffle
+        (:mod:`epochal.columnar.build`)."""
+        from epochal.columnar.build import build_aggregate
+
+        return build_aggregate(self, name, parallelism, aggregations, local, budget_bytes)
 
     def process(self, name: str, function, *, parallelism: int | None = None, dead_letters: bool = False) -> Stream:
         """Run a :class:`~epochal.operators.keyed.KeyedProcessFunction` with keyed state."""

@@ -15,7 +15,8 @@ from epochal.operators.stateless import (
 )
 
 
-_COLUMNAR = frozenset({NodeKind.MAP_BATCHES, NodeKind.TO_RECORDS, NodeKind.TO_BATCHES, NodeKind.AGGREGATE})
+_COLUMNAR = frozenset({NodeKind.MAP_BATCHES, NodeKind.TO_RECORDS, NodeKind.TO_BATCHES, NodeKind.AGGREGATE,
+                       NodeKind.LOCAL_AGGREGATE})
 
 
 def create_operator(node: Node, ctx: OperatorContext) -> RuntimeOperator:
