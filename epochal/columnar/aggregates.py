@@ -164,9 +164,9 @@ class _Mean(_Sum):
         return pc.if_else(pc.greater(n, 0), mean, pa.scalar(None, pa.float64()))
 
     def values(self, acc):
-        return [(total or 0, n) for total, n in zip(acc[0].to_pylist(), acc[1].to_pylist())]
+        return list(zip(acc[0].to_pylist(), acc[1].to_pylist()))
 
-    def columns_of(self, values, like=None):
+    def columns_of(self, values, like=None):  # (sum, count); sum None or 0 when no values were seen
         return [pa.array([v[0] for v in values], like[0].type if like else None),
                 pa.array([v[1] for v in values], like[1].type if like else pa.int64())]
 

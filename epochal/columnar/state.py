@@ -54,15 +54,16 @@ def _concat(columns: list):
 
 
 class KeyBlock:
-    """The keys of one key group and their accumulator columns (flat over the
-    aggregations). Immutable: a merge makes a new block, so a pending snapshot can hold
-    the old one without copying."""
+    """The keys of one key group and their accumulator columns, flat over the
+    aggregations (``widths``: columns per aggregation). Immutable: a merge makes a new
+    block, so a pending snapshot can hold the old one without copying."""
 
-    __slots__ = ("keys", "accs")
+    __slots__ = ("keys", "accs", "widths")
 
-    def __init__(self, keys: pa.Array, accs: tuple):
+    def __init__(self, keys: pa.Array, accs, widths):
         self.keys = keys
         self.accs = tuple(accs)
+        self.widths = tuple(widths)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -81,21 +82,28 @@ class KeyBlock:
         with pa.ipc.new_stream(sink, batch.schema) as writer:  # only the rows of a slice, unlike pickle
             writer.write_batch(batch)
         objects = {i: c for i, c in enumerate(self.accs) if isinstance(c, np.ndarray)}
-        return _load_block, (sink.getvalue().to_pybytes(), len(self.accs), objects)
+        return _load_block, (sink.getvalue().to_pybytes(), self.widths, objects)
 
-    def entries(self, plan: PartialPlan) -> list[tuple[Any, tuple]]:
-        """``(key, accumulators)`` per key, as :class:`EntryState` stores them."""
-        per_agg = [agg.values(cols) for agg, cols in zip(plan.aggs, plan.split(list(self.accs)))]
+    def entries(self) -> list[tuple[Any, tuple]]:
+        """``(key, accumulators)`` per key — one accumulator per aggregation, a tuple for
+        the multi-column ones — as :class:`EntryState` stores them (and
+        :func:`epochal.state.read` shows them)."""
+        columns = [list(c) if isinstance(c, np.ndarray) else c.to_pylist() for c in self.accs]
+        per_agg, pos = [], 0
+        for w in self.widths:
+            per_agg.append(columns[pos] if w == 1 else list(zip(*columns[pos:pos + w])))
+            pos += w
         return list(zip(self.keys.to_pylist(), zip(*per_agg))) if per_agg else []
 
     def __repr__(self) -> str:
         return f"KeyBlock({len(self)} keys)"
 
 
-def _load_block(ipc: bytes, n: int, objects: dict) -> KeyBlock:
+def _load_block(ipc: bytes, widths: tuple, objects: dict) -> KeyBlock:
     batch = pa.ipc.open_stream(ipc).read_next_batch()
     arrow = iter(batch.columns[1:])
-    return KeyBlock(batch.column(0), tuple(objects[i] if i in objects else next(arrow) for i in range(n)))
+    return KeyBlock(batch.column(0), [objects[i] if i in objects else next(arrow) for i in range(sum(widths))],
+                    widths)
 
 
 def _block_of(entries: list, plan: PartialPlan) -> KeyBlock:
@@ -104,7 +112,7 @@ def _block_of(entries: list, plan: PartialPlan) -> KeyBlock:
     columns = []
     for j, agg in enumerate(plan.aggs):
         columns += agg.columns_of([acc[j] for _, acc in entries])
-    return KeyBlock(keys, columns)
+    return KeyBlock(keys, columns, [a.width for a in plan.aggs])
 
 
 # ------------------------------------------------------------------------- layouts
@@ -158,7 +166,7 @@ class BlockState(_State):
                     if kg in self.blocks:
                         old = self.blocks[kg]
                         block = KeyBlock(_concat([old.keys, block.keys]),
-                                         [_concat([a, b]) for a, b in zip(old.accs, block.accs)])
+                                         [_concat([a, b]) for a, b in zip(old.accs, block.accs)], block.widths)
                     self.blocks[kg] = block
                     backend.put(self.blocks_state, kg, kg, block)
             backend.drop_state(self.entries_state)
@@ -202,11 +210,11 @@ class BlockState(_State):
         sorted_kgs = all_kgs[order]
         starts = np.searchsorted(sorted_kgs, touched, "left")
         ends = np.searchsorted(sorted_kgs, touched, "right")
-        backend, name = self.backend, self.blocks_state
+        backend, name, widths = self.backend, self.blocks_state, [a.width for a in self.plan.aggs]
         for kg, s, e in zip(touched.tolist(), starts.tolist(), ends.tolist()):
             rows_of_kg = index[order[s:e]]  # positions in rows (old rows, merged rows, fresh rows)
             key_of_kg = order[s:e]  # positions in all_keys (old keys, then new keys)
-            block = KeyBlock(_take(all_keys, key_of_kg), tuple(_take(r, rows_of_kg) for r in rows))
+            block = KeyBlock(_take(all_keys, key_of_kg), [_take(r, rows_of_kg) for r in rows], widths)
             self.blocks[kg] = block
             backend.put(name, kg, kg, block)
         out_keys = _concat([_take(keys, hit), _take(keys, miss)])
@@ -227,7 +235,7 @@ class EntryState(_State):
         for kg in self.key_groups:
             block = backend.get(self.blocks_state, kg, kg)
             if block is not None and len(block):
-                entries = block.entries(self.plan)
+                entries = block.entries()
                 backend.put_many(self.entries_state, [kg] * len(entries), [k for k, _ in entries],
                                  [acc for _, acc in entries])
         backend.drop_state(self.blocks_state)
