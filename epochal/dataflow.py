@@ -174,7 +174,8 @@ class Stream:
 
     def _columnar(self, consumer: str | None) -> bool:
         nodes = self._flow._nodes
-        kinds = {p.node: p.port == "main" and nodes[p.node].columnar for p in self._ports}
+        # a columnar operator's side outputs carry batches too (a window's late rows), not its dead letters
+        kinds = {p.node: p.port != "dead_letters" and nodes[p.node].columnar for p in self._ports}
         if len(set(kinds.values())) > 1:
             raise PipelineDefinitionError(
                 f"{consumer or 'a stream'!r} reads streams of Arrow batches "
@@ -231,8 +232,14 @@ class Stream:
         return self.map_batches(name, WithColumn(column, fn), parallelism=parallelism)
 
     def to_records(self, name: str, *, parallelism: int | None = None) -> "Stream":
-        """Arrow batches → one ``dict`` per row (a record stream)."""
-        node = self._then(NodeKind.TO_RECORDS, name, None, parallelism, accepts="batches", columnar=False)
+        """Arrow batches → one ``dict`` per row (a record stream); with event time (a column,
+        :mod:`epochal.columnar.time`) the records carry it as the record path's do."""
+        time = None
+        if self._timed(name):
+            from epochal.columnar.time import event_time_of
+
+            time = event_time_of(self, f"to_records {name!r}")
+        node = self._then(NodeKind.TO_RECORDS, name, time, parallelism, accepts="batches", columnar=False)
         return Stream(self._flow, (Input(node.name, FORWARD),))
 
     def to_batches(self, name: str, schema=None, *, parallelism: int | None = None) -> "Stream":
@@ -242,7 +249,9 @@ class Stream:
         if schema is not None and not isinstance(schema, pa.Schema):
             raise PipelineDefinitionError(f"to_batches {name!r}: schema must be a pyarrow.Schema, got {schema!r}")
         if self._timed(name):
-            raise PipelineDefinitionError(f"to_batches {name!r}: streams of Arrow batches carry no event time yet")
+            raise PipelineDefinitionError(f"to_batches {name!r}: its records carry event time, which batches keep in "
+                                          "a column: convert records without it, then with_watermarks(name, "
+                                          "timestamp='column') on the batches")
         node = self._then(NodeKind.TO_BATCHES, name, schema, parallelism, columnar=True)
         return Stream(self._flow, (Input(node.name, FORWARD),))
 
@@ -291,6 +300,11 @@ class Stream:
         """
         from epochal.time.assign import WatermarkSpec
 
+        if self._columnar(name):  # Arrow batches: timestamp= names the event-time column (epochal.columnar.time)
+            from epochal.columnar.time import build_watermarks
+
+            return build_watermarks(self, name, timestamp, max_out_of_orderness, idle_timeout, timestamp_unit,
+                                    parallelism, dead_letters)
         _check_callable(timestamp, name, "with_watermarks")
         spec = WatermarkSpec.build(name, timestamp, max_out_of_orderness, idle_timeout, timestamp_unit)
         node = self._then(NodeKind.WATERMARKS, name, spec, parallelism, timed=True, dead_letters=dead_letters)
@@ -445,6 +459,10 @@ class KeyedStream(Stream):
         upstream. ``allowed_lateness`` (a duration) keeps a window's state after it fired:
         records up to that much behind the watermark update it (it fires again); later ones
         go to the result's ``.late()`` side output."""
+        if self._columnar("window"):  # Arrow batches: vectorized windows (epochal.columnar.windows)
+            from epochal.columnar.windows import ColumnWindowedStream
+
+            return ColumnWindowedStream(self, assigner, allowed_lateness)
         from epochal.windows.api import WindowedStream
 
         return WindowedStream(self, assigner, allowed_lateness)

@@ -111,7 +111,7 @@ def test_batches_cross_channels_as_arrow_ipc():
         "crash-in-commit"])
 def test_columnar_word_count_is_exactly_once_despite_a_fault(tmp_path, backend, local, fault):
     out = unique_dir(tmp_path, "out")
-    result = wordcount("cwc", out, rate=20.0, local=local).run(
+    result = wordcount("cwc", out, rate=6.0, local=local).run(  # ~1 s of input: the faults wait for epoch 1
         runtime="local", backend=backend, faults=[fault],
         checkpoint=ep.CheckpointConfig(interval=0.1, storage="file://" + unique_dir(tmp_path, "c")))
     assert result.attempts == 2, result.failures
@@ -174,7 +174,7 @@ def test_columnar_at_least_once_counts_every_word(tmp_path):
     """At-least-once through a process crash: every word is counted at least as often as
     it occurs (a replayed batch may count twice)."""
     out = unique_dir(tmp_path, "out")
-    result = wordcount("al", out, rate=20.0).run(
+    result = wordcount("al", out, rate=6.0).run(
         runtime="local", guarantee="at-least-once", backend="rocksdb",
         faults=[CrashAtRecord("count", subtask=0, record=3, how="exit", after_epoch=1)],
         checkpoint=ep.CheckpointConfig(interval=0.1, storage="file://" + unique_dir(tmp_path, "c")))

@@ -78,10 +78,10 @@ def build_aggregate(keyed, name: str, parallelism, aggregations: dict, local: bo
     if local:
         forward = Stream(keyed.flow, tuple(Input(p.node, FORWARD, p.feedback, p.port) for p in keyed._ports))
         node = forward._then(NodeKind.LOCAL_AGGREGATE, f"{name}.local",
-                             LocalAggregateSpec(column, dict(aggregations)), None, accepts="batches")
+                             LocalAggregateSpec(column, dict(aggregations)), None, accepts="batches", timed=False)
         partials = Stream(keyed.flow, (Input(node.name, FORWARD),))
         upstream = KeyedStream(keyed.flow, partials._repartition(keyed._ports[0].partitioning), keyed._key_fn)
     node = upstream._then(NodeKind.AGGREGATE, name, AggregateSpec(column, dict(aggregations), bool(local),
                                                                      budget_bytes),
-                          parallelism, keyed._key_fn, accepts="batches")
+                          parallelism, keyed._key_fn, accepts="batches", timed=False)
     return Stream(keyed.flow, (Input(node.name, FORWARD),))

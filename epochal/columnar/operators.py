@@ -58,12 +58,29 @@ class MapBatchesOperator(RuntimeOperator):
 
 
 class ToRecordsOperator(RuntimeOperator):
-    """Arrow batches → one dict per row (``to_records``)."""
+    """Arrow batches → one dict per row (``to_records``); with the stream's event-time
+    column (``time``, :class:`~epochal.columnar.time.ColumnTime`) each row becomes a
+    ``(timestamp µs, row)`` pair, as records with event time travel."""
+
+    def __init__(self, ctx: OperatorContext, time=None):
+        super().__init__(ctx)
+        self.time = time
 
     def process_batch(self, records: list) -> list:
         out = []
         for batch in records:
-            out.extend(batch.to_pylist())
+            if self.time is None:
+                out.extend(batch.to_pylist())
+                continue
+            try:
+                us, valid = self.time.micros(batch)
+                if valid is not None and not valid.all():
+                    raise ValueError(f"event-time column {self.time.column!r} has no usable timestamp in row "
+                                     f"{int((~valid).argmax())}")
+            except Exception as exc:
+                self.reject(_describe(batch), exc)
+                continue
+            out.extend(zip(us.tolist(), batch.to_pylist()))
         return out
 
 
@@ -231,7 +248,7 @@ def create_columnar_operator(ctx: OperatorContext, node) -> RuntimeOperator:
     if node.kind is NodeKind.MAP_BATCHES:
         return MapBatchesOperator(ctx, node.payload)
     if node.kind is NodeKind.TO_RECORDS:
-        return ToRecordsOperator(ctx)
+        return ToRecordsOperator(ctx, node.payload)
     if node.kind is NodeKind.TO_BATCHES:
         return ToBatchesOperator(ctx, node.payload)
     if node.kind is NodeKind.LOCAL_AGGREGATE:

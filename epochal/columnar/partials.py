@@ -38,16 +38,19 @@ class PartialPlan:
     Args:
         key: the key column.
         aggregations: output name → :class:`~epochal.columnar.aggregates.Aggregation`.
+        groups: further columns a partial row is per (a window's pane, after the key).
     """
 
-    def __init__(self, key: str, aggregations: dict[str, Aggregation]):
+    def __init__(self, key: str, aggregations: dict[str, Aggregation], groups: tuple[str, ...] = ()):
         self.key = key
+        self.groups = list(groups)
         self.names = list(aggregations)
         self.aggs = [aggregations[n] for n in self.names]
         self.partial_names = [n if a.width == 1 else f"{n}.{j}" for n, a in zip(self.names, self.aggs)
                               for j in range(a.width)]
         self.combinable = all(a.combinable for a in self.aggs)
-        self.inputs = [self.key] + list(dict.fromkeys(a.column for a in self.aggs if a.column is not None))
+        self.inputs = [self.key] + self.groups + list(dict.fromkeys(a.column for a in self.aggs
+                                                                    if a.column is not None))
         self._raw = [spec for a in self.aggs for spec in a.raw()]
         pos, self._combine = 0, []
         for a in self.aggs:
@@ -77,7 +80,8 @@ class PartialPlan:
         """The partial batch of ``batch`` without grouping (one partial row per row), typed
         as grouped partials are."""
         schema = self.of_raw([batch.slice(0, 0)]).schema
-        columns = [batch.column(self.key)] + [c for a in self.aggs for c in a.passthrough(batch)]
+        columns = [batch.column(c) for c in [self.key] + self.groups] + [c for a in self.aggs
+                                                                         for c in a.passthrough(batch)]
         return pa.RecordBatch.from_arrays([c.cast(f.type) for c, f in zip(columns, schema)], schema=schema)
 
     def _group(self, table: pa.Table, specs: list) -> pa.Table:
@@ -86,11 +90,12 @@ class PartialPlan:
             table = table.set_column(table.schema.get_field_index(self.key), self.key,
                                      key.cast(key.type.value_type))
         table = table.rename_columns([_KEY if n == self.key else n for n in table.schema.names])
-        grouped = table.group_by(_KEY, use_threads=False).aggregate(specs)
-        i = grouped.schema.get_field_index(_KEY)
-        columns = grouped.columns
-        keys, values = columns[i], columns[:i] + columns[i + 1:]
-        return pa.Table.from_arrays([keys] + values, names=[self.key] + self.partial_names).combine_chunks()
+        by = [_KEY] + self.groups
+        grouped = table.group_by(by, use_threads=False).aggregate(specs)
+        names = grouped.schema.names
+        keys = [grouped.column(n) for n in by]
+        values = [c for n, c in zip(names, grouped.columns) if n not in by]
+        return pa.Table.from_arrays(keys + values, names=[self.key] + self.groups + self.partial_names).combine_chunks()
 
 
 class PartialBuffer:
