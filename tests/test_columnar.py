@@ -128,8 +128,8 @@ def test_columnar_parquet_sink_writes_batches_as_row_groups(tmp_path):
 
 def test_columnar_aggregate_rescales_2_to_3_to_1(tmp_path):
     out, url = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "c")
-    run_until_checkpoints(wordcount("resc", out, parallelism=2, rate=4.0), url, 3, resume=True)
-    run_until_checkpoints(wordcount("resc", out, parallelism=3, rate=4.0), url, 3, resume=True)
+    run_until_checkpoints(wordcount("resc", out, parallelism=2, rate=1.0), url, 3, resume=True)
+    run_until_checkpoints(wordcount("resc", out, parallelism=3, rate=1.0), url, 3, resume=True)
     result = wordcount("resc", out, parallelism=1).run(
         runtime="local", resume=True, checkpoint=ep.CheckpointConfig(interval=0.05, storage=url))
     assert result.restored_from[0] is not None
@@ -140,8 +140,8 @@ def test_columnar_aggregate_moves_between_backends_while_rescaling(tmp_path):
     """Heap blocks → RocksDB entries (2 → 3 subtasks) → heap blocks again (→ 1): each
     restore converts the other backend's layout, key group by key group."""
     out, url = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "c")
-    run_until_checkpoints(wordcount("xb", out, parallelism=2, rate=4.0), url, 3, resume=True, backend="heap")
-    run_until_checkpoints(wordcount("xb", out, parallelism=3, rate=4.0), url, 3, resume=True, backend="rocksdb")
+    run_until_checkpoints(wordcount("xb", out, parallelism=2, rate=1.0), url, 3, resume=True, backend="heap")
+    run_until_checkpoints(wordcount("xb", out, parallelism=3, rate=1.0), url, 3, resume=True, backend="rocksdb")
     result = wordcount("xb", out, parallelism=1).run(
         runtime="local", resume=True, backend="heap", checkpoint=ep.CheckpointConfig(interval=0.05, storage=url))
     assert result.restored_from[0] is not None

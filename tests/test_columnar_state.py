@@ -218,27 +218,42 @@ def test_operator_merges_once_per_epoch_and_early_at_its_budget(kind):
         b.close()
 
 
-def test_local_pre_aggregation_flushes_at_its_row_limit_and_before_barriers():
-    op = LocalAggregateOperator(ctx(None, name="agg.local"), LocalAggregateSpec("k", aggs(), flush_rows=250))
+def test_local_pre_aggregation_emits_one_row_per_key_before_barriers_and_at_its_budget():
+    op = LocalAggregateOperator(ctx(None, name="agg.local"), LocalAggregateSpec("k", aggs()))
     rows = [(f"w{i % 5}", i) for i in range(1000)]
     out = []
     for i in range(0, 600, 100):
         out += op.process_batch([batch_of(rows[i:i + 100])])
-    assert sum(b.num_rows for b in out) == 10  # two flushes of 300 rows, 5 keys each
+    assert out == []  # within budget: nothing before the barrier ...
     out += op.prepare_snapshot_pre_barrier(1)
+    assert sum(b.num_rows for b in out) == 5  # ... then one row per key
     assert op.prepare_snapshot_pre_barrier(2) == []
-    plan = PartialPlan("k", aggs())
-    d = plan.combine(out).to_pydict()
+    d = pa.Table.from_batches(out).to_pydict()
     model = model_rows(rows[:600])
     assert {k: (d["n"][i], d["s"][i], d["lo"][i], d["hi"][i]) for i, k in enumerate(d["k"])} == \
         {k: v[:4] for k, v in model.items()}
-    # keys mostly distinct: after one flush that kept more than half its rows, batches pass ungrouped
-    op = LocalAggregateOperator(ctx(None, name="agg.local"), LocalAggregateSpec("k", aggs(), flush_rows=100))
+    # a small budget: partials leave early, and together they still add up
+    op = LocalAggregateOperator(ctx(None, name="agg.local"), LocalAggregateSpec("k", aggs(), budget_bytes=512))
+    spread = [(f"w{i % 40}", i) for i in range(2000)]
+    early = []
+    for i in range(0, 2000, 100):
+        early += op.process_batch([batch_of(spread[i:i + 100])])
+    late = op.prepare_snapshot_pre_barrier(1)
+    assert early and sum(b.num_rows for b in early + late) > 40
+    d = PartialPlan("k", aggs()).combine(early + late).to_pydict()
+    assert dict(zip(d["k"], d["n"])) == {k: v[0] for k, v in model_rows(spread).items()}
+    # keys mostly distinct: after a batch that kept more than half its rows, batches pass ungrouped
+    op = LocalAggregateOperator(ctx(None, name="agg.local"), LocalAggregateSpec("k", aggs()))
+    op.JUDGE_ROWS = 100
     distinct = [(f"x{i}", i) for i in range(300)]
-    first = op.process_batch([batch_of(distinct[:100])])
-    assert sum(b.num_rows for b in first) == 100 and op._skip
+    assert op.process_batch([batch_of(distinct[:100])]) == [] and op._skip
     second = op.process_batch([batch_of(distinct[100:200])])
-    assert len(second) == 1 and second[0].num_rows == 100 and second[0].schema == first[0].schema
+    assert len(second) == 1 and second[0].num_rows == 100
+    first = op.prepare_snapshot_pre_barrier(1)
+    assert sum(b.num_rows for b in first) == 100 and second[0].schema == first[0].schema
+    op = LocalAggregateOperator(ctx(None, name="agg.local"), LocalAggregateSpec("k", aggs()))
+    op.process_batch([batch_of(distinct[:50])])
+    assert not op._skip  # a batch below JUDGE_ROWS proves nothing
 
 
 def test_user_aggregations_are_merged_per_key_on_both_layouts():

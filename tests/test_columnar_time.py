@@ -90,8 +90,8 @@ def test_windows_of_batches_equal_the_oracle_through_a_crash(tmp_path, assigner,
 def test_window_state_rescales_2_to_3_to_1(tmp_path):
     assigner = Sliding("2s", "1s")
     out, url = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "c")
-    run_until_checkpoints(windows("cwin-resc", out, assigner, parallelism=2, rate=10.0), url, 3, resume=True)
-    run_until_checkpoints(windows("cwin-resc", out, assigner, parallelism=3, rate=10.0), url, 3, resume=True,
+    run_until_checkpoints(windows("cwin-resc", out, assigner, parallelism=2, rate=2.0), url, 3, resume=True)
+    run_until_checkpoints(windows("cwin-resc", out, assigner, parallelism=3, rate=2.0), url, 3, resume=True,
                           backend="rocksdb")
     result = windows("cwin-resc", out, assigner, parallelism=1).run(
         runtime="local", resume=True, checkpoint=ep.CheckpointConfig(interval=0.05, storage=url))

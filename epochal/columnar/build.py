@@ -7,9 +7,9 @@ An aggregate whose aggregations all combine in Arrow becomes two nodes:
                            chained into the producer)   one merge per epoch)
 
 The local node has the producer's parallelism and reads it forward, so it runs inside the
-producer's tasks; it sends one partial row per key and flush instead of every row across
-the shuffle (:mod:`epochal.columnar.partials`). It holds no state: it flushes before every
-barrier, so what it received before barrier n reaches the aggregate before barrier n.
+producer's tasks; it sends about one partial row per key and epoch instead of every row
+across the shuffle (:mod:`epochal.columnar.partials`). It holds no state: it flushes before
+every barrier, so what it received before barrier n reaches the aggregate before barrier n.
 ``local=False`` keeps one node (the aggregate pre-aggregates each batch itself).
 """
 from __future__ import annotations
@@ -23,8 +23,6 @@ __all__ = ["AggregateSpec", "LocalAggregateSpec", "build_aggregate"]
 
 #: default memory budget of an aggregate's buffer of unmerged partials (per subtask)
 BUDGET_BYTES = 64 << 20
-#: rows a local pre-aggregation gathers before grouping them (bounded memory, few flushes)
-LOCAL_FLUSH_ROWS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -44,7 +42,7 @@ class LocalAggregateSpec:
 
     column: str
     aggregations: dict
-    flush_rows: int = LOCAL_FLUSH_ROWS
+    budget_bytes: int = BUDGET_BYTES
 
 
 def build_aggregate(keyed, name: str, parallelism, aggregations: dict, local: bool | None,
@@ -78,7 +76,8 @@ def build_aggregate(keyed, name: str, parallelism, aggregations: dict, local: bo
     if local:
         forward = Stream(keyed.flow, tuple(Input(p.node, FORWARD, p.feedback, p.port) for p in keyed._ports))
         node = forward._then(NodeKind.LOCAL_AGGREGATE, f"{name}.local",
-                             LocalAggregateSpec(column, dict(aggregations)), None, accepts="batches", timed=False)
+                             LocalAggregateSpec(column, dict(aggregations), budget_bytes), None, accepts="batches",
+                             timed=False)
         partials = Stream(keyed.flow, (Input(node.name, FORWARD),))
         upstream = KeyedStream(keyed.flow, partials._repartition(keyed._ports[0].partitioning), keyed._key_fn)
     node = upstream._then(NodeKind.AGGREGATE, name, AggregateSpec(column, dict(aggregations), bool(local),

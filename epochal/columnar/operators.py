@@ -175,24 +175,29 @@ class KeyedAggregateOperator(RuntimeOperator):
 
 class LocalAggregateOperator(RuntimeOperator):
     """The pre-aggregation of a keyed aggregate before its shuffle (``<name>.local``,
-    :mod:`epochal.columnar.build`): gathers input batches until ``flush_rows`` rows, then
-    emits one partial batch (one row per key). Flushes before every barrier, so it holds
-    nothing at a snapshot (no state). When grouping does not pay (a flush kept more than
-    half of its rows: keys mostly distinct), the next :attr:`SKIP` batches become partials
-    row by row without grouping (Spark's adaptive partial aggregation does the same)."""
+    :mod:`epochal.columnar.build`): groups each batch into one partial row per key (one
+    Arrow ``group_by``) and keeps combining them in a buffer of at most ``budget_bytes``
+    (:class:`~epochal.columnar.partials.PartialBuffer`); emits the buffer — one partial row
+    per key seen — before every barrier, and earlier when it stays over half its budget
+    after combining. So the shuffle carries about one row per key and epoch, and the
+    operator holds nothing at a snapshot (no state).
+
+    When grouping does not pay (a batch of at least :attr:`JUDGE_ROWS` rows kept more than
+    half of them: keys mostly distinct), the next :attr:`SKIP` batches become partials row
+    by row without grouping and pass at once (Spark's adaptive partial aggregation does
+    the same)."""
 
     SKIP = 64
+    JUDGE_ROWS = 1 << 15
 
     def __init__(self, ctx: OperatorContext, spec):
         super().__init__(ctx)
         self.plan = PartialPlan(spec.column, spec.aggregations)
-        self.flush_rows = spec.flush_rows
-        self._pending: list = []
-        self._rows = 0
+        self.buffer = PartialBuffer(self.plan, spec.budget_bytes)
         self._skip = 0
 
     def process_batch(self, records: list) -> list:
-        out = []
+        out, buffer = [], self.buffer
         for batch in records:
             if not batch.num_rows:
                 continue
@@ -201,29 +206,28 @@ class LocalAggregateOperator(RuntimeOperator):
                     self._skip -= 1
                     out.append(self.plan.passthrough(batch))
                     continue
-                self._pending.append(batch.select(self.plan.inputs))
+                before = buffer.rows
+                buffer.add(batch)
             except Exception as exc:
                 self.reject(_describe(batch), _named(exc, self.plan, batch))
                 continue
-            self._rows += batch.num_rows
-            if self._rows >= self.flush_rows:
-                out += self._flush()
+            if (buffer.rows - before) * 2 > batch.num_rows >= self.JUDGE_ROWS:
+                self._skip = self.SKIP
+            if buffer.full:
+                buffer.compact()
+                if buffer.nbytes > buffer.budget // 2:
+                    out += self._flush()
         return out
 
     def prepare_snapshot_pre_barrier(self, epoch: int) -> list:
         return self._flush()
 
     def _flush(self) -> list:
-        pending, rows, self._pending, self._rows = self._pending, self._rows, [], 0
-        if not pending:
-            return []
         try:
-            table = self.plan.of_raw(pending)
+            table = self.buffer.drain()
         except Exception as exc:
-            raise self.fail(f"<{rows} rows pre-aggregated by {self.ctx.operator!r}>", exc) from exc
-        if table.num_rows * 2 > rows:
-            self._skip = self.SKIP
-        return table.to_batches()
+            raise self.fail(f"<partials combined by {self.ctx.operator!r}>", exc) from exc
+        return [] if table is None else table.to_batches()
 
 
 def _named(exc: Exception, plan: PartialPlan, batch) -> Exception:
