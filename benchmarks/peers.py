@@ -1,21 +1,31 @@
 """The same keyed word count on epochal and on the engines users would pick instead — in one run.
 
-Every engine counts the words of the same generated lines (``tests/pipelines.py``
-``line(split, i)``, 4 splits) with parallelism 2 and a 1 s checkpoint / trigger interval,
-on this machine, one after the other, each in its own process (``benchmarks/peer_runners.py``)
-with a timeout. Each engine runs twice, on ``--small-lines`` and ``--large-lines``:
+Two measurements, one invocation, every engine in its own process with a timeout:
 
-* **whole** lines/s = large lines / T_large, where T runs from engine start-up (Spark
-  session, Flink mini-cluster, Bytewax workers) until all input is processed;
-* **marginal** lines/s = (large − small) / (T_large − T_small): start-up cancels.
+**Capacity on a backlog** (``capacity_runners.py``, the headline): every engine reads the
+same directory of text files (``workload.zipf_files``: a Zipf vocabulary of 20k words,
+1–8 words a line, written before anything is timed), splits lines on one space, counts per
+word, parallelism 2 on this 2-core machine. Each engine runs in one process: a warm-up run
+(Spark's JIT and Python workers, epochal's task processes), then a *small* and a *large*
+input (the first k files), each a new query / dataflow over files that all exist when it
+starts. **Marginal words/s** = (words_large − words_small) / (T_large − T_small): start-up
+cancels, what remains is the rate at which the engine works off a backlog — the figure a
+user sizing a cluster needs. Spark runs with large micro-batches
+(``trigger(availableNow=True)``, ``maxFilesPerTrigger``). Also per engine: words per CPU
+second (the same subtraction on the CPU time of the process tree: on a shared machine less
+sensitive to other tenants than wall time), and the **single-process Arrow ceiling**
+(``arrow-ceiling``: epochal's file reader, Arrow split and ``group_by`` in one process, no
+engine), so the report shows the fraction of (ceiling × 2 cores) the columnar engine reaches.
+Every run's final count per word is checked against a plain-Python count of its files.
 
-The final count per word is checked against a plain-Python count. An engine that cannot
-be installed or run is recorded with the exact error text instead of failing the benchmark.
-The JSON documents every engine's fault-tolerance settings and caveats (``SETTINGS``).
+**Steady at 1 s** (``peer_runners.py``, the earlier measurement, kept as a second column):
+the generated lines of ``tests/pipelines.py`` ``line(split, i)`` with a 1 s checkpoint /
+trigger interval; each engine's own throughput samples (epochal's progress events, Spark's
+``processedRowsPerSecond``) and the marginal lines/s between two input sizes.
 
-    python benchmarks/peers.py                                  # all engines (~10 min)
-    python benchmarks/peers.py --engines epochal bytewax --small-lines 5000 --large-lines 50000
-    python benchmarks/peers.py --flink-python /path/to/venv/bin/python
+    python benchmarks/peers.py                                  # all engines (~25 min)
+    python benchmarks/peers.py --skip-steady --capacity-engines epochal-columnar arrow-ceiling spark-ss-builtin
+    python benchmarks/peers.py --smoke
 """
 from __future__ import annotations
 
@@ -31,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
+import peers_capacity  # noqa: E402
 
 RUNNER = Path(__file__).resolve().parent / "peer_runners.py"
 DEFAULT_FLINK_PYTHON = "/work/venv-flink/bin/python"
@@ -199,7 +210,18 @@ WORDS_PER_LINE = 3.5
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--engines", nargs="+", choices=ENGINES, default=ENGINES)
+    p.add_argument("--capacity-engines", nargs="+", choices=peers_capacity.ENGINES, default=None,
+                   help="default: all (with --smoke: epochal-columnar, arrow-ceiling, spark-ss-builtin)")
+    p.add_argument("--engines", nargs="+", choices=ENGINES, default=ENGINES, help="engines of the steady-at-1 s runs")
+    p.add_argument("--skip-capacity", action="store_true")
+    p.add_argument("--skip-steady", action="store_true")
+    p.add_argument("--input", default=None, help="capacity input directory (default: <tmp>/epochal-zipf-FxW, "
+                                                 "generated once and reused)")
+    p.add_argument("--input-files", type=int, default=None, help="capacity input files (default 40, 2 with --smoke)")
+    p.add_argument("--words-per-file", type=int, default=None, help="default 5,000,000 (200,000 with --smoke)")
+    p.add_argument("--files-per-trigger", type=int, default=10,
+                   help="Spark's maxFilesPerTrigger in the capacity runs (large micro-batches)")
+    p.add_argument("--tmp", default=None)
     p.add_argument("--small-lines", type=int, default=None, help="default 20000 (2000 with --smoke)")
     p.add_argument("--large-lines", type=int, default=None, help="default 200000 (8000 with --smoke)")
     p.add_argument("--columnar-scale", type=int, default=None,
@@ -222,9 +244,15 @@ def parse_args(argv=None):
     args.large_lines = args.large_lines or (8000 if args.smoke else 200_000)
     args.columnar_scale = args.columnar_scale or (2 if args.smoke else 50)
     args.epochal_scale = args.epochal_scale or (1 if args.smoke else 5)
+    args.input_files = args.input_files or (2 if args.smoke else 40)
+    args.capacity_engines = args.capacity_engines or (["epochal-columnar", "arrow-ceiling", "spark-ss-builtin"]
+                                                      if args.smoke else peers_capacity.ENGINES)
+    args.words_per_file = args.words_per_file or (200_000 if args.smoke else 5_000_000)
     if args.out is None:
         args.out = (Path(tempfile.mkdtemp(prefix="epochal-bench-smoke-")) / "peers.json" if args.smoke
                     else harness.RESULTS / "peers.json")
+    if args.smoke and args.input is None:
+        args.tmp = args.tmp or str(args.out.parent)
     return args
 
 
@@ -232,21 +260,25 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     info = harness.machine()
     doc = {**harness.new_doc("peers", args, info), "peers": []}
-    print(f"peers benchmark: engines={args.engines} lines={args.small_lines}/{args.large_lines} "
-          f"cores={info['cpu_count']} load={info['loadavg_at_start']}", flush=True)
+    print(f"peers benchmark: capacity={[] if args.skip_capacity else args.capacity_engines} "
+          f"steady={[] if args.skip_steady else args.engines} cores={info['cpu_count']} "
+          f"load={info['loadavg_at_start']}", flush=True)
     kept = []
     if args.merge and args.out.exists():  # the earlier invocation stays the document; this one is listed
         earlier = json.loads(args.out.read_text())
-        kept = [p for p in earlier["peers"] if p["name"] not in args.engines]
+        kept = [p for p in earlier["peers"] if p["name"] not in args.engines or args.skip_steady]
         for p in kept:
             p.setdefault("from_earlier_invocation", True)
         merged = earlier.get("merges", []) + [{"command": doc["command"], "engines": args.engines,
                                                 "started_at": doc["started_at"]}]
-        doc.update({k: earlier[k] for k in ("command", "started_at", "machine", "config") if k in earlier})
+        doc.update({k: earlier[k] for k in ("command", "started_at", "machine", "config", "capacity") if k in earlier})
         doc["merges"] = merged
-    work = tempfile.mkdtemp(prefix="epochal-peers-")
+    work = tempfile.mkdtemp(prefix="epochal-peers-", dir=args.tmp)
     t_start = time.monotonic()
-    for engine in args.engines:
+    if not args.skip_capacity:
+        doc["capacity"] = peers_capacity.run_capacity(args, work, t_start)
+        harness.write_json(args.out, doc)
+    for engine in [] if args.skip_steady else args.engines:
         started = harness.now_iso()
         missing = check_installed(engine, args)
         if missing:
@@ -260,7 +292,7 @@ def main(argv=None) -> int:
             entry = summarise(engine, small, large)
         entry["started_at"] = started
         doc["peers"].append(entry)
-        print(f"[{time.monotonic() - t_start:5.0f} s] {engine:28s} {entry['status']:13s} "
+        print(f"[{time.monotonic() - t_start:5.0f} s] steady {engine:28s} {entry['status']:13s} "
               + (f"marginal {harness.fmt(entry.get('steady_lines_per_s'))} lines/s, whole "
                  f"{harness.fmt(entry['large'].get('lines_per_s'))} lines/s, counts ok: {entry.get('counts_verified')}"
                  if entry["status"] == "ok" and "words_per_s" not in entry

@@ -46,3 +46,83 @@ def events_of(split: int, offset: int, splits: int, per_split: int, keys: int, e
     (a replayable GeneratorSource function once the configuration is bound)."""
     for i in range(offset, per_split):
         yield event(i * splits + split, keys, event_us, disorder_us)
+
+
+# ---------------------------------------------------------------------- Zipf text files
+# The input of benchmarks/peers.py's capacity runs: a directory of text files every engine
+# reads (epochal's ArrowFileSource and DirectorySource, Spark's readStream.text, Bytewax's
+# file source). Words come from a vocabulary of ZIPF_VOCABULARY pseudo-words drawn with
+# Zipf's law (rank r with probability ∝ 1/r), 1–8 words a line, one space between words.
+ZIPF_VOCABULARY = 20_000
+
+
+def zipf_vocabulary(n: int = ZIPF_VOCABULARY, seed: int = 7) -> list[str]:
+    """``n`` distinct lowercase pseudo-words of 2–10 letters, the same for every seed."""
+    import random
+
+    rng, out, seen = random.Random(seed), [], set()
+    while len(out) < n:
+        w = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 10)))
+        if w not in seen:
+            seen.add(w)
+            out.append(w)
+    return out
+
+
+def zipf_text(words: int, seed: int, vocabulary: list[str]) -> bytes:
+    """About ``words`` words of Zipf-distributed text (whole lines of 1–8 words, each line
+    ending in a newline), a pure function of its arguments (numpy, for speed)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    per_line = rng.integers(1, 9, max(1, words * 2 // 9))
+    n = int(per_line.sum())
+    weights = 1.0 / np.arange(1, len(vocabulary) + 1)
+    cdf = np.cumsum(weights) / weights.sum()
+    ranks = np.minimum(np.searchsorted(cdf, rng.random(n)), len(vocabulary) - 1)
+    lengths = np.array([len(w) for w in vocabulary])
+    width = int(lengths.max()) + 1
+    table = np.zeros((len(vocabulary), width), np.uint8)
+    for i, w in enumerate(vocabulary):
+        table[i, :len(w)] = np.frombuffer(w.encode(), np.uint8)
+    rows = table[ranks]
+    sep = np.full(n, ord(" "), np.uint8)
+    sep[np.cumsum(per_line) - 1] = ord("\n")
+    rows[np.arange(n), lengths[ranks]] = sep
+    keep = np.arange(width)[None, :] <= lengths[ranks][:, None]
+    return rows[keep].tobytes()
+
+
+def zipf_files(directory: str, files: int, words_per_file: int, seed: int = 1) -> dict:
+    """Write ``files`` Zipf text files (``part-NNN.txt``) into ``directory`` once and
+    return their description: ``{"files": [names], "words": [per file], "counts": [per
+    file {word: n}]}`` — the counts taken by plain Python (``str.split`` and a Counter) from
+    the written text, the oracle every engine's output is checked against. A directory
+    already holding the same description is reused (generating 200M words takes minutes)."""
+    import collections
+    import json
+    import os
+
+    os.makedirs(directory, exist_ok=True)
+    marker = os.path.join(directory, "_zipf.json")
+    spec = {"files": files, "words_per_file": words_per_file, "seed": seed, "vocabulary": ZIPF_VOCABULARY}
+    if os.path.exists(marker):
+        with open(marker) as f:
+            doc = json.load(f)
+        if doc.get("spec") == spec:
+            return doc
+    vocabulary = zipf_vocabulary()
+    doc = {"spec": spec, "files": [], "words": [], "counts": []}
+    for i in range(files):
+        text = zipf_text(words_per_file, seed * 100_003 + i, vocabulary)
+        name = f"part-{i:03d}.txt"
+        with open(os.path.join(directory, name), "wb") as f:
+            f.write(text)
+        counts = collections.Counter(text.decode().split())
+        doc["files"].append(name)
+        doc["words"].append(sum(counts.values()))
+        doc["counts"].append(dict(counts))
+    with open(marker + ".tmp", "w") as f:
+        json.dump(doc, f)
+    os.replace(marker + ".tmp", marker)
+    return doc

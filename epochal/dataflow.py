@@ -17,6 +17,9 @@ Example:
 from __future__ import annotations
 
 from epochal.backends.keygroups import MAX_MAX_PARALLELISM
+from epochal.columnar import build as _columnar_build  # noqa: F401  (registers the builders of Arrow batches)
+from epochal.columnar import time as _columnar_time  # noqa: F401
+from epochal.columnar import windows as _columnar_windows  # noqa: F401
 from epochal.errors import PipelineDefinitionError
 from epochal.graph import FORWARD, Input, Node, NodeKind
 from epochal.loops import api as _loops_api  # noqa: F401  (registers Stream.iterate's builder)

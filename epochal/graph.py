@@ -53,6 +53,7 @@ class NodeKind(enum.Enum):
     TO_RECORDS = "to_records"  # Arrow batches → Python records
     TO_BATCHES = "to_batches"  # Python records → Arrow batches
     AGGREGATE = "aggregate"  # keyed vectorized aggregation of Arrow batches
+    LOCAL_AGGREGATE = "local_aggregate"  # its pre-aggregation before the shuffle (stateless)
 
 
 @dataclass(frozen=True)

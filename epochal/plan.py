@@ -219,7 +219,7 @@ def compile_plan(flow) -> PhysicalPlan:
                     gate_channels.append(cid)
                 gates_of.setdefault(task_id(p_head, up), []).append(
                     OutputGate(node.name, partitioning, tuple(gate_channels), producer.name, inp.port,
-                               producer.columnar and inp.port == "main")
+                               producer.columnar and inp.port != "dead_letters")
                 )
 
     tasks = []

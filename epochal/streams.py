@@ -3,10 +3,12 @@ pipeline author chains (see :mod:`epochal.dataflow` for the :class:`~epochal.dat
 they belong to). Each method appends an immutable :class:`~epochal.graph.Node` to the flow
 and returns the stream of its output; nothing runs.
 
-Two operations are built by the feature they belong to, which registers its builder here
-when imported (:func:`register_builder`; :mod:`epochal.dataflow` imports both), so this
-module never imports them back: ``Stream.iterate`` (:func:`epochal.loops.api.build_loop`)
-and ``KeyedStream.window`` (:class:`epochal.windows.api.WindowedStream`).
+Some operations are built by the feature they belong to, which registers its builder here
+when imported (:func:`register_builder`; :mod:`epochal.dataflow` imports them all), so this
+module never imports them back: ``Stream.iterate`` (:func:`epochal.loops.api.build_loop`),
+``KeyedStream.window`` (:class:`epochal.windows.api.WindowedStream`) and, on streams of
+Arrow batches, ``with_watermarks``, ``to_records``' event time, ``window`` and ``aggregate``
+(:mod:`epochal.columnar.time`, :mod:`epochal.columnar.windows`, :mod:`epochal.columnar.build`).
 """
 from __future__ import annotations
 
@@ -29,8 +31,10 @@ _BUILDERS: dict[str, Callable] = {}
 
 def register_builder(operation: str):
     """Decorator: register the builder of ``operation`` (``"iterate"``: ``builder(stream,
-    name, body, parallelism, log_memory_records)``; ``"window"``: ``builder(keyed_stream,
-    assigner, allowed_lateness)``). Called once, when the owning module is imported."""
+    name, body, parallelism, log_memory_records)``; ``"window"`` and ``"columnar.window"``:
+    ``builder(keyed_stream, assigner, allowed_lateness)``; ``"columnar.watermarks"``,
+    ``"columnar.event_time"``, ``"columnar.aggregate"``: see the call sites). Called once,
+    when the owning module is imported."""
     def register(builder):
         _BUILDERS[operation] = builder
         return builder
@@ -78,7 +82,8 @@ class Stream:
 
     def _columnar(self, consumer: str | None) -> bool:
         nodes = self._flow._nodes
-        kinds = {p.node: p.port == "main" and nodes[p.node].columnar for p in self._ports}
+        # a columnar operator's side outputs carry batches too (a window's late rows), not its dead letters
+        kinds = {p.node: p.port != "dead_letters" and nodes[p.node].columnar for p in self._ports}
         if len(set(kinds.values())) > 1:
             raise PipelineDefinitionError(
                 f"{consumer or 'a stream'!r} reads streams of Arrow batches "
@@ -135,8 +140,12 @@ class Stream:
         return self.map_batches(name, WithColumn(column, fn), parallelism=parallelism)
 
     def to_records(self, name: str, *, parallelism: int | None = None) -> "Stream":
-        """Arrow batches → one ``dict`` per row (a record stream)."""
-        node = self._then(NodeKind.TO_RECORDS, name, None, parallelism, accepts="batches", columnar=False)
+        """Arrow batches → one ``dict`` per row (a record stream); with event time (a column,
+        :mod:`epochal.columnar.time`) the records carry it as the record path's do."""
+        time = None
+        if self._timed(name):
+            time = _BUILDERS["columnar.event_time"](self, f"to_records {name!r}")
+        node = self._then(NodeKind.TO_RECORDS, name, time, parallelism, accepts="batches", columnar=False)
         return Stream(self._flow, (Input(node.name, FORWARD),))
 
     def to_batches(self, name: str, schema=None, *, parallelism: int | None = None) -> "Stream":
@@ -146,7 +155,9 @@ class Stream:
         if schema is not None and not isinstance(schema, pa.Schema):
             raise PipelineDefinitionError(f"to_batches {name!r}: schema must be a pyarrow.Schema, got {schema!r}")
         if self._timed(name):
-            raise PipelineDefinitionError(f"to_batches {name!r}: streams of Arrow batches carry no event time yet")
+            raise PipelineDefinitionError(f"to_batches {name!r}: its records carry event time, which batches keep in "
+                                          "a column: convert records without it, then with_watermarks(name, "
+                                          "timestamp='column') on the batches")
         node = self._then(NodeKind.TO_BATCHES, name, schema, parallelism, columnar=True)
         return Stream(self._flow, (Input(node.name, FORWARD),))
 
@@ -195,6 +206,9 @@ class Stream:
         """
         from epochal.time.assign import WatermarkSpec
 
+        if self._columnar(name):  # Arrow batches: timestamp= names the event-time column (epochal.columnar.time)
+            return _BUILDERS["columnar.watermarks"](self, name, timestamp, max_out_of_orderness, idle_timeout,
+                                                    timestamp_unit, parallelism, dead_letters)
         check_callable(timestamp, name, "with_watermarks")
         spec = WatermarkSpec.build(name, timestamp, max_out_of_orderness, idle_timeout, timestamp_unit)
         node = self._then(NodeKind.WATERMARKS, name, spec, parallelism, timed=True, dead_letters=dead_letters)
@@ -347,25 +361,22 @@ class KeyedStream(Stream):
         upstream. ``allowed_lateness`` (a duration) keeps a window's state after it fired:
         records up to that much behind the watermark update it (it fires again); later ones
         go to the result's ``.late()`` side output."""
+        if self._columnar("window"):  # Arrow batches: vectorized windows (epochal.columnar.windows)
+            return _BUILDERS["columnar.window"](self, assigner, allowed_lateness)
         return _BUILDERS["window"](self, assigner, allowed_lateness)
 
-    def aggregate(self, name: str, *, parallelism: int | None = None, **aggregations) -> Stream:
+    def aggregate(self, name: str, *, parallelism: int | None = None, local: bool | None = None,
+                  budget_bytes: int = 64 << 20, **aggregations) -> Stream:
         """Vectorized keyed aggregation of Arrow batches (:mod:`epochal.columnar.aggregates`):
-        ``key_by("word").aggregate("counts", n=count(), bytes=sum("size"))``. Emits, once per
-        epoch (before its barrier), one batch of the keys updated since the previous one:
-        the key column and one column per aggregation."""
-        from epochal.columnar.aggregates import Aggregation
+        ``key_by("word").aggregate("counts", n=count(), bytes=sum("size"))``.
 
-        if not aggregations:
-            raise PipelineDefinitionError(f"aggregate {name!r}: name at least one aggregation, e.g. n=count()")
-        for column, agg in aggregations.items():
-            if not isinstance(agg, Aggregation):
-                raise PipelineDefinitionError(
-                    f"aggregate {name!r}: {column}= must be an aggregation from epochal.columnar (count(), sum(col), "
-                    f"...), got {type(agg).__name__}")
-        node = self._then(NodeKind.AGGREGATE, name, (getattr(self._key_fn, "column", None), dict(aggregations)),
-                          parallelism, self._key_fn, accepts="batches")
-        return Stream(self._flow, (Input(node.name, FORWARD),))
+        Output: just before each barrier, one batch of the keys whose aggregates changed
+        since the previous emission, with their current values (the key column and one
+        column per aggregation) — and earlier when the partials buffered since then exceed
+        ``budget_bytes`` (per subtask). ``local`` (default: when every aggregation combines
+        in Arrow): pre-aggregate in the producing tasks before the shuffle
+        (:mod:`epochal.columnar.build`)."""
+        return _BUILDERS["columnar.aggregate"](self, name, parallelism, aggregations, local, budget_bytes)
 
     def process(self, name: str, function, *, parallelism: int | None = None, dead_letters: bool = False) -> Stream:
         """Run a :class:`~epochal.operators.keyed.KeyedProcessFunction` with keyed state."""

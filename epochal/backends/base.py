@@ -182,6 +182,28 @@ class KeyedStateBackend(ABC):
     def contains(self, state: str, kg: int, key) -> bool:
         """Whether ``key`` has a value in ``state``."""
 
+    # ------------------------------------------------------- value state, many keys
+    #: values stay the very objects handed to :meth:`put` (no copy, no serialization per
+    #: write; a snapshot serializes them later): a large immutable value — a columnar
+    #: aggregate's block of many keys (:mod:`epochal.columnar.state`) — costs nothing to put
+    keeps_objects: bool = False
+
+    def get_many(self, state: str, kgs: list[int], keys: list, default=None) -> list:
+        """``[get(state, kg, key, default) ...]`` for parallel lists ``kgs`` / ``keys``, in
+        one batch where the backend can (RocksDB: one ``multi_get``)."""
+        return [self.get(state, kg, key, default) for kg, key in zip(kgs, keys)]
+
+    def put_many(self, state: str, kgs: list[int], keys: list, values: list) -> None:
+        """``put`` of parallel lists, in one batch where the backend can (RocksDB: one
+        ``WriteBatch``); idempotent."""
+        for kg, key, value in zip(kgs, keys, values):
+            self.put(state, kg, key, value)
+
+    @abstractmethod
+    def value_items(self, state: str, kg: int) -> list[tuple[Any, Any]]:
+        """Every ``(key, value)`` of value state ``state`` in key group ``kg`` (a copy, any
+        order). Task thread; used to convert state after a restore."""
+
     # ------------------------------------------------------------------- map state
     @abstractmethod
     def map_get(self, state: str, kg: int, key, mk, default=None):

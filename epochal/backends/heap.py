@@ -234,6 +234,12 @@ class HeapStateBackend(KeyedStateBackend):
         b = self._find(self._values, state, kg)
         return b is not None and key in b.data
 
+    keeps_objects = True
+
+    def value_items(self, state: str, kg: int) -> list[tuple[Any, Any]]:
+        b = self._find(self._values, state, kg)
+        return [] if b is None else list(b.data.items())
+
     # ---------------------------------------------------------------------- map state
     def map_get(self, state: str, kg: int, key, mk, default=None):
         b = self._find(self._maps, state, kg)

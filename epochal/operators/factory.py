@@ -15,7 +15,8 @@ from epochal.operators.stateless import (
 )
 
 
-_COLUMNAR = frozenset({NodeKind.MAP_BATCHES, NodeKind.TO_RECORDS, NodeKind.TO_BATCHES, NodeKind.AGGREGATE})
+_COLUMNAR = frozenset({NodeKind.MAP_BATCHES, NodeKind.TO_RECORDS, NodeKind.TO_BATCHES, NodeKind.AGGREGATE,
+                       NodeKind.LOCAL_AGGREGATE})
 
 
 def create_operator(node: Node, ctx: OperatorContext) -> RuntimeOperator:
@@ -38,9 +39,13 @@ def _create(node: Node, ctx: OperatorContext) -> RuntimeOperator:
         return ReduceOperator(ctx, node.key_fn, node.payload, *node.extra, timed=timed)
     if kind is NodeKind.PROCESS:
         return KeyedProcessOperator(ctx, node.key_fn, node.payload, timed=timed)
-    if kind is NodeKind.SINK:
-        return SinkOperator(ctx, node.payload, timed=timed)
+    if kind is NodeKind.SINK:  # batches keep event time in a column, never in pairs
+        return SinkOperator(ctx, node.payload, timed=timed and not node.columnar)
     if kind is NodeKind.WATERMARKS:
+        if node.columnar:
+            from epochal.columnar.time import ColumnWatermarkOperator
+
+            return ColumnWatermarkOperator(ctx, node.payload)
         from epochal.time.assign import WatermarkOperator
 
         return WatermarkOperator(ctx, node.payload, timed)
@@ -48,6 +53,10 @@ def _create(node: Node, ctx: OperatorContext) -> RuntimeOperator:
         from epochal.columnar.operators import create_columnar_operator
 
         return create_columnar_operator(ctx, node)
+    if kind is NodeKind.WINDOW and node.columnar:
+        from epochal.columnar.windows import ColumnWindowOperator
+
+        return ColumnWindowOperator(ctx, node.payload)
     if kind is NodeKind.WINDOW:
         from epochal.windows.operator import create_window_operator
 

@@ -100,9 +100,11 @@ def keyed_entries(url_or_checkpoint, operator: str, state: str | None = None) ->
         try:
             for kg, (values, maps) in decode_snapshot(_portable(item, ckpt)):
                 for name, entries in values.items():
-                    if name.startswith(prefix) and (state is None or name[len(prefix):] == state):
-                        for key, value in entries.items():
-                            yield key, kg, name[len(prefix):], "value", None, value
+                    name = _COLUMNAR_BLOCKS.get(name[len(prefix):], name[len(prefix):]) if name.startswith(prefix) \
+                        else None
+                    if name is not None and (state is None or name == state):
+                        for key, value in _entries(entries):
+                            yield key, kg, name, "value", None, value
                 for name, entries in maps.items():
                     if name.startswith(prefix) and (state is None or name[len(prefix):] == state):
                         for key, inner in entries.items():
@@ -110,6 +112,19 @@ def keyed_entries(url_or_checkpoint, operator: str, state: str | None = None) ->
                                 yield key, kg, name[len(prefix):], "map", mk, value
         except CheckpointStorageError as exc:
             raise CheckpointStorageError(f"keyed state of task {task} in {ckpt.kind} {ckpt.url}: {exc}") from exc
+
+
+#: a columnar aggregate on the heap keeps one block of keys per key group ("blocks") where
+#: RocksDB keeps one entry per key ("acc"): both read as "acc", one row per key
+_COLUMNAR_BLOCKS = {"blocks": "acc"}
+
+
+def _entries(entries: dict):
+    for key, value in entries.items():
+        if type(value).__name__ == "KeyBlock":  # epochal.columnar.state.KeyBlock
+            yield from value.entries()
+        else:
+            yield key, value
 
 
 def _column(name: str, values: list, encoding: str, absent: list[bool]) -> tuple[pa.Field, pa.Array]:

@@ -1,0 +1,147 @@
+"""Partial aggregation of Arrow batches: many rows per key in, one row per key out.
+
+A keyed aggregate pre-aggregates in two places, both with Arrow's hash ``group_by`` (C++):
+
+1. **before its shuffle** (:class:`~epochal.columnar.operators.LocalAggregateOperator`,
+   chained into the producing task: Flink SQL's local-global aggregation, Spark's partial
+   ``HashAggregate``): the rows of a few batches become one *partial* row per key, so the
+   shuffle carries distinct keys, not rows;
+2. **per epoch** (:class:`PartialBuffer`, in the keyed aggregate): the partials arriving
+   during an epoch are combined again, so keyed state is merged once per epoch (or when the
+   buffer reaches its memory budget), not once per batch.
+
+A *partial table* has the key column (under its own name) and the aggregations' partial
+columns (:attr:`PartialPlan.partial_names`). For aggregations that do not combine in Arrow
+(user :class:`~epochal.columnar.aggregates.ColumnAggregateFunction`\\ s) the buffer keeps
+the raw rows instead, grouped once when drained.
+
+    >>> import pyarrow as pa
+    >>> from epochal.columnar.aggregates import count
+    >>> plan = PartialPlan("w", {"n": count()})
+    >>> plan.of_raw([pa.record_batch({"w": ["a", "b", "a"]})]).to_pydict()
+    {'w': ['a', 'b'], 'n': [2, 1]}
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+from epochal.columnar.aggregates import Aggregation
+
+__all__ = ["PartialBuffer", "PartialPlan"]
+
+_KEY = "\x00key"  # the key column while grouping: no aggregate output can be named so
+
+
+class PartialPlan:
+    """How one keyed aggregate's partials are computed and combined.
+
+    Args:
+        key: the key column.
+        aggregations: output name → :class:`~epochal.columnar.aggregates.Aggregation`.
+        groups: further columns a partial row is per (a window's pane, after the key).
+    """
+
+    def __init__(self, key: str, aggregations: dict[str, Aggregation], groups: tuple[str, ...] = ()):
+        self.key = key
+        self.groups = list(groups)
+        self.names = list(aggregations)
+        self.aggs = [aggregations[n] for n in self.names]
+        self.partial_names = [n if a.width == 1 else f"{n}.{j}" for n, a in zip(self.names, self.aggs)
+                              for j in range(a.width)]
+        self.combinable = all(a.combinable for a in self.aggs)
+        self.inputs = [self.key] + self.groups + list(dict.fromkeys(a.column for a in self.aggs
+                                                                    if a.column is not None))
+        self._raw = [spec for a in self.aggs for spec in a.raw()]
+        pos, self._combine = 0, []
+        for a in self.aggs:
+            self._combine += a.combine(self.partial_names[pos:pos + a.width]) if a.combinable else []
+            pos += a.width
+
+    def split(self, columns: list) -> list[list]:
+        """Partial (or accumulator) columns, flat, → one list per aggregation."""
+        out, pos = [], 0
+        for a in self.aggs:
+            out.append(list(columns[pos:pos + a.width]))
+            pos += a.width
+        return out
+
+    # -- computing partials ------------------------------------------------------------
+    def of_raw(self, batches: list) -> pa.Table:
+        """One partial row per distinct key of the raw rows of ``batches``."""
+        table = pa.Table.from_batches([b.select(self.inputs) for b in batches]) if batches else None
+        return self._group(table, self._raw)
+
+    def combine(self, partials: list) -> pa.Table:
+        """Partial tables (or batches) → one partial row per key. Combinable plans only."""
+        tables = [p if isinstance(p, pa.Table) else pa.Table.from_batches([p]) for p in partials]
+        return self._group(pa.concat_tables(tables), self._combine)
+
+    def passthrough(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The partial batch of ``batch`` without grouping (one partial row per row), typed
+        as grouped partials are."""
+        schema = self.of_raw([batch.slice(0, 0)]).schema
+        columns = [batch.column(c) for c in [self.key] + self.groups] + [c for a in self.aggs
+                                                                         for c in a.passthrough(batch)]
+        return pa.RecordBatch.from_arrays([c.cast(f.type) for c, f in zip(columns, schema)], schema=schema)
+
+    def _group(self, table: pa.Table, specs: list) -> pa.Table:
+        key = table.column(self.key)
+        if pa.types.is_dictionary(key.type):  # group by the values, not the dictionary codes
+            table = table.set_column(table.schema.get_field_index(self.key), self.key,
+                                     key.cast(key.type.value_type))
+        table = table.rename_columns([_KEY if n == self.key else n for n in table.schema.names])
+        by = [_KEY] + self.groups
+        grouped = table.group_by(by, use_threads=False).aggregate(specs)
+        names = grouped.schema.names
+        keys = [grouped.column(n) for n in by]
+        values = [c for n, c in zip(names, grouped.columns) if n not in by]
+        return pa.Table.from_arrays(keys + values, names=[self.key] + self.groups + self.partial_names).combine_chunks()
+
+
+class PartialBuffer:
+    """The partials of the rows an aggregate received since it last merged into state.
+
+    ``add`` takes raw batches (or, with ``partial_input``, partial batches from a local
+    pre-aggregation); :meth:`drain` returns one partial row per key and empties the buffer.
+    Memory is bounded by ``budget_bytes``: :attr:`full` tells the operator to merge now;
+    before it does, buffered partials are combined once (:meth:`compact`), which is usually
+    enough when keys repeat.
+    """
+
+    def __init__(self, plan: PartialPlan, budget_bytes: int, partial_input: bool = False):
+        self.plan = plan
+        self.budget = budget_bytes
+        self.partial_input = partial_input
+        self._items: list = []  # partial tables/batches, or raw batches for non-combinable plans
+        self.nbytes = 0
+        self.rows = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        plan = self.plan
+        if not self.partial_input:
+            batch = batch.select(plan.inputs)
+            if plan.combinable:
+                batch = plan.of_raw([batch])
+        self._items.append(batch)
+        self.nbytes += batch.nbytes
+        self.rows += batch.num_rows
+
+    @property
+    def full(self) -> bool:
+        return self.nbytes > self.budget
+
+    def compact(self) -> None:
+        """Combine the buffered partials into one table (combinable plans)."""
+        if self.plan.combinable and len(self._items) > 1:
+            table = self.plan.combine(self._items)
+            self._items, self.nbytes, self.rows = [table], table.nbytes, table.num_rows
+
+    def drain(self) -> pa.Table | None:
+        """One partial row per key of everything added since the last drain; ``None`` if
+        nothing was."""
+        items, self._items, self.nbytes, self.rows = self._items, [], 0, 0
+        if not items:
+            return None
+        if self.plan.combinable:
+            return self.plan.combine(items)
+        return self.plan.of_raw(items)

@@ -1,0 +1,299 @@
+"""Event-time windows on streams of Arrow batches: ``key_by("k").window(Tumbling("10s"))
+.aggregate("w", n=count(), total=sum("v"))`` — a vectorized keyed aggregation per window
+that fires on watermarks.
+
+Windows are the record path's (:mod:`epochal.windows.assigners`): tumbling and sliding
+windows cut into panes of ``gcd(size, slide)``; a row updates one pane, a window combines
+its panes when it fires. What is vectorized:
+
+1. **per batch** — the event-time column (:mod:`epochal.columnar.time`) becomes µs and each
+   row's pane in numpy; rows whose every window already fired (``last window end - 1 <=
+   watermark``) are *late* and go to ``.late()`` unchanged (a batch of them); the others are
+   grouped per (key, pane) with Arrow ``group_by`` into a buffer (:mod:`epochal.columnar.partials`);
+2. **when the watermark crosses a window end** — the buffer is merged into the panes of the
+   touched key groups (one ``group_by``), then every window with ``end - 1 <= watermark`` that
+   has not fired fires for all its keys at once: (key, pane) rows are expanded to their
+   windows, the due ones combined per (key, window) (one ``group_by``; tumbling windows need
+   none) and emitted as one batch — the key column, ``window_start`` and ``window_end``
+   (``timestamp[us, UTC]``) and one column per aggregation; panes whose last window fired are
+   deleted. A window fires once per key, exactly when the watermark passes its end, like the
+   record path's.
+
+State (keyed, per key group, both backends, rescaled by key group): ``"<op>/panes"`` →
+``{kg: KeyBlock}`` — the key group's (key, pane, accumulators) rows — and ``"<op>/fired"`` →
+``{kg: watermark}``: event time up to which the group's windows fired, written before each
+barrier. A restored operator's watermark starts over (regenerated upstream): a window fires
+again only if its end is beyond its key group's ``fired`` — a firing whose epoch completed
+is never repeated, one whose epoch did not is. The buffer is merged into state before every
+barrier, so it is empty at every snapshot.
+
+Not supported (a build-time error says so): ``allowed_lateness`` > 0, session windows,
+processing-time windows, user ``ColumnAggregateFunction``\\ s — use ``to_records`` and the
+record path's windows for those.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from epochal.columnar.keys import KeyGroups
+from epochal.columnar.partials import PartialBuffer, PartialPlan
+from epochal.columnar.state import KeyBlock, _concat, _take
+from epochal.columnar.time import ColumnTime, event_time_of
+from epochal.streams import Stream, register_builder
+from epochal.errors import PipelineDefinitionError
+from epochal.graph import FORWARD, Input, NodeKind
+from epochal.operators.base import OperatorContext, RuntimeOperator
+from epochal.time.units import MIN_TIME, duration_micros
+from epochal.windows.assigners import PaneSpec, Session, Sliding, Tumbling
+
+__all__ = ["ColumnWindowOperator", "ColumnWindowOutput", "ColumnWindowSpec", "ColumnWindowedStream"]
+
+PANE = "\x00pane"  # the pane-start column while rows are buffered and stored
+_UTC = pa.timestamp("us", tz="UTC")
+
+
+@dataclass(frozen=True)
+class ColumnWindowSpec:
+    """The payload of a columnar ``WINDOW`` node."""
+
+    column: str  # the key column
+    time: ColumnTime
+    panes: PaneSpec
+    aggregations: dict
+    budget_bytes: int = 64 << 20
+
+
+@register_builder("columnar.window")
+def window_batches(keyed, assigner, allowed_lateness) -> "ColumnWindowedStream":
+    """``KeyedStream.window`` on a stream of Arrow batches."""
+    return ColumnWindowedStream(keyed, assigner, allowed_lateness)
+
+
+class ColumnWindowedStream:
+    """``key_by(column).window(assigner)`` on a columnar stream; finish with
+    :meth:`aggregate` (see the module docstring)."""
+
+    def __init__(self, keyed, assigner, allowed_lateness):
+        self._keyed = keyed
+        self._assigner = assigner
+        self._lateness = allowed_lateness
+
+    def aggregate(self, name: str, *, parallelism: int | None = None, budget_bytes: int = 64 << 20,
+                  **aggregations) -> "ColumnWindowOutput":
+        """One row per key and window: ``aggregate("w", n=count(), total=sum("v"))``."""
+        from epochal.columnar.aggregates import Aggregation
+
+        keyed, assigner, where = self._keyed, self._assigner, f"window {name!r}"
+        if isinstance(assigner, Session) or not isinstance(assigner, (Tumbling, Sliding)):
+            raise PipelineDefinitionError(f"{where}: on Arrow batches, windows are Tumbling(...) or Sliding(...); "
+                                          f"for {type(assigner).__name__} use to_records(...) and the record path")
+        if assigner.processing_time:
+            raise PipelineDefinitionError(f"{where}: processing-time windows need records: use to_records(...) first")
+        try:
+            lateness = duration_micros(self._lateness, f"{where}: allowed_lateness")
+        except Exception as exc:
+            raise PipelineDefinitionError(str(exc)) from None
+        if lateness:
+            raise PipelineDefinitionError(
+                f"{where}: windows of Arrow batches fire once (allowed_lateness=0; late rows go to .late()); for "
+                "allowed_lateness use to_records(...) and the record path's windows")
+        if not keyed._timed(name):
+            raise PipelineDefinitionError(f"{where} uses event time but its input has none: call "
+                                          ".with_watermarks(name, timestamp='column') upstream")
+        if not aggregations:
+            raise PipelineDefinitionError(f"{where}: name at least one aggregation, e.g. n=count()")
+        column = keyed._key_fn.column
+        for out, agg in aggregations.items():
+            if not isinstance(agg, Aggregation):
+                raise PipelineDefinitionError(f"{where}: {out}= must be an aggregation from epochal.columnar "
+                                              f"(count(), sum(col), ...), got {type(agg).__name__}")
+            if not agg.combinable:
+                raise PipelineDefinitionError(f"{where}: {out}= is a ColumnAggregateFunction; windows of batches "
+                                              "take count/sum/min/max/mean — use to_records(...) for yours")
+            if out in (column, "window_start", "window_end"):
+                raise PipelineDefinitionError(f"{where}: output column {out!r} is taken; name the aggregation "
+                                              "otherwise")
+        spec = ColumnWindowSpec(column, event_time_of(keyed, where), assigner.spec(), dict(aggregations),
+                                budget_bytes)
+        node = keyed._then(NodeKind.WINDOW, name, spec, parallelism, keyed._key_fn, accepts="batches", timed=False)
+        return ColumnWindowOutput(keyed.flow, (Input(node.name, FORWARD),), node.name)
+
+
+class ColumnWindowOutput(Stream):
+    """The fired windows (batches), with the late rows as a side output."""
+
+    def __init__(self, flow, ports, operator: str):
+        super().__init__(flow, ports)
+        self._operator = operator
+
+    def late(self) -> Stream:
+        """Rows that arrived after every window they belong to had fired, unchanged
+        (batches with their event-time column). Read it or they are only counted
+        (``late_dropped``) and logged."""
+        return Stream(self._flow, (Input(self._operator, FORWARD, port="late"),))
+
+
+class ColumnWindowOperator(RuntimeOperator):
+    """Tumbling and sliding event-time windows over Arrow batches (module docstring)."""
+
+    def __init__(self, ctx: OperatorContext, spec: ColumnWindowSpec):
+        super().__init__(ctx)
+        self.spec, self.time, p = spec, spec.time, spec.panes
+        self.size, self.slide, self.offset, self.pane = p.size, p.slide, p.offset, p.pane
+        self.plan = PartialPlan(spec.column, spec.aggregations, groups=(PANE,))
+        self.buffer = PartialBuffer(self.plan, spec.budget_bytes)
+        self.groups = KeyGroups(spec.column, ctx.max_parallelism)
+        self.backend = ctx.keyed_backend
+        self.panes_state, self.fired_state = f"{ctx.operator}/panes", f"{ctx.operator}/fired"
+        self.blocks: dict[int, KeyBlock] = {}
+        self.fired: dict[int, int] = {}  # kg -> event time up to which its windows fired
+        self.watermark = MIN_TIME
+        self.side_output = {"late": []}
+        self.widths = [1] + [a.width for a in self.plan.aggs]
+
+    def restore(self, state) -> None:
+        backend = self.backend
+        for kg in self.ctx.key_groups:
+            block = backend.get(self.panes_state, kg, kg)
+            if block is not None:
+                self.blocks[kg] = block
+                self.fired[kg] = backend.get(self.fired_state, kg, kg, MIN_TIME)
+
+    # -- rows ------------------------------------------------------------------------------
+    def _last_start(self, us: np.ndarray) -> np.ndarray:
+        return us - (us - self.offset) % self.slide
+
+    def process_batch(self, records: list) -> list:
+        for batch in records:
+            if not batch.num_rows:
+                continue
+            try:
+                us, valid = self.time.micros(batch)
+                if valid is not None and not valid.all():
+                    raise ValueError(f"event-time column {self.time.column!r} has no usable timestamp in row "
+                                     f"{int((~valid).argmax())}")
+                late = self._last_start(us) + (self.size - 1) <= self.watermark
+                if late.any():
+                    keep = pa.array(~late)
+                    self.side_output["late"].append(batch.filter(pa.array(late)))
+                    batch, us = batch.filter(keep), us[~late]
+                    if not batch.num_rows:
+                        continue
+                pane = us - (us - self.offset) % self.pane
+                self.buffer.add(batch.select(self.plan.inputs[:1] + self.plan.inputs[2:])
+                                .add_column(1, PANE, pa.array(pane, pa.int64())))
+            except Exception as exc:
+                self.reject(f"<RecordBatch of {batch.num_rows} rows, columns {batch.schema.names}>", exc)
+                continue
+            if self.buffer.full:
+                self.buffer.compact()
+                if self.buffer.nbytes > self.buffer.budget // 2:
+                    self._merge()
+        return []
+
+    # -- time ------------------------------------------------------------------------------
+    def _ends_before(self, t: int) -> int:
+        """How many window ends ``e`` of the slide grid have ``e - 1 <= t`` (a step count)."""
+        return (t + 1 - self.size - self.offset) // self.slide
+
+    def on_watermark(self, watermark: int) -> list:
+        if watermark <= self.watermark:
+            return []
+        previous = self.watermark
+        if self._ends_before(watermark) == self._ends_before(previous) and previous > MIN_TIME:
+            self.watermark = watermark  # no window end passed: nothing can fire
+            return []
+        self._merge()
+        self.watermark = watermark
+        return self._fire(previous, watermark)
+
+    def prepare_snapshot_pre_barrier(self, epoch: int) -> list:
+        """Merge the buffer into state and record how far each key group's windows fired."""
+        self._merge()
+        for kg in self.blocks:
+            if self.fired.get(kg, MIN_TIME) < self.watermark:
+                self.fired[kg] = self.watermark
+                self.backend.put(self.fired_state, kg, kg, self.watermark)
+        return []
+
+    # -- state -----------------------------------------------------------------------------
+    def _rows(self, kgs) -> pa.Table | None:
+        """The stored (key, pane, accumulators) rows of key groups ``kgs``, as a partial table."""
+        blocks = [self.blocks[kg] for kg in kgs if kg in self.blocks]
+        if not blocks:
+            return None
+        names = [self.plan.key, PANE] + self.plan.partial_names
+        columns = [_concat([b.keys for b in blocks])] + [_concat([b.accs[i] for b in blocks])
+                                                         for i in range(len(blocks[0].accs))]
+        return pa.Table.from_arrays(columns, names=names)
+
+    def _store(self, table: pa.Table, kgs: np.ndarray, touched) -> None:
+        """Replace the blocks of ``touched`` key groups by ``table``'s rows (``kgs`` per row)."""
+        order = np.argsort(kgs, kind="stable")
+        sorted_kgs = kgs[order]
+        columns = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in table.columns]
+        for kg in touched:
+            s, e = np.searchsorted(sorted_kgs, kg, "left"), np.searchsorted(sorted_kgs, kg, "right")
+            if s == e:
+                if self.blocks.pop(kg, None) is not None:
+                    self.backend.delete(self.panes_state, kg, kg)
+                    self.backend.delete(self.fired_state, kg, kg)
+                self.fired.pop(kg, None)
+                continue
+            rows = order[s:e]
+            block = KeyBlock(_take(columns[0], rows), [_take(c, rows) for c in columns[1:]], self.widths)
+            self.blocks[kg] = block
+            self.backend.put(self.panes_state, kg, kg, block)
+            self.fired.setdefault(kg, self.watermark)
+
+    def _merge(self) -> None:
+        partials = self.buffer.drain()
+        if partials is None or not partials.num_rows:
+            return
+        kgs = np.asarray(self.groups.of_values(partials.column(0).to_pylist()), np.int32)
+        touched = np.unique(kgs).tolist()
+        stored = self._rows(touched)
+        if stored is not None:
+            partials = self.plan.combine([stored, partials])
+            kgs = np.asarray(self.groups.of_values(partials.column(0).to_pylist()), np.int32)
+        self._store(partials, kgs, touched)
+
+    def _fire(self, previous: int, watermark: int) -> list:
+        """Fire every window with ``max(previous, fired[kg]) < end - 1 <= watermark``;
+        delete the panes whose last window fired."""
+        if not self.blocks:
+            return []
+        kgs_all = sorted(self.blocks)
+        rows = self._rows(kgs_all)
+        counts = [len(self.blocks[kg]) for kg in kgs_all]
+        kg_of_row = np.repeat(np.array(kgs_all, np.int32), counts)
+        floor = np.repeat(np.array([max(previous, self.fired.get(kg, MIN_TIME)) for kg in kgs_all], np.int64), counts)
+        panes = rows.column(1).to_numpy()
+        last = self._last_start(panes)
+        k = self.size // self.slide  # windows per pane
+        index = np.repeat(np.arange(len(panes)), k)
+        starts = np.repeat(last, k) - np.tile(np.arange(k, dtype=np.int64), len(panes)) * self.slide
+        ends_1 = starts + (self.size - 1)
+        due = (ends_1 <= watermark) & (ends_1 > floor[index])
+        out = []
+        if due.any():
+            pick = index[due]
+            fired_rows = rows.take(pa.array(pick)).drop_columns([PANE]).add_column(
+                1, PANE, pa.array(starts[due], pa.int64()))
+            if k > 1:  # a window combines its panes
+                fired_rows = self.plan.combine([fired_rows])
+            accs = [c.combine_chunks() for c in fired_rows.columns[2:]]
+            results = [agg.result(cols) for agg, cols in zip(self.plan.aggs, self.plan.split(accs))]
+            start = fired_rows.column(1).combine_chunks()
+            end = pa.array(start.to_numpy() + self.size, pa.int64())
+            out.append(pa.RecordBatch.from_arrays(
+                [fired_rows.column(0).combine_chunks(), start.cast(_UTC), end.cast(_UTC)] + results,
+                names=[self.plan.key, "window_start", "window_end"] + self.plan.names))
+        keep = last + (self.size - 1) > watermark
+        if not keep.all():
+            kept = rows.filter(pa.array(keep))
+            self._store(kept, kg_of_row[keep], kgs_all)
+        return out
