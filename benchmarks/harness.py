@@ -61,6 +61,35 @@ def summary(values: list[float]) -> dict:
             "raw": list(values)}
 
 
+def compare(runs: list[dict], field: str, by: str, reference: str, names: list[str]) -> dict:
+    """Per ``name`` of ``names`` (the value of ``runs[i][by]``): the summary of its ``field``
+    over the runs without errors, and its ratio to ``reference``'s run of the same repetition
+    for each repetition both ran in (side by side: the honest comparison on a noisy machine)."""
+    per_rep: dict = {}
+    for r in runs:
+        per_rep.setdefault(r["repetition"], {})[r[by]] = r.get(field)
+    out = {}
+    for name in names:
+        values = [r[field] for r in runs if r[by] == name and r.get(field)]
+        ratios = [reps[name] / reps[reference] for reps in per_rep.values() if reps.get(name) and reps.get(reference)]
+        out[name] = {field: summary(values), f"vs_{reference.replace('-', '_')}_per_repetition": ratios}
+    return out
+
+
+def write_and_report(out: Path, doc: dict, info: dict, lines: list[str]) -> int:
+    """Finish ``doc``, write it to ``out``, print ``lines`` (one per result) and any errors;
+    the process's exit code: 1 if ``doc["errors"]``, else 0."""
+    finish(doc, info)
+    write_json(out, doc)
+    print(f"wrote {out}")
+    for line in lines:
+        print(f"  {line}")
+    if doc["errors"]:
+        print("ERRORS:\n  " + "\n  ".join(doc["errors"]), file=sys.stderr)
+        return 1
+    return 0
+
+
 def rotated(items: list, k: int) -> list:
     """``items`` rotated left by ``k`` (abc, bca, cab, ...): with ``k`` = the repetition,
     no mode always runs first, so drift and noise hit every mode alike."""

@@ -135,24 +135,10 @@ def main() -> int:
                     doc["errors"].append(rec["error"])
     finally:
         server.stop()
-    doc["modes"] = {}
-    per_rep = {}
-    for r in doc["runs"]:
-        per_rep.setdefault(r["repetition"], {})[r["mode"]] = r.get("records_per_s")
-    for mode in MODES:
-        rates = [r["records_per_s"] for r in doc["runs"] if r["mode"] == mode and r.get("records_per_s")]
-        ratios = [reps[mode] / reps["file-parquet"] for reps in per_rep.values() if reps.get(mode) and reps.get("file-parquet")]
-        doc["modes"][mode] = {"records_per_s": harness.summary(rates), "vs_file_parquet_per_repetition": ratios}
-    harness.finish(doc, info)
-    harness.write_json(args.out, doc)
-    print(f"wrote {args.out}")
-    for mode, m in doc["modes"].items():
-        print(f"  {mode:24s} {harness.fmt(m['records_per_s']['median'])} rows/s  vs parquet "
-              f"{[round(x, 2) for x in m['vs_file_parquet_per_repetition']]}")
-    if doc["errors"]:
-        print("ERRORS:\n  " + "\n  ".join(doc["errors"]), file=sys.stderr)
-        return 1
-    return 0
+    doc["modes"] = harness.compare(doc["runs"], "records_per_s", "mode", "file-parquet", MODES)
+    return harness.write_and_report(args.out, doc, info, [
+        f"{mode:24s} {harness.fmt(m['records_per_s']['median'])} rows/s  vs parquet "
+        f"{[round(x, 2) for x in m['vs_file_parquet_per_repetition']]}" for mode, m in doc["modes"].items()])
 
 
 if __name__ == "__main__":

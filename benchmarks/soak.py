@@ -274,7 +274,7 @@ def main() -> int:
             try:
                 from epochal.runtime.launch.spark import _local_session
             except ImportError:  # the flat runtime layout before issue 22
-                from epochal.runtime.spark import _local_session
+                from epochal.runtime.launch.spark import _local_session
             spark = _local_session(2 * args.parallelism + 2)
         print(f"soak on {runtime}: {args.minutes:g} min and {args.epochs} epochs at least ...", flush=True)
         rec = one_run(runtime, args, spark)

@@ -182,29 +182,14 @@ def main() -> int:
                     doc["errors"].append(rec["error"])
     doc["sinks"] = {}
     for shape in shapes:
-        per_rep: dict = {}
-        for r in doc["runs"]:
-            if r["shape"] == shape:
-                per_rep.setdefault(r["repetition"], {})[r["sink"]] = r.get("rows_per_s")
-        for kind in SINKS:
-            rates = [r["rows_per_s"] for r in doc["runs"] if r["shape"] == shape and r["sink"] == kind
-                     and r.get("rows_per_s")]
-            ratios = [reps[kind] / reps["filesink-parquet"] for reps in per_rep.values()
-                      if reps.get(kind) and reps.get("filesink-parquet")]
-            doc["sinks"][f"{kind}/{shape}"] = {"rows_per_s": harness.summary(rates),
-                                               "vs_filesink_per_repetition": ratios,
+        runs = [r for r in doc["runs"] if r["shape"] == shape]
+        for kind, s in harness.compare(runs, "rows_per_s", "sink", "filesink-parquet", SINKS).items():
+            ratios = s.pop("vs_filesink_parquet_per_repetition")
+            doc["sinks"][f"{kind}/{shape}"] = {**s, "vs_filesink_per_repetition": ratios,
                                                "vs_filesink_median": harness.median(ratios)}
-    harness.finish(doc, info)
-    harness.write_json(args.out, doc)
-    print(f"wrote {args.out}")
-    for name, s in doc["sinks"].items():
-        print(f"  {name:28s} {harness.fmt(s['rows_per_s']['median'])} rows/s  vs FileSink "
-              f"{[round(x, 2) for x in s['vs_filesink_per_repetition']]}")
-    if doc["errors"]:
-        print("ERRORS:\n  " + "\n  ".join(doc["errors"]), file=sys.stderr)
-        return 1
-    return 0
-
+    return harness.write_and_report(args.out, doc, info, [
+        f"{name:28s} {harness.fmt(s['rows_per_s']['median'])} rows/s  vs FileSink "
+        f"{[round(x, 2) for x in s['vs_filesink_per_repetition']]}" for name, s in doc["sinks"].items()])
 
 if __name__ == "__main__":
     sys.exit(main())
