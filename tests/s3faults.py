@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from s3server import KEY, REGION, SECRET, S3Server
+from s3server import KEY, REGION, SECRET, S3Server, forget_cached_clients
 
 BUCKET = "epochal-faults"
 
@@ -160,8 +160,10 @@ def faulty_s3_env(faulty_s3_server, monkeypatch, tmp_path):
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS"):
         monkeypatch.delenv(name, raising=False)
     faulty_s3_server.faults.reset()
+    forget_cached_clients()
     yield faulty_s3_server
     faulty_s3_server.faults.reset()
+    forget_cached_clients()
 
 
 __all__ = ["BUCKET", "FaultyS3", "Faults", "KEY", "REGION", "SECRET"]

@@ -108,4 +108,17 @@ def s3_env(s3_server, monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS"):
         monkeypatch.delenv(name, raising=False)
-    return s3_server
+    forget_cached_clients()
+    yield s3_server
+    forget_cached_clients()
+
+
+def forget_cached_clients() -> None:
+    """Drop the S3 file systems fsspec cached in this process. s3fs caches an instance per
+    constructor arguments, and with none (the environment route) the next test would reuse
+    a client whose endpoint came from an earlier test's environment: the driver's requests
+    would go to another server. Fixtures that change the AWS environment call this before
+    and after the test."""
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()

@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from epochal.backends.heap import HeapStateBackend
-from epochal.backends.keygroups import key_group_range
 from epochal.backends.rocksdb import RocksDBStateBackend
 from epochal.columnar import ColumnAggregateFunction, aggregate, count, max as amax, mean, min as amin, sum as asum
 from epochal.columnar.build import AggregateSpec, LocalAggregateSpec

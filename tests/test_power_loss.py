@@ -25,7 +25,6 @@ import sys
 import textwrap
 import time
 
-import pytest
 
 from epochal.sinks import read_committed
 

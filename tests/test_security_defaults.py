@@ -78,7 +78,7 @@ def test_a_checkpoint_planted_in_the_storage_is_not_restored(tmp_path, caplog):
     and another key restores nothing."""
     from epochal.backends.storage import CheckpointStorage
 
-    from pipelines import output, run_until_checkpoints, unique_dir, wordcount, wordcount_oracle
+    from pipelines import output, unique_dir, wordcount, wordcount_oracle
 
     key = b"signing key of the job, 32 bytes"
     url, out = "file://" + unique_dir(tmp_path, "c"), unique_dir(tmp_path, "out")

@@ -119,7 +119,7 @@ def test_main_script_classes_cross_channels_state_loops_and_sinks(tmp_path, runt
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
     done = subprocess.run([sys.executable, str(script), runtime, backend, str(tmp_path / "out"), str(tmp_path / "c")],
                           capture_output=True, text=True, timeout=240, env=env, cwd=str(tmp_path))
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.returncode == 0, f"stdout:\n{done.stdout[-2000:]}\nstderr:\n{done.stderr[-4000:]}"
     import json
 
     report = json.loads(done.stdout.strip().splitlines()[-1])

@@ -195,9 +195,9 @@ class RocksDBStateBackend(KeyedStateBackend):
 
     def get_many(self, state: str, kgs: list[int], keys: list, default=None) -> list:
         """One ``multi_get`` for all ``keys``."""
-        if not keys or (_VALUE, state) not in self._sids:
+        if not keys or (VALUE, state) not in self._sids:
             return [default] * len(keys)
-        raws = self._db.get([self._key(_VALUE, state, kg, key) for kg, key in zip(kgs, keys)])
+        raws = self._db.get([self._key(VALUE, state, kg, key) for kg, key in zip(kgs, keys)])
         loads = pickle.loads
         return [default if raw is None else loads(raw)[1] for raw in raws]
 
@@ -205,7 +205,7 @@ class RocksDBStateBackend(KeyedStateBackend):
         """One ``WriteBatch`` (of at most 10,000 entries at a time)."""
         batch, dumps = WriteBatch(raw_mode=True), serde.dumps
         for kg, key, value in zip(kgs, keys, values):
-            batch.put(self._key(_VALUE, state, kg, key, True), dumps((key, value), _DUMPS))
+            batch.put(self._key(VALUE, state, kg, key, True), dumps((key, value), _DUMPS))
             if len(batch) >= 10_000:
                 self._db.write(batch)
                 batch = WriteBatch(raw_mode=True)
@@ -213,11 +213,11 @@ class RocksDBStateBackend(KeyedStateBackend):
             self._db.write(batch)
 
     def value_items(self, state: str, kg: int) -> list[tuple[Any, Any]]:
-        sid = self._sids.get((_VALUE, state))
+        sid = self._sids.get((VALUE, state))
         if sid is None:
             return []
-        prefix = _HEAD.pack(kg, sid, 0)[:4]
-        return [tuple(pickle.loads(raw)) for _k, raw in _scan(self._db, prefix, _prefix_end(prefix))]
+        prefix = HEAD.pack(kg, sid, 0)[:4]
+        return [tuple(pickle.loads(raw)) for _k, raw in scan(self._db, prefix, _prefix_end(prefix))]
 
     # ---------------------------------------------------------------------- map state
     def _map_key(self, state, kg, key, mk, create: bool = False) -> bytes | None:
