@@ -116,7 +116,7 @@ def test_event_windows_smoke(tmp_path):
     every engine's windows equal the oracle, rates and latencies are measured."""
     import importlib.util
 
-    engines = ["epochal-exactly-once", "epochal-no-checkpoint", "spark-ss"]
+    engines = ["epochal-exactly-once", "epochal-no-checkpoint", "epochal-columnar", "spark-ss"]
     engines += ["bytewax"] if importlib.util.find_spec("bytewax") else []  # the `peers` extra
     out = tmp_path / "event_windows.json"
     proc = subprocess.run([sys.executable, str(BENCHMARKS / "event_windows.py"), "--smoke", "--out", str(out),
