@@ -55,11 +55,9 @@ def run_epochal(args, checkpoints: bool) -> dict:
 
     cloudpickle.register_pickle_by_value(workload)  # events_of runs in the task processes
     import epochal as ep
-    from epochal.runtime.launch.spark import _local_session
     from epochal.sinks import FileSink
     from epochal.windows import Sum, Tumbling
 
-    out = os.path.join(args.work, "out")
     t0 = time.time()
     flow = ep.Dataflow("event-windows", parallelism=args.parallelism)
     (flow.source("events", ep.sources.GeneratorSource(events_fn(args), num_splits=args.splits))
@@ -68,29 +66,16 @@ def run_epochal(args, checkpoints: bool) -> dict:
          .window(Tumbling(args.window_s))
          .aggregate("sum", Sum(lambda e: e[2]))
          .map("stamp", lambda r: [r.key, r.start, r.end, r.value, time.time()])
-         .sink("out", FileSink(out, format="jsonl")))
-    tasks = len(flow.plan().tasks)
-    spark = _local_session(tasks + 1) if args.runtime == "spark" else None
-    t_spark = time.time()
-    result = flow.run(guarantee="exactly-once", runtime=args.runtime, spark=spark,
-                      checkpoint=ep.CheckpointConfig(interval=1.0 if checkpoints else None,
-                                                     storage="file://" + os.path.join(args.work, "ck")))
-    t_end = time.time()
-    completed_at = {e["epoch"]: e["wall_time"] for e in result.completed_epochs}
-    rows = []
-    for path in sorted(glob.glob(os.path.join(out, "part-*"))):
-        epoch = int(_EPOCH_OF_PART.search(os.path.basename(path)).group(1))
-        visible = os.stat(path).st_ctime  # the commit's rename sets ctime (the mtime is the last write)
-        with open(path) as f:
-            for line in f:
-                k, start, end, value, fired = json.loads(line)
-                rows.append([k, round(start * 1e6), round(end * 1e6), value, fired, completed_at[epoch], visible])
-    epochs = [{k: e[k] for k in ("epoch", "reason", "duration_s", "wall_time", "max_alignment_s", "max_sync_s",
-                                 "max_upload_s", "bytes", "state_bytes")} for e in result.completed_epochs]
-    return {"rows": rows, "started_at": t0, "spark_ready_at": t_spark, "ended_at": t_end,
-            "job_duration_s": result.duration_s, "attempts": result.attempts, "records_in": result.records_in,
-            "late_dropped": sum(m.get("late_dropped", 0) for m in result.task_metrics.values()),
-            "tasks": tasks, "epochs": epochs}
+         .sink("out", FileSink(os.path.join(args.work, "out"), format="jsonl")))
+    return {"started_at": t0, **_run_epochal_job(args, flow, checkpoints, _jsonl_rows)}
+
+
+def _jsonl_rows(path: str):
+    """``(key, start µs, end µs, value, fired)`` of a part file of :func:`run_epochal`."""
+    with open(path) as f:
+        for line in f:
+            k, start, end, value, fired = json.loads(line)
+            yield k, round(start * 1e6), round(end * 1e6), value, fired
 
 
 def run_epochal_columnar(args) -> dict:
@@ -101,17 +86,14 @@ def run_epochal_columnar(args) -> dict:
     window in its task, so ``fired`` is when the batch of fired windows leaves the window
     operator → exactly-once parquet FileSink, 1 s checkpoints. Rows as :func:`run_epochal`'s."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     import epochal as ep
     from epochal.columnar import ArrowFileSource
     from epochal.columnar import sum as asum
-    from epochal.runtime.launch.spark import _local_session
     from epochal.sinks import FileSink
     from epochal.windows import Tumbling
 
     indir, files = write_event_files(args, sentinel=False)
-    out = os.path.join(args.work, "out")
     schema = pa.schema([("key", pa.int64()), ("t_us", pa.int64()), ("value", pa.int64())])
     t0 = time.time()
     flow = ep.Dataflow("event-windows-columnar", parallelism=args.parallelism)
@@ -122,30 +104,45 @@ def run_epochal_columnar(args) -> dict:
          .window(Tumbling(args.window_s))
          .aggregate("sum", value=asum("value"))
          .with_column("stamp", "fired", lambda b: time.time())
-         .sink("out", FileSink(out, format="parquet")))
+         .sink("out", FileSink(os.path.join(args.work, "out"), format="parquet")))
+    return {"started_at": t0, "input_files": files, **_run_epochal_job(args, flow, True, _parquet_rows)}
+
+
+def _parquet_rows(path: str):
+    """``(key, start µs, end µs, value, fired)`` of a part file of :func:`run_epochal_columnar`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(path)
+    start, end = (t.column(c).cast(pa.int64()) for c in ("window_start", "window_end"))  # timestamp[us, UTC] → µs
+    yield from zip(*(c.to_pylist() for c in (t.column("key"), start, end, t.column("value"), t.column("fired"))))
+
+
+def _run_epochal_job(args, flow, checkpoints: bool, read_part) -> dict:
+    """Run ``flow`` (its sink writes ``<work>/out``) exactly-once, checkpointing every 1 s or
+    only at the end; its rows with their commit (the epoch's completion) and visibility times."""
+    import epochal as ep
+    from epochal.runtime.launch.spark import _local_session
+
     tasks = len(flow.plan().tasks)
     spark = _local_session(tasks + 1) if args.runtime == "spark" else None
     t_spark = time.time()
     result = flow.run(guarantee="exactly-once", runtime=args.runtime, spark=spark,
-                      checkpoint=ep.CheckpointConfig(interval=1.0, storage="file://" + os.path.join(args.work, "ck")))
+                      checkpoint=ep.CheckpointConfig(interval=1.0 if checkpoints else None,
+                                                     storage="file://" + os.path.join(args.work, "ck")))
     t_end = time.time()
     completed_at = {e["epoch"]: e["wall_time"] for e in result.completed_epochs}
     rows = []
-    for path in sorted(glob.glob(os.path.join(out, "part-*"))):
+    for path in sorted(glob.glob(os.path.join(args.work, "out", "part-*"))):
         epoch = int(_EPOCH_OF_PART.search(os.path.basename(path)).group(1))
-        visible = os.stat(path).st_ctime
-        t = pq.read_table(path)
-        start = t.column("window_start").cast(pa.int64()).to_pylist()  # timestamp[us, UTC] → µs
-        end = t.column("window_end").cast(pa.int64()).to_pylist()
-        for k, s, e, v, fired in zip(t.column("key").to_pylist(), start, end, t.column("value").to_pylist(),
-                                     t.column("fired").to_pylist()):
-            rows.append([k, s, e, v, fired, completed_at[epoch], visible])
+        visible = os.stat(path).st_ctime  # the commit's rename sets ctime (the mtime is the last write)
+        rows += ([*row, completed_at[epoch], visible] for row in read_part(path))
     epochs = [{k: e[k] for k in ("epoch", "reason", "duration_s", "wall_time", "max_alignment_s", "max_sync_s",
                                  "max_upload_s", "bytes", "state_bytes")} for e in result.completed_epochs]
-    return {"rows": rows, "started_at": t0, "spark_ready_at": t_spark, "ended_at": t_end,
+    return {"rows": rows, "spark_ready_at": t_spark, "ended_at": t_end,
             "job_duration_s": result.duration_s, "attempts": result.attempts, "records_in": result.records_in,
             "late_dropped": sum(m.get("late_dropped", 0) for m in result.task_metrics.values()),
-            "tasks": tasks, "epochs": epochs, "input_files": files}
+            "tasks": tasks, "epochs": epochs}
 
 
 # ---------------------------------------------------------------------- Spark Structured Streaming
