@@ -10,7 +10,8 @@ each with three wall-clock times (``time.time()``, one machine):
 
 * ``fired`` — the engine produced the window's result because its watermark passed the
   window's end (epochal and Bytewax: a ``map`` right after the window operator, in the
-  same task / worker, stamps it; Spark: ``current_timestamp()``, the start of the
+  same task / worker, stamps it — ``epochal-columnar``: a ``with_column`` there, one stamp
+  per batch of fired windows; Spark: ``current_timestamp()``, the start of the
   micro-batch whose watermark passed the end);
 * ``committed`` — the result is part of the engine's durable, exactly-once output
   (epochal: the completion of the epoch whose transaction holds it, ``JobResult.
@@ -54,11 +55,9 @@ def run_epochal(args, checkpoints: bool) -> dict:
 
     cloudpickle.register_pickle_by_value(workload)  # events_of runs in the task processes
     import epochal as ep
-    from epochal.runtime.launch.spark import _local_session
     from epochal.sinks import FileSink
     from epochal.windows import Sum, Tumbling
 
-    out = os.path.join(args.work, "out")
     t0 = time.time()
     flow = ep.Dataflow("event-windows", parallelism=args.parallelism)
     (flow.source("events", ep.sources.GeneratorSource(events_fn(args), num_splits=args.splits))
@@ -67,7 +66,64 @@ def run_epochal(args, checkpoints: bool) -> dict:
          .window(Tumbling(args.window_s))
          .aggregate("sum", Sum(lambda e: e[2]))
          .map("stamp", lambda r: [r.key, r.start, r.end, r.value, time.time()])
-         .sink("out", FileSink(out, format="jsonl")))
+         .sink("out", FileSink(os.path.join(args.work, "out"), format="jsonl")))
+    return {"started_at": t0, **_run_epochal_job(args, flow, checkpoints, _jsonl_rows)}
+
+
+def _jsonl_rows(path: str):
+    """``(key, start µs, end µs, value, fired)`` of a part file of :func:`run_epochal`."""
+    with open(path) as f:
+        for line in f:
+            k, start, end, value, fired = json.loads(line)
+            yield k, round(start * 1e6), round(end * 1e6), value, fired
+
+
+def run_epochal_columnar(args) -> dict:
+    """The same windows on Arrow batches: ``ArrowFileSource`` reads the CSV files Spark reads
+    (:func:`write_event_files`, written before the job, without Spark's sentinel: a bounded
+    input ends event time) → ``with_watermarks`` on ``t_us`` → ``key_by("key").window(Tumbling)
+    .aggregate(value=sum("value"))`` → ``with_column("fired", time.time())``, chained after the
+    window in its task, so ``fired`` is when the batch of fired windows leaves the window
+    operator → exactly-once parquet FileSink, 1 s checkpoints. Rows as :func:`run_epochal`'s."""
+    import pyarrow as pa
+
+    import epochal as ep
+    from epochal.columnar import ArrowFileSource
+    from epochal.columnar import sum as asum
+    from epochal.sinks import FileSink
+    from epochal.windows import Tumbling
+
+    indir, files = write_event_files(args, sentinel=False)
+    schema = pa.schema([("key", pa.int64()), ("t_us", pa.int64()), ("value", pa.int64())])
+    t0 = time.time()
+    flow = ep.Dataflow("event-windows-columnar", parallelism=args.parallelism)
+    (flow.source("events", ArrowFileSource(indir, pattern="events-*.csv", format="csv", schema=schema,
+                                          header=False))
+         .with_watermarks("ts", timestamp="t_us", timestamp_unit="us", max_out_of_orderness=args.bound_us / 1e6)
+         .key_by("key")
+         .window(Tumbling(args.window_s))
+         .aggregate("sum", value=asum("value"))
+         .with_column("stamp", "fired", lambda b: time.time())
+         .sink("out", FileSink(os.path.join(args.work, "out"), format="parquet")))
+    return {"started_at": t0, "input_files": files, **_run_epochal_job(args, flow, True, _parquet_rows)}
+
+
+def _parquet_rows(path: str):
+    """``(key, start µs, end µs, value, fired)`` of a part file of :func:`run_epochal_columnar`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(path)
+    start, end = (t.column(c).cast(pa.int64()) for c in ("window_start", "window_end"))  # timestamp[us, UTC] → µs
+    yield from zip(*(c.to_pylist() for c in (t.column("key"), start, end, t.column("value"), t.column("fired"))))
+
+
+def _run_epochal_job(args, flow, checkpoints: bool, read_part) -> dict:
+    """Run ``flow`` (its sink writes ``<work>/out``) exactly-once, checkpointing every 1 s or
+    only at the end; its rows with their commit (the epoch's completion) and visibility times."""
+    import epochal as ep
+    from epochal.runtime.launch.spark import _local_session
+
     tasks = len(flow.plan().tasks)
     spark = _local_session(tasks + 1) if args.runtime == "spark" else None
     t_spark = time.time()
@@ -77,28 +133,26 @@ def run_epochal(args, checkpoints: bool) -> dict:
     t_end = time.time()
     completed_at = {e["epoch"]: e["wall_time"] for e in result.completed_epochs}
     rows = []
-    for path in sorted(glob.glob(os.path.join(out, "part-*"))):
+    for path in sorted(glob.glob(os.path.join(args.work, "out", "part-*"))):
         epoch = int(_EPOCH_OF_PART.search(os.path.basename(path)).group(1))
         visible = os.stat(path).st_ctime  # the commit's rename sets ctime (the mtime is the last write)
-        with open(path) as f:
-            for line in f:
-                k, start, end, value, fired = json.loads(line)
-                rows.append([k, round(start * 1e6), round(end * 1e6), value, fired, completed_at[epoch], visible])
+        rows += ([*row, completed_at[epoch], visible] for row in read_part(path))
     epochs = [{k: e[k] for k in ("epoch", "reason", "duration_s", "wall_time", "max_alignment_s", "max_sync_s",
                                  "max_upload_s", "bytes", "state_bytes")} for e in result.completed_epochs]
-    return {"rows": rows, "started_at": t0, "spark_ready_at": t_spark, "ended_at": t_end,
+    return {"rows": rows, "spark_ready_at": t_spark, "ended_at": t_end,
             "job_duration_s": result.duration_s, "attempts": result.attempts, "records_in": result.records_in,
             "late_dropped": sum(m.get("late_dropped", 0) for m in result.task_metrics.values()),
             "tasks": tasks, "epochs": epochs}
 
 
 # ---------------------------------------------------------------------- Spark Structured Streaming
-def write_event_files(args) -> tuple[str, int]:
+def write_event_files(args, sentinel: bool = True) -> tuple[str, int]:
     """The events as CSV files of ``--file-events`` consecutive events (``key,t_us,value``),
     written before the query starts (not timed), oldest mtime first (the file source's
-    order), then one *sentinel* file: an event of key -1 far past the input, which moves
-    Spark's watermark past every window (a file stream never ends: without it the last
-    windows would never be emitted in append mode). The sentinel's window is not compared."""
+    order), then (``sentinel``, for Spark) one *sentinel* file: an event of key -1 far past the
+    input, which moves Spark's watermark past every window (a file stream never ends: without
+    it the last windows would never be emitted in append mode). The sentinel's window is not
+    compared. Returns the directory and the number of event files (without the sentinel)."""
     d = os.path.join(args.work, "in")
     os.makedirs(d, exist_ok=True)
     n, per = args.events - args.events % args.splits, args.file_events
@@ -110,6 +164,8 @@ def write_event_files(args) -> tuple[str, int]:
             f.write("".join("%d,%d,%d\n" % workload.event(g, args.keys, args.event_us, args.disorder_us)
                             for g in range(lo, min(n, lo + per))))
         os.utime(path, (base + k, base + k))
+    if not sentinel:
+        return d, k + 1
     sentinel_us = workload.EVENT_T0_US + n * args.event_us + args.bound_us + 3 * args.window_s * 1_000_000
     path = os.path.join(d, f"events-{k + 1:06d}.csv")
     with open(path, "w") as f:
@@ -368,6 +424,7 @@ def _bytewax_process(argv: dict, addresses: list, proc_id: int) -> None:
 ENGINES = {
     "epochal-exactly-once": lambda a: run_epochal(a, checkpoints=True),
     "epochal-no-checkpoint": lambda a: run_epochal(a, checkpoints=False),
+    "epochal-columnar": run_epochal_columnar,
     "spark-ss": run_spark_ss,
     "bytewax": run_bytewax,
 }

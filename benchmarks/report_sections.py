@@ -273,6 +273,13 @@ def section_event_windows(doc: dict) -> str:
         text += (f"\n\nSpark emits a window in the micro-batch after the one that moved its watermark past the "
                  f"window's end; from the end of that earlier micro-batch to the commit: p50 "
                  f"{_n(spark['p50'], '.2f')} s, p99 {_n(spark['p99'], '.2f')} s.")
+    versus = doc["summary"].get("epochal-columnar", {}).get("against_spark_ss")
+    if versus and versus["steady_events_per_s_ratio"]["raw"]:
+        r, q = versus["steady_events_per_s_ratio"], versus["fired_to_committed_p99_ratio"]
+        text += (f"\n\n`epochal-columnar` / `spark-ss`, per repetition (median, min–max over "
+                 f"{len(r['raw'])}): steady events/s {_n(r['median'], '.2f')}× ({_n(r['min'], '.2f')}–"
+                 f"{_n(r['max'], '.2f')}), fired → committed p99 {_n(q['median'], '.2f')}× ({_n(q['min'], '.2f')}–"
+                 f"{_n(q['max'], '.2f')}; below 1: columnar commits sooner).")
     if doc.get("errors"):
         text += "\n\nErrors:\n\n" + "\n".join(f"- `{_one_line(e)}`" for e in doc["errors"])
     return text

@@ -116,7 +116,7 @@ def test_event_windows_smoke(tmp_path):
     every engine's windows equal the oracle, rates and latencies are measured."""
     import importlib.util
 
-    engines = ["epochal-exactly-once", "epochal-no-checkpoint", "spark-ss"]
+    engines = ["epochal-exactly-once", "epochal-no-checkpoint", "epochal-columnar", "spark-ss"]
     engines += ["bytewax"] if importlib.util.find_spec("bytewax") else []  # the `peers` extra
     out = tmp_path / "event_windows.json"
     proc = subprocess.run([sys.executable, str(BENCHMARKS / "event_windows.py"), "--smoke", "--out", str(out),
@@ -134,6 +134,8 @@ def test_event_windows_smoke(tmp_path):
     assert doc["summary"]["epochal-exactly-once"]["checkpoint_duration_s"]["n"] >= 1
     assert doc["summary"]["epochal-no-checkpoint"]["ratio_to_no_checkpoint"] == 1.0
     assert "watermark_to_committed" in doc["summary"]["spark-ss"]
+    versus = doc["summary"]["epochal-columnar"]["against_spark_ss"]  # issue 25's pair, per repetition
+    assert len(versus["steady_events_per_s_ratio"]["raw"]) == len(versus["fired_to_committed_p99_ratio"]["raw"]) == 1
 
 
 def test_event_windows_oracle_catches_lost_and_repeated_windows():

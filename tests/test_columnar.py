@@ -370,6 +370,27 @@ def test_arrow_file_source_reads_and_resumes_every_format(tmp_path):
             assert got.select(["a", "s"]).cast(table.schema).equals(table)
 
 
+
+def test_arrow_file_source_reads_headerless_csv_in_schema_order(tmp_path):
+    """header=False (Spark's CSV default): every line is a row, even the first; resumes mid-file."""
+    d = tmp_path / "files"
+    d.mkdir()
+    (d / "a.csv").write_text("".join(f"{i},{i * 10},x{i}\n" for i in range(2500)))
+    schema = pa.schema([("k", pa.int64()), ("t", pa.int64()), ("s", pa.string())])
+    src = ArrowFileSource(str(d), format="csv", schema=schema, header=False, batch_rows=700)
+    reader = src.create_reader(src.splits(), None)
+    first = reader.poll(1).records
+    resumed, rest = src.create_reader(src.splits(), reader.snapshot()), []
+    while not (p := resumed.poll(1)).finished:
+        rest += p.records
+    got = pa.Table.from_batches(first + rest)
+    assert got.schema == schema
+    assert got.to_pylist() == [{"k": i, "t": i * 10, "s": f"x{i}"} for i in range(2500)]
+    with pytest.raises(PipelineDefinitionError, match="header=False is for format='csv' with a schema"):
+        ArrowFileSource(str(d), format="csv", header=False)
+    with pytest.raises(PipelineDefinitionError, match="header=False is for format='csv'"):
+        ArrowFileSource(str(d), format="jsonl", schema=schema, header=False)
+
 def test_build_errors_name_the_operator():
     flow = ep.Dataflow("e")
     batches = flow.source("b", ep.sources.GeneratorSource(line_batches, schema=LINE_SCHEMA))

@@ -8,7 +8,9 @@ Splits are the files matching at plan time (one per split, assigned round-robin)
   ``max_line_bytes``: otherwise reading fails with a :class:`~epochal.errors.DataError`
   naming the source, the file and the line's byte offset (retrying cannot help);
 * ``"csv"``, ``"jsonl"`` (pyarrow's streaming readers) and ``"parquet"`` — the offset is the
-  number of rows already emitted; a restored reader skips that many rows of the file.
+  number of rows already emitted; a restored reader skips that many rows of the file. CSV
+  files start with a header line naming the columns, unless ``header=False`` (Spark's
+  default for CSV): then every line is data and the columns are the ``schema``'s, in order.
 
 State: ``{path: offset}``, with ``-1`` for a finished file. Replayable as the engine needs:
 a reader created from a snapshot continues with exactly the next row.
@@ -40,12 +42,20 @@ class ArrowFileSource(Source):
             one ``line`` string column).
         max_line_bytes: ``lines``: the longest line accepted (a line is read whole before
             it is cut; beyond this the file is refused instead of exhausting memory).
+        header: ``csv``: whether each file's first line names the columns; ``False`` needs
+            ``schema`` (its names are the columns, in file order).
     """
 
     def __init__(self, path: str, *, pattern: str = "*", format: str = "lines", schema: pa.Schema | None = None,
-                 batch_rows: int = 65536, block_bytes: int = 4 << 20, max_line_bytes: int = 64 << 20):
+                 batch_rows: int = 65536, block_bytes: int = 4 << 20, max_line_bytes: int = 64 << 20,
+                 header: bool = True):
         if format not in _FORMATS:
             raise PipelineDefinitionError(f"{self.name_for(path)}: format must be one of {_FORMATS}, got {format!r}")
+        if not header and (format != "csv" or schema is None):
+            raise PipelineDefinitionError(
+                f"{self.name_for(path)}: header=False is for format='csv' with a schema (its names are the columns), "
+                f"got format={format!r}" + (" and no schema" if schema is None else ""))
+        self._header = bool(header)
         self._path, self._pattern, self._format = str(path), pattern, format
         self._batch_rows = check_positive_int(batch_rows, "batch_rows", self.name_for(path))
         self._block = check_positive_int(block_bytes, "block_bytes", self.name_for(path))
@@ -87,7 +97,7 @@ class ArrowFileSource(Source):
             raise PipelineDefinitionError(f"{self.name}: no file matches {self._pattern!r} to infer the {self._format} "
                                           "schema from; pass schema=")
         fs, _ = url_to_fs(self._path)
-        reader = _open(fs, files[0], self._format, None, self._batch_rows)
+        reader = _open(fs, files[0], self._format, None, self._batch_rows, True)
         try:
             return reader.schema
         finally:
@@ -98,8 +108,8 @@ class ArrowFileSource(Source):
         return _ArrowFileReader(self, list(splits), state)
 
 
-def _open(fs, path: str, fmt: str, schema, batch_rows: int):
-    """A pyarrow record-batch reader of one csv / jsonl / parquet file."""
+def _open(fs, path: str, fmt: str, schema, batch_rows: int, header: bool):
+    """A pyarrow record-batch reader of one csv / jsonl / parquet file (``header``: csv only)."""
     f = fs.open(path, "rb")
     if fmt == "parquet":
         import pyarrow.parquet as pq
@@ -110,7 +120,9 @@ def _open(fs, path: str, fmt: str, schema, batch_rows: int):
         import pyarrow.csv as pcsv
 
         convert = pcsv.ConvertOptions(column_types=schema) if schema is not None else None
-        return pcsv.open_csv(f, read_options=pcsv.ReadOptions(block_size=1 << 22), convert_options=convert)
+        names = None if header else schema.names
+        return pcsv.open_csv(f, read_options=pcsv.ReadOptions(block_size=1 << 22, column_names=names),
+                             convert_options=convert)
     import pyarrow.json as pjson
 
     parse = pjson.ParseOptions(explicit_schema=schema) if schema is not None else None
@@ -148,7 +160,7 @@ class _ArrowFileReader(SourceReader):
             self._file.seek(offset)
             self._carry = b""
             return
-        self._file = _open(self._fs, path, src._format, src.schema, src._batch_rows)
+        self._file = _open(self._fs, path, src._format, src.schema, src._batch_rows, src._header)
         skip = offset
         while skip > 0:  # a restored reader skips the rows it emitted before
             batch = self._file.read_next_batch()
