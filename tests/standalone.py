@@ -249,7 +249,7 @@ class StandaloneCluster:
 
         n = len(self.hosts) if n is None else n
         deadline = time.monotonic() + timeout
-        alive = 0
+        alive, last = 0, None
         while time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen(f"http://{self.driver_host}:{self.master_ui_port}/json/",
@@ -258,11 +258,11 @@ class StandaloneCluster:
                 alive = sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
                 if alive >= n:
                     return
-            except OSError:
-                pass
+            except (OSError, ValueError) as exc:  # not up yet, or a starting UI answering HTML
+                last = exc
             time.sleep(0.5)
-        raise TimeoutError(f"only {alive} of {n} Spark workers registered within {timeout} s; "
-                           f"see {self.root}/*.log")
+        raise TimeoutError(f"only {alive} of {n} Spark workers registered within {timeout} s (last answer: "
+                           f"{last!r}); see {self.root}/*.log")
 
     master_ui_port: int = 0
 

