@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import report_connectors as connectors
+import report_peers as peers
 import report_plots as plots
 import report_sections as sections
 
@@ -52,9 +53,9 @@ SECTIONS = {
     "state": sections.section_state,
     "state_stress": sections.section_state,
     "window": sections.section_window,
-    "event_windows": sections.section_event_windows,
+    "event_windows": peers.section_event_windows,
     "loops": sections.section_loops,
-    "peers": sections.section_peers,
+    "peers": peers.section_peers,
     "dataplane": sections.section_dataplane,
     "serde": sections.section_serde,
     "backpressure": sections.section_backpressure,
