@@ -269,8 +269,10 @@ def main(argv=None) -> int:
         kept = [p for p in earlier["peers"] if p["name"] not in args.engines or args.skip_steady]
         for p in kept:
             p.setdefault("from_earlier_invocation", True)
-        merged = earlier.get("merges", []) + [{"command": doc["command"], "engines": args.engines,
-                                                "started_at": doc["started_at"]}]
+        merged = earlier.get("merges", []) + [{
+            "command": doc["command"], "started_at": doc["started_at"],
+            "engines": [] if args.skip_steady else args.engines,  # steady-at-1 s runs re-done
+            "capacity_engines": [] if args.skip_capacity else args.capacity_engines or peers_capacity.ENGINES}]
         doc.update({k: earlier[k] for k in ("command", "started_at", "machine", "config", "capacity") if k in earlier})
         doc["merges"] = merged
     work = tempfile.mkdtemp(prefix="epochal-peers-", dir=args.tmp)
