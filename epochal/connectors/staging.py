@@ -199,6 +199,16 @@ class TableFiles:
         except FileNotFoundError:
             pass
 
+    def delete_unreferenced(self, rels: list[str], referenced) -> int:
+        """Delete the staged files of ``rels`` that ``referenced(rel)`` says the table holds
+        not (orphans of rolled-back epochs), then sync their directories; idempotent (a
+        missing file is fine). Returns how many were deleted."""
+        doomed = [rel for rel in rels if not referenced(rel)]
+        for rel in doomed:
+            self.delete(rel)
+        self.sync_dirs(doomed)
+        return len(doomed)
+
     def list(self, under: str = "", keep=None) -> list[str]:
         """Relative paths of the files below ``under`` (recursively) whose base name passes
         ``keep`` (all if None); directories whose name starts with ``_`` or ``.`` (table

@@ -298,12 +298,9 @@ class DeltaSinkWriter(TableRows, TwoPhaseCommitSink):
         doomed = recovery.orphans(listed, self._tag, self.ctx.subtask, self.ctx.parallelism, restored_epoch)
         if not doomed:
             return
-        referenced = self._referenced(dt)
-        doomed = [p for p in doomed if p not in referenced]  # never, by the epoch rule; checked all the same
-        for path in doomed:
-            self._files.delete(path)
-        self._files.sync_dirs(doomed)
-        log.info("%s: deleted %d staged file(s) of epochs after %d", self._where(), len(doomed), restored_epoch)
+        referenced = self._referenced(dt)  # none is, by the epoch rule; checked all the same
+        deleted = self._files.delete_unreferenced(doomed, referenced.__contains__)
+        log.info("%s: deleted %d staged file(s) of epochs after %d", self._where(), deleted, restored_epoch)
 
     # ------------------------------------------------------------------ table
 

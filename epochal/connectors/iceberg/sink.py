@@ -287,11 +287,8 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
         if not doomed:
             return
         referenced = {task.file.file_path for task in table.scan().plan_files()} if table.current_snapshot() else set()
-        doomed = [p for p in doomed if client.full_path(table, p) not in referenced]
-        for path in doomed:
-            self._files.delete(path)
-        self._files.sync_dirs(doomed)
-        log.info("%s: deleted %d staged file(s) of epochs after %d", self._where(), len(doomed), restored_epoch)
+        deleted = self._files.delete_unreferenced(doomed, lambda p: client.full_path(table, p) in referenced)
+        log.info("%s: deleted %d staged file(s) of epochs after %d", self._where(), deleted, restored_epoch)
 
     # ------------------------------------------------------------------ table
 
