@@ -78,13 +78,14 @@ def _jsonl_rows(path: str):
             yield k, round(start * 1e6), round(end * 1e6), value, fired
 
 
-def run_epochal_columnar(args) -> dict:
+def run_epochal_columnar(args, interval: float = 1.0) -> dict:
     """The same windows on Arrow batches: ``ArrowFileSource`` reads the CSV files Spark reads
     (:func:`write_event_files`, written before the job, without Spark's sentinel: a bounded
     input ends event time) → ``with_watermarks`` on ``t_us`` → ``key_by("key").window(Tumbling)
     .aggregate(value=sum("value"))`` → ``with_column("fired", time.time())``, chained after the
     window in its task, so ``fired`` is when the batch of fired windows leaves the window
-    operator → exactly-once parquet FileSink, 1 s checkpoints. Rows as :func:`run_epochal`'s."""
+    operator → exactly-once parquet FileSink, checkpoints every ``interval`` s (1 s; 0.25 s for
+    ``epochal-columnar-250ms``, the latency-oriented setting). Rows as :func:`run_epochal`'s."""
     import pyarrow as pa
 
     import epochal as ep
@@ -105,7 +106,8 @@ def run_epochal_columnar(args) -> dict:
          .aggregate("sum", value=asum("value"))
          .with_column("stamp", "fired", lambda b: time.time())
          .sink("out", FileSink(os.path.join(args.work, "out"), format="parquet")))
-    return {"started_at": t0, "input_files": files, **_run_epochal_job(args, flow, True, _parquet_rows)}
+    return {"started_at": t0, "input_files": files, "interval_s": interval,
+            **_run_epochal_job(args, flow, True, _parquet_rows, interval)}
 
 
 def _parquet_rows(path: str):
@@ -118,9 +120,10 @@ def _parquet_rows(path: str):
     yield from zip(*(c.to_pylist() for c in (t.column("key"), start, end, t.column("value"), t.column("fired"))))
 
 
-def _run_epochal_job(args, flow, checkpoints: bool, read_part) -> dict:
-    """Run ``flow`` (its sink writes ``<work>/out``) exactly-once, checkpointing every 1 s or
-    only at the end; its rows with their commit (the epoch's completion) and visibility times."""
+def _run_epochal_job(args, flow, checkpoints: bool, read_part, interval: float = 1.0) -> dict:
+    """Run ``flow`` (its sink writes ``<work>/out``) exactly-once, checkpointing every
+    ``interval`` s or only at the end; its rows with their commit (the epoch's completion) and
+    visibility times."""
     import epochal as ep
     from epochal.runtime.launch.spark import _local_session
 
@@ -128,7 +131,7 @@ def _run_epochal_job(args, flow, checkpoints: bool, read_part) -> dict:
     spark = _local_session(tasks + 1) if args.runtime == "spark" else None
     t_spark = time.time()
     result = flow.run(guarantee="exactly-once", runtime=args.runtime, spark=spark,
-                      checkpoint=ep.CheckpointConfig(interval=1.0 if checkpoints else None,
+                      checkpoint=ep.CheckpointConfig(interval=interval if checkpoints else None,
                                                      storage="file://" + os.path.join(args.work, "ck")))
     t_end = time.time()
     completed_at = {e["epoch"]: e["wall_time"] for e in result.completed_epochs}
@@ -174,8 +177,13 @@ def write_event_files(args, sentinel: bool = True) -> tuple[str, int]:
     return d, k + 1
 
 
-def run_spark_ss(args) -> dict:
+def run_spark_ss(args, backlog: bool = False) -> dict:
+    """Structured Streaming's windows over the CSV files: ``maxFilesPerTrigger`` 4 (100k
+    events) per 1 s trigger, or with ``backlog`` (``spark-ss-backlog``: capacity on the same
+    backlog) ``--backlog-files-per-trigger`` (20: 500k events) per micro-batch, batches back to
+    back (``processingTime`` 0)."""
     indir, files = write_event_files(args)
+    per_trigger = args.backlog_files_per_trigger if backlog else args.files_per_trigger
     out, ck = os.path.join(args.work, "out"), os.path.join(args.work, "ck")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -197,7 +205,7 @@ def run_spark_ss(args) -> dict:
     spark.sparkContext.setLogLevel("ERROR")
     t_spark = time.time()
     events = (spark.readStream.schema("key INT, t_us LONG, value INT")
-              .option("maxFilesPerTrigger", args.files_per_trigger).csv(indir)
+              .option("maxFilesPerTrigger", per_trigger).csv(indir)
               .withColumn("ts", F.expr("timestamp_micros(t_us)"))
               .withWatermark("ts", f"{args.bound_us // 1000} milliseconds"))
     sums = (events.groupBy(F.window("ts", f"{args.window_s} seconds"), "key").agg(F.sum("value").alias("value"))
@@ -205,7 +213,8 @@ def run_spark_ss(args) -> dict:
                     F.expr("unix_micros(window.end)").alias("end"), "value",
                     F.expr("unix_micros(current_timestamp())").alias("fired")))
     query = (sums.writeStream.format("json").outputMode("append").option("path", out)
-             .option("checkpointLocation", ck).trigger(processingTime="1 second").start())
+             .option("checkpointLocation", ck).trigger(processingTime="0 seconds" if backlog else "1 second")
+             .start())
     n = args.events - args.events % args.splits
     last_end_us = _last_window_end(args, n)
     deadline = time.monotonic() + args.run_timeout
@@ -425,7 +434,9 @@ ENGINES = {
     "epochal-exactly-once": lambda a: run_epochal(a, checkpoints=True),
     "epochal-no-checkpoint": lambda a: run_epochal(a, checkpoints=False),
     "epochal-columnar": run_epochal_columnar,
+    "epochal-columnar-250ms": lambda a: run_epochal_columnar(a, interval=0.25),
     "spark-ss": run_spark_ss,
+    "spark-ss-backlog": lambda a: run_spark_ss(a, backlog=True),
     "bytewax": run_bytewax,
 }
 
@@ -443,6 +454,8 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parallelism", type=int, default=2)
     p.add_argument("--file-events", type=int, default=25_000, help="Spark: events per input file")
     p.add_argument("--files-per-trigger", type=int, default=4, help="Spark: maxFilesPerTrigger")
+    p.add_argument("--backlog-files-per-trigger", type=int, default=20,
+                   help="spark-ss-backlog: maxFilesPerTrigger (micro-batches back to back)")
     p.add_argument("--bytewax-processes", type=int, default=2,
                    help="Bytewax: processes of one worker each (1: one process, --parallelism threads)")
 

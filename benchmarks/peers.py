@@ -213,6 +213,8 @@ def parse_args(argv=None):
     p.add_argument("--capacity-engines", nargs="+", choices=peers_capacity.ENGINES, default=None,
                    help="default: all (with --smoke: epochal-columnar, arrow-ceiling, spark-ss-builtin)")
     p.add_argument("--engines", nargs="+", choices=ENGINES, default=ENGINES, help="engines of the steady-at-1 s runs")
+    p.add_argument("--capacity-repetitions", type=int, default=1,
+                   help="capacity: runs of every engine, interleaved in rotated order (ratios per repetition)")
     p.add_argument("--skip-capacity", action="store_true")
     p.add_argument("--skip-steady", action="store_true")
     p.add_argument("--input", default=None, help="capacity input directory (default: <tmp>/epochal-zipf-FxW, "

@@ -116,11 +116,12 @@ def test_event_windows_smoke(tmp_path):
     every engine's windows equal the oracle, rates and latencies are measured."""
     import importlib.util
 
-    engines = ["epochal-exactly-once", "epochal-no-checkpoint", "epochal-columnar", "spark-ss"]
+    engines = ["epochal-exactly-once", "epochal-no-checkpoint", "epochal-columnar", "epochal-columnar-250ms",
+               "spark-ss", "spark-ss-backlog"]
     engines += ["bytewax"] if importlib.util.find_spec("bytewax") else []  # the `peers` extra
     out = tmp_path / "event_windows.json"
     proc = subprocess.run([sys.executable, str(BENCHMARKS / "event_windows.py"), "--smoke", "--out", str(out),
-                           "--engines", *engines], capture_output=True, text=True, timeout=240, check=False)
+                           "--engines", *engines], capture_output=True, text=True, timeout=420, check=False)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     doc = json.loads(out.read_text())
     assert doc["errors"] == []
@@ -134,8 +135,11 @@ def test_event_windows_smoke(tmp_path):
     assert doc["summary"]["epochal-exactly-once"]["checkpoint_duration_s"]["n"] >= 1
     assert doc["summary"]["epochal-no-checkpoint"]["ratio_to_no_checkpoint"] == 1.0
     assert "watermark_to_committed" in doc["summary"]["spark-ss"]
-    versus = doc["summary"]["epochal-columnar"]["against_spark_ss"]  # issue 25's pair, per repetition
-    assert len(versus["steady_events_per_s_ratio"]["raw"]) == len(versus["fired_to_committed_p99_ratio"]["raw"]) == 1
+    for name in ("epochal-columnar", "epochal-columnar-250ms"):  # issue 25's pairs, per repetition
+        versus = doc["summary"][name]["against_spark_ss"]
+        assert [len(versus[k]["raw"]) for k in ("steady_events_per_s_ratio", "closable_to_committed_p99_ratio",
+                                                 "fired_to_committed_p99_ratio")] == [1, 1, 1], name
+    assert doc["runs"][[r["engine"] for r in doc["runs"]].index("spark-ss-backlog")]["micro_batches"] >= 3
 
 
 def test_event_windows_oracle_catches_lost_and_repeated_windows():

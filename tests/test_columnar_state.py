@@ -118,6 +118,66 @@ def test_buffer_compacts_and_reports_full_at_its_budget():
     assert buf.drain() is None and buf.nbytes == 0
 
 
+@settings(max_examples=30, deadline=None)
+@given(sizes=st.lists(st.integers(1, 120), min_size=1, max_size=12), group_rows=st.integers(1, 300),
+       compact_at=st.integers(0, 12))
+def test_buffer_groups_raw_rows_many_batches_at_a_time_and_equals_the_model(sizes, group_rows, compact_at):
+    """Raw batches wait until ``GROUP_ROWS`` rows are buffered and are grouped together;
+    wherever the groupings and a compaction fall, the drained partials equal the model."""
+    plan = PartialPlan("k", aggs())
+    buf = PartialBuffer(plan, budget_bytes=1 << 30)
+    buf.GROUP_ROWS = group_rows
+    rows, groupings = [], []
+    for i, n in enumerate(sizes):
+        chunk = [(f"w{(len(rows) + j) % 9}", (len(rows) + j) % 5 or None) for j in range(n)]
+        rows += chunk
+        buf.add(batch_of(chunk))
+        if buf.grouped is not None:
+            groupings.append(buf.grouped[0])
+            buf.grouped = None
+        if i == compact_at:
+            buf.compact()  # groups whatever waits, however few rows
+            buf.grouped = None
+    assert groupings and groupings[0] == sizes[0]  # the first batch of a schema is grouped alone
+    assert all(g >= group_rows for g in groupings[1:])  # later ones only when enough rows wait
+    d = buf.drain().to_pydict()
+    got = {k: (d["n"][i], d["s"][i], d["lo"][i], d["hi"][i]) for i, k in enumerate(d["k"])}
+    assert got == {k: v[:4] for k, v in model_rows(rows).items()}
+    assert buf.drain() is None and buf.nbytes == 0 and buf.rows == 0
+
+
+def test_a_deferred_batch_that_cannot_be_grouped_is_rejected_alone(monkeypatch):
+    """A batch that fails only when grouped with others (same schema as good ones) is
+    rejected by itself — named to the operator — and the other batches' rows are kept."""
+    plan = PartialPlan("k", aggs())
+    buf = PartialBuffer(plan, budget_bytes=1 << 30)
+    buf.GROUP_ROWS = 250
+    of_raw = plan.of_raw
+
+    def failing(batches):
+        if any("poison" in b.column(0).to_pylist() for b in batches):
+            raise ValueError("cannot group poison")
+        return of_raw(batches)
+
+    monkeypatch.setattr(plan, "of_raw", failing)
+    rejected = []
+
+    class Op:
+        def reject(self, what, exc):
+            rejected.append((what, str(exc)))
+
+    good = [(f"w{i % 3}", i) for i in range(400)]
+    batches = [good[:100], good[100:200], [("poison", 1)] * 10, good[200:300], good[300:]]
+    for b in batches:
+        buf.add(batch_of(b))
+        buf.reject_failures(Op())
+    assert rejected == [("<RecordBatch of 10 rows, columns ['k', 'v']>", "cannot group poison")]
+    d = buf.drain().to_pydict()
+    buf.reject_failures(Op())
+    assert len(rejected) == 1
+    assert dict(zip(d["k"], d["n"])) == {k: v[0] for k, v in model_rows(good).items()}
+
+
 # --------------------------------------------------------------------------- state
 @pytest.mark.parametrize("kind", ["heap", "rocksdb"])
 @settings(max_examples=25, deadline=None)

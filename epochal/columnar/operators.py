@@ -149,10 +149,9 @@ class KeyedAggregateOperator(RuntimeOperator):
             except Exception as exc:
                 self.reject(_describe(batch), _named(exc, self.plan, batch))
                 continue
-            if buffer.full:
-                buffer.compact()
-                if buffer.nbytes > buffer.budget // 2:
-                    out += self._merge()
+            if buffer.must_merge():
+                out += self._merge()
+            buffer.reject_failures(self)
         return out
 
     def prepare_snapshot_pre_barrier(self, epoch: int) -> list:
@@ -161,6 +160,7 @@ class KeyedAggregateOperator(RuntimeOperator):
 
     def _merge(self) -> list:
         partials = self.buffer.drain()
+        self.buffer.reject_failures(self)
         if partials is None or not partials.num_rows:
             return []
         try:
@@ -182,8 +182,9 @@ class LocalAggregateOperator(RuntimeOperator):
     after combining. So the shuffle carries about one row per key and epoch, and the
     operator holds nothing at a snapshot (no state).
 
-    When grouping does not pay (a batch of at least :attr:`JUDGE_ROWS` rows kept more than
-    half of them: keys mostly distinct), the next :attr:`SKIP` batches become partials row
+    When grouping does not pay (a grouping of at least :attr:`JUDGE_ROWS` rows — the
+    buffer groups a million raw rows at a time, and the first batch of each schema alone —
+    kept more than half of them: keys mostly distinct), the next :attr:`SKIP` batches become partials row
     by row without grouping and pass at once (Spark's adaptive partial aggregation does
     the same)."""
 
@@ -206,18 +207,22 @@ class LocalAggregateOperator(RuntimeOperator):
                     self._skip -= 1
                     out.append(self.plan.passthrough(batch))
                     continue
-                before = buffer.rows
                 buffer.add(batch)
             except Exception as exc:
                 self.reject(_describe(batch), _named(exc, self.plan, batch))
                 continue
-            if (buffer.rows - before) * 2 > batch.num_rows >= self.JUDGE_ROWS:
-                self._skip = self.SKIP
-            if buffer.full:
-                buffer.compact()
-                if buffer.nbytes > buffer.budget // 2:
-                    out += self._flush()
+            if buffer.must_merge():
+                out += self._flush()
+            self._judge()
+            buffer.reject_failures(self)
         return out
+
+    def _judge(self) -> None:
+        """After a grouping of at least :attr:`JUDGE_ROWS` rows that kept more than half of
+        them, skip grouping for the next :attr:`SKIP` batches."""
+        grouped, self.buffer.grouped = self.buffer.grouped, None
+        if grouped is not None and grouped[1] * 2 > grouped[0] >= self.JUDGE_ROWS:
+            self._skip = self.SKIP
 
     def prepare_snapshot_pre_barrier(self, epoch: int) -> list:
         return self._flush()
@@ -227,6 +232,7 @@ class LocalAggregateOperator(RuntimeOperator):
             table = self.buffer.drain()
         except Exception as exc:
             raise self.fail(f"<partials combined by {self.ctx.operator!r}>", exc) from exc
+        self.buffer.reject_failures(self)
         return [] if table is None else table.to_batches()
 
 

@@ -103,45 +103,124 @@ class PartialBuffer:
 
     ``add`` takes raw batches (or, with ``partial_input``, partial batches from a local
     pre-aggregation); :meth:`drain` returns one partial row per key and empties the buffer.
-    Memory is bounded by ``budget_bytes``: :attr:`full` tells the operator to merge now;
-    before it does, buffered partials are combined once (:meth:`compact`), which is usually
-    enough when keys repeat.
+
+    Raw batches of a combinable plan are grouped about :attr:`GROUP_ROWS` rows at a time,
+    not batch by batch: Arrow's hash ``group_by`` costs a third less per row over a million
+    rows than over a 1 MiB block's 140k (measured with 20k distinct keys), and fewer, larger
+    partials are cheaper to combine. A batch whose schema the buffer has not grouped yet is
+    grouped at once, alone, so a batch that cannot be grouped (a column of the wrong type)
+    fails in :meth:`add`, attributed to itself; should a later group of same-schema batches
+    still fail, each is grouped alone, the others are kept and the failing ones are
+    rejected by the operator (:meth:`reject_failures`).
+
+    Memory is bounded by ``budget_bytes`` (raw and partial bytes together): :attr:`full`
+    tells the operator to merge now; before it does, buffered rows and partials are
+    combined once (:meth:`compact`), which is usually enough when keys repeat.
     """
+
+    #: raw rows buffered before they are grouped together (combinable plans)
+    GROUP_ROWS = 1 << 20
 
     def __init__(self, plan: PartialPlan, budget_bytes: int, partial_input: bool = False):
         self.plan = plan
         self.budget = budget_bytes
         self.partial_input = partial_input
         self._items: list = []  # partial tables/batches, or raw batches for non-combinable plans
+        self._raw: list = []  # raw batches of a combinable plan, not grouped yet
+        self._raw_rows = self._raw_bytes = 0
+        self._grouped_schemas: set = set()
         self.nbytes = 0
         self.rows = 0
+        #: ``(rows in, partial rows out)`` of the last grouping of raw rows, until read
+        self.grouped: tuple[int, int] | None = None
+        self._failures: list = []
 
     def add(self, batch: pa.RecordBatch) -> None:
         plan = self.plan
-        if not self.partial_input:
-            batch = batch.select(plan.inputs)
-            if plan.combinable:
-                batch = plan.of_raw([batch])
-        self._items.append(batch)
+        if self.partial_input or not plan.combinable:
+            if not self.partial_input:
+                batch = batch.select(plan.inputs)
+            self._items.append(batch)
+            self.nbytes += batch.nbytes
+            self.rows += batch.num_rows
+            return
+        batch = batch.select(plan.inputs)
+        if batch.schema not in self._grouped_schemas:  # a new schema: grouped alone, at once
+            self._keep(plan.of_raw([batch]), batch.num_rows)
+            if len(self._grouped_schemas) >= 64:  # a stream of ever new schemas: stay bounded
+                self._grouped_schemas.clear()
+            self._grouped_schemas.add(batch.schema)
+            return
+        self._raw.append(batch)
+        self._raw_rows += batch.num_rows
+        self._raw_bytes += batch.nbytes
         self.nbytes += batch.nbytes
         self.rows += batch.num_rows
+        if self._raw_rows >= self.GROUP_ROWS:
+            self._group_raw()
+
+    def _keep(self, table: pa.Table, rows_in: int) -> None:
+        self._items.append(table)
+        self.nbytes += table.nbytes
+        self.rows += table.num_rows
+        self.grouped = (rows_in, table.num_rows)
+
+    def _group_raw(self) -> None:
+        raw, rows = self._raw, self._raw_rows
+        if not raw:
+            return
+        self._raw, self._raw_rows = [], 0
+        self.nbytes -= self._raw_bytes
+        self.rows -= rows
+        self._raw_bytes = 0
+        try:
+            self._keep(self.plan.of_raw(raw), rows)
+            return
+        except Exception:
+            pass
+        for batch in raw:  # attribute the failure: each batch alone, keeping the good ones
+            try:
+                self._keep(self.plan.of_raw([batch]), batch.num_rows)
+            except Exception as exc:
+                self._failures.append((batch, exc))
+
+    def reject_failures(self, operator) -> None:
+        """Hand every buffered raw batch that could not be grouped since the last call
+        (its rows are not in the buffer) to ``operator.reject`` (dead letters, or the
+        attempt fails naming the operator and the batch). Called after :meth:`add`,
+        :meth:`compact` and :meth:`drain`."""
+        failures, self._failures = self._failures, []
+        for batch, exc in failures:
+            operator.reject(f"<RecordBatch of {batch.num_rows} rows, columns {batch.schema.names}>", exc)
 
     @property
     def full(self) -> bool:
         return self.nbytes > self.budget
 
+    def must_merge(self) -> bool:
+        """Whether the operator must merge (or emit) now: over its budget even after
+        :meth:`compact` (which runs only when the buffer is :attr:`full`) left it above half
+        the budget. Called after each :meth:`add`."""
+        if not self.full:
+            return False
+        self.compact()
+        return self.nbytes > self.budget // 2
+
     def compact(self) -> None:
-        """Combine the buffered partials into one table (combinable plans)."""
+        """Group the buffered raw rows and combine the buffered partials into one table
+        (combinable plans)."""
+        self._group_raw()
         if self.plan.combinable and len(self._items) > 1:
             table = self.plan.combine(self._items)
             self._items, self.nbytes, self.rows = [table], table.nbytes, table.num_rows
 
     def drain(self) -> pa.Table | None:
         """One partial row per key of everything added since the last drain; ``None`` if
-        nothing was."""
+        nothing was (see :meth:`reject_failures`)."""
+        self._group_raw()
         items, self._items, self.nbytes, self.rows = self._items, [], 0, 0
         if not items:
             return None
         if self.plan.combinable:
-            return self.plan.combine(items)
+            return self.plan.combine(items) if len(items) > 1 or self.partial_input else items[0]
         return self.plan.of_raw(items)

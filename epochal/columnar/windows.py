@@ -188,10 +188,9 @@ class ColumnWindowOperator(RuntimeOperator):
             except Exception as exc:
                 self.reject(f"<RecordBatch of {batch.num_rows} rows, columns {batch.schema.names}>", exc)
                 continue
-            if self.buffer.full:
-                self.buffer.compact()
-                if self.buffer.nbytes > self.buffer.budget // 2:
-                    self._merge()
+            if self.buffer.must_merge():
+                self._merge()
+            self.buffer.reject_failures(self)
         return []
 
     # -- time ------------------------------------------------------------------------------
@@ -251,6 +250,7 @@ class ColumnWindowOperator(RuntimeOperator):
 
     def _merge(self) -> None:
         partials = self.buffer.drain()
+        self.buffer.reject_failures(self)
         if partials is None or not partials.num_rows:
             return
         kgs = np.asarray(self.groups.of_values(partials.column(0).to_pylist()), np.int32)
