@@ -371,6 +371,33 @@ def test_arrow_file_source_reads_and_resumes_every_format(tmp_path):
 
 
 
+@settings(max_examples=60, deadline=None)
+@given(lines=st.lists(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r"), max_size=12),
+                      max_size=30),
+       crlf=st.booleans(), final_newline=st.booleans(), block=st.integers(1, 64), cut=st.integers(0, 40))
+def test_arrow_file_source_lines_equal_python_splitlines_for_any_block_and_resume_point(
+        tmp_path_factory, lines, crlf, final_newline, block, cut):
+    """format='lines' equals Python's reading of the same UTF-8 text (ASCII or not, CRLF or LF,
+    with or without a final newline) for any block size, resumed from a snapshot after any poll."""
+    d = tmp_path_factory.mktemp("lines")
+    end = "\r\n" if crlf else "\n"
+    text = end.join(lines) + (end if final_newline and lines else "")
+    (d / "t.txt").write_bytes(text.encode())
+    expected = text.split(end)
+    if text == "" or text.endswith(end):
+        expected.pop()  # no line after a final newline, none in an empty file
+    src = ArrowFileSource(str(d), pattern="*.txt", block_bytes=block)
+    got, reader = [], src.create_reader(src.splits(), None)
+    for i in range(10_000):
+        if i == cut:  # resume a fresh reader from this reader's snapshot
+            reader = src.create_reader(src.splits(), reader.snapshot())
+        p = reader.poll(1)
+        got += [x for b in p.records for x in b.column("line").to_pylist()]
+        if p.finished:
+            break
+    assert got == expected
+
+
 def test_arrow_file_source_reads_headerless_csv_in_schema_order(tmp_path):
     """header=False (Spark's CSV default): every line is a row, even the first; resumes mid-file."""
     d = tmp_path / "files"
