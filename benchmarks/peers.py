@@ -17,6 +17,10 @@ sensitive to other tenants than wall time), and the **single-process Arrow ceili
 (``arrow-ceiling``: epochal's file reader, Arrow split and ``group_by`` in one process, no
 engine), so the report shows the fraction of (ceiling × 2 cores) the columnar engine reaches.
 Every run's final count per word is checked against a plain-Python count of its files.
+``--capacity-repetitions N`` runs every engine N times, interleaved in rotated order; the
+table shows each engine's median repetition with the range, and ratios are computed per
+repetition (the engines of one repetition ran side by side) — on this noisy machine one
+invocation's ratio moved between 2.0× and 2.75× before repetitions were added.
 
 **Steady at 1 s** (``peer_runners.py``, the earlier measurement, kept as a second column):
 the generated lines of ``tests/pipelines.py`` ``line(split, i)`` with a 1 s checkpoint /
@@ -25,6 +29,7 @@ trigger interval; each engine's own throughput samples (epochal's progress event
 
     python benchmarks/peers.py                                  # all engines (~25 min)
     python benchmarks/peers.py --skip-steady --capacity-engines epochal-columnar arrow-ceiling spark-ss-builtin
+    python benchmarks/peers.py --skip-steady --merge --capacity-repetitions 3   # re-run the capacity table only
     python benchmarks/peers.py --smoke
 """
 from __future__ import annotations

@@ -85,12 +85,15 @@ def section_peers(doc: dict) -> str:
         f"(columnar) as many lines (the same generator), for a steady state long enough to sample.",
         ["engine / mode", "fault tolerance", "steady words/s", "marginal lines/s", "whole lines/s",
          "T_large s", "fixed cost s", "counts ok"], rows)
-    for m in doc.get("merges", []):
+    merges = doc.get("merges", [])
+    last_capacity = max((i for i, m in enumerate(merges) if m.get("capacity_engines")), default=None)
+    for k, m in enumerate(merges):  # a later capacity re-run replaces the table: only the last one made it
         command = " ".join(Path(c).name if i == 0 else c for i, c in enumerate(m["command"]))
         parts = [f"steady runs of {', '.join(m['engines'])}" if m.get("engines") else "",
-                 f"the capacity table ({', '.join(m['capacity_engines'])})" if m.get("capacity_engines") else ""]
-        text += (f"\n\nRe-run separately and merged into the JSON ({m.get('started_at', '')}): "
-                 f"{' and '.join(p for p in parts if p)} (`{command}`).")
+                 f"the capacity table ({', '.join(m['capacity_engines'])})" if k == last_capacity else ""]
+        if any(parts):
+            text += (f"\n\nRe-run separately and merged into the JSON ({m.get('started_at', '')}): "
+                     f"{' and '.join(p for p in parts if p)} (`{command}`).")
     if stateless:
         text += ("\n\nSpark continuous mode (no aggregation possible: the stateless half only, not comparable):"
                  "\n\n" + "\n".join(stateless))

@@ -99,9 +99,11 @@ def test_window_state_rescales_2_to_3_to_1(tmp_path):
     check(out, assigner)
 
 
-def test_late_rows_go_to_the_late_output(tmp_path):
+@pytest.mark.parametrize("read_late", [True, False])
+def test_late_rows_go_to_the_late_output(tmp_path, read_late):
     """One split in order, then a batch 100 s behind it: its rows are certainly late (every
-    watermark before it in the channel passed their windows) and come out unchanged."""
+    watermark before it in the channel passed their windows) and come out unchanged — or,
+    with nothing reading ``.late()``, are counted as rows in ``late_dropped``."""
     def split(s, offset):
         ordered = [pa.record_batch([pa.array([f"k{i % 3}" for i in range(b, b + 50)]),
                                     pa.array([200.0 + i * 0.1 for i in range(b, b + 50)]),
@@ -115,10 +117,17 @@ def test_late_rows_go_to_the_late_output(tmp_path):
              .with_watermarks("wm", timestamp="ts", max_out_of_orderness="1s")
              .key_by("k").window(Tumbling("5s")).aggregate("win", n=count(), total=asum("v"), top=amax("v")))
     fired.sink("out", FileSink(out, format="parquet"))
-    fired.late().sink("late", FileSink(out + "-late", format="parquet"))
-    flow.run(runtime="local", checkpoint=ep.CheckpointConfig(interval=0.05, storage="file://" + unique_dir(tmp_path, "c")))
-    assert sorted((r["k"], r["ts"], r["v"]) for r in read_committed(out + "-late", format="parquet")) == \
-        [("k0", 10.0, 7), ("k1", 11.5, 8)]
+    if read_late:
+        fired.late().sink("late", FileSink(out + "-late", format="parquet"))
+    result = flow.run(runtime="local",
+                      checkpoint=ep.CheckpointConfig(interval=0.05, storage="file://" + unique_dir(tmp_path, "c")))
+    dropped = sum(m.get("late_dropped", 0) for m in result.task_metrics.values())
+    if read_late:
+        assert sorted((r["k"], r["ts"], r["v"]) for r in read_committed(out + "-late", format="parquet")) == \
+            [("k0", 10.0, 7), ("k1", 11.5, 8)]
+        assert dropped == 0
+    else:
+        assert dropped == 2  # rows, not batches
     expected = collections.Counter()
     for i in range(500):
         expected[(f"k{i % 3}", int((200.0 + i * 0.1) // 5 * 5 * 1_000_000))] += 1

@@ -77,7 +77,7 @@ class OperatorChain:
                 continue
             if not self.router.route_side(name, port, records):
                 key = f"{port}_dropped"
-                self.metrics[key] = self.metrics.get(key, 0) + len(records)
+                self.metrics[key] = self.metrics.get(key, 0) + rows(records)  # rows of batches too
                 if (name, port) not in self._warned:
                     self._warned.add((name, port))
                     log.warning("task %s: operator %r put %d record(s) in its %r output, which nothing reads; "
