@@ -67,7 +67,7 @@ def run_epochal(args, checkpoints: bool) -> dict:
          .aggregate("sum", Sum(lambda e: e[2]))
          .map("stamp", lambda r: [r.key, r.start, r.end, r.value, time.time()])
          .sink("out", FileSink(os.path.join(args.work, "out"), format="jsonl")))
-    return {"started_at": t0, **_run_epochal_job(args, flow, checkpoints, _jsonl_rows)}
+    return {"started_at": t0, **_run_epochal_job(args, flow, checkpoints, _jsonl_rows, args.interval)}
 
 
 def _jsonl_rows(path: str):
@@ -78,14 +78,16 @@ def _jsonl_rows(path: str):
             yield k, round(start * 1e6), round(end * 1e6), value, fired
 
 
-def run_epochal_columnar(args, interval: float = 1.0) -> dict:
+def run_epochal_columnar(args, interval: float | None = None) -> dict:
     """The same windows on Arrow batches: ``ArrowFileSource`` reads the CSV files Spark reads
     (:func:`write_event_files`, written before the job, without Spark's sentinel: a bounded
     input ends event time) → ``with_watermarks`` on ``t_us`` → ``key_by("key").window(Tumbling)
     .aggregate(value=sum("value"))`` → ``with_column("fired", time.time())``, chained after the
     window in its task, so ``fired`` is when the batch of fired windows leaves the window
-    operator → exactly-once parquet FileSink, checkpoints every ``interval`` s (1 s; 0.25 s for
-    ``epochal-columnar-250ms``, the latency-oriented setting). Rows as :func:`run_epochal`'s."""
+    operator → exactly-once parquet FileSink, checkpoints every ``interval`` s (``--interval``,
+    1 s; 0.25 s for ``epochal-columnar-250ms``, the latency-oriented setting). Rows as
+    :func:`run_epochal`'s."""
+    interval = args.interval if interval is None else interval
     import pyarrow as pa
 
     import epochal as ep
@@ -451,6 +453,8 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disorder-us", type=int, default=1_000_000, help="events are at most this much out of order")
     p.add_argument("--bound-us", type=int, default=2_000_000, help="watermark: max event time seen minus this")
     p.add_argument("--window-s", type=int, default=10)
+    p.add_argument("--interval", type=float, default=1.0,
+                   help="epochal's checkpoint interval, s (epochal-exactly-once, epochal-columnar)")
     p.add_argument("--parallelism", type=int, default=2)
     p.add_argument("--file-events", type=int, default=25_000, help="Spark: events per input file")
     p.add_argument("--files-per-trigger", type=int, default=4, help="Spark: maxFilesPerTrigger")

@@ -218,7 +218,8 @@ def run_engine(engine: str, args, work: str, rep: int) -> dict:
     cmd = [sys.executable, str(RUNNER), engine, "--events", str(args.events), "--work",
            os.path.join(work, f"{engine}-{rep}"), "--out", out, "--run-timeout", str(args.run_timeout),
            "--runtime", args.runtime]
-    for flag in ("keys", "splits", "event_us", "disorder_us", "bound_us", "window_s", "parallelism", "file_events",
+    for flag in ("keys", "splits", "event_us", "disorder_us", "bound_us", "window_s", "interval", "parallelism",
+                 "file_events",
                  "files_per_trigger", "backlog_files_per_trigger", "bytewax_processes"):
         cmd += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     load = os.getloadavg()[0]
@@ -446,6 +447,7 @@ def parse_args(argv=None):
         args.runtime = args.runtime or "local"
         args.files_per_trigger = min(args.files_per_trigger, 2)
         args.backlog_files_per_trigger = min(args.backlog_files_per_trigger, 3)
+        args.interval = min(args.interval, 0.2)  # a run of ~1 s still takes periodic checkpoints
     args.events = args.events or 1_600_000
     args.repetitions = args.repetitions or 3
     args.runtime = args.runtime or "spark"
