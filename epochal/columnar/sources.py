@@ -188,6 +188,9 @@ class _ArrowFileReader(SourceReader):
                 batch = self._file.read_next_batch()
             except StopIteration:
                 return None
+        limit = self._src._batch_rows
+        if batch.num_rows > limit:  # csv / jsonl read by bytes: cut to batch_rows (zero-copy slices)
+            batch, self._pending = batch.slice(0, limit), batch.slice(limit)
         self._offsets[self._path] += batch.num_rows
         return batch if batch.schema.equals(self._src.schema) else batch.cast(self._src.schema)
 
