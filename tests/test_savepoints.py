@@ -216,6 +216,40 @@ def test_s3_reads_see_files_written_after_a_cached_listing(s3_env):
     assert storage.read_state(handle) == b"b" * 10
 
 
+def test_checkpoint_pinned_by_a_savepoint_while_the_last_epoch_completes_is_deleted_after_the_copy(
+        tmp_path, monkeypatch):
+    """A savepoint copy that is still running when the job's last epoch completes: its epoch
+    was pinned at that last retention pass, so the pass after the copy deletes it (retained=1
+    leaves only the last checkpoint). The copy waits for the FINAL epoch's completion, so the
+    race a timed copy loses at random happens every run."""
+    import epochal.state.savepoint as savepoint
+
+    copy_files, job = savepoint.copy_files, {}
+
+    def copy_after_the_last_epoch(source, target, handles):
+        deadline = time.monotonic() + 60
+        while not any(e["reason"] == "final" for e in job["handle"].completed_epochs):
+            assert time.monotonic() < deadline, "the job's last epoch did not complete during the copy"
+            time.sleep(0.02)
+        return copy_files(source, target, handles)
+
+    monkeypatch.setattr(savepoint, "copy_files", copy_after_the_last_epoch)
+    out, storage = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "ckpt")
+    job["handle"] = handle = counting(out, rate=2000.0).start(
+        runtime="local", checkpoint=ep.CheckpointConfig(interval=0.05, storage=storage, retained=1))
+    while not handle.completed_epochs:
+        assert handle.running
+        time.sleep(0.02)
+    url = handle.savepoint(timeout=60)
+    result = handle.wait(60)
+    sp = ep.state.open_checkpoint(url)
+    final = [e["epoch"] for e in result.completed_epochs if e["reason"] == "final"]
+    assert len(final) == 1 and final[0] > sp.epoch  # the fault: the last epoch completed during the copy
+    assert CheckpointStorage(storage, "sp").completed_checkpoints() == final  # the pinned one is gone
+    sp.verify()
+    assert canon(read_committed(out)) == running(word_counts({str(s): PER_SPLIT for s in range(SPLITS)}))
+
+
 def test_savepoint_of_a_running_job_outlives_retention_and_holds_its_cut(tmp_path, monkeypatch):
     slow_copies(monkeypatch)  # epochs complete (and retention runs) while it copies
     out, storage = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "ckpt")

@@ -203,6 +203,20 @@ class CoordinatorServer:
         for task in self.tasks:
             self._send(task, message)
 
+    def _retain(self, after: str) -> None:
+        """Retention: keep the newest ``retained`` completed checkpoints, the epochs a
+        savepoint is being copied from, and the shared files acknowledged to epochs still
+        in flight. Runs after every completion and when a savepoint copy ends (its epoch is
+        unpinned: without this pass, a checkpoint pinned while the job's last epoch completed
+        would outlive the job). Idempotent; a failure is logged, and the next pass collects
+        what this one left (nothing is lost)."""
+        in_flight_files = {h["path"] for p in self.coordinator.pending for a in p.acks.values() if a
+                           for h in a.get("shared", ())}
+        try:
+            self.storage.retain(self.config.retained, protect=in_flight_files, pinned=self.savepoints.pinned)
+        except CheckpointStorageError as exc:
+            self.log(f"retention after {after} failed, retried at the next checkpoint: {exc}")
+
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:
         while self.outcome is None:
@@ -298,6 +312,7 @@ class CoordinatorServer:
                 self._committed.add(msg[1])
                 self._maybe_stop()
         elif kind == "savepoint_done":
+            self._retain(f"the savepoint copy of epoch {msg[1]}")  # unpinned: it may be deleted now
             stopping = self.savepoints.stop_ready()
             if stopping is not None:
                 self._stop_url = stopping.url
@@ -400,12 +415,7 @@ class CoordinatorServer:
                         else ("complete", completed.epoch))
         # Step 3: savepoints of this epoch are copied (it stays pinned meanwhile), then retention.
         self.savepoints.on_complete(completed.epoch, meta)
-        in_flight_files = {h["path"] for p in self.coordinator.pending for a in p.acks.values() if a
-                           for h in a.get("shared", ())}
-        try:
-            self.storage.retain(self.config.retained, protect=in_flight_files, pinned=self.savepoints.pinned)
-        except CheckpointStorageError as exc:  # nothing is lost: the next completion collects it again
-            self.log(f"retention after epoch {completed.epoch} failed, retried after the next checkpoint: {exc}")
+        self._retain(f"epoch {completed.epoch}")
         metrics = [dict(p.get("metrics", {})) for p in completed.acks.values()]
         self.history.add_completed({
             "epoch": completed.epoch,
