@@ -179,13 +179,17 @@ def write_event_files(args, sentinel: bool = True) -> tuple[str, int]:
     return d, k + 1
 
 
-def run_spark_ss(args, backlog: bool = False) -> dict:
+def run_spark_ss(args, backlog: bool = False, trigger_s: float = 1.0) -> dict:
     """Structured Streaming's windows over the CSV files: ``maxFilesPerTrigger`` 4 (100k
-    events) per 1 s trigger, or with ``backlog`` (``spark-ss-backlog``: capacity on the same
-    backlog) ``--backlog-files-per-trigger`` (20: 500k events) per micro-batch, batches back to
-    back (``processingTime`` 0)."""
+    events) per 1 s trigger; with ``trigger_s`` (``spark-ss-250ms``: 0.25) the same offered
+    rate at a shorter cadence, ``--files-per-trigger`` × ``trigger_s`` files (at least one)
+    per trigger; or with ``backlog`` (``spark-ss-backlog``: capacity on the same backlog)
+    ``--backlog-files-per-trigger`` (20: 500k events) per micro-batch, batches back to back
+    (``processingTime`` 0)."""
     indir, files = write_event_files(args)
-    per_trigger = args.backlog_files_per_trigger if backlog else args.files_per_trigger
+    per_trigger = (args.backlog_files_per_trigger if backlog
+                   else max(1, round(args.files_per_trigger * trigger_s)))
+    trigger = "0 seconds" if backlog else f"{round(trigger_s * 1000)} milliseconds"
     out, ck = os.path.join(args.work, "out"), os.path.join(args.work, "ck")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -215,7 +219,7 @@ def run_spark_ss(args, backlog: bool = False) -> dict:
                     F.expr("unix_micros(window.end)").alias("end"), "value",
                     F.expr("unix_micros(current_timestamp())").alias("fired")))
     query = (sums.writeStream.format("json").outputMode("append").option("path", out)
-             .option("checkpointLocation", ck).trigger(processingTime="0 seconds" if backlog else "1 second")
+             .option("checkpointLocation", ck).trigger(processingTime=trigger)
              .start())
     n = args.events - args.events % args.splits
     last_end_us = _last_window_end(args, n)
@@ -438,6 +442,7 @@ ENGINES = {
     "epochal-columnar": run_epochal_columnar,
     "epochal-columnar-250ms": lambda a: run_epochal_columnar(a, interval=0.25),
     "spark-ss": run_spark_ss,
+    "spark-ss-250ms": lambda a: run_spark_ss(a, trigger_s=0.25),
     "spark-ss-backlog": lambda a: run_spark_ss(a, backlog=True),
     "bytewax": run_bytewax,
 }

@@ -123,7 +123,8 @@ def section_event_windows(doc: dict) -> str:
                      f"{kind} {_ms(ck['p50'])} / {_ms(ck['p99'])}" if ck.get("p50") is not None else "–",
                      *[f"{_n(x.get('p50'), '.2f')} / {_n(x.get('p99'), '.2f')}" if x else "–" for x in lat],
                      f"{'yes' if s['correct'] else 'NO'} ({s['runs_ok']}/{s['runs']})"])
-    spark = doc["summary"].get("spark-ss", {}).get("watermark_to_committed")
+    spark = {name: doc["summary"].get(name, {}).get("watermark_to_committed")
+             for name in ("spark-ss", "spark-ss-250ms")}
     text = _section(
         "Event-time windows against other engines",
         f"Sum per key over {cfg['window_s']} s tumbling event-time windows, {cfg['keys']:,} keys, "
@@ -145,22 +146,22 @@ def section_event_windows(doc: dict) -> str:
         text += (f"\n\nLoad average (1 min) before the runs: {min(loads):.1f}–{max(loads):.1f} on "
                  f"{doc['machine'].get('cpu_count')} cores — other tenants' work shares the machine, so single runs "
                  f"vary widely; read the ranges.")
-    if spark:
+    closable = [f"`{name}` p50 {_n(w['p50'], '.2f')} s, p99 {_n(w['p99'], '.2f')} s" for name, w in spark.items() if w]
+    if closable:
         text += (f"\n\nSpark emits a window in the micro-batch after the one that moved its watermark past the "
-                 f"window's end; from the end of that earlier micro-batch to the commit: p50 "
-                 f"{_n(spark['p50'], '.2f')} s, p99 {_n(spark['p99'], '.2f')} s.")
+                 f"window's end; from the end of that earlier micro-batch to the commit: {'; '.join(closable)}.")
     for name in ("epochal-columnar", "epochal-columnar-250ms"):
         versus = doc["summary"].get(name, {}).get("against_spark_ss")
         if not versus:
             continue
-        parts = []
+        parts, peer = [], versus.get("latency_peer", "spark-ss")
         for key, label in (("steady_events_per_s_ratio", "steady events/s / `spark-ss-backlog`'s (capacity)"),
                            ("steady_events_per_s_ratio_to_1s_triggers",
                             "/ `spark-ss`'s (its offered 100k events/s, not its capacity)"),
                            ("closable_to_committed_p99_ratio",
                             "p99 from when the window could be emitted to its commit (fired → committed / "
-                            "`spark-ss`'s watermark → committed)"),
-                           ("fired_to_committed_p99_ratio", "fired → committed p99 / `spark-ss`'s")):
+                            f"`{peer}`'s watermark → committed)"),
+                           ("fired_to_committed_p99_ratio", f"fired → committed p99 / `{peer}`'s")):
             r = versus.get(key, {"raw": []})
             if r["raw"]:
                 parts.append(f"{label} {_n(r['median'], '.2f')}× ({_n(r['min'], '.2f')}–{_n(r['max'], '.2f')})")

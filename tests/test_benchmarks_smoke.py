@@ -117,7 +117,7 @@ def test_event_windows_smoke(tmp_path):
     import importlib.util
 
     engines = ["epochal-exactly-once", "epochal-no-checkpoint", "epochal-columnar", "epochal-columnar-250ms",
-               "spark-ss", "spark-ss-backlog"]
+               "spark-ss", "spark-ss-250ms", "spark-ss-backlog"]
     engines += ["bytewax"] if importlib.util.find_spec("bytewax") else []  # the `peers` extra
     out = tmp_path / "event_windows.json"
     proc = subprocess.run([sys.executable, str(BENCHMARKS / "event_windows.py"), "--smoke", "--out", str(out),
@@ -139,6 +139,9 @@ def test_event_windows_smoke(tmp_path):
         versus = doc["summary"][name]["against_spark_ss"]
         assert [len(versus[k]["raw"]) for k in ("steady_events_per_s_ratio", "closable_to_committed_p99_ratio",
                                                  "fired_to_committed_p99_ratio")] == [1, 1, 1], name
+    assert [doc["summary"][n]["against_spark_ss"]["latency_peer"] for n in ("epochal-columnar",
+                                                                            "epochal-columnar-250ms")] == \
+        ["spark-ss", "spark-ss-250ms"]  # latency at equal cadence
     assert doc["runs"][[r["engine"] for r in doc["runs"]].index("spark-ss-backlog")]["micro_batches"] >= 3
 
 
