@@ -30,9 +30,6 @@ import tempfile
 import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import workload  # noqa: E402
-
 
 def subset(args, k: int) -> str:
     """A directory of hard links to the first ``k`` input files (what one run reads)."""
