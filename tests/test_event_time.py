@@ -451,37 +451,88 @@ def test_event_time_flows_through_a_loop_without_stalling(tmp_path):
 
 
 def slow(record):
-    end = time.perf_counter() + 0.0002
+    end = time.perf_counter() + 0.001
     while time.perf_counter() < end:
         pass
     return record
 
 
+class HeldOpen(ep.sources.GeneratorSource):
+    """``GeneratorSource``, except that its splits never finish: after the last record it
+    only answers idle, so the job runs (and holds event time) until it is cancelled."""
+
+    def create_reader(self, splits, state, *, subtask=0, parallelism=1):
+        return _HeldOpenReader(super().create_reader(splits, state, subtask=subtask, parallelism=parallelism))
+
+
+class _HeldOpenReader(ep.sources.SourceReader):
+    def __init__(self, inner):
+        self.inner, self.drained = inner, False
+
+    def poll(self, max_records):
+        if self.drained:
+            return ep.sources.Poll([], idle=True)
+        p = self.inner.poll(max_records)
+        self.drained = p.finished
+        return ep.sources.Poll(p.records, idle=p.idle or (p.finished and not p.records), split=p.split)
+
+    def snapshot(self):
+        return self.inner.snapshot()
+
+    def close(self):
+        self.inner.close()
+
+
 def test_unaligned_checkpoints_keep_watermarks_in_channel_state(tmp_path):
     """With unaligned checkpoints the watermarks queued among in-flight records are part of
-    the channel state and are replayed in order; the windows still equal the oracle."""
-    out = unique_dir(tmp_path, "out")
-    flow = ep.Dataflow("ua", parallelism=2)
-    source = ep.sources.GeneratorSource(events_of, num_splits=SPLITS, limit=N, records_per_second=3000.0)
-    (flow.source("events", source, parallelism=SPLITS)
-        .with_watermarks("ts", timestamp=lambda e: e[1], max_out_of_orderness=BOUND)
-        .key_by(lambda e: e[0]).map("slow", slow)
-        .key_by(lambda e: e[0]).window(Tumbling("2s")).aggregate("win", SumCount())
-        .sink("out", FileSink(out)))
-    fault = CrashAtRecord("win", subtask=0, record=2000, how="exit", after_epoch=3)
-    result = _run(flow, tmp_path, [fault], channels=ep.ChannelConfig(batch_size=32, credits=4),
-                  checkpoint=ep.CheckpointConfig(interval=0.05, storage="file://" + unique_dir(tmp_path, "c"),
-                                                 unaligned=True))
-    _fired(result)
+    the channel state and are replayed in order; the windows still equal the oracle.
+
+    Deterministic: the first run takes no periodic epochs and its source never ends, so
+    the only epochs are the ones the test triggers, one at a time. Against a stage that
+    takes 1 ms a record, the queues in front of it stay full for seconds; the test cancels
+    right after a completed epoch holds watermarks in its channel state, so that epoch is
+    the restore point. The second run resumes from it with the bounded source."""
+    out, url = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "c")
+
+    def flow(source_type):
+        f = ep.Dataflow("ua", parallelism=2)
+        source = source_type(events_of, num_splits=SPLITS, limit=N, records_per_second=1500.0)
+        (f.source("events", source, parallelism=SPLITS)
+            .with_watermarks("ts", timestamp=lambda e: e[1], max_out_of_orderness=BOUND)
+            .key_by(lambda e: e[0]).map("slow", slow)
+            .key_by(lambda e: e[0]).window(Tumbling("2s")).aggregate("win", SumCount())
+            .sink("out", FileSink(out)))
+        return f
+
+    channels = ep.ChannelConfig(batch_size=32, credits=4)
+    handle = flow(HeldOpen).start(runtime="local", channels=channels,
+                                  checkpoint=ep.CheckpointConfig(interval=None, storage=url, unaligned=True))
+    deadline, held = time.monotonic() + 120, None
+    while held is None and time.monotonic() < deadline and handle.running:
+        seen = len(handle.completed_epochs)
+        handle.trigger_epoch()
+        wait_until = time.monotonic() + 30
+        while len(handle.completed_epochs) == seen and time.monotonic() < wait_until and handle.running:
+            time.sleep(0.005)
+        if len(handle.completed_epochs) > seen and handle.completed_epochs[-1]["channel_state_watermarks"]:
+            held = handle.completed_epochs[-1]
+    handle.cancel()  # no epoch is triggered or pending: the one holding watermarks stays the newest
+    with pytest.raises(ep.JobFailedError):
+        handle.wait(60)
+    assert held is not None, [(e["channel_state_records"], e["channel_state_watermarks"])
+                              for e in handle.completed_epochs]
+    assert handle.completed_epochs[-1]["epoch"] == held["epoch"]
+    assert held["snapshot_kinds"].get("unaligned", 0) > 0
+    result = flow(ep.sources.GeneratorSource).run(
+        runtime="local", resume=True, channels=channels,
+        checkpoint=ep.CheckpointConfig(interval=0.05, storage=url, unaligned=True))
+    assert result.restored_from[0] == held["epoch"]
     assert results(out) == pane_oracle(2, 2)
-    kinds = collections.Counter()
-    for epoch in result.completed_epochs:
-        kinds.update(epoch.get("snapshot_kinds", {}))
-    assert kinds["unaligned"] > 0
     replayed = collections.Counter()
     for m in result.task_metrics.values():
         replayed.update({k: m.get(k, 0) for k in ("channel_state_replayed", "channel_state_watermarks")})
-    assert replayed["channel_state_replayed"] > 0 and replayed["channel_state_watermarks"] > 0, replayed
+    assert replayed["channel_state_watermarks"] == held["channel_state_watermarks"], (replayed, held)
+    assert replayed["channel_state_replayed"] > 0, replayed
 
 
 def test_watermarks_are_replaced_by_with_watermarks_and_reported(tmp_path):

@@ -110,7 +110,7 @@ class _Head:
         self.protocol = LoopHeadProtocol(feedback, self.recorder)
 
     @staticmethod
-    def _attach(upload, logs, counts):
+    def _attach(upload, logs, counts, marks):
         upload.loop_log = logs.get(LOOP_LOG)
         upload.metrics["loop_logged"] = counts.get(LOOP_LOG, 0)
 

@@ -22,6 +22,7 @@ from epochal.alignment.channel_state import ChannelStateRecorder
 from epochal.alignment.handlers import BarrierOutcome, ProtocolError
 from epochal.alignment.unaligned import ChannelStatePlan, UnalignedBarrierHandler
 from epochal.epochs.barrier import Barrier
+from epochal.time.watermarks import WatermarkMark
 
 O = BarrierOutcome
 
@@ -118,19 +119,20 @@ def test_abort_stops_recording():
 def test_recorder_releases_uploads_in_epoch_order_with_per_channel_logs():
     attached = {}
     rec = ChannelStateRecorder(log_key=lambda c: f"ch{c}",
-                               attach=lambda u, logs, n: attached.setdefault(u, (logs, sum(n.values()))))
+                               attach=lambda u, logs, n, marks: attached.setdefault(u, (logs, sum(n.values()), marks)))
+    mark = WatermarkMark(5, False)
     assert rec.start(1, "u1", {0, 1}) == []
     rec.capture(1, 0, ["a"])
-    rec.on_records(1, ["b", "c"])
+    rec.on_records(1, ["b", mark, "c"])
     assert rec.start(2, "u2", {1}) == []
     rec.on_records(1, ["d"])  # logged into both epochs
     assert rec.capture(2, 1, ["e"]) == []  # epoch 1 still open: 2 waits its turn
     assert rec.capture(1, 1, ["f"]) == ["u1", "u2"]
-    logs1, n1 = attached["u1"]
+    logs1, n1, marks1 = attached["u1"]
     assert {k: [r for ch in log.chunks() for r in ch] for k, log in logs1.items()} == {
-        "ch0": ["a"], "ch1": ["b", "c", "d", "f"]} and n1 == 5
-    logs2, n2 = attached["u2"]
-    assert [r for ch in logs2["ch1"].chunks() for r in ch] == ["d", "e"] and n2 == 2
+        "ch0": ["a"], "ch1": ["b", mark, "c", "d", "f"]} and n1 == 6 and marks1 == 1
+    logs2, n2, marks2 = attached["u2"]
+    assert [r for ch in logs2["ch1"].chunks() for r in ch] == ["d", "e"] and n2 == 2 and marks2 == 0
 
 
 # -- simulated task -------------------------------------------------------------------------
@@ -169,7 +171,7 @@ class SimTask:
         self.aborted = set()
         self.rec = ChannelStateRecorder(log_key=lambda c: c, attach=self._attach)
 
-    def _attach(self, upload, logs, n):
+    def _attach(self, upload, logs, n, marks):
         self.logs[upload] = [r for log in logs.values() for ch in log.chunks() for r in ch]
         self.completed.add(upload)
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterable
 
 from epochal.loops.log import DEFAULT_MEMORY_BYTES, InTransitLog
+from epochal.time.watermarks import WatermarkMark
 
 __all__ = ["ChannelStateRecorder"]
 
@@ -42,6 +43,7 @@ class _Recording:
     waiting: set[int]
     logs: dict = field(default_factory=dict)  # log key -> InTransitLog
     counts: dict = field(default_factory=dict)  # log key -> records (also those not kept)
+    marks: int = 0  # of which watermarks (queued among the records of unaligned inputs)
 
 
 class ChannelStateRecorder:
@@ -53,14 +55,14 @@ class ChannelStateRecorder:
         memory_records: in-memory bound of each log in records (spills beyond it).
         memory_bytes: in-memory bound of each log in bytes of pickled records (spills beyond
             it; ``ChannelConfig.log_memory_bytes``).
-        attach: called as ``attach(upload, logs, counts)`` when an epoch is complete, to
-            hand its logs (``{log key: InTransitLog}``) and record counts per log key to
-            the upload.
+        attach: called as ``attach(upload, logs, counts, marks)`` when an epoch is
+            complete, to hand its logs (``{log key: InTransitLog}``), the entries per log
+            key (records and watermarks) and how many of them are watermarks to the upload.
         discard: log keys whose records are counted but not kept — only in tests that
             prove the log is what keeps in-flight records (``epochal.testing.DisableLoopLog``).
     """
 
-    def __init__(self, log_key: Callable[[int], Hashable], attach: Callable[[object, dict, dict], None],
+    def __init__(self, log_key: Callable[[int], Hashable], attach: Callable[[object, dict, dict, int], None],
                  memory_records: int = 100_000, discard: frozenset = frozenset(),
                  memory_bytes: int = DEFAULT_MEMORY_BYTES):
         self.log_key = log_key
@@ -132,6 +134,7 @@ class ChannelStateRecorder:
     def _append(self, rec: _Recording, channel: int, records: list) -> None:
         key = self.log_key(channel)
         rec.counts[key] = rec.counts.get(key, 0) + len(records)
+        rec.marks += sum(type(r) is WatermarkMark for r in records)
         if key in self.discard:
             return
         log = rec.logs.get(key)
@@ -152,6 +155,6 @@ class ChannelStateRecorder:
         ready = []
         while self._open and not self._open[0].waiting:
             rec = self._open.pop(0)
-            self.attach(rec.upload, rec.logs, rec.counts)
+            self.attach(rec.upload, rec.logs, rec.counts, rec.marks)
             ready.append(rec.upload)
         return ready

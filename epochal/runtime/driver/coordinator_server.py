@@ -432,6 +432,7 @@ class CoordinatorServer:
             # unaligned checkpoints: how the tasks snapshotted, what was in flight
             "snapshot_kinds": dict(collections.Counter(m.get("snapshot_kind", "aligned") for m in metrics)),
             "channel_state_records": sum(m.get("channel_state_records", 0) for m in metrics),
+            "channel_state_watermarks": sum(m.get("channel_state_watermarks", 0) for m in metrics),
             "channel_state_bytes": sum(m.get("channel_state_bytes", 0) for m in metrics),
             "metadata_s": metadata_s,  # writing _metadata after the last ack (not in duration_s)
             "tasks": {task_id: _task_sample(payload, completed.trigger_time)

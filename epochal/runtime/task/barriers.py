@@ -59,11 +59,14 @@ class BarrierSteps:
         elif reached and self.handler.pending_epoch is not None:
             self.faults.on_alignment(self.handler.pending_epoch)
 
-    def _attach_channel_state(self, upload, logs: dict, counts: dict) -> None:
-        """The recorder completed ``upload``'s channel state: hand it the logs to persist."""
+    def _attach_channel_state(self, upload, logs: dict, counts: dict, marks: int) -> None:
+        """The recorder completed ``upload``'s channel state: hand it the logs to persist.
+        ``channel_state_records`` counts every entry in flight on the unaligned inputs,
+        ``channel_state_watermarks`` the watermarks among them."""
         upload.loop_log = logs.pop(LOOP_LOG, None)
         upload.channel_state = logs
         upload.metrics["channel_state_records"] = sum(n for k, n in counts.items() if k != LOOP_LOG)
+        upload.metrics["channel_state_watermarks"] = marks
         if self.loop is not None:
             upload.metrics["loop_logged"] = counts.get(LOOP_LOG, 0)
             upload.metrics["loop_spilled_chunks"] = upload.loop_log.spilled_chunks if upload.loop_log else 0
