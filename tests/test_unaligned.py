@@ -123,7 +123,7 @@ def test_recorder_releases_uploads_in_epoch_order_with_per_channel_logs():
     mark = WatermarkMark(5, False)
     assert rec.start(1, "u1", {0, 1}) == []
     rec.capture(1, 0, ["a"])
-    rec.on_records(1, ["b", mark, "c"])
+    rec.on_records(1, ["b", mark, "c"], marks=1)
     assert rec.start(2, "u2", {1}) == []
     rec.on_records(1, ["d"])  # logged into both epochs
     assert rec.capture(2, 1, ["e"]) == []  # epoch 1 still open: 2 waits its turn

@@ -8,8 +8,9 @@ processed when it was taken — the messages in transit of a Chandy-Lamport snap
 
 * ``start(epoch, upload, waiting)`` — the snapshot of ``epoch`` was taken; its upload is
   held until no channel in ``waiting`` owes records any more;
-* ``on_records(channel, records)`` — the task processed ``records`` from ``channel``: they
-  go into the log of every open epoch still waiting on that channel;
+* ``on_records(channel, records, marks)`` — the task processed ``records`` (``marks`` of
+  them watermarks) from ``channel``: they go into the log of every open epoch still
+  waiting on that channel;
 * ``capture(epoch, channel, records)`` — ``channel`` owes ``epoch`` nothing beyond
   ``records`` (the data still queued before its barrier; empty when the barrier was
   reached in order): appended, and the channel is done for that epoch.
@@ -96,23 +97,27 @@ class ChannelStateRecorder:
         self._open.sort(key=lambda r: r.epoch)
         return self._complete()
 
-    def on_records(self, channel: int, records: list) -> list[int]:
+    def on_records(self, channel: int, records: list, marks: int = 0) -> list[int]:
         """``records`` were processed from ``channel``: log them into every open epoch still
-        waiting on it; returns those epochs."""
+        waiting on it; returns those epochs. ``marks``: how many of ``records`` are
+        watermarks (:class:`WatermarkMark`) — the caller knows, so a batch is never scanned
+        on the record path."""
         logged = []
         for rec in self._open:
             if channel in rec.waiting:
-                self._append(rec, channel, records)
+                self._append(rec, channel, records, marks)
                 logged.append(rec.epoch)
         return logged
 
     def capture(self, epoch: int, channel: int, records: list) -> list:
         """``channel`` owes ``epoch`` exactly ``records`` more; it is done for ``epoch``.
-        Returns the uploads now complete."""
+        Returns the uploads now complete. ``records`` (taken from the queue once per
+        channel and epoch) may hold watermarks among them; they are counted here."""
+        marks = sum(type(r) is WatermarkMark for r in records)
         for rec in self._open:
             if rec.epoch == epoch and channel in rec.waiting:
                 if records:
-                    self._append(rec, channel, records)
+                    self._append(rec, channel, records, marks)
                 rec.waiting.discard(channel)
         return self._complete()
 
@@ -131,10 +136,10 @@ class ChannelStateRecorder:
         for rec in list(self._open):
             self._release(rec)
 
-    def _append(self, rec: _Recording, channel: int, records: list) -> None:
+    def _append(self, rec: _Recording, channel: int, records: list, marks: int) -> None:
         key = self.log_key(channel)
         rec.counts[key] = rec.counts.get(key, 0) + len(records)
-        rec.marks += sum(type(r) is WatermarkMark for r in records)
+        rec.marks += marks
         if key in self.discard:
             return
         log = rec.logs.get(key)

@@ -97,7 +97,7 @@ class ReadSteps:
                 self._size_slices(n, time.monotonic() - t0)
         elif kind == WATERMARK:
             if self.recorder.recording:  # in order with the records of an unaligned epoch's channel state
-                self.recorder.on_records(channel, [WatermarkMark(msg[1], msg[2])])
+                self.recorder.on_records(channel, [WatermarkMark(msg[1], msg[2])], marks=1)
             self.on_input_watermark(channel, msg[1], msg[2])
         elif kind == BARRIER:
             self._barrier_ts[msg[1]] = msg[2]
