@@ -478,3 +478,30 @@ def run_until_checkpoints(flow, url: str, epochs: int, resume: bool, backend="he
     with pytest.raises(ep.JobFailedError, match="cancelled"):
         handle.wait(60)
     return handle
+
+
+def cancel_after_epoch(handle, holds, timeout: float = 120.0) -> dict | None:
+    """Trigger epochs on the running ``handle`` (a job started with ``interval=None``) one
+    at a time until a completed one satisfies ``holds(epoch)`` — e.g. it has channel state —
+    then cancel the job. No epoch is triggered or pending at the cancel, so the epoch
+    returned is the newest checkpoint: the restore point of a resumed run, chosen by the
+    test rather than by timing. ``None`` when no epoch held within ``timeout`` seconds."""
+    import time
+
+    import pytest
+
+    deadline, held = time.monotonic() + timeout, None
+    try:
+        while held is None and time.monotonic() < deadline and handle.running:
+            seen = len(handle.completed_epochs)
+            handle.trigger_epoch()
+            wait_until = min(deadline, time.monotonic() + 30)
+            while len(handle.completed_epochs) == seen and time.monotonic() < wait_until and handle.running:
+                time.sleep(0.005)
+            if len(handle.completed_epochs) > seen and holds(handle.completed_epochs[-1]):
+                held = handle.completed_epochs[-1]
+    finally:
+        handle.cancel()
+        with pytest.raises(ep.JobFailedError, match="cancelled"):
+            handle.wait(60)
+    return held

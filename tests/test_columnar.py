@@ -23,7 +23,7 @@ from epochal.runtime.transport.wire import decode
 from epochal.sinks import FileSink, read_committed
 from epochal.testing import CrashAtRecord, CrashDuringCommit, CrashDuringSnapshotUpload
 
-from pipelines import line, run_until_checkpoints, unique_dir
+from pipelines import cancel_after_epoch, line, run_until_checkpoints, unique_dir
 
 SPLITS, LINES, ROWS = 4, 24_000, 1000
 LINE_SCHEMA = pa.schema([("line", pa.string())])
@@ -218,18 +218,8 @@ def test_unaligned_channel_state_of_batches_is_rerouted_by_key_group(tmp_path):
     handle = flow(2, lines_then_empty_batches, 3.0).start(
         runtime="local", channels=ep.ChannelConfig(credits=2),
         checkpoint=ep.CheckpointConfig(interval=None, storage=url, unaligned=True))
-    deadline, held = time.monotonic() + 120, None
-    while held is None and time.monotonic() < deadline and handle.running:
-        seen = len(handle.completed_epochs)
-        handle.trigger_epoch()
-        wait_until = time.monotonic() + 30
-        while len(handle.completed_epochs) == seen and time.monotonic() < wait_until and handle.running:
-            time.sleep(0.005)
-        if len(handle.completed_epochs) > seen and handle.completed_epochs[-1]["channel_state_records"]:
-            held = handle.completed_epochs[-1]["epoch"]
-    handle.cancel()  # no epoch is triggered or pending: the one holding channel state stays the newest
-    with pytest.raises(ep.JobFailedError):
-        handle.wait(60)
+    epoch = cancel_after_epoch(handle, lambda e: e["channel_state_records"] > 0)
+    held = epoch and epoch["epoch"]
     assert held is not None, [e["channel_state_records"] for e in handle.completed_epochs]
     assert handle.completed_epochs[-1]["epoch"] == held
     result = flow(3, line_batches, None).run(runtime="local", resume=True, channels=ep.ChannelConfig(credits=2),

@@ -22,7 +22,7 @@ from epochal.sinks import FileSink, read_committed
 from epochal.testing import CrashAtRecord, CrashDuringAlignment, CrashDuringCommit, CrashDuringSnapshotUpload
 from epochal.windows import AggregateFunction, Count, Session, Sliding, Tumbling
 
-from pipelines import run_until_checkpoints, unique_dir
+from pipelines import cancel_after_epoch, run_until_checkpoints, unique_dir
 
 N = 3000  # events per split
 SPLITS = 2
@@ -507,18 +507,7 @@ def test_unaligned_checkpoints_keep_watermarks_in_channel_state(tmp_path):
     channels = ep.ChannelConfig(batch_size=32, credits=4)
     handle = flow(HeldOpen).start(runtime="local", channels=channels,
                                   checkpoint=ep.CheckpointConfig(interval=None, storage=url, unaligned=True))
-    deadline, held = time.monotonic() + 120, None
-    while held is None and time.monotonic() < deadline and handle.running:
-        seen = len(handle.completed_epochs)
-        handle.trigger_epoch()
-        wait_until = time.monotonic() + 30
-        while len(handle.completed_epochs) == seen and time.monotonic() < wait_until and handle.running:
-            time.sleep(0.005)
-        if len(handle.completed_epochs) > seen and handle.completed_epochs[-1]["channel_state_watermarks"]:
-            held = handle.completed_epochs[-1]
-    handle.cancel()  # no epoch is triggered or pending: the one holding watermarks stays the newest
-    with pytest.raises(ep.JobFailedError):
-        handle.wait(60)
+    held = cancel_after_epoch(handle, lambda epoch: epoch["channel_state_watermarks"] > 0)
     assert held is not None, [(e["channel_state_records"], e["channel_state_watermarks"])
                               for e in handle.completed_epochs]
     assert handle.completed_epochs[-1]["epoch"] == held["epoch"]

@@ -26,7 +26,7 @@ from epochal.runtime.task.snapshots import decode_task_state, encode_task_state,
 from epochal.sinks import FileSink, read_committed
 from epochal.testing import CrashAtRecord, CrashDuringReplay, CrashDuringSnapshotUpload
 
-from pipelines import canon, collatz, collatz_golden, lines_from, running_counts, unique_dir
+from pipelines import cancel_after_epoch, canon, collatz, collatz_golden, lines_from, running_counts, unique_dir
 
 LINES = 2400
 SPLITS = 4
@@ -154,21 +154,10 @@ def _stop_with_channel_state(flow, url, resume=False) -> int:
     of channel state; stop there (that epoch is the newest checkpoint)."""
     handle = flow.start(runtime="local", resume=resume, channels=CHANNELS,
                         checkpoint=ep.CheckpointConfig(interval=None, storage=url, unaligned=True))
-    deadline = time.monotonic() + 40
-    try:
-        while time.monotonic() < deadline:
-            done = len(handle.completed_epochs)
-            handle.trigger_epoch()
-            while len(handle.completed_epochs) == done and time.monotonic() < deadline:
-                time.sleep(0.005)
-            completed = handle.completed_epochs
-            if completed and completed[-1]["channel_state_records"] >= MIN_IN_FLIGHT:
-                return completed[-1]["epoch"]
+    held = cancel_after_epoch(handle, lambda e: e["channel_state_records"] >= MIN_IN_FLIGHT, timeout=40)
+    if held is None:
         pytest.fail(f"no epoch with {MIN_IN_FLIGHT} records of channel state within 40 s")
-    finally:
-        handle.cancel()
-        with pytest.raises(ep.JobFailedError, match="cancelled"):
-            handle.wait(60)
+    return held["epoch"]
 
 
 def _channel_state_of(url, job, epoch) -> dict[str, int]:
