@@ -214,8 +214,17 @@ def test_at_least_once_contains_every_record(kafka_broker, tmp_path):
                        checkpoint=checkpoint(tmp_path),
                        faults=[CrashAtRecord("count", subtask=0, record=1200, how="exit", after_epoch=1)])
     assert result.attempts == 2
+    # At-least-once lets a snapshot hold records that come after its barrier (the tracker
+    # never blocks a channel), and those are counted again after the restore: a running
+    # count may skip some intermediate (word, n) — its sink epoch was lost in the crash —
+    # and overshoot. What it promises: no input record is lost, so every word's final
+    # count reaches at least the true one, and every word is there.
     got, oracle = committed_counts(kafka_broker, out), running_counts(data.lines)
-    assert set(got) == set(oracle) and not (oracle - got)
+    final = collections.Counter()
+    for word, n in got:
+        final[word] = max(final[word], n)
+    truth = collections.Counter(w for line in data.lines for w in line.split())
+    assert set(final) == set(truth) and all(final[w] >= truth[w] for w in truth), (final, truth)
 
 
 def test_on_spark_with_a_crash_between_completion_and_commit(kafka_broker, tmp_path, spark):

@@ -10,23 +10,35 @@ from epochal.connectors.kafka.recovery import Marker, MarkerMeta
 
 
 def test_marker_metadata_round_trips_and_foreign_strings_are_ignored():
-    meta = MarkerMeta(generation=7, parallelism=3, slots=2)
+    meta = MarkerMeta(generation=7, parallelism=3, slots=2, lineage="0123456789ab", subtask=1)
     assert MarkerMeta.decode(meta.encode()) == meta
     assert MarkerMeta.decode("") is None and MarkerMeta.decode("lag-monitor") is None
     assert MarkerMeta.decode('{"g": 1}') is None
+    # a marker written before lineages names neither: the group it was read from tells the subtask
+    assert MarkerMeta.decode('{"g":7,"p":3,"n":2}', subtask=2) == MarkerMeta(7, 3, 2, "", 2)
 
 
-def test_transactional_ids_are_fresh_per_generation_and_slot():
-    ids = {recovery.transactional_id("p", s, g, k) for s in range(3) for g in range(4) for k in (0, 1, "r")}
-    assert len(ids) == 3 * 4 * 3
+def test_transactional_ids_are_fresh_per_lineage_generation_and_slot():
+    ids = {recovery.transactional_id("p", s, g, k, lin) for s in range(3) for g in range(4) for k in (0, 1, "r")
+           for lin in ("", "0123456789ab", "ba9876543210")}
+    assert len(ids) == 3 * 4 * 3 * 3
+    assert len({recovery.marker_group("p", s, lin) for s in range(3) for lin in ("", "0123456789ab")}) == 6
 
 
-def test_fence_ids_cover_the_last_registered_generation_of_each_subtask_only():
-    markers = {0: Marker(5, MarkerMeta(3, 2, 2)), 2: Marker(4, MarkerMeta(1, 4, 1)), 4: None}
-    ids = recovery.fence_ids("p", markers, current_generation=6)
-    assert ids == ["p-0-g3-0", "p-0-g3-1", "p-0-g3-r", "p-2-g1-0", "p-2-g1-r"]
-    # a subtask already registered by this very generation is not fenced (its ids are ours)
-    assert recovery.fence_ids("p", {0: Marker(5, MarkerMeta(6, 2, 2))}, current_generation=6) == []
+def test_fence_ids_cover_the_last_registered_writer_of_each_group_only():
+    lin, old = "0123456789ab", "ba9876543210"
+    markers = {(lin, 0): Marker(5, MarkerMeta(3, 2, 2, lin, 0)), (lin, 2): Marker(4, MarkerMeta(1, 4, 1, lin, 2)),
+               (lin, 4): None}
+    ids = recovery.fence_ids("p", markers, lin, generation=6)
+    assert ids == [f"p-{lin}-0-g3-0", f"p-{lin}-0-g3-1", f"p-{lin}-0-g3-r", f"p-{lin}-2-g1-0", f"p-{lin}-2-g1-r"]
+    # a group already registered by this very writer is not fenced (its ids are ours) ...
+    assert recovery.fence_ids("p", {(lin, 0): Marker(5, MarkerMeta(6, 2, 2, lin, 0))}, lin, 6) == []
+    # ... but a writer of another lineage is, whatever its generation (generations restart per storage)
+    assert recovery.fence_ids("p", {(old, 0): Marker(5, MarkerMeta(9, 2, 1, old, 0))}, lin, 6) == [
+        f"p-{old}-0-g9-0", f"p-{old}-0-g9-r"]
+    # a writer that registered in an absorbed subtask's group is fenced under its own name
+    assert recovery.fence_ids("p", {(old, 3): Marker(5, MarkerMeta(2, 3, 1, old, 0))}, lin, 6) == [
+        f"p-{old}-0-g2-0", f"p-{old}-0-g2-r"]
 
 
 def test_absorbed_subtasks_match_the_hand_over_of_pending_transactions():
@@ -59,11 +71,14 @@ def test_recovery_produces_exactly_the_missing_epochs(history, subtask):
     produced, never an epoch twice, never one after m; a second recovery produces nothing."""
     _, committed_upto, m, pending = history
     kafka = list(range(1, committed_upto + 1))
-    marker = {subtask: committed_upto} if committed_upto else {}
-    todo = recovery.epochs_to_produce([(e, subtask) for e in pending], marker)
+    group = ("0123456789ab", subtask)
+    marker = {group: committed_upto} if committed_upto else {}
+    # another run's marker of the same subtask never answers for this run's epochs
+    marker[("ba9876543210", subtask)] = 99
+    todo = recovery.epochs_to_produce([(e, group) for e in pending], marker)
     for epoch, s in todo:  # the writer produces each with its marker, in order
         kafka.append(epoch)
         marker[s] = epoch
     assert sorted(kafka) == list(range(1, max(m, committed_upto) + 1))
     assert len(kafka) == len(set(kafka))
-    assert recovery.epochs_to_produce([(e, subtask) for e in pending], marker) == []
+    assert recovery.epochs_to_produce([(e, group) for e in pending], marker) == []

@@ -91,8 +91,9 @@ class RuntimeOperator(ABC):
     number of ``process_batch``; at each epoch barrier ``snapshot(epoch)`` after every
     record of that epoch was processed and before any record of the next; at any time
     later ``notify_epoch_complete(epoch)`` (possibly late, repeated, or skipped for
-    aborted epochs); ``close()`` once at a clean end. After a failure the instance is
-    discarded — it is never restored twice.
+    aborted epochs); ``close()`` once at a clean end; ``release()`` once when the task
+    ends, cleanly or not. After a failure the instance is discarded — it is never restored
+    twice.
     """
 
     def __init__(self, ctx: OperatorContext):
@@ -166,6 +167,11 @@ class RuntimeOperator(ABC):
 
     def close(self) -> None:
         """Clean end of input: flush and release resources."""
+
+    def release(self) -> None:
+        """The task ends — after ``close`` on a clean end, instead of it after a failure or a
+        cancel: give back what outlives the process otherwise (connections, clients, open
+        external transactions). Must not raise; must not publish anything."""
 
     def enable_dead_letters(self) -> None:
         """Operator option ``dead_letters=True``: :meth:`reject` keeps the job running."""

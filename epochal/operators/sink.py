@@ -25,6 +25,7 @@ class SinkOperator(RuntimeOperator):
                 job=ctx.job,
                 generation=ctx.generation,
                 mode=ctx.extras["sink_mode"],
+                lineage=ctx.extras.get("lineage"),
             )
         )
 
@@ -51,3 +52,6 @@ class SinkOperator(RuntimeOperator):
 
     def close(self) -> None:
         self.writer.close()
+
+    def release(self) -> None:
+        self.writer.release()

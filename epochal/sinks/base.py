@@ -24,12 +24,14 @@ The guarantee never reaches a sink: the runtime passes :class:`SinkContext.mode`
 """
 from __future__ import annotations
 
+import logging
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, final
 
 from epochal.alignment.factory import SinkMode
+from epochal.epochs.lineage import LEGACY, Lineage
 from epochal.errors import ConfigError, EpochalError
 from epochal.sinks.transactions import (
     PROTOCOLS,
@@ -40,6 +42,8 @@ from epochal.sinks.transactions import (
 )
 
 _REPR_LIMIT = 200
+
+log = logging.getLogger("epochal")
 
 
 class SinkWriteError(EpochalError):
@@ -79,6 +83,9 @@ class SinkContext:
     ``generation`` grows with every restart (the coordinator's attempt counter); writers use
     it to keep a zombie of an older attempt from colliding with the current one. ``mode``
     is decided by :mod:`epochal.alignment.factory`; sinks never read the guarantee.
+    ``lineage`` names the run (:mod:`epochal.epochs.lineage`): every recovery record a
+    writer leaves in an external system names it, and a restored transaction is looked up
+    under the lineage that wrote it, never under the current one.
     """
 
     sink_name: str
@@ -87,6 +94,14 @@ class SinkContext:
     job: str
     generation: int
     mode: SinkMode
+    #: the run this writer belongs to (:mod:`epochal.epochs.lineage`); None only where a
+    #: writer is built by hand (tests): then recovery records carry the legacy lineage ""
+    lineage: Lineage | None = None
+
+    @property
+    def lineage_id(self) -> str:
+        """This run's lineage id, for naming recovery records ("" without a lineage)."""
+        return self.lineage.id if self.lineage is not None else LEGACY
 
 
 class Sink(ABC):
@@ -195,9 +210,15 @@ class SinkWriter(ABC):
     def close(self) -> None:
         """Clean end of the task; release resources."""
 
+    def release(self) -> None:
+        """The task ends, after :meth:`close` or instead of it (a failure, a cancel): close
+        every client and connection to external systems without publishing anything; what
+        a completed checkpoint promised is re-committed by the next writer's ``restore``.
+        Called on every path, possibly more than once; never raises. Default: nothing."""
+
 
 _FINAL_METHODS = ("restore", "write", "write_many", "write_batch", "snapshot", "durability_job",
-                  "notify_epoch_complete", "close")
+                  "notify_epoch_complete", "close", "release")
 
 
 class TwoPhaseCommitSink(SinkWriter):
@@ -321,6 +342,12 @@ class TwoPhaseCommitSink(SinkWriter):
     @abstractmethod
     def abort(self, txn: Any) -> None:
         """Discard an open ``txn`` (Table 4.1 Abort: truncate/delete)."""
+
+    def release_clients(self) -> None:
+        """Close the writer's clients and connections (a producer, a database connection);
+        open transactions may be aborted, pre-committed ones must be left as they are (the
+        restored checkpoint may promise them). Called once by :meth:`release` on every path
+        (after ``close`` or a failure); exceptions are logged and swallowed. Default: nothing."""
 
     @abstractmethod
     def cleanup_orphans(self, restored_epoch: int) -> None:
@@ -479,6 +506,19 @@ class TwoPhaseCommitSink(SinkWriter):
             return
         self._protocol.at_close(self, txn)
         self._phase = "closed"
+
+    @final
+    def release(self) -> None:
+        """Final. The task ends, cleanly or not: :meth:`release_clients` once; the writer is
+        unusable afterwards. Never raises."""
+        if self._phase == "released":
+            return
+        self._open = None
+        self._phase = "released"
+        try:
+            self.release_clients()
+        except Exception:
+            log.warning("%s: releasing its clients failed", self._where(), exc_info=True)
 
     # ---------------------------------------------------------------- internals
 

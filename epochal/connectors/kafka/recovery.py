@@ -34,24 +34,37 @@ REPLAY_SLOT = "r"
 
 @dataclass(frozen=True)
 class MarkerMeta:
-    """Who wrote a marker: generation, sink parallelism and streaming producer slots."""
+    """Who wrote a marker: the writer's generation, sink parallelism, streaming producer
+    slots, lineage and subtask — everything its transactional ids are named by."""
 
     generation: int
     parallelism: int
     slots: int
+    lineage: str = ""
+    subtask: int | None = None  # None: the subtask of the group it was read from (older markers)
 
     def encode(self) -> str:
-        return json.dumps({"g": self.generation, "p": self.parallelism, "n": self.slots}, separators=(",", ":"))
+        d = {"g": self.generation, "p": self.parallelism, "n": self.slots}
+        if self.lineage:
+            d["l"] = self.lineage
+        if self.subtask is not None:
+            d["s"] = self.subtask
+        return json.dumps(d, separators=(",", ":"))
 
     @classmethod
-    def decode(cls, text: str | None) -> MarkerMeta | None:
-        """The metadata of a marker offset; None for an empty or foreign string."""
+    def decode(cls, text: str | None, subtask: int | None = None) -> MarkerMeta | None:
+        """The metadata of a marker offset read from subtask ``subtask``'s group; None for an
+        empty or foreign string."""
         if not text:
             return None
         try:
             d = json.loads(text)
-            return cls(int(d["g"]), int(d["p"]), int(d["n"]))
-        except (ValueError, KeyError, TypeError):
+            lineage = d.get("l", "")
+            if not isinstance(lineage, str):
+                return None
+            return cls(int(d["g"]), int(d["p"]), int(d["n"]), lineage, int(d.get("s", subtask))
+                       if d.get("s", subtask) is not None else None)
+        except (ValueError, KeyError, TypeError, AttributeError):
             return None
 
 
@@ -63,14 +76,17 @@ class Marker:
     meta: MarkerMeta | None
 
 
-def marker_group(prefix: str, subtask: int) -> str:
-    """The consumer group whose committed offset is sink subtask ``subtask``'s marker."""
-    return f"{prefix}-{subtask}-epochs"
+def marker_group(prefix: str, subtask: int, lineage: str = "") -> str:
+    """The consumer group whose committed offset is sink subtask ``subtask``'s marker in
+    ``lineage`` (:mod:`epochal.epochs.lineage`; "" names the groups of older versions)."""
+    return f"{prefix}-{lineage}-{subtask}-epochs" if lineage else f"{prefix}-{subtask}-epochs"
 
 
-def transactional_id(prefix: str, subtask: int, generation: int, slot: int | str) -> str:
-    """The transactional id of producer ``slot`` of ``subtask`` in ``generation``."""
-    return f"{prefix}-{subtask}-g{generation}-{slot}"
+def transactional_id(prefix: str, subtask: int, generation: int, slot: int | str, lineage: str = "") -> str:
+    """The transactional id of producer ``slot`` of ``subtask`` in ``generation`` of ``lineage``:
+    never the same for two runs of a job (fresh checkpoint storage restarts generations at 0)."""
+    return (f"{prefix}-{lineage}-{subtask}-g{generation}-{slot}" if lineage
+            else f"{prefix}-{subtask}-g{generation}-{slot}")
 
 
 def slots_of(meta: MarkerMeta) -> list:
@@ -85,30 +101,39 @@ def absorbed_subtasks(subtask: int, parallelism: int, old_parallelism: int) -> l
     return [j for j in range(parallelism, old_parallelism) if j % parallelism == subtask]
 
 
-def fence_ids(prefix: str, markers: dict[int, Marker | None], current_generation: int) -> list[str]:
-    """Transactional ids to fence before a writer of ``current_generation`` touches Kafka.
+def fence_ids(prefix: str, markers: dict, lineage: str, generation: int) -> list[str]:
+    """Transactional ids to fence before the writer of ``generation`` in ``lineage`` reads a
+    marker as final or touches Kafka.
 
-    ``markers``: subtask → its marker (None: that subtask never registered, so it never
-    produced). A marker names the last generation that registered the subtask; earlier
-    generations were fenced by that one before it registered, and generations after it
-    that did not register never produced. Ids of ``current_generation`` itself are never
-    fenced (they are this writer's own).
+    ``markers``: marker group → its marker (None: nobody ever registered there, so nobody
+    produced for it). A marker's metadata names the last writer that registered there;
+    earlier writers were fenced by that one before it registered, and writers after it that
+    did not register never produced. The ids of this writer itself (its lineage, its
+    generation or later) are never fenced.
     """
-    ids = []
-    for subtask in sorted(markers):
-        m = markers[subtask]
-        if m is None or m.meta is None or m.meta.generation >= current_generation:
+    ids: list[str] = []
+    for group in sorted(markers, key=str):
+        m = markers[group]
+        if m is None or m.meta is None or m.meta.subtask is None:
             continue
-        ids += [transactional_id(prefix, subtask, m.meta.generation, s) for s in slots_of(m.meta)]
+        meta = m.meta
+        if meta.lineage == lineage and meta.generation >= generation:
+            continue
+        for slot in slots_of(meta):
+            txid = transactional_id(prefix, meta.subtask, meta.generation, slot, meta.lineage)
+            if txid not in ids:
+                ids.append(txid)
     return ids
 
 
-def epochs_to_produce(pending: list[tuple[int, int]], markers: dict[int, int]) -> list[tuple[int, int]]:
-    """The ``(epoch, subtask)`` pairs of ``pending`` that Kafka does not hold yet, in epoch order.
+def epochs_to_produce(pending: list[tuple[int, object]], markers: dict) -> list[tuple[int, object]]:
+    """The ``(epoch, group)`` pairs of ``pending`` that Kafka does not hold yet, in epoch order.
 
-    ``pending``: restored pre-committed transactions as ``(epoch, marker subtask)``;
-    ``markers``: marker subtask → highest epoch committed to Kafka (absent: none). An epoch
-    at or below its subtask's marker was committed (markers commit atomically with their
-    epoch's records, in epoch order), so producing it again would duplicate it.
+    ``pending``: restored pre-committed transactions as ``(epoch, marker group)``, the group
+    being the ``(lineage, subtask)`` that wrote the epoch; ``markers``: group → highest epoch
+    committed to Kafka (absent: none). An epoch at or below its group's marker was committed
+    (markers commit atomically with their epoch's records, in epoch order), so producing it
+    again would duplicate it. Markers of other lineages never answer for an epoch: another
+    run's epoch 7 is not this one's.
     """
-    return sorted((e, s) for e, s in pending if e > markers.get(s, 0))
+    return sorted(((e, g) for e, g in pending if e > markers.get(g, 0)), key=lambda p: (p[0], str(p[1])))

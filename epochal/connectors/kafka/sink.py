@@ -163,6 +163,12 @@ class KafkaTransaction:
     records: list = field(default_factory=list)
     slot: int | None = None  # the streaming producer, None: produced at commit (or not begun)
     count: int = 0
+    lineage: str = ""  # the run that wrote it (epochal.epochs.lineage); "" before lineages
+
+    @property
+    def group(self) -> tuple[str, int]:
+        """The marker group this epoch commits to: ``(lineage, subtask)`` of its writer."""
+        return (getattr(self, "lineage", ""), self.subtask)  # handles pickled before lineages have none
 
 
 class KafkaSinkWriter(TwoPhaseCommitSink):
@@ -188,18 +194,24 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
         self._live: dict[int, int] = {}  # slot -> epoch of its open or sealed transaction (this writer)
         self._replay = None  # the replay slot's producer
         self._plain = None  # at-least-once producer
-        self._groups: dict[int, Any] = {}  # marker subtask -> Consumer of its marker group
-        self._markers: dict[int, int] = {}  # marker subtask -> highest epoch known committed
-        self._metas: dict[int, recovery.MarkerMeta] = {}  # marker subtask -> metadata read from Kafka
-        self._own_meta = recovery.MarkerMeta(ctx.generation, ctx.parallelism, sink.producers)
+        self._lineage = ctx.lineage_id
+        self._parent = ctx.lineage.parent if ctx.lineage is not None else None
+        self._own = (self._lineage, ctx.subtask)  # this writer's marker group
+        # marker groups are (lineage, subtask) pairs (recovery.marker_group)
+        self._groups: dict[tuple, Any] = {}  # group -> Consumer of it
+        self._markers: dict[tuple, int] = {}  # settled group -> highest epoch known committed
+        self._own_meta = recovery.MarkerMeta(ctx.generation, ctx.parallelism, sink.producers, self._lineage,
+                                             ctx.subtask)
         self._last_marker = time.monotonic()
         self._failed: str | None = None  # first delivery error (at-least-once)
+        self._fenced: set[str] = set()  # transactional ids this writer fenced
+        self._sealed = 0  # the highest epoch pre_commit sealed
 
     # ------------------------------------------------------------------ hooks
 
     def begin_transaction(self, epoch: int) -> KafkaTransaction:
         self._start()
-        return KafkaTransaction(epoch, self.ctx.subtask, self.ctx.generation)
+        return KafkaTransaction(epoch, self.ctx.subtask, self.ctx.generation, lineage=self._lineage)
 
     def write_to(self, txn: KafkaTransaction, record: Any) -> None:
         self.write_many_to(txn, [record])
@@ -231,10 +243,12 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
             txn.count += 1
 
     def pre_commit(self, txn: KafkaTransaction):
-        """Seal: nothing to detach (the next epoch gets another producer or none). The
+        """Seal: nothing to detach (the next epoch gets another producer or none); remember
+        the highest sealed epoch (:meth:`release_clients` leaves those transactions). The
         durability step flushes the epoch's producer, on the uploader thread: the records
         are durable in the checkpoint anyway (the handle), flushing here only keeps the
         commit short. At-least-once: the flush is what makes the barrier safe."""
+        self._sealed = max(self._sealed, txn.epoch)
         if not txn.count:
             return None
         producer = self._plain if not self._transactional else (
@@ -262,7 +276,8 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
         self._start()
         # Step 1
         slot = txn.slot
-        if txn.generation == self.ctx.generation and slot is not None and self._live.get(slot) == txn.epoch:
+        if (txn.generation == self.ctx.generation and txn.group == self._own and slot is not None
+                and self._live.get(slot) == txn.epoch):
             producer = self._slots[slot]
             self._kafka_call(f"commit epoch {txn.epoch}", self._commit_with_marker, producer, txn.epoch)
             del self._live[slot]
@@ -272,7 +287,7 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
             self._replay_epoch(txn)
         # Step 3
         elif time.monotonic() - self._last_marker > MARKER_REFRESH_S:
-            self._kafka_call("refresh the marker", self._marker_only, self._markers.get(self.ctx.subtask, 0))
+            self._kafka_call("refresh the marker", self._marker_only, self._markers.get(self._own, 0))
 
     def abort(self, txn: KafkaTransaction) -> None:
         slot = txn.slot
@@ -280,6 +295,27 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
             self._kafka_call(f"abort epoch {txn.epoch}", self._slots[slot].abort_transaction, KAFKA_CALL_TIMEOUT_S)
             del self._live[slot]
             self._slots[slot] = None  # an aborted id is never written again (recovery module docstring)
+
+    def release_clients(self) -> None:
+        """Abort the transaction of the epoch still open (sealed ones stay: a completed
+        checkpoint may promise them, and the next generation fences or commits them), close
+        the marker consumers and drop every producer."""
+        for slot, epoch in list(self._live.items()):
+            producer = self._slots[slot]
+            if epoch > self._sealed and producer is not None:
+                try:
+                    producer.abort_transaction(5.0)
+                except Exception:  # a fenced or broken producer: the next generation fences it
+                    pass
+        for consumer in self._groups.values():
+            try:
+                consumer.close()
+            except Exception:
+                pass
+        self._groups.clear()
+        self._live.clear()
+        self._slots = [None] * len(self._slots)
+        self._replay = self._plain = None
 
     def cleanup_orphans(self, restored_epoch: int) -> None:
         """Nothing is staged outside Kafka; :meth:`_start` fenced every earlier producer,
@@ -289,8 +325,18 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
     # ------------------------------------------------------------------ start: fence, register
 
     def _start(self) -> None:
-        """Once, on the first hook (inside ``restore``): fence what earlier generations may hold
-        and register this generation in the marker (exactly-once), or create the producer."""
+        """Once, on the first hook (inside ``restore``): fence every producer an earlier
+        generation of this run — or the run it restored — may hold, then register this
+        generation in its marker (exactly-once); or create the producer (at-least-once).
+
+        1. For this run's lineage and the lineage it restored (its parent), settle the
+           marker groups of this subtask and of the subtasks it absorbs after a rescale
+           (:meth:`_settle`: read, fence who registered there, read again). Fencing comes
+           before any answer is trusted, so no zombie can move a marker after it was read,
+           and no open transaction of a killed producer holds readers at the last stable
+           offset until ``transaction.timeout.ms``.
+        2. Register: commit this generation's metadata into its own group.
+        """
         if self._started:
             return
         self._started = True
@@ -299,24 +345,42 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
                                        "on_delivery": self._on_delivery})
             self._plain = self._ck.Producer(conf)
             return
+        # Step 1
+        for lineage in dict.fromkeys(x for x in (self._lineage, self._parent) if x is not None):
+            self._settle_subtask_and_absorbed(lineage)
+        # Step 2
+        self._replay = self._new_producer(recovery.REPLAY_SLOT)
+        self._kafka_call("register the generation", self._marker_only, self._markers.get(self._own, 0))
+
+    def _settle_subtask_and_absorbed(self, lineage: str) -> None:
+        """Settle ``lineage``'s groups of this subtask and of every subtask it absorbs: those
+        of a larger parallelism ``j ≡ subtask (mod parallelism)``, as far as groups exist."""
         own, p = self.ctx.subtask, self.ctx.parallelism
-        markers = {own: self._read_marker(own)}
-        meta = markers[own].meta if markers[own] else None
+        marker = self._settle((lineage, own))
+        meta = marker.meta if marker else None
         candidates = recovery.absorbed_subtasks(own, p, meta.parallelism if meta else p)
         for j in candidates:
-            markers[j] = self._read_marker(j)
+            self._settle((lineage, j))
         j = max(candidates, default=own) + p  # subtasks of an even larger earlier parallelism
-        while (m := self._read_marker(j)) is not None:
-            markers[j] = m
+        while self._settle((lineage, j)) is not None:
             j += p
-        fenced = recovery.fence_ids(self._prefix, markers, self.ctx.generation)
+
+    def _settle(self, group: tuple[str, int]) -> recovery.Marker | None:
+        """Read ``group``'s marker, fence the writer registered there, then read it again and
+        keep that answer: after the fence no transaction of that writer can still commit, so
+        the marker is final for recovery. Idempotent per group."""
+        marker = self._read_marker(group)
+        fenced = recovery.fence_ids(self._prefix, {group: marker}, self._lineage, self.ctx.generation)
         for txid in fenced:
-            self._kafka_call(f"fence transactional id {txid!r}", self._fence, txid)
+            if txid not in self._fenced:
+                self._kafka_call(f"fence transactional id {txid!r}", self._fence, txid)
+                self._fenced.add(txid)
         if fenced:
-            log.info("%s: fenced %d transactional id(s) of earlier generations", self._where(), len(fenced))
-        self._replay = self._new_producer(recovery.REPLAY_SLOT)
-        current = markers[own].epoch if markers[own] else 0
-        self._kafka_call("register the generation", self._marker_only, current)
+            log.info("%s: fenced %d transactional id(s) of %s", self._where(), len(fenced),
+                     "an earlier generation" if group[0] == self._lineage else f"lineage {group[0] or '(legacy)'}")
+            marker = self._read_marker(group)
+        self._markers[group] = marker.epoch if marker else 0
+        return marker
 
     def _fence(self, txid: str) -> None:
         producer = self._ck.Producer(dict(self._base, **{"transactional.id": txid,
@@ -325,7 +389,7 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
         producer.flush(0)
 
     def _new_producer(self, slot):
-        txid = recovery.transactional_id(self._prefix, self.ctx.subtask, self.ctx.generation, slot)
+        txid = recovery.transactional_id(self._prefix, self.ctx.subtask, self.ctx.generation, slot, self._lineage)
         producer = self._ck.Producer(dict(self._base, **{"transactional.id": txid,
                                                          "transaction.timeout.ms": self._timeout_ms()}))
         self._kafka_call(f"initialise producer {txid!r}", producer.init_transactions, KAFKA_CALL_TIMEOUT_S)
@@ -336,40 +400,40 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
 
     # ------------------------------------------------------------------ markers
 
-    def _group(self, subtask: int):
-        consumer = self._groups.get(subtask)
+    def _group(self, group: tuple[str, int]):
+        """A consumer of marker group ``group`` = ``(lineage, subtask)``. It reads committed
+        offsets without waiting for open transactions (``read_uncommitted``): an answer read
+        before the fence is only used to find whom to fence (:meth:`_settle`)."""
+        consumer = self._groups.get(group)
         if consumer is None:
             conf = {k: v for k, v in self._base.items() if k.startswith(("security.", "sasl.", "ssl.", "client."))}
             conf.update({"bootstrap.servers": self._sink.servers, "enable.auto.commit": False,
-                         "group.id": recovery.marker_group(self._prefix, subtask)})
-            consumer = self._groups[subtask] = self._ck.Consumer(conf)
+                         "isolation.level": "read_uncommitted",
+                         "group.id": recovery.marker_group(self._prefix, group[1], group[0])})
+            consumer = self._groups[group] = self._ck.Consumer(conf)
         return consumer
 
-    def _read_marker(self, subtask: int) -> recovery.Marker | None:
-        """Kafka's marker of ``subtask``: the highest epoch it committed, or None if none."""
+    def _read_marker(self, group: tuple[str, int]) -> recovery.Marker | None:
+        """Kafka's marker of ``group``: the highest epoch committed there and who registered
+        last, or None if the group holds none."""
         tp = self._ck.TopicPartition(self._topic, 0)
-        found = self._kafka_call(f"read the marker of subtask {subtask}", self._group(subtask).committed, [tp],
-                                 timeout=KAFKA_CALL_TIMEOUT_S)[0]
+        lineage, subtask = group
+        found = self._kafka_call(f"read the marker of subtask {subtask} (lineage {lineage or '(legacy)'})",
+                                 self._group(group).committed, [tp], timeout=KAFKA_CALL_TIMEOUT_S)[0]
         if found.offset < 0:
             return None
-        self._markers[subtask] = max(self._markers.get(subtask, 0), found.offset)
-        meta = recovery.MarkerMeta.decode(found.metadata)
-        if meta is not None:
-            self._metas.setdefault(subtask, meta)
-        return recovery.Marker(found.offset, meta)
+        return recovery.Marker(found.offset, recovery.MarkerMeta.decode(found.metadata, subtask))
 
-    def _marker_offsets(self, subtask: int, epoch: int) -> list:
-        """The marker of ``epoch``: this generation's metadata in its own group; an absorbed
-        subtask's group keeps the metadata of the generation that wrote it last."""
-        meta = self._own_meta if subtask == self.ctx.subtask else self._metas.get(subtask, self._own_meta)
-        return [self._ck.TopicPartition(self._topic, 0, epoch, metadata=meta.encode())]
+    def _marker_offsets(self, epoch: int) -> list:
+        """The marker of ``epoch``: this writer's metadata (whoever fences next must fence it)."""
+        return [self._ck.TopicPartition(self._topic, 0, epoch, metadata=self._own_meta.encode())]
 
-    def _commit_with_marker(self, producer, epoch: int, subtask: int | None = None) -> None:
-        subtask = self.ctx.subtask if subtask is None else subtask
-        producer.send_offsets_to_transaction(self._marker_offsets(subtask, epoch),
-                                             self._group(subtask).consumer_group_metadata(), KAFKA_CALL_TIMEOUT_S)
+    def _commit_with_marker(self, producer, epoch: int, group: tuple[str, int] | None = None) -> None:
+        group = self._own if group is None else group
+        producer.send_offsets_to_transaction(self._marker_offsets(epoch),
+                                             self._group(group).consumer_group_metadata(), KAFKA_CALL_TIMEOUT_S)
         producer.commit_transaction(KAFKA_CALL_TIMEOUT_S)
-        self._markers[subtask] = epoch
+        self._markers[group] = epoch
         self._last_marker = time.monotonic()
 
     def _marker_only(self, epoch: int) -> None:
@@ -377,11 +441,12 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
         self._commit_with_marker(self._replay, epoch)
 
     def _replay_epoch(self, txn: KafkaTransaction) -> None:
-        """Step 2 of :meth:`commit`: produce ``txn`` from its handle unless Kafka holds it."""
-        s = txn.subtask
-        if s not in self._markers:
-            self._read_marker(s)
-        todo = recovery.epochs_to_produce([(txn.epoch, s)], self._markers)
+        """Step 2 of :meth:`commit`: produce ``txn`` from its handle unless Kafka holds it —
+        as the marker of the lineage and subtask that wrote it says, once settled."""
+        g = txn.group
+        if g not in self._markers:
+            self._settle(g)
+        todo = recovery.epochs_to_produce([(txn.epoch, g)], self._markers)
         if not todo:
             return
         producer = self._replay
@@ -390,9 +455,9 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
             producer.begin_transaction()
             for key, value, headers, ts in txn.records:
                 self._produce(producer, self._topic, key, value, headers, ts, None)
-            self._commit_with_marker(producer, txn.epoch, s)
+            self._commit_with_marker(producer, txn.epoch, g)
 
-        self._kafka_call(f"produce epoch {txn.epoch} of subtask {s} from the checkpoint", produce_and_commit)
+        self._kafka_call(f"produce epoch {txn.epoch} of subtask {g[1]} from the checkpoint", produce_and_commit)
         log.info("%s: produced epoch %d (%d records) from the checkpoint", self._where(), txn.epoch, txn.count)
 
     # ------------------------------------------------------------------ producing

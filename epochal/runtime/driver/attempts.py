@@ -21,6 +21,7 @@ import cloudpickle
 from epochal.backends.storage import CheckpointStorage, referenced_bytes
 from epochal.config import MetricsConfig
 from epochal.epochs.history import EpochHistory
+from epochal.epochs.lineage import Lineage
 from epochal.errors import ConfigError, EpochalError, JobFailedError
 from epochal.runtime.driver import compatibility
 from epochal.runtime.driver.coordinator_server import AttemptOutcome, CoordinatorServer
@@ -163,6 +164,8 @@ class JobDriver:
         self.restored_from_url: str | None = None
         self.savepoints = SavepointTracker(storage, lambda m: log.info("job %s: %s", plan.job, m))
         self.stopped_with_savepoint: str | None = None
+        #: this run's lineage (epochal.epochs.lineage), drawn by the first attempt
+        self.lineage: Lineage | None = None
         self.thread = threading.Thread(target=self._run_guarded, name=f"epochal-driver-{plan.job}", daemon=True)
 
     def _progress_source(self):
@@ -235,6 +238,9 @@ class JobDriver:
                 compatibility.enforce(self.plan, meta, self.allow_non_restored_state, log)
                 restore = {"epoch": epoch, "tasks": meta["tasks"]}
                 highest = max(highest, epoch)
+            if self.lineage is None:  # failure restarts keep the run's lineage
+                self.lineage = Lineage.begin(latest[1], latest[0]) if latest is not None else Lineage.begin()
+                log.info("job %s: this run is %s", self.plan.job, self.lineage.describe())
             restored_from.append(restore["epoch"] if restore else None)
             entry = {"generation": generation, "started_s": started,
                      "restored_epoch": restore["epoch"] if restore else None,
@@ -253,6 +259,7 @@ class JobDriver:
                     restored_from=restored_from, attempt_timeline=timeline, encrypted=self.encrypted,
                     savepoints=list(self.savepoints.written), stopped_with_savepoint=self.stopped_with_savepoint,
                     restored_from_url=self.restored_from_url, checkpoints=server.history.summary(),
+                    lineage=self.lineage.id,
                 )
             failures.append(outcome.cause)
             self.state = "restarting"
@@ -297,7 +304,8 @@ class JobDriver:
                                    first_epoch, bind, lambda m: log.info("job %s: %s", self.plan.job, m),
                                    startup_timeout=self.launcher.startup_timeout,
                                    advertised_host=self.launcher.advertised_host, tls=tls,
-                                   savepoints=self.savepoints, peer_timeout=self.peer_timeout)
+                                   savepoints=self.savepoints, peer_timeout=self.peer_timeout,
+                                   lineage=self.lineage)
         with self._server_lock:
             self.server = server
             early, self._early_trigger = self._early_trigger, False
@@ -306,7 +314,7 @@ class JobDriver:
         attempt = AttemptSpec(self.plan_blob, generation, key, server.address, self.components, self.channels,
                               self.url, self.faults, bind, self.backend, tls, self.metrics_config.interval,
                               self.peer_timeout, storage_retry=self.storage.retry.deadline,
-                              inline_state=self.checkpoint.inline_state)
+                              inline_state=self.checkpoint.inline_state, lineage=self.lineage)
         payload = cloudpickle.dumps(attempt)
 
         exited = threading.Event()

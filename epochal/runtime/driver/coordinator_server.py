@@ -79,9 +79,10 @@ class CoordinatorServer:
     def __init__(self, plan, generation: int, key: bytes, storage, config, restore: dict | None,
                  first_epoch: int, bind_host: str, log, startup_timeout: float = 300.0,
                  advertised_host: str | None = None, tls=None, savepoints: SavepointTracker | None = None,
-                 peer_timeout: float | None = None):
+                 peer_timeout: float | None = None, lineage=None):
         self.plan = plan
         self.generation = generation
+        self.lineage = lineage  # epochal.epochs.lineage.Lineage: written into every _metadata
         self.storage = storage
         self.config = config
         self.restore = restore
@@ -392,6 +393,7 @@ class CoordinatorServer:
             "epoch": completed.epoch,
             "job": self.plan.job,
             "generation": self.generation,
+            "lineage": self.lineage.id if self.lineage is not None else "",
             "reason": completed.reason.value,
             "plan": self.plan.fingerprint(),
             "max_parallelism": self.plan.max_parallelism,

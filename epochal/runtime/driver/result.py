@@ -54,6 +54,8 @@ class JobResult:
     #: ``completed``, ``aborted`` (counts), ``duration_s`` and ``bytes`` (count, sum, mean,
     #: min, max, p50, p99 within 1 %; epochal.epochs.history)
     checkpoints: dict = field(default_factory=dict)
+    #: the run's lineage id (epochal.epochs.lineage): new for every run, kept by its restarts
+    lineage: str = ""
 
     @property
     def records_in(self) -> int:

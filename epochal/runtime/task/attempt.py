@@ -54,3 +54,5 @@ class AttemptSpec:
     storage_retry: float = 30.0
     #: task state up to this many bytes travels inline with the ack (CheckpointConfig.inline_state)
     inline_state: int = 0
+    #: the run's lineage (epochal.epochs.lineage.Lineage): sinks name their recovery records by it
+    lineage: object = None

@@ -26,6 +26,7 @@ credit-based flow control. A restore replays the channel state before any new in
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 import traceback
@@ -38,6 +39,8 @@ from epochal.loops.head import LOOP_LOG, LoopHeadProtocol
 from epochal.metrics.quantiles import Summary
 from epochal.operators.base import OperatorContext
 from epochal.operators.factory import create_operator
+
+log = logging.getLogger("epochal")
 from epochal.runtime.task.attempt import AttemptSpec
 from epochal.runtime.task.barriers import BarrierSteps
 from epochal.runtime.task.chain import OperatorChain
@@ -229,7 +232,7 @@ class Task(ReadSteps, BarrierSteps):
                 operator=name, task=self.spec.id, subtask=self.spec.subtask, parallelism=self.spec.parallelism,
                 generation=self.attempt.generation, job=self.plan.job, max_parallelism=self.plan.max_parallelism,
                 keyed_backend=self.backend, key_groups=self.spec.key_groups,
-                extras={"sink_mode": self.attempt.components.sink_mode},
+                extras={"sink_mode": self.attempt.components.sink_mode, "lineage": self.attempt.lineage},
             )
             op = self.faults.wrap(name, create_operator(nodes[name], ctx))
             op.restore(restored.operators.get(name))
@@ -250,6 +253,11 @@ class Task(ReadSteps, BarrierSteps):
         replay_restored(self, restored, storage)  # loop logs, then channel state: before new input
 
     def _teardown(self) -> None:
+        for op in getattr(self, "operators", None) or ():  # external clients, on every path
+            try:
+                op.release()
+            except Exception:  # release must not raise; a failing one must not hide the cause
+                log.warning("task %s: releasing operator %s failed", self.spec.id, op.ctx.operator, exc_info=True)
         self.recorder.close()
         if self.uploader:
             self.uploader.close()
