@@ -348,9 +348,23 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
         # Step 1
         for lineage in dict.fromkeys(x for x in (self._lineage, self._parent) if x is not None):
             self._settle_subtask_and_absorbed(lineage)
+        self._say_if_rolled_back()
         # Step 2
         self._replay = self._new_producer(recovery.REPLAY_SLOT)
         self._kafka_call("register the generation", self._marker_only, self._markers.get(self._own, 0))
+
+    def _say_if_rolled_back(self) -> None:
+        """Log it when this run restored an epoch older than what the restored lineage
+        committed to the topic: the epochs after it are produced again (a rollback)."""
+        lineage = self.ctx.lineage
+        if lineage is None or self._parent is None or self._parent == self._lineage:
+            return
+        ahead = self._markers.get((self._parent, self.ctx.subtask), 0)
+        if lineage.forked_at is not None and ahead > lineage.forked_at:
+            log.warning("%s: restored epoch %d of lineage %s, which committed epochs up to %d to topic %r: this run "
+                        "(lineage %s) produces the epochs after %d again (a rollback to an older savepoint or "
+                        "checkpoint)", self._where(), lineage.forked_at, self._parent or "(legacy)", ahead,
+                        self._topic, self._lineage, lineage.forked_at)
 
     def _settle_subtask_and_absorbed(self, lineage: str) -> None:
         """Settle ``lineage``'s groups of this subtask and of every subtask it absorbs: those

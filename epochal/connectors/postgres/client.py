@@ -44,7 +44,7 @@ def table_columns(conn, table: str, what: str) -> list[Column]:
         rows = conn.execute(
             "SELECT a.attname, t.typname, a.attnotnull FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
             "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-            (table,)).fetchall()
+            (quote_ident(table),)).fetchall()  # the name as the writes quote it: case kept
     except (pg.errors.UndefinedTable, pg.errors.InvalidSchemaName):
         conn.rollback()
         raise ConfigError(f"{what}: table {table!r} does not exist; create it first") from None
@@ -66,12 +66,27 @@ def max_prepared_transactions(conn) -> int:
     return int(conn.execute("SHOW max_prepared_transactions").fetchone()[0])
 
 
+#: the progress table's primary key: an epoch of one run (lineage) of one sink subtask
+PROGRESS_KEY = ("job", "sink", "target", "lineage", "subtask", "epoch")
+
+
 def ensure_progress_table(conn, table: str) -> None:
     """Create the progress table unless it exists: one row per committed epoch transaction of
-    a (job, sink, target table, subtask); the newest are kept."""
-    conn.execute(f"CREATE TABLE IF NOT EXISTS {quote_ident(table)} (job text NOT NULL, sink text NOT NULL, "
-                 "target text NOT NULL, subtask int NOT NULL, epoch bigint NOT NULL, generation bigint NOT NULL, "
-                 "committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (job, sink, target, subtask, epoch))")
+    a (job, sink, target table, lineage, subtask); the newest per lineage are kept. A table
+    made by a version without lineages gains the column ("" for its rows) and the new key."""
+    name = quote_ident(table)
+    conn.execute(f"CREATE TABLE IF NOT EXISTS {name} (job text NOT NULL, sink text NOT NULL, "
+                 "target text NOT NULL, lineage text NOT NULL DEFAULT '', subtask int NOT NULL, "
+                 "epoch bigint NOT NULL, generation bigint NOT NULL, committed_at timestamptz NOT NULL DEFAULT now(), "
+                 f"PRIMARY KEY ({', '.join(PROGRESS_KEY)}))")
+    key = conn.execute(
+        "SELECT c.conname, array_agg(a.attname::text) FROM pg_constraint c JOIN pg_attribute a "
+        "ON a.attrelid = c.conrelid AND a.attnum = ANY(c.conkey) WHERE c.conrelid = %s::regclass AND c.contype = 'p' "
+        "GROUP BY c.conname", (name,)).fetchone()
+    if key is None or "lineage" not in key[1]:
+        conn.execute(f"ALTER TABLE {name} ADD COLUMN IF NOT EXISTS lineage text NOT NULL DEFAULT ''")
+        drop = f"DROP CONSTRAINT {quote_ident(key[0])}, " if key is not None else ""
+        conn.execute(f"ALTER TABLE {name} {drop}ADD PRIMARY KEY ({', '.join(PROGRESS_KEY)})")
 
 
 def quote_ident(name: str) -> str:

@@ -1,10 +1,13 @@
 """The PostgreSQL sink's recovery decisions, as pure functions (no server, no clock).
 
-Every epoch transaction of a sink subtask inserts one row ``(job, sink, subtask, epoch)``
-into the progress table, so the database itself says which epochs it holds: an epoch is
-committed iff its row is visible (seed 004 §4.1.3.1: recovery asks the external system).
-A pre-committed epoch is a *prepared transaction* whose global id (:func:`gid`) names the
-sink, subtask, epoch and the generation that prepared it; ``pg_prepared_xacts`` lists them.
+Every epoch transaction of a sink subtask inserts one row ``(job, sink, target, lineage,
+subtask, epoch)`` into the progress table, so the database itself says which epochs it
+holds: an epoch is committed iff its row is visible (seed 004 §4.1.3.1: recovery asks the
+external system). Rows name the run's lineage (:mod:`epochal.epochs.lineage`): a restored
+epoch is looked up among the rows of the lineage that wrote it, so a rerun or a rollback
+never takes another run's epoch 7 for its own. A pre-committed epoch is a *prepared
+transaction* whose global id (:func:`gid`) names the sink, lineage, subtask, epoch and the
+generation that prepared it; ``pg_prepared_xacts`` lists them.
 
 * :func:`resolve` — what to do with a restored pending epoch: commit its prepared
   transaction, skip it (committed already), or report it lost (neither prepared nor
@@ -21,7 +24,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-_GID = re.compile(r"^ep-([0-9a-f]{16})-s(\d+)-e(\d+)-g(\d+)$")
+_GID = re.compile(r"^ep-([0-9a-f]{16})(?:-([0-9a-f]{12}))?-s(\d+)-e(\d+)-g(\d+)$")
 
 
 class Action(enum.Enum):
@@ -35,10 +38,11 @@ def sink_hash(job: str, sink: str, table: str) -> str:
     return hashlib.sha256(f"{job}\0{sink}\0{table}".encode()).hexdigest()[:16]
 
 
-def gid(sink_id: str, subtask: int, epoch: int, generation: int) -> str:
-    """The prepared transaction id of an epoch: unique per generation, so a zombie's
-    transaction never has the id of the new generation's."""
-    return f"ep-{sink_id}-s{subtask}-e{epoch}-g{generation}"
+def gid(sink_id: str, subtask: int, epoch: int, generation: int, lineage: str = "") -> str:
+    """The prepared transaction id of an epoch: unique per lineage and generation, so a
+    zombie's transaction — or another run's — never has the id of this writer's."""
+    return (f"ep-{sink_id}-{lineage}-s{subtask}-e{epoch}-g{generation}" if lineage
+            else f"ep-{sink_id}-s{subtask}-e{epoch}-g{generation}")
 
 
 @dataclass(frozen=True)
@@ -47,19 +51,21 @@ class Gid:
     subtask: int
     epoch: int
     generation: int
+    lineage: str = ""
 
 
 def parse_gid(text: str) -> Gid | None:
-    """The parts of an epochal gid; None for any other prepared transaction."""
+    """The parts of an epochal gid; None for any other prepared transaction (so only a
+    parsed gid is ever interpolated into ``COMMIT/ROLLBACK PREPARED``)."""
     m = _GID.match(text)
-    return None if m is None else Gid(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)))
+    return None if m is None else Gid(m.group(1), int(m.group(3)), int(m.group(4)), int(m.group(5)), m.group(2) or "")
 
 
 def resolve(epoch: int, subtask: int, txn_gid: str, committed: dict[int, int], prepared: set[str]) -> Action:
     """What to do with a restored pending epoch (prepared as ``txn_gid`` by ``subtask``).
 
-    ``committed``: subtask → the highest epoch whose progress row is visible; ``prepared``:
-    the gids in ``pg_prepared_xacts``. A prepared gid wins over the progress row: a
+    ``committed``: subtask → the highest epoch whose progress row is visible *in the lineage
+    that wrote the epoch*; ``prepared``: the gids in ``pg_prepared_xacts``. A prepared gid wins over the progress row: a
     transaction is either prepared or ended, and if it ended committed its row is visible.
     """
     if txn_gid in prepared:

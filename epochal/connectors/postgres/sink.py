@@ -123,9 +123,10 @@ class PostgresSink(Sink):
     def claim(self, job: str, sink: str, resume: bool) -> None:
         """On the driver: the server answers, the table and columns exist, the progress
         table exists (created if missing). A job that starts afresh (not resuming its
-        checkpoints) forgets an earlier run of the same job and sink into this table: its
-        progress rows are deleted and its prepared transactions rolled back (they belong to
-        checkpoints the new run will never restore); its committed rows stay."""
+        checkpoints) rolls back what an earlier run of the same job and sink left prepared
+        (it belongs to checkpoints the new run will never restore); progress rows stay —
+        they name their lineage, so a new run never takes them for its own, and a later
+        ``restore_from`` a savepoint of that run still finds what it committed."""
         what = f"sink {sink!r} ({self!r})"
         with connect(self.dsn, what, autocommit=True) as conn:
             found = table_columns(conn, self.table, what)
@@ -135,11 +136,11 @@ class PostgresSink(Sink):
                                   f"{[c.name for c in chosen]}")
             ensure_progress_table(conn, self.progress_table)
             if not resume:
-                conn.execute(f"DELETE FROM {quote_ident(self.progress_table)} WHERE job = %s AND sink = %s AND "
-                             "target = %s", (job, sink, self.table))
-                prefix = f"ep-{recovery.sink_hash(job, sink, self.table)}-%"
-                for (g,) in conn.execute("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s", (prefix,)).fetchall():
-                    conn.execute(f"ROLLBACK PREPARED '{g}'")
+                sink_id = recovery.sink_hash(job, sink, self.table)
+                for (g,) in conn.execute("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s",
+                                         (f"ep-{sink_id}-%",)).fetchall():
+                    if recovery.parse_gid(g) is not None:  # only a well-formed gid is interpolated
+                        conn.execute(f"ROLLBACK PREPARED '{g}'")
 
     def check_run(self, sink: str, checkpoint, mode: SinkMode) -> None:
         """Exactly-once needs prepared transactions: refuse a server that disallows them."""
@@ -163,6 +164,7 @@ class PostgresTransaction:
     generation: int
     gid: str
     rows: int = 0
+    lineage: str = ""  # the run that prepared it (epochal.epochs.lineage); "" before lineages
 
 
 class _Open:
@@ -183,6 +185,7 @@ class PostgresSinkWriter(TwoPhaseCommitSink):
         self._what = f"sink {ctx.sink_name!r} ({sink!r})"
         self._transactional = ctx.mode is SinkMode.TRANSACTIONAL
         self._sink_id = recovery.sink_hash(ctx.job, ctx.sink_name, sink.table)
+        self._lineage = ctx.lineage_id
         self._admin = None  # autocommit connection: COMMIT/ROLLBACK PREPARED, progress queries
         self._pool: list = []  # idle transaction connections
         self._pool_lock = threading.Lock()  # the uploader returns connections
@@ -210,12 +213,12 @@ class PostgresSinkWriter(TwoPhaseCommitSink):
             marks = ", ".join(["%s"] * len(cols))
             self._upsert_sql = f"INSERT INTO {table} ({names}) VALUES ({marks}) ON CONFLICT ({key}) {action}"
         progress = quote_ident(self._sink.progress_table)
-        self._progress_sql = (f"INSERT INTO {progress} (job, sink, target, subtask, epoch, generation) "
-                              "VALUES (%s, %s, %s, %s, %s, %s)")
+        self._progress_sql = (f"INSERT INTO {progress} (job, sink, target, lineage, subtask, epoch, generation) "
+                              "VALUES (%s, %s, %s, %s, %s, %s, %s)")
         self._committed_sql = (f"SELECT subtask, max(epoch) FROM {progress} WHERE job = %s AND sink = %s AND "
-                               "target = %s GROUP BY subtask")
-        self._prune_sql = (f"DELETE FROM {progress} WHERE job = %s AND sink = %s AND target = %s AND subtask = %s "
-                           "AND epoch < %s")
+                               "target = %s AND lineage = %s GROUP BY subtask")
+        self._prune_sql = (f"DELETE FROM {progress} WHERE job = %s AND sink = %s AND target = %s AND lineage = %s "
+                           "AND subtask = %s AND epoch < %s")
 
     def _connection(self):
         with self._pool_lock:
@@ -235,9 +238,9 @@ class PostgresSinkWriter(TwoPhaseCommitSink):
     def begin_transaction(self, epoch: int) -> PostgresTransaction:
         self._start()
         self._seq += 1  # DIRECT mode begins several transactions per epoch
-        g = recovery.gid(self._sink_id, self.ctx.subtask, epoch, self.ctx.generation)
+        g = recovery.gid(self._sink_id, self.ctx.subtask, epoch, self.ctx.generation, self._lineage)
         return PostgresTransaction(epoch, self.ctx.subtask, self.ctx.generation,
-                                   g if self._transactional else f"{g}-t{self._seq}")
+                                   g if self._transactional else f"{g}-t{self._seq}", lineage=self._lineage)
 
     def write_to(self, txn: PostgresTransaction, record: Any) -> None:
         self.write_many_to(txn, [record])
@@ -299,8 +302,8 @@ class PostgresSinkWriter(TwoPhaseCommitSink):
                     cur.executemany(self._upsert_sql, state.rows)
             # Step 2
             if self._transactional:
-                conn.execute(self._progress_sql, (self.ctx.job, self.ctx.sink_name, self._sink.table, txn.subtask,
-                                                  txn.epoch, txn.generation))
+                conn.execute(self._progress_sql, (self.ctx.job, self.ctx.sink_name, self._sink.table, txn.lineage,
+                                                  txn.subtask, txn.epoch, txn.generation))
                 conn.execute(f"PREPARE TRANSACTION '{txn.gid}'")
             else:
                 conn.commit()
@@ -327,7 +330,8 @@ class PostgresSinkWriter(TwoPhaseCommitSink):
         try:
             self._admin.execute(f"COMMIT PREPARED '{txn.gid}'")
         except self._pg.errors.UndefinedObject:
-            action = recovery.resolve(txn.epoch, txn.subtask, txn.gid, self._committed(), self._prepared())
+            lineage = getattr(txn, "lineage", "")  # handles pickled before lineages have none
+            action = recovery.resolve(txn.epoch, txn.subtask, txn.gid, self._committed(lineage), self._prepared())
             if action is recovery.Action.LOST:
                 raise SinkCommitError(
                     f"{self._where()}: epoch {txn.epoch} of subtask {txn.subtask} was pre-committed (prepared as "
@@ -336,8 +340,8 @@ class PostgresSinkWriter(TwoPhaseCommitSink):
         self._commits += 1
         if self._commits % SWEEP_EVERY == 0:
             self._sweep(generation_below=self.ctx.generation)
-            self._admin.execute(self._prune_sql, (self.ctx.job, self.ctx.sink_name, self._sink.table, self.ctx.subtask,
-                                                  txn.epoch))
+            self._admin.execute(self._prune_sql, (self.ctx.job, self.ctx.sink_name, self._sink.table, self._lineage,
+                                                  self.ctx.subtask, txn.epoch))
 
     def abort(self, txn: PostgresTransaction) -> None:
         state = self._live.pop(txn.gid, None)
@@ -346,9 +350,33 @@ class PostgresSinkWriter(TwoPhaseCommitSink):
 
     def cleanup_orphans(self, restored_epoch: int) -> None:
         """After the restored pending epochs were committed: roll back every other prepared
-        transaction of this subtask and of the subtasks it absorbs, of any generation."""
+        transaction of this subtask and of the subtasks it absorbs, of any generation and
+        lineage; then say so if this run rolls back output (restored an epoch older than what
+        the restored lineage committed here: the epochs after it are produced again)."""
         self._start()
         self._sweep(generation_below=None)
+        lineage = self.ctx.lineage
+        if lineage is not None and lineage.parent is not None and lineage.parent != self._lineage:
+            ahead = self._committed(lineage.parent).get(self.ctx.subtask, 0)
+            if ahead > restored_epoch:
+                log.warning("%s: restored epoch %d of lineage %s, which committed epochs up to %d into %s: this run "
+                            "(lineage %s) produces the epochs after %d again (a rollback to an older savepoint or "
+                            "checkpoint)", self._where(), restored_epoch, lineage.parent or "(legacy)", ahead,
+                            self._sink.table, self._lineage, restored_epoch)
+
+    def release_clients(self) -> None:
+        """Close every connection: open transactions roll back with them; prepared ones stay
+        (the restored checkpoint may promise them) for the next writer to commit or sweep."""
+        conns = [state.conn for state in self._live.values()] + self._pool + [self._admin]
+        self._live.clear()
+        self._pool = []
+        self._admin = None
+        for conn in conns:
+            if conn is not None:
+                try:
+                    conn.close()
+                except Exception:
+                    pass
 
     # ------------------------------------------------------------------ server state
 
@@ -357,8 +385,10 @@ class PostgresSinkWriter(TwoPhaseCommitSink):
                                    (f"ep-{self._sink_id}-%",)).fetchall()
         return {r[0] for r in rows}
 
-    def _committed(self) -> dict[int, int]:
-        rows = self._admin.execute(self._committed_sql, (self.ctx.job, self.ctx.sink_name, self._sink.table)).fetchall()
+    def _committed(self, lineage: str) -> dict[int, int]:
+        """Subtask → the highest epoch ``lineage`` committed into the target (its progress rows)."""
+        rows = self._admin.execute(self._committed_sql,
+                                   (self.ctx.job, self.ctx.sink_name, self._sink.table, lineage)).fetchall()
         return {int(s): int(e) for s, e in rows}
 
     def _sweep(self, generation_below: int | None) -> None:
