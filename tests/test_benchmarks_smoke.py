@@ -196,6 +196,19 @@ def test_kafka_smoke(tmp_path):
 
 
 @pytest.mark.bench
+def test_kafka_kills_smoke(tmp_path):
+    """benchmarks/kafka_kills.py --smoke: one run, one SIGKILL that lands mid-run, recovered
+    and exact."""
+    out = tmp_path / "kafka_kills.json"
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "kafka_kills.py"), "--smoke", "--runtime", "local",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    doc = json.loads(out.read_text())
+    (run,) = doc["runs"]
+    assert run["exact"] and run["attempts"] == 2 and len(run["recovery_s"]) == 1
+
+
+@pytest.mark.bench
 def test_postgres_smoke(tmp_path):
     """benchmarks/postgres.py --smoke: every sink mode writes every row once (its own server)."""
     out = tmp_path / "postgres.json"

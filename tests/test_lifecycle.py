@@ -141,3 +141,69 @@ def test_rollback_to_an_older_savepoint_produces_the_later_epochs_again(kafka_br
     assert not target.open_transactions()
     assert any(f"a branch of lineage {first.lineage}" in r.getMessage() for r in caplog.records), \
         "the run did not say it is a branch of run 1's lineage"
+
+
+@pytest.mark.spark
+def test_kafka_to_kafka_recovers_promptly_from_three_sigkills_on_spark(kafka_broker, spark, tmp_path):
+    """Issue 36's wedge: a keyed count Kafka → Kafka on Spark whose task processes (count →
+    sink, chained: the process holding the producers) are SIGKILLed from outside three
+    times. The input comes in four parts; the test sends the next part only after a kill
+    was followed by a restart and a completed checkpoint of the new attempt, so every kill
+    lands mid-run. Every recovery must take seconds — a restored writer that waited for a
+    killed producer's transaction would take ``transaction.timeout.ms`` — and the output
+    equals the plain-Python count."""
+    import os
+    import signal
+
+    parts, per_part = 4, 150
+    topic = kafka_broker.create_topic(None, 2)
+    lines = {p: [test_kafka.text(p, i) for i in range(parts * per_part)] for p in range(2)}
+    out = kafka_broker.create_topic(None, 2)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    flow = ep.Dataflow("life-kills", parallelism=2)
+    (flow.source("lines", KafkaSource(kafka_broker.servers, topic, deserializer=bytes.decode,
+                                      stopping_offsets={(topic, p): parts * per_part for p in range(2)}))
+         .flat_map("split", lambda r: r.value.split())
+         .key_by(lambda w: w)
+         .process("count", Count(str(pids)))
+         .sink("out", KafkaSink(kafka_broker.servers, out, key=lambda r: r[0])))
+
+    def send(k: int) -> None:
+        for p in range(2):
+            kafka_broker.produce(topic, lines[p][k * per_part:(k + 1) * per_part], partition=p)
+
+    send(0)
+    handle = flow.start(spark=spark, checkpoint=storage(tmp_path, "ckpt"),
+                        restart=ep.RestartStrategy(max_attempts=5, delay=0.1))
+    recoveries, killed = [], []
+    try:
+        for k in range(1, parts):
+            attempt = handle.metrics().get("attempt", 0)
+            wait_until(lambda: handle.completed_epochs and os.listdir(pids), "no checkpoint before the kill")
+            victims = sorted(os.listdir(pids))
+            for name in victims:
+                os.remove(pids / name)
+            for name in victims[k % len(victims):] + victims[:k % len(victims)]:
+                try:
+                    os.kill(int(name), signal.SIGKILL)
+                except ProcessLookupError:
+                    continue
+                killed.append(int(name))
+                break
+            t_kill = time.monotonic()
+            before = max(e["epoch"] for e in handle.completed_epochs)
+            wait_until(lambda: handle.metrics().get("attempt", 0) > attempt, "the kill caused no restart")
+            # epoch ids are never reused: a completed epoch above `before` is the new attempt's
+            wait_until(lambda: any(e["epoch"] > before for e in handle.completed_epochs),
+                       "no checkpoint after the restart", timeout=180)
+            recoveries.append(time.monotonic() - t_kill)
+            send(k)
+        result = handle.wait(300)
+    except BaseException:
+        handle.cancel()
+        raise
+    assert len(killed) == parts - 1 and result.attempts == parts, (killed, result.failures)
+    assert max(recoveries) < 30, f"recovery took {recoveries} s after the kills"
+    assert committed_counts(kafka_broker, out) == running_counts(lines[0] + lines[1])
+    assert kafka_broker.open_transactions(out) == {}
