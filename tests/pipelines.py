@@ -138,6 +138,26 @@ def _payments(split: int, offset: int):
         i += 1
 
 
+def no_count_lost(got: collections.Counter, oracle: collections.Counter) -> str:
+    """What an at-least-once running count promises, checked against the exactly-once oracle
+    (both multisets of ``(key, n)``); "" if kept, else what is wrong.
+
+    At-least-once lets a snapshot hold records from after its barrier (the tracker never
+    blocks a channel); they are counted again after a restore. So intermediate ``(key, n)``
+    whose sink epoch died with the crash may never reappear, and counts may overshoot. No
+    input is lost: every key is there and its final count reaches at least the true one.
+    """
+    final, truth = collections.Counter(), collections.Counter()
+    for (key, n), _ in got.items():
+        final[key] = max(final[key], n)
+    for (key, n), _ in oracle.items():
+        truth[key] = max(truth[key], n)
+    if set(final) != set(truth):
+        return f"keys missing {sorted(set(truth) - set(final))[:5]}, unexpected {sorted(set(final) - set(truth))[:5]}"
+    short = {k: (final[k], truth[k]) for k in truth if final[k] < truth[k]}
+    return f"final counts below the truth (got, true): {dict(list(short.items())[:5])}" if short else ""
+
+
 def canon(records) -> collections.Counter:
     """Multiset of records, made hashable (JSON lists/dicts → canonical strings)."""
     return collections.Counter(json.dumps(r, sort_keys=True) for r in records)

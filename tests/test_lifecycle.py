@@ -207,3 +207,31 @@ def test_kafka_to_kafka_recovers_promptly_from_three_sigkills_on_spark(kafka_bro
     assert max(recoveries) < 30, f"recovery took {recoveries} s after the kills"
     assert committed_counts(kafka_broker, out) == running_counts(lines[0] + lines[1])
     assert kafka_broker.open_transactions(out) == {}
+
+
+def test_a_second_launch_is_refused_naming_the_running_one(kafka_broker, target, tmp_path):
+    """While run 1 runs (its input not complete yet, so it cannot have finished), a second
+    launch of the same job is refused at start, naming the running one: onto the same
+    checkpoint storage (``resume=True``) for every sink — the job's lease — and, for
+    PostgreSQL, even from another storage — the table's lock. Run 1 then finishes exact."""
+    data = Input(kafka_broker, partitions=2, per_partition=300)
+    handle = wordcount(kafka_broker, data, target).start(runtime="local", checkpoint=storage(tmp_path, "run1"))
+    try:
+        wait_until(lambda: handle.completed_epochs, "run 1 completed no checkpoint")
+        with pytest.raises(ep.ConfigError, match=r"already running on checkpoint storage .* process \d+ on host"):
+            wordcount(kafka_broker, data, target).start(runtime="local", resume=True,
+                                                        checkpoint=storage(tmp_path, "run1"))
+        if target.kind == "postgres":
+            with pytest.raises(ep.ConfigError, match=r"another run of job 'life-wc' is writing table .* epochal job"):
+                wordcount(kafka_broker, data, target).start(runtime="local", checkpoint=storage(tmp_path, "run2"))
+        assert handle.running
+    except BaseException:
+        handle.cancel()
+        raise
+    data.rest()
+    handle.wait(300)
+    assert target.read() == running_counts(data.lines)
+    assert not target.open_transactions()
+    # the job ended: its lease and lock are gone, and a resume is allowed again
+    wordcount(kafka_broker, data, target).run(runtime="local", resume=True, checkpoint=storage(tmp_path, "run1"))
+    assert target.read() == running_counts(data.lines)

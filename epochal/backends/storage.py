@@ -309,6 +309,18 @@ class CheckpointStorage:
             raise CheckpointStorageError(f"{self.display(path)} is corrupt: not a JSON object")
         return doc
 
+    def delete_document(self, rel: str) -> None:
+        """Delete the document at ``rel`` (see :meth:`write_document`); absent is fine."""
+        path = f"{self.root}/{rel}"
+
+        def rm():
+            try:
+                self.fs.rm(path)
+            except FileNotFoundError:
+                pass
+
+        self.call("delete", path, rm)
+
     def _list_epochs(self) -> list[int]:
         """Epochs with a ``chk-*`` directory (complete or not), ascending."""
         def ls():

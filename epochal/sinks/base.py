@@ -129,6 +129,17 @@ class Sink(ABC):
         when the dataflow is planned. None by default."""
         return ()
 
+    def hold(self, job: str, sink: str):
+        """On the driver, first of all: make sure no other run writes this sink's target now,
+        and keep it so while the job runs (one writer per target). Return an object whose
+        ``release()`` the driver calls when the job ends (any path), or None (the default:
+        the target needs no guard beyond the job's lease in its checkpoint storage).
+
+        Raises:
+            ConfigError: another run holds the target, naming it.
+        """
+        return None
+
     def claim(self, job: str, sink: str, resume: bool) -> None:
         """On the driver, before the job starts: make sure this sink may write its
         output (e.g. no other job owns the directory) and record that job ``job``'s sink

@@ -120,6 +120,15 @@ class PostgresSink(Sink):
     def create_writer(self, ctx: SinkContext) -> PostgresSinkWriter:
         return PostgresSinkWriter(self, ctx)
 
+    def hold(self, job: str, sink: str) -> TargetLock:
+        """One writer per target: a session-level advisory lock on (job, sink, table), held by
+        a connection of the driver for the job's whole life (the server frees it when that
+        connection ends, also if the driver dies). A second run of the same job and sink into
+        the same table — from another checkpoint storage, or another machine — is refused
+        here, naming the run that holds it; without it the second run's recovery would roll
+        back the first one's prepared transactions. Different jobs or sinks never collide."""
+        return TargetLock.take(self.dsn, job, sink, self.table, f"sink {sink!r} ({self!r})")
+
     def claim(self, job: str, sink: str, resume: bool) -> None:
         """On the driver: the server answers, the table and columns exist, the progress
         table exists (created if missing). A job that starts afresh (not resuming its
@@ -153,6 +162,51 @@ class PostgresSink(Sink):
                 f"sink {sink!r} ({self!r}): the server has max_prepared_transactions = 0, so it cannot prepare the "
                 "epoch transactions exactly-once needs; set max_prepared_transactions (e.g. to 3 × the sink's "
                 "parallelism or more) in postgresql.conf and restart the server, or run at-least-once")
+
+
+class TargetLock:
+    """A session advisory lock on a sink target, on its own autocommit connection."""
+
+    def __init__(self, conn, key: int):
+        self.conn, self.key = conn, key
+
+    @classmethod
+    def take(cls, dsn: str, job: str, sink: str, table: str, what: str) -> TargetLock:
+        import hashlib
+        import os
+        import socket
+
+        key = int.from_bytes(hashlib.sha256(f"epochal\0{job}\0{sink}\0{table}".encode()).digest()[:8], "big",
+                             signed=True)
+        conn = connect(dsn, what, autocommit=True)
+        try:
+            me = f"epochal job {job} sink {sink}: driver {os.getpid()}@{socket.gethostname()}"[:63]
+            conn.execute("SELECT set_config('application_name', %s, false)", (me,))
+            if not conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
+                holder = conn.execute(
+                    "SELECT a.application_name, a.client_addr, a.backend_start FROM pg_locks l JOIN pg_stat_activity a "
+                    "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND "
+                    "l.classid = %s::bigint::oid AND l.objid = %s::bigint::oid",  # a bigint key: high, low 32 bits
+                    ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF)).fetchone()
+                who = (f"{holder[0] or 'a session'} (connected from {holder[1] or 'a local socket'} since {holder[2]})"
+                       if holder else "another session")
+                raise ConfigError(
+                    f"{what}: another run of job {job!r} is writing table {table!r} through sink {sink!r} now — "
+                    f"{who} holds its lock. One writer per target: stop that run first (a second run would roll "
+                    "back its prepared transactions), or give this job another name")
+        except BaseException:
+            conn.close()
+            raise
+        return cls(conn, key)
+
+    def release(self) -> None:
+        """Unlock by ending the session. Idempotent."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.close()
+
+    def __repr__(self) -> str:
+        return f"TargetLock({self.key})"
 
 
 @dataclass

@@ -166,6 +166,9 @@ class JobDriver:
         self.stopped_with_savepoint: str | None = None
         #: this run's lineage (epochal.epochs.lineage), drawn by the first attempt
         self.lineage: Lineage | None = None
+        #: the job's lease and its sinks' holds (epochal.runtime.driver.lease): released when it ends
+        self.holds: list = []
+        self._abort_reason: str | None = None
         self.thread = threading.Thread(target=self._run_guarded, name=f"epochal-driver-{plan.job}", daemon=True)
 
     def _progress_source(self):
@@ -196,6 +199,13 @@ class JobDriver:
         if self.server is not None:
             self.server.fail("cancelled by the user")
 
+    def abort(self, reason: str) -> None:
+        """Stop the job for ``reason`` (e.g. its lease was taken over): no restart."""
+        self._abort_reason = reason
+        self._cancelled = True
+        if self.server is not None:
+            self.server.fail(reason)
+
     def _run_guarded(self) -> None:
         watcher = None
         if self.checkpoint.requests_poll is not None:  # savepoints requested by `epochal savepoint trigger`
@@ -215,6 +225,11 @@ class JobDriver:
             self.savepoints.close(f"job {self.plan.job!r} is not running")
             self.launcher.close()
             self.reporter.close()
+            for held in reversed(self.holds):  # the lease last: the job's tasks are gone now
+                try:
+                    held.release()
+                except Exception as exc:
+                    log.warning("job %s: releasing %r failed: %s", self.plan.job, held, exc)
 
     def _run(self) -> JobResult:
         t0 = time.monotonic()
@@ -267,7 +282,8 @@ class JobDriver:
             log.warning("job %s attempt %d (generation %d) failed: %s", self.plan.job, attempt, generation,
                         outcome.cause.splitlines()[0] if outcome.cause else "")
             if self._cancelled:
-                raise JobFailedError(f"job {self.plan.job!r} was cancelled", failures)
+                raise JobFailedError(f"job {self.plan.job!r} was "
+                                     + (f"stopped: {self._abort_reason}" if self._abort_reason else "cancelled"), failures)
             if outcome.fatal:
                 raise JobFailedError(f"job {self.plan.job!r} cannot run (not retried): {outcome.cause}", failures)
             if outcome.poison is not None and outcome.poison == poison and attempt < self.restart.max_attempts:

@@ -21,6 +21,7 @@ from epochal.errors import ConfigError, EpochalError
 from epochal.graph import NodeKind
 from epochal.runtime.driver import compatibility
 from epochal.runtime.driver.attempts import JobDriver, JobHandle
+from epochal.runtime.driver.lease import JobLease
 from epochal.runtime.driver.result import JobResult
 
 __all__ = ["JobHandle", "JobResult", "start_job"]
@@ -68,8 +69,6 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
 
         launcher = SparkLauncher(spark, len(plan.tasks), cluster)
     else:
-        from epochal.runtime.launch.launcher import LocalLauncher
-
         launcher = None
     if launcher is not None and launcher.is_cluster:
         from epochal.runtime.launch.cluster import check_storage_visible_from_every_host
@@ -78,10 +77,43 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
     url = checkpoint.storage or "file://" + tempfile.mkdtemp(prefix=f"epochal-{flow.name}-")
     storage = CheckpointStorage(url, flow.name, retry_policy=RetryPolicy(deadline=storage_retry(checkpoint)),
                                 signing_key=checkpoint.signing_key)
+    point = None if restore_from is None else _check_restore_point(restore_from, storage, plan, resume,
+                                                                    allow_non_restored_state)
+    holds = [JobLease.acquire(storage, flow.name)]  # one driver per job and storage, before any other write
+    try:
+        for node in plan.nodes.values():  # one writer per sink target, before any claim touches it
+            if node.kind is NodeKind.SINK:
+                held = node.payload.hold(job=flow.name, sink=node.name)
+                if held is not None:
+                    holds.append(held)
+        return _start(flow, plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url,
+                      runtime, resume, faults, backend, cluster, allow_non_restored_state, metrics, restore_from, point,
+                      holds)
+    except BaseException:
+        _release(holds)
+        raise
+
+
+def _release(holds) -> None:
+    for held in reversed(holds):
+        try:
+            held.release()
+        except Exception as exc:
+            log.warning("releasing %r failed: %s", held, exc)
+
+
+def _start(flow, plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime, resume,
+           faults, backend, cluster, allow_non_restored_state, metrics, restore_from, point, holds) -> JobHandle:
+    """The rest of :func:`start_job`, while the job's lease and its sinks' holds are held."""
     if not isinstance(allow_non_restored_state, bool):
         raise ConfigError(f"allow_non_restored_state: expected True or False, got {allow_non_restored_state!r}")
-    if restore_from is not None:
-        _import_restore_point(restore_from, storage, plan, resume, allow_non_restored_state)
+    if point is not None:
+        from epochal.state.savepoint import import_checkpoint
+
+        t0 = time.monotonic()
+        copied = import_checkpoint(point, storage)
+        log.info("job %s: %s %s (epoch %d, %d bytes) copied into %s in %.2f s", plan.job, point.kind, restore_from,
+                 point.epoch, copied, storage.root_url, time.monotonic() - t0)
         resume = True
     latest = storage.latest_completed() if storage.has_checkpoints() else None
     if storage.has_checkpoints() and not resume:
@@ -97,21 +129,26 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
             node.payload.claim(job=flow.name, sink=node.name, resume=latest is not None)
             node.payload.check_run(node.name, checkpoint, components.sink_mode)
     if launcher is None:
+        from epochal.runtime.launch.launcher import LocalLauncher
+
         launcher = LocalLauncher()
     encrypted = launcher.is_cluster if channels.encryption is None else channels.encryption
     driver = JobDriver(plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime,
                      tuple(faults), backend, encrypted, allow_non_restored_state, metrics,
                      peer_timeout=cluster.peer_timeout if launcher.is_cluster else None)
     driver.restored_from_url = restore_from
+    driver.holds = holds
+    holds[0].on_lost = driver.abort
+    holds[0].start()
     driver.thread.start()
     return JobHandle(driver)
 
 
-def _import_restore_point(restore_from: str, storage: CheckpointStorage, plan, resume: bool,
-                          allow_non_restored_state: bool) -> None:
-    """``restore_from``: check the checkpoint against ``plan``, then copy it into ``storage``."""
+def _check_restore_point(restore_from: str, storage: CheckpointStorage, plan, resume: bool,
+                         allow_non_restored_state: bool):
+    """``restore_from``: open the checkpoint and check it against ``plan`` and ``storage``,
+    writing nothing; the caller copies it into ``storage`` once it holds the job's lease."""
     from epochal.state.location import open_checkpoint
-    from epochal.state.savepoint import import_checkpoint
 
     if resume:
         raise ConfigError("restore_from and resume=True exclude each other: restore_from starts the job's history "
@@ -133,10 +170,7 @@ def _import_restore_point(restore_from: str, storage: CheckpointStorage, plan, r
                 f"restore_from {restore_from}: its _metadata is not trusted: {why} — checkpoint.signing_key is set, "
                 "so only checkpoints and savepoints of jobs signing with the same key are restored")
     compatibility.enforce(plan, point.meta, allow_non_restored_state, log)  # before anything is copied
-    t0 = time.monotonic()
-    copied = import_checkpoint(point, storage)
-    log.info("job %s: %s %s (epoch %d, %d bytes) copied into %s in %.2f s", plan.job, point.kind, restore_from,
-             point.epoch, copied, storage.root_url, time.monotonic() - t0)
+    return point
 
 
 def storage_retry(checkpoint: CheckpointConfig) -> float:
