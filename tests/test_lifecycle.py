@@ -235,3 +235,34 @@ def test_a_second_launch_is_refused_naming_the_running_one(kafka_broker, target,
     # the job ended: its lease and lock are gone, and a resume is allowed again
     wordcount(kafka_broker, data, target).run(runtime="local", resume=True, checkpoint=storage(tmp_path, "run1"))
     assert target.read() == running_counts(data.lines)
+
+
+def test_switching_exactly_once_to_at_least_once_first_commits_what_the_checkpoint_promised(kafka_broker, target,
+                                                                                          tmp_path):
+    """Run 1 (exactly-once) dies between a checkpoint's completion and its commit, with no
+    restart left: that epoch is promised by the checkpoint but not in the target. Resuming
+    it at-least-once would drop it (an at-least-once writer re-commits nothing), so that is
+    refused, naming the setting. The documented way: resume exactly-once and stop with a
+    savepoint (every transaction up to it commits), then resume at-least-once — output is
+    then complete."""
+    data = Input(kafka_broker, partitions=2, per_partition=400)
+    config = storage(tmp_path, "ckpt")
+    with pytest.raises(ep.JobFailedError):
+        wordcount(kafka_broker, data, target).run(runtime="local", checkpoint=config,
+                                                  restart=ep.RestartStrategy(max_attempts=0),
+                                                  faults=[CrashDuringCommit("out", subtask=0, epoch=1, how="exit")])
+    with pytest.raises(ep.ConfigError, match=r"guarantee: checkpoint \d+ was taken exactly-once .*stop_with_savepoint"):
+        wordcount(kafka_broker, data, target).run(runtime="local", resume=True, checkpoint=config,
+                                                  guarantee="at-least-once")
+    handle = wordcount(kafka_broker, data, target).start(runtime="local", resume=True, checkpoint=config)
+    try:
+        wait_until(lambda: target.read() == running_counts(data.first_half()), "the first half was not committed")
+    except BaseException:
+        handle.cancel()
+        raise
+    handle.stop_with_savepoint(str(tmp_path / "sp"), timeout=120)
+    data.rest()
+    third = wordcount(kafka_broker, data, target).run(runtime="local", resume=True, checkpoint=config,
+                                                      guarantee="at-least-once")
+    assert third.guarantee == "at-least-once"
+    assert target.read() == running_counts(data.lines)  # no failure in the at-least-once run: exact

@@ -251,6 +251,8 @@ class JobDriver:
                 # every restore is checked (a fallback past a damaged checkpoint may reach one
                 # of an older plan): a mismatch fails the job before any task starts
                 compatibility.enforce(self.plan, meta, self.allow_non_restored_state, log)
+                compatibility.check_sink_mode(meta, epoch, self.components.sink_mode.value,
+                                              self.storage.read_document(compatibility.SINKS_COMMITTED))
                 restore = {"epoch": epoch, "tasks": meta["tasks"]}
                 highest = max(highest, epoch)
             if self.lineage is None:  # failure restarts keep the run's lineage
@@ -265,6 +267,8 @@ class JobDriver:
             highest = max(highest, server.highest_triggered)
             self.stopped_with_savepoint = getattr(server, "stopped_with_savepoint", None)
             entry["cause"] = None if outcome.ok else outcome.cause
+            if outcome.ok and self.stopped_with_savepoint:
+                self._record_sinks_committed(self.stopped_with_savepoint)
             if outcome.ok:
                 return JobResult(
                     job=self.plan.job, guarantee=self.components.guarantee.value, runtime=self.runtime,
@@ -301,6 +305,20 @@ class JobDriver:
             failures,
         )
 
+    def _record_sinks_committed(self, url: str) -> None:
+        """The job stopped with the savepoint at ``url``: every sink transaction up to its
+        epoch is committed. Say so in the job's storage and in the savepoint, so a run with
+        another guarantee may start from it (compatibility.check_sink_mode)."""
+        from epochal.state.location import open_checkpoint
+
+        try:
+            point = open_checkpoint(url)
+            doc = {"epoch": point.epoch, "savepoint": url}
+            self.storage.write_document(compatibility.SINKS_COMMITTED, doc)
+            point.storage.write_document(compatibility.SINKS_COMMITTED, doc)
+        except Exception as exc:  # the job stopped fine; only a later guarantee switch is refused
+            log.warning("job %s: could not record that the sinks committed savepoint %s: %s", self.plan.job, url, exc)
+
     def _attempt(self, generation: int, restore: dict | None, first_epoch: int, entry: dict, t0: float):
         """Run one attempt to its end; fill ``entry`` (a JobResult.attempt_timeline item)."""
         key = wire.derive_key(self.secret, self.plan.job, generation)
@@ -321,7 +339,7 @@ class JobDriver:
                                    startup_timeout=self.launcher.startup_timeout,
                                    advertised_host=self.launcher.advertised_host, tls=tls,
                                    savepoints=self.savepoints, peer_timeout=self.peer_timeout,
-                                   lineage=self.lineage)
+                                   lineage=self.lineage, sink_mode=self.components.sink_mode.value)
         with self._server_lock:
             self.server = server
             early, self._early_trigger = self._early_trigger, False

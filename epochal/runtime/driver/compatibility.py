@@ -90,3 +90,32 @@ def enforce(plan, meta: dict, allow_non_restored_state: bool, log) -> set[str]:
         log.warning("restoring checkpoint %s without the state of %s (allow_non_restored_state=True)",
                     meta.get("epoch"), ", ".join(map(repr, sorted(dropped))))
     return dropped
+
+
+#: a storage document saying every sink transaction up to its ``epoch`` is committed: written
+#: when a job stopped with a savepoint (and into the savepoint itself)
+SINKS_COMMITTED = "_sinks_committed"
+
+
+def check_sink_mode(meta: dict, epoch: int, sink_mode: str, committed: dict | None) -> None:
+    """Refuse a restore whose sinks would drop what the checkpoint promised (issue 36).
+
+    A checkpoint taken with transactional sinks (exactly-once) may hold pre-committed epochs
+    whose commit never ran; only a transactional writer re-commits them (seed 004
+    §4.1.3.1). A run with another sink mode (at-least-once) would drop them. Such a switch
+    is allowed only from a checkpoint whose transactions are known to be committed:
+    ``committed`` (the :data:`SINKS_COMMITTED` document) names its epoch.
+
+    Raises:
+        ConfigError: naming the setting and the way to switch safely.
+    """
+    then = meta.get("sink_mode")
+    if then != "transactional" or then == sink_mode:
+        return
+    if committed is not None and committed.get("epoch") == epoch:
+        return
+    raise ConfigError(
+        f"guarantee: checkpoint {epoch} was taken exactly-once and its sinks may hold pre-committed epochs that only "
+        f"an exactly-once run commits; a {sink_mode!r} run would lose them. Switch safely: run it exactly-once and "
+        "stop it with a savepoint (handle.stop_with_savepoint(), which commits every transaction up to its epoch), "
+        "then start the new guarantee from that savepoint or with resume=True")

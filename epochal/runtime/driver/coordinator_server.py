@@ -79,10 +79,11 @@ class CoordinatorServer:
     def __init__(self, plan, generation: int, key: bytes, storage, config, restore: dict | None,
                  first_epoch: int, bind_host: str, log, startup_timeout: float = 300.0,
                  advertised_host: str | None = None, tls=None, savepoints: SavepointTracker | None = None,
-                 peer_timeout: float | None = None, lineage=None):
+                 peer_timeout: float | None = None, lineage=None, sink_mode: str | None = None):
         self.plan = plan
         self.generation = generation
         self.lineage = lineage  # epochal.epochs.lineage.Lineage: written into every _metadata
+        self.sink_mode = sink_mode  # the sinks' SinkMode value: a restore with another one is checked
         self.storage = storage
         self.config = config
         self.restore = restore
@@ -394,6 +395,7 @@ class CoordinatorServer:
             "job": self.plan.job,
             "generation": self.generation,
             "lineage": self.lineage.id if self.lineage is not None else "",
+            "sink_mode": self.sink_mode,
             "reason": completed.reason.value,
             "plan": self.plan.fingerprint(),
             "max_parallelism": self.plan.max_parallelism,

@@ -112,6 +112,9 @@ def _start(flow, plan, plan_blob, components, checkpoint, restart, channels, lau
 
         t0 = time.monotonic()
         copied = import_checkpoint(point, storage)
+        committed = point.storage.read_document(compatibility.SINKS_COMMITTED)
+        if committed is not None and committed.get("epoch") == point.epoch:  # stopped with it: keep saying so
+            storage.write_document(compatibility.SINKS_COMMITTED, committed)
         log.info("job %s: %s %s (epoch %d, %d bytes) copied into %s in %.2f s", plan.job, point.kind, restore_from,
                  point.epoch, copied, storage.root_url, time.monotonic() - t0)
         resume = True
@@ -124,6 +127,8 @@ def _start(flow, plan, plan_blob, components, checkpoint, restart, channels, lau
         )
     if latest is not None:  # checked now, before anything starts (every restore is checked again later)
         compatibility.enforce(plan, latest[1], allow_non_restored_state, log)
+        compatibility.check_sink_mode(latest[1], latest[0], components.sink_mode.value,
+                                      storage.read_document(compatibility.SINKS_COMMITTED))
     for node in plan.nodes.values():  # output ownership, before anything writes
         if node.kind is NodeKind.SINK:
             node.payload.claim(job=flow.name, sink=node.name, resume=latest is not None)
