@@ -266,3 +266,51 @@ def test_switching_exactly_once_to_at_least_once_first_commits_what_the_checkpoi
                                                       guarantee="at-least-once")
     assert third.guarantee == "at-least-once"
     assert target.read() == running_counts(data.lines)  # no failure in the at-least-once run: exact
+
+
+def test_kafka_marker_group_gone_while_the_job_was_down_produces_no_duplicate(kafka_broker):
+    """A writer commits epochs 1 and 2 (records and marker), but the checkpoint it is
+    restored from still lists them as pending (taken before the commits). While the job is
+    down the marker group disappears (deleted here; Kafka expires it after
+    ``offsets.retention.minutes``). The restored writer cannot learn from the group that the
+    epochs are in Kafka; it finds their tagged first records in the topic and produces
+    neither again. (Before the tags, both epochs were produced twice.)"""
+    from epochal.alignment.factory import SinkMode
+    from epochal.epochs.lineage import Lineage
+    from epochal.sinks import SinkContext
+
+    topic = kafka_broker.create_topic(None, 2)
+    sink = KafkaSink(kafka_broker.servers, topic)
+    lineage = Lineage("0123456789ab")
+
+    def ctx(generation):
+        return SinkContext("out", subtask=0, parallelism=1, job="expiry", generation=generation,
+                           mode=SinkMode.TRANSACTIONAL, lineage=lineage)
+
+    first = sink.create_writer(ctx(0))
+    first.restore(None)
+    first.write_many([f"a{i}" for i in range(50)])
+    first.snapshot(1)
+    first.durability_job(1)()
+    first.write_many([f"b{i}" for i in range(30)])
+    state = first.snapshot(2)
+    first.durability_job(2)()
+    first.notify_epoch_complete(2)  # both epochs committed, with their marker
+    first.release()
+    want = sorted(f"a{i}".encode() for i in range(50)) + sorted(f"b{i}".encode() for i in range(30))
+    assert sorted(kafka_broker.values(topic)) == sorted(want)
+    group = f"epochal-expiry-out-{lineage.id}-0-epochs"
+    admin = kafka_broker.admin()
+    for future in admin.delete_consumer_groups([group], request_timeout=30).values():
+        future.result(30)
+    # the group is gone: a fresh consumer of it finds no committed offset
+    from confluent_kafka import Consumer, TopicPartition
+
+    probe = Consumer({"bootstrap.servers": kafka_broker.servers, "group.id": group})
+    assert probe.committed([TopicPartition(topic, 0)], timeout=10)[0].offset < 0
+    probe.close()
+
+    second = sink.create_writer(ctx(1))
+    second.restore(state)  # pending: epochs 1 and 2, both in Kafka already
+    second.release()
+    assert sorted(kafka_broker.values(topic)) == sorted(want), "an epoch was produced twice"

@@ -31,6 +31,18 @@ from dataclasses import dataclass
 #: the extra slot of each generation that produces epochs from the write-ahead log
 REPLAY_SLOT = "r"
 
+#: the header the first record of every epoch transaction carries (:func:`epoch_tag`)
+TAG_HEADER = "epochal-epoch"
+
+
+def epoch_tag(group: tuple[str, int], epoch: int) -> bytes:
+    """Names an epoch transaction in the topic itself — the lineage and subtask that wrote
+    it, and its epoch — so that recovery can still tell whether it was committed when its
+    marker group is gone (expired while the job was down): the tag's record is visible to
+    read_committed readers iff the epoch committed (transactions are atomic)."""
+    lineage, subtask = group
+    return f"{lineage}:{subtask}:{epoch}".encode()
+
 
 @dataclass(frozen=True)
 class MarkerMeta:

@@ -206,6 +206,7 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
         self._failed: str | None = None  # first delivery error (at-least-once)
         self._fenced: set[str] = set()  # transactional ids this writer fenced
         self._sealed = 0  # the highest epoch pre_commit sealed
+        self._missing: set[tuple] = set()  # settled groups Kafka held no marker for
 
     # ------------------------------------------------------------------ hooks
 
@@ -236,6 +237,8 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
                     key = headers = None
             except Exception as exc:
                 raise SinkWriteError(self.ctx.sink_name, record, f"{type(exc).__name__}: {exc}") from exc
+            if keep is not None and not txn.count:  # the epoch's first record names it (recovery.epoch_tag)
+                headers = list(headers or ()) + [(recovery.TAG_HEADER, recovery.epoch_tag(txn.group, txn.epoch))]
             if producer is not None:
                 self._produce(producer, topic, key, value, headers, now, record)
             if keep is not None:
@@ -394,6 +397,8 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
                      "an earlier generation" if group[0] == self._lineage else f"lineage {group[0] or '(legacy)'}")
             marker = self._read_marker(group)
         self._markers[group] = marker.epoch if marker else 0
+        if marker is None:
+            self._missing.add(group)
         return marker
 
     def _fence(self, txid: str) -> None:
@@ -463,6 +468,11 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
         todo = recovery.epochs_to_produce([(txn.epoch, g)], self._markers)
         if not todo:
             return
+        if g in self._missing and self._epoch_in_topic(txn):
+            log.warning("%s: the marker group of lineage %s subtask %d is gone (expired while the job was down? "
+                        "offsets.retention.minutes), but epoch %d is in topic %r already: not produced again",
+                        self._where(), g[0] or "(legacy)", g[1], txn.epoch, self._topic)
+            return
         producer = self._replay
 
         def produce_and_commit():
@@ -473,6 +483,47 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
 
         self._kafka_call(f"produce epoch {txn.epoch} of subtask {g[1]} from the checkpoint", produce_and_commit)
         log.info("%s: produced epoch %d (%d records) from the checkpoint", self._where(), txn.epoch, txn.count)
+
+    def _epoch_in_topic(self, txn: KafkaTransaction) -> bool:
+        """Whether ``txn``'s first record — the one carrying its :func:`recovery.epoch_tag`
+        header — is visible to read_committed readers: the epoch was committed. Only asked
+        when the marker group that would say so is gone (a group expires
+        ``offsets.retention.minutes`` after its last commit, 7 days by default, e.g. while
+        the job was down). Reads every partition from the epoch's first record time (its
+        records carry the time they were written) to the end."""
+        if not txn.records:
+            return False
+        tag = recovery.epoch_tag(txn.group, txn.epoch)
+        since = min(r[3] for r in txn.records)
+        conf = {k: v for k, v in self._base.items() if k.startswith(("security.", "sasl.", "ssl.", "client."))}
+        conf.update({"bootstrap.servers": self._sink.servers, "enable.auto.commit": False,
+                     "group.id": f"{self._prefix}-scan", "isolation.level": "read_committed",
+                     "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+        consumer = self._ck.Consumer(conf)
+        try:
+            meta = consumer.list_topics(self._topic, timeout=KAFKA_CALL_TIMEOUT_S).topics[self._topic]
+            wanted = [self._ck.TopicPartition(self._topic, p, since) for p in meta.partitions]
+            start = consumer.offsets_for_times(wanted, timeout=KAFKA_CALL_TIMEOUT_S)
+            todo = {tp.partition for tp in start if tp.offset >= 0}
+            consumer.assign([tp for tp in start if tp.offset >= 0])
+            deadline = time.monotonic() + KAFKA_CALL_TIMEOUT_S
+            while todo:
+                if time.monotonic() > deadline:
+                    raise SinkCommitError(f"{self._where()}: looking for epoch {txn.epoch} in topic {self._topic!r} "
+                                          f"took over {KAFKA_CALL_TIMEOUT_S:.0f} s")
+                msg = consumer.poll(0.5)
+                if msg is None:
+                    continue
+                if msg.error() is not None:
+                    if msg.error().code() == self._ck.KafkaError._PARTITION_EOF:
+                        todo.discard(msg.partition())
+                        continue
+                    raise SinkCommitError(f"{self._where()}: reading topic {self._topic!r}: {msg.error()}")
+                if (recovery.TAG_HEADER, tag) in (msg.headers() or ()):
+                    return True
+            return False
+        finally:
+            consumer.close()
 
     # ------------------------------------------------------------------ producing
 
