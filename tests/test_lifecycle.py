@@ -314,3 +314,30 @@ def test_kafka_marker_group_gone_while_the_job_was_down_produces_no_duplicate(ka
     second.restore(state)  # pending: epochs 1 and 2, both in Kafka already
     second.release()
     assert sorted(kafka_broker.values(topic)) == sorted(want), "an epoch was produced twice"
+
+
+def test_kafka_source_after_a_restore_reads_new_partitions_from_their_start_and_drops_removed_topics(kafka_broker):
+    """A restored KafkaSource (``starting_offsets="latest"``): a partition with no
+    checkpointed offset appeared while the job was down and is read from its start — "latest"
+    would skip what was written to it meanwhile — and a checkpointed partition of a topic
+    no longer among ``topics`` is not read."""
+    from epochal.connectors.kafka.source import split_name
+
+    topic, gone = kafka_broker.create_topic(None, 2), kafka_broker.create_topic(None, 1)
+    kafka_broker.produce(topic, [f"a{i}" for i in range(5)], partition=0)
+    kafka_broker.produce(topic, [f"b{i}" for i in range(3)], partition=1)  # "new" partition: no offset restored
+    kafka_broker.produce(gone, ["x0", "x1"], partition=0)
+    source = KafkaSource(kafka_broker.servers, topic, starting_offsets="latest", stopping_offsets="latest",
+                         deserializer=bytes.decode)
+    restored = {split_name(topic, 0): {"next": 2}, split_name(gone, 0): {"next": 0}}
+    reader = source.create_reader(source.splits(), restored)
+    got, deadline = [], time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            poll = reader.poll(100)
+            got += [r.value for r in poll.records]
+            if poll.finished:
+                break
+    finally:
+        reader.close()
+    assert sorted(got) == ["a2", "a3", "a4", "b0", "b1", "b2"]

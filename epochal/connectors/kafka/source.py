@@ -167,14 +167,15 @@ class KafkaSource(Source):
 
     def create_reader(self, splits: list, state: dict | None, *, subtask: int = 0,
                       parallelism: int = 1) -> SourceReader:
-        return _KafkaReader(self, list(splits), state or {}, subtask, parallelism)
+        return _KafkaReader(self, list(splits), state or {}, subtask, parallelism, restored=state is not None)
 
 
 class _KafkaReader(SourceReader):
     """Serves one partition per poll (``Poll.split``), round-robin over partitions with
     buffered records, so ``with_watermarks`` keeps event time per partition."""
 
-    def __init__(self, src: KafkaSource, splits: list[str], state: dict, subtask: int, parallelism: int):
+    def __init__(self, src: KafkaSource, splits: list[str], state: dict, subtask: int, parallelism: int,
+                 restored: bool = False):
         ck = self._ck = kafka()
         self._src = src
         self._subtask, self._parallelism = subtask, parallelism
@@ -189,8 +190,17 @@ class _KafkaReader(SourceReader):
         self._buffers: dict[str, deque] = {}
         self._turn: deque[str] = deque()  # every owned partition, rotated by each poll
         self._announced: set[str] = set()  # partitions whose end was reported (split_finished)
-        owned = list(splits) + sorted(s for s in state if s not in splits and self._owns(s))
-        self._add(owned, state)
+        kept = [s for s in state if s not in splits and self._owns(s)]
+        dropped = sorted(s for s in kept if _parse_split(s)[0] not in src.topics)
+        if dropped:  # a topic taken out of `topics`: its checkpointed partitions are no longer read
+            log.info("%s: no longer reads partition(s) %s (their topic is not among the source's topics)",
+                     src.name, dropped)
+        owned = list(splits) + sorted(set(kept) - set(dropped))
+        # after a restore, a partition with no checkpointed offset appeared while the job was
+        # down (or its topic was added): it is read from its start, not from starting_offsets
+        # ("latest" would skip what was written to it meanwhile)
+        self._add([s for s in owned if s in state], state)
+        self._add([s for s in owned if s not in state], {}, discovered=restored)
         self._last_discovery = time.monotonic()
 
     # ------------------------------------------------------------------ assignment
