@@ -26,6 +26,7 @@ credit-based flow control. A restore replays the channel state before any new in
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
 import traceback
@@ -434,6 +435,7 @@ class Task(ReadSteps, BarrierSteps):
             "watermark": self.chain.output.watermark, "idle": self.chain.output.idle,
             "operators": operators, "snapshots": self.metrics["snapshots"],
             "late_dropped": self.metrics.get("late_dropped", 0), "host": self.node, "time": time.time(),
+            "rss_bytes": _rss_bytes(), "pid": os.getpid(),
         }
 
     def _final_metrics(self) -> dict:
@@ -448,3 +450,13 @@ class Task(ReadSteps, BarrierSteps):
         if hasattr(self, "chain"):
             m["watermark"] = self.chain.output.watermark
         return m
+
+
+def _rss_bytes() -> int | None:
+    """This process's resident memory (``/proc/self/statm``), for the live metrics; ``None``
+    where there is no ``/proc``."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
