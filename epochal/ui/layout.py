@@ -22,6 +22,7 @@ __all__ = ["BOX_HEIGHT", "BOX_WIDTH", "graph_view"]
 
 BOX_WIDTH, BOX_HEIGHT = 170, 64
 COLUMN_GAP, ROW_GAP, MARGIN = 70, 34, 20
+TOP = 44  # room above the first row for edges that skip columns (drawn as arcs over the boxes)
 
 
 def _columns(nodes: dict[str, Node]) -> dict[str, int]:
@@ -56,7 +57,7 @@ def graph_view(nodes: dict[str, Node]) -> dict:
         r = rows.get(c, 0)
         rows[c] = r + 1
         boxes.append({"name": name, "kind": node.kind.value, "parallelism": node.parallelism, "column": c, "row": r,
-                      "x": MARGIN + c * (BOX_WIDTH + COLUMN_GAP), "y": MARGIN + r * (BOX_HEIGHT + ROW_GAP),
+                      "x": MARGIN + c * (BOX_WIDTH + COLUMN_GAP), "y": TOP + r * (BOX_HEIGHT + ROW_GAP),
                       "width": BOX_WIDTH, "height": BOX_HEIGHT})
     edges = [{"source": i.node, "target": name, "kind": i.partitioning.kind.value, "feedback": i.feedback,
               "port": i.port}
@@ -65,4 +66,4 @@ def graph_view(nodes: dict[str, Node]) -> dict:
     height = max(rows.values(), default=1)
     return {"nodes": boxes, "edges": edges,
             "width": 2 * MARGIN + columns * BOX_WIDTH + (columns - 1) * COLUMN_GAP,
-            "height": 2 * MARGIN + height * BOX_HEIGHT + (height - 1) * ROW_GAP + 30}
+            "height": TOP + MARGIN + height * BOX_HEIGHT + (height - 1) * ROW_GAP + 30}

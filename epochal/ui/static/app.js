@@ -67,6 +67,9 @@
         const y = Math.max(a.y + a.height, b.y + b.height) + 18;
         d = `M${a.x + a.width / 2},${a.y + a.height} C${a.x + a.width / 2},${y} ${b.x + b.width / 2},${y} ` +
             `${b.x + b.width / 2},${b.y + b.height}`;
+      } else if (b.column - a.column > 1) {  // skips columns: an arc over the boxes between
+        const x1 = a.x + a.width * 0.75, x2 = b.x + b.width * 0.25, top = Math.min(a.y, b.y) - 30;
+        d = `M${x1},${a.y} C${x1},${top} ${x2},${top} ${x2},${b.y}`;
       } else {
         const x1 = a.x + a.width, y1 = a.y + a.height / 2, x2 = b.x, y2 = b.y + b.height / 2, mx = (x1 + x2) / 2;
         d = `M${x1},${y1} C${mx},${y1} ${mx},${y2} ${x2},${y2}`;

@@ -1,0 +1,179 @@
+"""What the web dashboard costs a job: throughput with and without a page polling it, side by side.
+
+The job is the keyed word count of ``benchmarks/throughput.py`` (two shuffles, unthrottled
+GeneratorSource, jsonl FileSink), exactly-once with 1 s checkpoints, on the local runtime
+by default. Two modes run the very same dataflow:
+
+==========  ====================================================================
+no-ui       ``MetricsConfig()`` — no dashboard (the metrics reporter still runs)
+ui-polled   ``MetricsConfig(ui=True)`` and a page polling ``/api/state`` the whole run:
+            ``--poller http`` (default) fetches it like the page's script does (every
+            ``--poll-interval`` s), ``--poller browser`` opens the real page in the system
+            Chromium (Playwright), which also draws it — on the same cores as the job
+==========  ====================================================================
+
+Repetitions are interleaved (rep 1: a b, rep 2: b a, ...) so drift hits both modes alike;
+the summary gives each mode's median records/s with every raw value and the ratio
+``ui-polled / no-ui`` of the medians. Polls that failed are counted (they must be 0).
+
+Usage::
+
+    python benchmarks/dashboard.py                                # 400k lines, 5 repetitions
+    python benchmarks/dashboard.py --poller browser --poll-interval 1
+    python benchmarks/dashboard.py --smoke                        # seconds; a temp file
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+import throughput  # noqa: E402  (its wordcount; registers the workload module for pickling)
+
+import epochal as ep  # noqa: E402
+
+MODES = ("no-ui", "ui-polled")
+CHROMIUM = "/usr/bin/chromium"
+
+
+class HttpPoller:
+    """Fetches ``/api/state`` every ``interval`` seconds on a thread, as the page's script does."""
+
+    def __init__(self, url: str, interval: float):
+        base, token = url.split("/?token=")
+        self.request = urllib.request.Request(base + "/api/state", headers={"X-Epochal-Token": token})
+        self.interval, self.polls, self.failures, self.bytes = interval, 0, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                with urllib.request.urlopen(self.request, timeout=10) as r:
+                    doc = r.read()
+                json.loads(doc)
+                self.polls += 1
+                self.bytes += len(doc)
+            except Exception:
+                self.failures += 1
+            self._stop.wait(self.interval)
+
+    def close(self) -> dict:
+        self._stop.set()
+        self._thread.join(15)
+        return {"polls": self.polls, "failed_polls": self.failures,
+                "mean_response_bytes": self.bytes / self.polls if self.polls else None}
+
+
+class BrowserPoller:
+    """The real page in the system Chromium (it polls at ``?poll=`` ms and draws every answer)."""
+
+    def __init__(self, url: str, interval: float):
+        from playwright.sync_api import sync_playwright
+
+        self._pw = sync_playwright().start()
+        self._browser = self._pw.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])
+        self.page = self._browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.page.goto(f"{url}&poll={int(interval * 1000)}")
+
+    def close(self) -> dict:
+        polls = int(self.page.evaluate("Number(document.body.dataset.polls || 0)"))
+        failed = not self.page.is_hidden("#error")
+        self._browser.close()
+        self._pw.stop()
+        return {"polls": polls, "failed_polls": int(failed)}
+
+
+def run_once(mode: str, args, spark, rep: int) -> dict:
+    work = tempfile.mkdtemp(prefix=f"epochal-bench-dashboard-{mode}-", dir=args.tmp)
+    flow = throughput.wordcount(f"bench-dashboard-{mode}", os.path.join(work, "out"), args.records, args.parallelism,
+                                args.splits)
+    expected = (args.records // args.splits) * args.splits
+    record = {"mode": mode, "repetition": rep, "lines": expected, "loadavg_1m_before": os.getloadavg()[0],
+              "started_at": harness.now_iso()}
+    metrics = ep.MetricsConfig(ui=mode == "ui-polled", log=False)
+    checkpoint = ep.CheckpointConfig(interval=args.interval, storage="file://" + os.path.join(work, "ckpt"))
+    poller = None
+    try:
+        handle = flow.start(checkpoint=checkpoint, runtime=args.runtime, spark=spark, metrics=metrics)
+        if mode == "ui-polled":
+            poller = (BrowserPoller if args.poller == "browser" else HttpPoller)(handle.ui_url, args.poll_interval)
+        result = handle.wait(args.run_timeout)
+        if poller is not None:
+            record.update(poller.close())
+            poller = None
+    except Exception as exc:  # reported, not hidden; the other runs go on
+        record["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        return record
+    finally:
+        if poller is not None:
+            poller.close()
+        shutil.rmtree(work, ignore_errors=True)
+    record.update({"duration_s": result.duration_s, "records_in": result.records_in,
+                   "records_per_s": result.records_in / result.duration_s, "attempts": result.attempts,
+                   "completed_epochs": len(result.completed_epochs)})
+    if result.records_in != expected:
+        record["error"] = f"sources read {result.records_in} lines, expected {expected}"
+    if record.get("failed_polls"):
+        record["error"] = f"{record['failed_polls']} polls of the dashboard failed"
+    return record
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--runtime", default="local", choices=("local", "spark"))
+    p.add_argument("--records", type=int, default=400_000, help="input lines")
+    p.add_argument("--repetitions", type=int, default=5)
+    p.add_argument("--parallelism", type=int, default=2)
+    p.add_argument("--splits", type=int, default=4)
+    p.add_argument("--interval", type=float, default=1.0, help="checkpoint interval (s)")
+    p.add_argument("--poller", default="http", choices=("http", "browser"))
+    p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between the page's polls")
+    p.add_argument("--run-timeout", type=float, default=600.0)
+    p.add_argument("--tmp", default=None)
+    p.add_argument("--out", default=None)
+    p.add_argument("--smoke", action="store_true", help="a few seconds: 20k lines, 1 repetition")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.records, args.repetitions = min(args.records, 20_000), 1
+    info = harness.machine()
+    spark = None
+    if args.runtime == "spark":
+        from epochal.runtime.launch.spark import start_local_session
+
+        spark = start_local_session()
+    runs = []
+    for rep in range(args.repetitions):
+        for mode in harness.rotated(list(MODES), rep):
+            run = run_once(mode, args, spark, rep)
+            print(json.dumps({k: v for k, v in run.items() if k != "started_at"}), flush=True)
+            runs.append(run)
+    summary = {}
+    for mode in MODES:
+        rates = [r["records_per_s"] for r in runs if r["mode"] == mode and "error" not in r]
+        summary[mode] = {"records_per_s": harness.summary(rates)}
+    base, polled = (summary[m]["records_per_s"]["median"] for m in MODES)
+    summary["ratio_ui_polled_to_no_ui"] = polled / base if base and polled else None
+    doc = {"benchmark": "dashboard", "args": vars(args), "machine": info, "finished_at": harness.now_iso(),
+           "errors": [r["error"] for r in runs if "error" in r], "summary": summary, "runs": runs}
+    out = Path(args.out) if args.out else (Path(tempfile.mkstemp(suffix=".json")[1]) if args.smoke
+                                           else harness.RESULTS / "dashboard.json")
+    harness.write_json(out, doc)
+    print(f"ui-polled / no-ui throughput: {summary['ratio_ui_polled_to_no_ui']} -> {out}")
+    return 1 if doc["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
