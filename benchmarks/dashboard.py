@@ -36,8 +36,11 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cloudpickle  # noqa: E402
 import harness  # noqa: E402
 import throughput  # noqa: E402  (its wordcount; registers the workload module for pickling)
+
+cloudpickle.register_pickle_by_value(throughput)  # its BucketCount and lambdas run in the tasks
 
 import epochal as ep  # noqa: E402
 
