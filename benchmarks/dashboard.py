@@ -51,8 +51,9 @@ CHROMIUM = "/usr/bin/chromium"
 class HttpPoller:
     """Fetches ``/api/state`` every ``interval`` seconds on a thread, as the page's script does."""
 
-    def __init__(self, url: str, interval: float):
+    def __init__(self, url: str, interval: float, running):
         base, token = url.split("/?token=")
+        self.running = running  # a poll after the job ended (its server closed) is no failure
         self.request = urllib.request.Request(base + "/api/state", headers={"X-Epochal-Token": token})
         self.interval, self.polls, self.failures, self.bytes = interval, 0, 0, 0
         self._stop = threading.Event()
@@ -68,7 +69,8 @@ class HttpPoller:
                 self.polls += 1
                 self.bytes += len(doc)
             except Exception:
-                self.failures += 1
+                if self.running():
+                    self.failures += 1
             self._stop.wait(self.interval)
 
     def close(self) -> dict:
@@ -79,24 +81,55 @@ class HttpPoller:
 
 
 class BrowserPoller:
-    """The real page in the system Chromium (it polls at ``?poll=`` ms and draws every answer)."""
+    """The real page in the system Chromium (it polls at ``?poll=`` ms and draws every answer).
+    The browser starts once per benchmark (:meth:`launch`), before any job; each run opens a page."""
 
-    def __init__(self, url: str, interval: float):
+    _browser = None
+
+    @classmethod
+    def launch(cls) -> None:
         from playwright.sync_api import sync_playwright
 
-        self._pw = sync_playwright().start()
-        self._browser = self._pw.chromium.launch(executable_path=CHROMIUM, args=[
+        cls._pw = sync_playwright().start()
+        cls._browser = cls._pw.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
             "--disable-sync", "--no-first-run"])
+
+    @classmethod
+    def shutdown(cls) -> None:
+        if cls._browser is not None:
+            cls._browser.close()
+            cls._pw.stop()
+
+    def __init__(self, url: str, interval: float, running):
         self.page = self._browser.new_page(viewport={"width": 1400, "height": 1000})
         self.page.goto(f"{url}&poll={int(interval * 1000)}")
+        self.polls, self.failed = 0, False
+
+    def stop(self) -> None:
+        """Called while the job still runs: read what the page did so far."""
+        self.polls = int(self.page.evaluate("Number(document.body.dataset.polls || 0)"))
+        self.failed = not self.page.is_hidden("#error")
 
     def close(self) -> dict:
-        polls = int(self.page.evaluate("Number(document.body.dataset.polls || 0)"))
-        failed = not self.page.is_hidden("#error")
-        self._browser.close()
-        self._pw.stop()
-        return {"polls": polls, "failed_polls": int(failed)}
+        self.page.close()
+        return {"polls": self.polls, "failed_polls": int(self.failed)}
+
+
+def _cpu() -> float:
+    """CPU seconds of this process (the driver, and the HTTP poller if any), all threads."""
+    t = os.times()
+    return t.user + t.system
+
+
+def poll_cpu_ms(handle, n: int = 20) -> float:
+    """CPU milliseconds one poll costs the driver: building ``/api/state`` and encoding it,
+    timed ``n`` times on this thread's own CPU clock (unaffected by other processes)."""
+    dashboard = handle._driver.dashboard  # the benchmark looks inside; users see only the page
+    t0 = time.thread_time()
+    for _ in range(n):
+        json.dumps(dashboard.model.view(), default=str)
+    return (time.thread_time() - t0) * 1000 / n
 
 
 def run_once(mode: str, args, spark, rep: int) -> dict:
@@ -111,10 +144,24 @@ def run_once(mode: str, args, spark, rep: int) -> dict:
     poller = None
     try:
         handle = flow.start(checkpoint=checkpoint, runtime=args.runtime, spark=spark, metrics=metrics)
+        cpu0 = _cpu()
         if mode == "ui-polled":
-            poller = (BrowserPoller if args.poller == "browser" else HttpPoller)(handle.ui_url, args.poll_interval)
-        result = handle.wait(args.run_timeout)
-        if poller is not None:
+            poller = (BrowserPoller if args.poller == "browser" else HttpPoller)(
+                handle.ui_url, args.poll_interval, lambda: handle.running)
+        deadline = time.monotonic() + args.run_timeout
+        while True:  # wait, and let a browser poller read its page while the job still runs
+            if isinstance(poller, BrowserPoller):
+                poller.stop()
+            try:
+                result = handle.wait(1.0)
+                break
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise
+        record["driver_cpu_s"] = _cpu() - cpu0
+        if poller is not None:  # the page's document at its largest of the run (every epoch in it)
+            record["poll_cpu_ms"] = poll_cpu_ms(handle)
+            record["checkpoint_rows"] = len(handle._driver.dashboard.model.view()["checkpoints"])
             record.update(poller.close())
             poller = None
     except Exception as exc:  # reported, not hidden; the other runs go on
@@ -157,16 +204,25 @@ def main(argv=None) -> int:
         from epochal.runtime.launch.spark import start_local_session
 
         spark = start_local_session()
+    if args.poller == "browser":
+        BrowserPoller.launch()
     runs = []
     for rep in range(args.repetitions):
         for mode in harness.rotated(list(MODES), rep):
             run = run_once(mode, args, spark, rep)
             print(json.dumps({k: v for k, v in run.items() if k != "started_at"}), flush=True)
             runs.append(run)
+    BrowserPoller.shutdown()
     summary = {}
     for mode in MODES:
         rates = [r["records_per_s"] for r in runs if r["mode"] == mode and "error" not in r]
-        summary[mode] = {"records_per_s": harness.summary(rates)}
+        summary[mode] = {"records_per_s": harness.summary(rates),
+                         "driver_cpu_s_per_s": harness.summary([r["driver_cpu_s"] / r["duration_s"] for r in runs
+                                                                if r["mode"] == mode and "error" not in r])}
+    polls = [r["poll_cpu_ms"] for r in runs if r.get("poll_cpu_ms") is not None]
+    summary["poll_cpu_ms"] = harness.summary(polls)
+    # the share of one core the page's polling costs the driver, from the per-poll CPU
+    summary["poll_core_share"] = (harness.median(polls) / 1000 / args.poll_interval) if polls else None
     base, polled = (summary[m]["records_per_s"]["median"] for m in MODES)
     summary["ratio_ui_polled_to_no_ui"] = polled / base if base and polled else None
     doc = {"benchmark": "dashboard", "args": vars(args), "machine": info, "finished_at": harness.now_iso(),

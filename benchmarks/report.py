@@ -3,7 +3,7 @@
 Reads whichever ``<name>.json`` of :data:`BENCHMARKS` exist and writes ``README_SECTION.md``
 (markdown: one table per benchmark, the machine they ran on, the command that produced them) and
 ``<name>.png`` next to them. Nothing in the section is typed by hand: paste it into docs/results.md,
-or diff it against the README. The tables are :mod:`report_sections`', the plots
+or diff it against that page. The tables are :mod:`report_sections`', the plots
 :mod:`report_plots`'; a new benchmark adds a function to each and registers it below.
 
     python benchmarks/report.py                       # benchmarks/results → benchmarks/results
