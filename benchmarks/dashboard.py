@@ -132,6 +132,33 @@ def poll_cpu_ms(handle, n: int = 20) -> float:
     return (time.thread_time() - t0) * 1000 / n
 
 
+def full_page_poll_cpu_ms(n: int = 20) -> dict:
+    """The most one poll can cost: a model holding its limits (every checkpoint row kept,
+    every series point), 8 tasks per epoch, built from the benchmark's own job plan."""
+    from epochal.epochs.history import EpochHistory
+    from epochal.ui.model import MAX_POINTS, MAX_ROWS, DashboardModel
+
+    plan = throughput.wordcount("bench-dashboard-full", "/tmp/never-written", 1000, 2, 4).plan()
+    history = EpochHistory(MAX_ROWS)
+    sample = {"barrier_s": 0.01, "alignment_s": 0.002, "sync_s": 0.001, "upload_wait_s": 0.0, "upload_s": 0.02,
+              "durable_s": 0.0, "ack_s": 0.035}
+    for e in range(1, MAX_ROWS + 1):
+        history.add_completed({"epoch": e, "reason": "periodic", "duration_s": 0.04, "wall_time": 1e9 + e,
+                               "bytes": 5000, "state_bytes": 90000, "metadata_s": 0.003,
+                               "tasks": {t.id: dict(sample) for t in plan.tasks}})
+    state = {"state": "running", "generation": 0, "history": history, "timeline": [], "savepoints": [],
+             "highest_triggered": MAX_ROWS}
+    model = DashboardModel(plan, lambda: state, lambda: None)
+    tasks = {t.id: {"watermark": 1e9, "rss_bytes": 1 << 27, "backpressure_ratio": 0.1} for t in plan.tasks}
+    for i in range(MAX_POINTS):
+        model.on_progress({"time": 1e9 + i, "records_in_per_s": 1e4, "records_out_per_s": 1e4, "tasks": tasks})
+    t0 = time.thread_time()
+    for _ in range(n):
+        doc = json.dumps(model.view(), default=str)
+    return {"cpu_ms": (time.thread_time() - t0) * 1000 / n, "bytes": len(doc), "rows": MAX_ROWS,
+            "points_kept": MAX_POINTS, "tasks": len(plan.tasks)}
+
+
 def run_once(mode: str, args, spark, rep: int) -> dict:
     work = tempfile.mkdtemp(prefix=f"epochal-bench-dashboard-{mode}-", dir=args.tmp)
     flow = throughput.wordcount(f"bench-dashboard-{mode}", os.path.join(work, "out"), args.records, args.parallelism,
@@ -223,6 +250,8 @@ def main(argv=None) -> int:
     summary["poll_cpu_ms"] = harness.summary(polls)
     # the share of one core the page's polling costs the driver, from the per-poll CPU
     summary["poll_core_share"] = (harness.median(polls) / 1000 / args.poll_interval) if polls else None
+    summary["full_page"] = full_page_poll_cpu_ms()
+    summary["full_page_core_share"] = summary["full_page"]["cpu_ms"] / 1000 / args.poll_interval
     base, polled = (summary[m]["records_per_s"]["median"] for m in MODES)
     summary["ratio_ui_polled_to_no_ui"] = polled / base if base and polled else None
     doc = {"benchmark": "dashboard", "args": vars(args), "machine": info, "finished_at": harness.now_iso(),

@@ -43,6 +43,7 @@ MAX_ROWS = 500
 #: points per time series (an hour at the default one-second metrics interval)
 MAX_POINTS = 3600
 _PAGE_POINTS = 600  # points sent per poll
+_PAGE_ROWS = 200  # checkpoint rows sent per poll (the table shows them; latency uses every kept row)
 
 
 def process_rss() -> int | None:
@@ -130,10 +131,12 @@ class DashboardModel:
             return
         generation = state.get("generation")
         completed, aborted = history.completed[-MAX_ROWS:], history.aborted[-MAX_ROWS:]
+        changed = False
         with self._lock:
             for e in completed:
                 if e["epoch"] in self._rows and self._rows[e["epoch"]]["status"] == "completed":
                     continue
+                changed = True
                 trigger = e["wall_time"] - e["duration_s"] if e.get("wall_time") is not None else None
                 self._rows[e["epoch"]] = {
                     "epoch": e["epoch"], "generation": generation, "status": "completed", "reason": e.get("reason"),
@@ -147,11 +150,12 @@ class DashboardModel:
             for e in aborted:
                 if e["epoch"] in self._aborted_seen:
                     continue
+                changed = True
                 self._aborted_seen.add(e["epoch"])
                 self._rows[e["epoch"]] = {"epoch": e["epoch"], "generation": generation, "status": "aborted",
                                           "reason": e.get("reason"), "detail": str(e.get("detail", ""))[:500],
                                           "wall_time": time.time(), "savepoint": None}
-            if len(self._rows) > MAX_ROWS or completed or aborted:
+            if changed:
                 ordered = sorted(self._rows.items())[-MAX_ROWS:]
                 self._rows = collections.OrderedDict(ordered)
                 self._aborted_seen &= set(self._rows)
@@ -171,7 +175,12 @@ class DashboardModel:
         progress = self._latest() or {}
         savepoints = [dict(s) for s in state.get("savepoints", ())]
         with self._lock:
-            rows = [dict(r) for r in self._rows.values()]
+            rows = list(self._rows.values())
+            latency = [{"epoch": r["epoch"], "time": r["wall_time"], "latency_s": r["latency_s"]}
+                       for r in rows if r.get("latency_s") is not None]
+            counts = {"completed": sum(r["status"] == "completed" for r in rows),
+                      "aborted": sum(r["status"] == "aborted" for r in rows)}
+            rows = [dict(r) for r in rows[-_PAGE_ROWS:]]
             series = list(self._series)[-_PAGE_POINTS:]
         by_epoch = {r["epoch"]: r for r in rows}
         for sp in savepoints:
@@ -186,12 +195,10 @@ class DashboardModel:
             "actions": bool(state.get("actions", True)),
             "progress": _summary(progress),
             "graph": self.graph, "operators": self._operators(progress),
-            "checkpoints": rows, "counts": {"completed": sum(r["status"] == "completed" for r in rows),
-                                            "aborted": sum(r["status"] == "aborted" for r in rows)},
+            "checkpoints": rows, "counts": counts,
             "attempts": _attempts(timeline, state.get("restarts", ())), "restore": _latest_restore(timeline),
             "savepoints": savepoints, "series": series,
-            "latency": [{"epoch": r["epoch"], "time": r["wall_time"], "latency_s": r["latency_s"]}
-                        for r in rows if r.get("latency_s") is not None],
+            "latency": latency,
             "sinks": self._sinks_view(rows, state, now),
         }
 
@@ -210,7 +217,7 @@ class DashboardModel:
                     ops[name]["backpressure"] = max(ops[name]["backpressure"], t.get("backpressure_ratio") or 0.0)
         return ops
 
-    def _sinks_view(self, rows: list[dict], state: dict, now: float) -> list[dict]:
+    def _sinks_view(self, rows: list[dict], state: dict, now: float) -> list[dict]:  # rows: the newest
         """Open transactions per sink, derived from the epochs (each sink subtask holds one
         transaction per epoch not yet completed, plus the one it writes): count and the age
         of the oldest (begun when the last completed epoch's barrier passed: its trigger)."""

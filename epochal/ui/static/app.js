@@ -176,7 +176,7 @@
   function drawCheckpoints(s) {
     const rows = s.checkpoints.slice().reverse();
     $("checkpoint-counts").textContent = `${s.counts.completed} completed, ${s.counts.aborted} failed or declined ` +
-      `(shown); ${s.savepoints.length} savepoints`;
+      `(recent epochs); ${s.savepoints.length} savepoints`;
     const body = document.querySelector("#checkpoints tbody");
     const maxTotal = Math.max(1e-9, ...rows.filter((r) => r.split).map(
       (r) => PHASES.reduce((a, [p]) => a + (r.split[p] || 0), 0)));
