@@ -197,3 +197,44 @@ def test_a_port_in_use_is_a_config_error_naming_the_keys():
             DashboardServer(lambda: {}, port=first.address[1])
     finally:
         first.close()
+
+
+def test_epochal_ui_serves_a_finished_jobs_checkpoints_from_storage(tmp_path):
+    """`epochal ui <storage> <job>` as its own process: the operators and the retained
+    checkpoints and savepoint of a job that ran elsewhere, read-only."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import pipelines
+    from epochal.backends.storage import CheckpointStorage
+
+    storage = f"file://{tmp_path}/ckpt"
+    flow = pipelines.wordcount("offline", pipelines.unique_dir(tmp_path, "out"), n_lines=2000, rate=400)
+    handle = flow.start(runtime="local", checkpoint=ep.CheckpointConfig(interval="0.2s", storage=storage, retained=3))
+    savepoint = handle.savepoint()
+    handle.wait(120)
+    job = CheckpointStorage(storage, "offline")
+    complete = [e for e in job.all_epochs() if job.read_metadata(e)]
+    proc = subprocess.Popen([sys.executable, "-m", "epochal.cli", "ui", storage, "offline"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path, env={**os.environ})
+    try:
+        line = proc.stdout.readline()
+        assert "read-only" in line, line + proc.stderr.read()
+        url = line.split(": ", 1)[1].strip()
+        base, token = url.split("/?token=")
+        status, body = _get(f"{base}/api/state", {"X-Epochal-Token": token})
+        assert status == 200
+        doc = json.loads(body)
+        assert [r["epoch"] for r in doc["checkpoints"]] == complete and len(complete) >= 1
+        assert {n["name"] for n in doc["graph"]["nodes"]} == set(flow.nodes)
+        assert [s["url"] for s in doc["savepoints"]] == [savepoint]
+        assert doc["actions"] is False
+        assert _post(f"{base}/api/savepoint", {}, {"X-Epochal-Token": token})[0] == 405
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+    missing = subprocess.run([sys.executable, "-m", "epochal.cli", "ui", storage, "nosuchjob"], capture_output=True,
+                             text=True, timeout=60)
+    assert missing.returncode == 1 and "no checkpoints of job 'nosuchjob'" in missing.stderr
