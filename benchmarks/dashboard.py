@@ -254,7 +254,8 @@ def main(argv=None) -> int:
     summary["full_page_core_share"] = summary["full_page"]["cpu_ms"] / 1000 / args.poll_interval
     base, polled = (summary[m]["records_per_s"]["median"] for m in MODES)
     summary["ratio_ui_polled_to_no_ui"] = polled / base if base and polled else None
-    doc = {"benchmark": "dashboard", "args": vars(args), "machine": info, "finished_at": harness.now_iso(),
+    doc = {"benchmark": "dashboard", "command": [sys.executable, *sys.argv], "args": vars(args), "machine": info,
+           "finished_at": harness.now_iso(),
            "errors": [r["error"] for r in runs if "error" in r], "summary": summary, "runs": runs}
     out = Path(args.out) if args.out else (Path(tempfile.mkstemp(suffix=".json")[1]) if args.smoke
                                            else harness.RESULTS / "dashboard.json")

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import report_connectors as connectors
+import report_dashboard as dashboard
 import report_peers as peers
 import report_plots as plots
 import report_sections as sections
@@ -25,7 +26,7 @@ import report_sections as sections
 RESULTS = Path(__file__).resolve().parent / "results"
 BENCHMARKS = ("throughput", "latency", "chain", "chain_intervals", "alignment", "recovery", "state", "state_stress",
               "window", "event_windows", "loops", "peers", "dataplane", "serde", "backpressure", "cluster", "soak",
-              "coldstart", "kafka", "postgres", "tables")
+              "coldstart", "kafka", "postgres", "tables", "dashboard", "dashboard_browser")
 
 
 def describe_machine(m: dict) -> str:
@@ -65,6 +66,8 @@ SECTIONS = {
     "kafka": connectors.section_kafka,
     "postgres": connectors.section_postgres,
     "tables": connectors.section_tables,
+    "dashboard": dashboard.section_dashboard,
+    "dashboard_browser": dashboard.section_dashboard,
 }
 
 
