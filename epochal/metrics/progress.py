@@ -11,7 +11,7 @@ latest ones, the completed epochs and the driver's attempt history into one JSON
   by the sinks), per task and per operator too, as rates between this event and the
   previous one;
 * ``late_dropped``: late records of windows whose ``.late()`` output nothing reads;
-* ``rss_bytes`` per task: its process's resident memory;
+* ``rss_bytes`` and ``pid`` per task: its process's resident memory and id;
 * ``backpressure_ratio`` per task (the share of the last interval it waited for credit),
   ``queued_batches`` (its input queues), ``watermark`` (its output event time, seconds);
 * checkpoints: ``last_completed_epoch``, its age, the attempt's completed and aborted
