@@ -173,14 +173,20 @@
     }
     return svg;
   }
+  const TABLE_ROWS = 60;  // the newest epochs in the table (the timeline shows 120, the JSON 200)
+  let drawnCheckpoints = "";
   function drawCheckpoints(s) {
-    const rows = s.checkpoints.slice().reverse();
+    const last = s.checkpoints[s.checkpoints.length - 1] || {};
+    const key = [last.epoch, last.status, s.checkpoints.length, s.savepoints.length, JSON.stringify(s.restore)].join("|");
+    if (key === drawnCheckpoints) return;  // nothing new: keep the drawn table (the browser's CPU matters)
+    drawnCheckpoints = key;
+    const rows = s.checkpoints.slice(-TABLE_ROWS).reverse();
     $("checkpoint-counts").textContent = `${s.counts.completed} completed, ${s.counts.aborted} failed or declined ` +
       `(recent epochs); ${s.savepoints.length} savepoints`;
     const body = document.querySelector("#checkpoints tbody");
     const maxTotal = Math.max(1e-9, ...rows.filter((r) => r.split).map(
       (r) => PHASES.reduce((a, [p]) => a + (r.split[p] || 0), 0)));
-    body.replaceChildren(...rows.slice(0, 200).map((r) => {
+    body.replaceChildren(...rows.map((r) => {
       const tr = document.createElement("tr");
       tr.dataset.epoch = r.epoch;
       tr.dataset.status = r.status;
