@@ -222,7 +222,7 @@ def main(argv=None) -> int:
     p.add_argument("--splits", type=int, default=4)
     p.add_argument("--interval", type=float, default=1.0, help="checkpoint interval (s)")
     p.add_argument("--poller", default="http", choices=("http", "browser"))
-    p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between the page's polls")
+    p.add_argument("--poll-interval", type=float, default=2.0, help="seconds between the page's polls (the page: 2)")
     p.add_argument("--run-timeout", type=float, default=600.0)
     p.add_argument("--tmp", default=None)
     p.add_argument("--out", default=None)

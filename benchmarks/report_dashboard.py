@@ -30,7 +30,8 @@ def section_dashboard(doc: dict) -> str:
             f"{_n(full.get('cpu_ms'), '.1f')} ms for the largest page the driver can serve ({full.get('rows')} "
             f"checkpoint rows kept, {full.get('points_kept')} points per series, {_n(full.get('bytes'))} bytes; "
             f"{_n(100 * (s.get('full_page_core_share') or 0), '.2f')} % of one core). *driver CPU*: CPU seconds of the "
-            "driver's process (coordinator, reporter, dashboard server and the HTTP poller) per second of run.")
+            "driver's process (coordinator, reporter, dashboard server"
+            + (")" if args.get("poller") == "browser" else " and the HTTP poller)") + " per second of run.")
     return _section("The dashboard's cost" + (" (a browser on the same machine)" if args.get("poller") == "browser"
                                                else ""), text,
                     ["mode", "runs", "records/s median", "min–max", "driver CPU s/s", "records per CPU s", "polls",

@@ -67,7 +67,7 @@ def test_dashboard_shows_a_running_job_and_its_restart(tmp_path, browser):
     page.set_default_timeout(TIMEOUT_MS)
     try:
         assert handle.ui_url.startswith("http://127.0.0.1:") and "token=" in handle.ui_url
-        page.goto(handle.ui_url)
+        page.goto(handle.ui_url + "&poll=500")  # the page polls every 2 s by default
         # the graph: every operator of the plan, the shuffles drawn as key-group edges
         page.wait_for_function(f"document.querySelectorAll('#graph g.op').length === {len(flow.nodes)}")
         names = page.eval_on_selector_all("#graph g.op", "els => els.map(e => e.dataset.name)")
@@ -135,7 +135,7 @@ def test_stop_with_savepoint_from_the_page_on_spark(tmp_path, browser):
     page.set_default_timeout(TIMEOUT_MS * 2)
     page.on("dialog", lambda d: d.accept())  # "Stop the job with a savepoint?"
     try:
-        page.goto(handle.ui_url)
+        page.goto(handle.ui_url + "&poll=500")  # the page polls every 2 s by default
         page.wait_for_function(f"document.querySelectorAll('#graph g.op').length === {len(flow.nodes)}")
         page.wait_for_function("document.getElementById('state').textContent === 'running'")
         page.wait_for_function("document.querySelectorAll('#checkpoints tr[data-status=completed]').length >= 2")

@@ -2,7 +2,7 @@
 "use strict";
 (function () {
   const token = new URLSearchParams(location.search).get("token") || "";
-  const POLL_MS = Number(new URLSearchParams(location.search).get("poll") || 1000);
+  const POLL_MS = Number(new URLSearchParams(location.search).get("poll") || 2000);  // ?poll=<ms>
   const NS = "http://www.w3.org/2000/svg";
   const EDGE_COLOURS = {forward: "#59606d", hash: "#1f6feb", rebalance: "#8250df", broadcast: "#bf3989",
                         feedback: "#d1242f"};
