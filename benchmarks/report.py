@@ -2,8 +2,8 @@
 
 Reads whichever ``<name>.json`` of :data:`BENCHMARKS` exist and writes ``README_SECTION.md``
 (markdown: one table per benchmark, the machine they ran on, the command that produced them) and
-``<name>.png`` next to them. Nothing in the section is typed by hand: paste it into README.md,
-or diff it against the README. The tables are :mod:`report_sections`', the plots
+``<name>.png`` next to them. Nothing in the section is typed by hand: paste it into docs/results.md,
+or diff it against that page. The tables are :mod:`report_sections`', the plots
 :mod:`report_plots`'; a new benchmark adds a function to each and registers it below.
 
     python benchmarks/report.py                       # benchmarks/results → benchmarks/results
@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import report_connectors as connectors
+import report_dashboard as dashboard
 import report_peers as peers
 import report_plots as plots
 import report_sections as sections
@@ -25,7 +26,7 @@ import report_sections as sections
 RESULTS = Path(__file__).resolve().parent / "results"
 BENCHMARKS = ("throughput", "latency", "chain", "chain_intervals", "alignment", "recovery", "state", "state_stress",
               "window", "event_windows", "loops", "peers", "dataplane", "serde", "backpressure", "cluster", "soak",
-              "coldstart", "kafka", "postgres", "tables")
+              "coldstart", "kafka", "postgres", "tables", "dashboard", "dashboard_browser")
 
 
 def describe_machine(m: dict) -> str:
@@ -65,6 +66,8 @@ SECTIONS = {
     "kafka": connectors.section_kafka,
     "postgres": connectors.section_postgres,
     "tables": connectors.section_tables,
+    "dashboard": dashboard.section_dashboard,
+    "dashboard_browser": dashboard.section_dashboard,
 }
 
 

@@ -1,6 +1,7 @@
 """The ``epochal`` command: ``epochal bench ...`` runs the benchmarks and regenerates their report;
 ``epochal checkpoints | state | savepoint ...`` look inside checkpoints and savepoints
-(:mod:`epochal.state.commands`).
+(:mod:`epochal.state.commands`); ``epochal ui <storage> <job>`` serves the read-only dashboard
+of a job started elsewhere, from its checkpoint storage (:mod:`epochal.ui.offline`).
 
     epochal bench chain --smoke            # one benchmark, tiny sizes, local runtime, results in a temp dir
     epochal bench all                      # every benchmark below → benchmarks/results/
@@ -55,7 +56,33 @@ def build_parser() -> argparse.ArgumentParser:
     from epochal.state.commands import add_parsers
 
     add_parsers(sub)
+    ui = sub.add_parser("ui", help="serve the read-only dashboard of a job, from its checkpoint storage")
+    ui.add_argument("storage", help="the job's checkpoint.storage URL")
+    ui.add_argument("job", help="the job (dataflow) name")
+    ui.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    ui.add_argument("--port", type=int, default=0, help="TCP port (default: any free port)")
+    ui.add_argument("--token", default=None, help="the secret the page needs (default: a random one)")
     return parser
+
+
+def serve_ui(args, wait=None) -> int:
+    """``epochal ui``: serve until interrupted (``wait``: what blocks meanwhile; tests pass their own)."""
+    from epochal.errors import EpochalError
+    from epochal.ui.offline import serve
+
+    try:
+        server = serve(args.storage, args.job, host=args.host, port=args.port, token=args.token)
+    except (EpochalError, OSError) as exc:
+        print(f"epochal ui: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"dashboard of job {args.job} (read-only, from {args.storage}): {server.url}", flush=True)
+    try:
+        (wait or threading.Event().wait)()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    return 0
 
 
 def _progress(prefix: str, t0: float, text: str) -> None:
@@ -137,6 +164,8 @@ def main(argv=None) -> int:
     args.script_args = script_args
     if args.command == "bench":
         return bench(args)
+    if args.command == "ui":
+        return serve_ui(args)
     if script_args:
         build_parser().error("arguments after -- are for 'epochal bench' only")
     from epochal.state.commands import run

@@ -333,6 +333,15 @@ class MetricsConfig:
             to the network, for a Prometheus server on another host.
         status: a live one-line status on the terminal while :meth:`Dataflow.run` blocks:
             ``None`` = when standard error is a terminal.
+        ui: serve the web dashboard (:mod:`epochal.ui`: job graph, checkpoint history,
+            live charts, savepoint actions) from the driver; its address with the token is
+            logged and is ``JobHandle.ui_url``.
+        ui_port: the dashboard's TCP port; ``0``: any free port.
+        ui_host: the address the dashboard binds: loopback by default (as
+            ``prometheus_host``); ``"0.0.0.0"`` exposes it to the network — the token still
+            guards it, but travels in plain HTTP.
+        ui_token: the secret the dashboard's data and actions need; ``None``: a random one
+            per job.
     """
 
     interval: float | str = 1.0
@@ -341,6 +350,10 @@ class MetricsConfig:
     prometheus_port: int | None = None
     status: bool | None = None
     prometheus_host: str = "127.0.0.1"
+    ui: bool = False
+    ui_port: int = 0
+    ui_host: str = "127.0.0.1"
+    ui_token: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "interval", parse_duration(self.interval, "metrics.interval"))
@@ -356,3 +369,12 @@ class MetricsConfig:
                               f"'0.0.0.0'), got {self.prometheus_host!r}")
         if self.status not in (None, True, False):
             raise ConfigError(f"metrics.status: expected None, True or False, got {self.status!r}")
+        if self.ui not in (True, False):
+            raise ConfigError(f"metrics.ui: expected True or False, got {self.ui!r}")
+        port = self.ui_port
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
+            raise ConfigError(f"metrics.ui_port: expected a TCP port number (0: any free port), got {port!r}")
+        if not isinstance(self.ui_host, str) or not self.ui_host:
+            raise ConfigError(f"metrics.ui_host: expected an address to bind (e.g. '127.0.0.1'), got {self.ui_host!r}")
+        if self.ui_token is not None and (not isinstance(self.ui_token, str) or len(self.ui_token) < 16):
+            raise ConfigError("metrics.ui_token: expected a secret of at least 16 characters (or None: a random one)")

@@ -123,11 +123,14 @@ class Dataflow:
         compatibility rules; see :mod:`epochal.state`).
 
         While it blocks in a terminal, a one-line status shows epoch, records/s and the last
-        checkpoint (``metrics=MetricsConfig(status=False)`` turns it off).
+        checkpoint (``metrics=MetricsConfig(status=False)`` turns it off). With
+        ``MetricsConfig(ui=True)`` the dashboard's address (with its token) goes to standard error.
         """
         import sys
 
         handle = self.start(**options)
+        if handle.ui_url is not None:
+            print(f"epochal: dashboard of job {self.name!r} at {handle.ui_url}", file=sys.stderr, flush=True)
         config = options.get("metrics")
         status = getattr(config, "status", None)
         if status is None:

@@ -239,7 +239,7 @@ class Stream:
         node = self._then(NodeKind.FILTER, name, fn, parallelism, dead_letters=dead_letters)
         return Stream(self._flow, (Input(node.name, FORWARD),))
 
-    def key_by(self, key_fn: Callable) -> "KeyedStream":
+    def key_by(self, key_fn: Callable | str) -> "KeyedStream":
         """Partition by ``key_fn(record)`` (hash of the key → key group → subtask).
 
         ``key_fn`` must be deterministic; keys must be str/int/float/bytes/bool/None or

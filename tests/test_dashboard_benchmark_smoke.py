@@ -15,8 +15,8 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 @pytest.mark.bench
 def test_dashboard_benchmark_smoke(tmp_path):
     out = tmp_path / "dashboard.json"
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / "dashboard.py"), "--smoke", "--out", str(out),
-                           "--tmp", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "dashboard.py"), "--smoke", "--poll-interval", "0.5",
+                           "--out", str(out), "--tmp", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["errors"] == []
@@ -25,4 +25,6 @@ def test_dashboard_benchmark_smoke(tmp_path):
     assert runs["ui-polled"]["polls"] >= 1 and runs["ui-polled"]["failed_polls"] == 0
     assert "polls" not in runs["no-ui"]
     assert all(r["records_in"] == r["lines"] for r in runs.values())
-    assert doc["summary"]["ratio_ui_polled_to_no_ui"] > 0
+    s = doc["summary"]
+    assert s["ratio_ui_polled_to_no_ui"] > 0 and s["poll_cpu_ms"]["median"] > 0
+    assert s["full_page"]["rows"] == 500 and s["full_page"]["cpu_ms"] > 0

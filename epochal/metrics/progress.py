@@ -11,6 +11,7 @@ latest ones, the completed epochs and the driver's attempt history into one JSON
   by the sinks), per task and per operator too, as rates between this event and the
   previous one;
 * ``late_dropped``: late records of windows whose ``.late()`` output nothing reads;
+* ``rss_bytes`` and ``pid`` per task: its process's resident memory and id;
 * ``backpressure_ratio`` per task (the share of the last interval it waited for credit),
   ``queued_batches`` (its input queues), ``watermark`` (its output event time, seconds);
 * checkpoints: ``last_completed_epoch``, its age, the attempt's completed and aborted
@@ -78,7 +79,7 @@ class ProgressBuilder:
                 "queued_batches": m["queued_batches"],
                 "watermark": None if m["watermark"] <= MIN_TIME else to_seconds(m["watermark"]),
                 "idle": m.get("idle", False), "snapshots": m.get("snapshots", 0),
-                "late_dropped": m.get("late_dropped", 0),
+                "late_dropped": m.get("late_dropped", 0), "rss_bytes": m.get("rss_bytes"), "pid": m.get("pid"),
             }
             tasks[task] = entry
             if task in self.sources:

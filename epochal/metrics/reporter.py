@@ -1,7 +1,7 @@
 """The driver's reporter thread: one progress event per interval, to whoever listens.
 
 Started with the job (:func:`epochal.runtime.driver.job.start_job`), stopped when it ends (after a
-last event with the final state). Per event, in this order: the user's listener, one JSON
+last event with the final state). Per event, in this order: the driver's subscribers (the dashboard), the user's listener, one JSON
 line on the ``epochal.progress`` logger (INFO), the value Prometheus scrapes
 (:mod:`epochal.metrics.prometheus`). ``JobHandle.metrics()`` builds a fresh event on the
 caller's thread. A listener that raises is logged once and dropped — metrics never fail a job.
@@ -33,6 +33,7 @@ class Reporter:
         self._lock = threading.Lock()
         self.latest: dict | None = None
         self._listener = config.listener
+        self._subscribers: list = []  # the driver's own consumers (the dashboard's series)
         self._stop = threading.Event()
         self._exporter = None
         if config.prometheus_port is not None:
@@ -46,6 +47,12 @@ class Reporter:
     def prometheus_address(self) -> tuple[str, int] | None:
         return None if self._exporter is None else self._exporter.address
 
+    def subscribe(self, fn) -> None:
+        """Call ``fn(progress)`` with every published event, on the reporter thread, before the
+        user's listener (for the driver's own consumers, e.g. the dashboard). A subscriber
+        that raises is logged; it keeps its subscription."""
+        self._subscribers.append(fn)
+
     def snapshot(self) -> dict:
         """A progress event built now (also kept as :attr:`latest`)."""
         with self._lock:
@@ -55,6 +62,11 @@ class Reporter:
 
     def _publish(self) -> None:
         progress = self.snapshot()
+        for fn in self._subscribers:
+            try:
+                fn(progress)
+            except Exception:
+                log.exception("a progress subscriber (%r) failed", fn)
         if self._listener is not None:
             try:
                 self._listener(progress)

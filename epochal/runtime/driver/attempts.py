@@ -59,6 +59,11 @@ class JobHandle:
         """``(host, port)`` of the Prometheus endpoint (``metrics.prometheus_port``), or None."""
         return self._driver.reporter.prometheus_address
 
+    @property
+    def ui_url(self) -> str | None:
+        """The dashboard's address with its token (``metrics.ui``), or None."""
+        return None if self._driver.dashboard is None else self._driver.dashboard.url
+
     def savepoint(self, url: str | None = None, timeout: float | None = None) -> str:
         """Take a savepoint: trigger an epoch and, once it completed, copy it to ``url``
         as a self-contained, relocatable savepoint that retention never deletes
@@ -164,11 +169,22 @@ class JobDriver:
         self.restored_from_url: str | None = None
         self.savepoints = SavepointTracker(storage, lambda m: log.info("job %s: %s", plan.job, m))
         self.stopped_with_savepoint: str | None = None
+<<<<<<< HEAD
         #: this run's lineage (epochal.epochs.lineage), drawn by the first attempt
         self.lineage: Lineage | None = None
         #: the job's lease and its sinks' holds (epochal.runtime.driver.lease): released when it ends
         self.holds: list = []
         self._abort_reason: str | None = None
+=======
+        self.timeline: list[dict] = []  # JobResult.attempt_timeline, filled attempt by attempt
+        self.dashboard = None
+        if self.metrics_config.ui:  # the web dashboard (epochal.ui), closed with the reporter
+            from epochal.ui.dashboard import Dashboard
+
+            self.dashboard = Dashboard(plan, self.metrics_config, self._dashboard_source,
+                                       lambda: self.reporter.latest, self._savepoint_for_page)
+            self.reporter.subscribe(self.dashboard.model.on_progress)
+>>>>>>> ui
         self.thread = threading.Thread(target=self._run_guarded, name=f"epochal-driver-{plan.job}", daemon=True)
 
     def _progress_source(self):
@@ -178,6 +194,21 @@ class JobDriver:
         if server is None or isinstance(server, _NotStarted):
             return state, {}, None
         return state, dict(server.live), server.history
+
+    def _dashboard_source(self) -> dict:
+        """The driver's state now, for the dashboard (:class:`epochal.ui.model.DashboardModel`)."""
+        server = self.server
+        started = server is not None and not isinstance(server, _NotStarted)
+        return {"state": self.state, "runtime": self.runtime, "guarantee": self.components.guarantee.value,
+                "checkpoint_root": f"{self.url}/{self.plan.job}", "generation": self.generation,
+                "history": server.history if started else None,
+                "highest_triggered": server.highest_triggered if server is not None else None,
+                "timeline": list(self.timeline), "restarts": list(self.restarts),
+                "savepoints": list(self.savepoints.written)}
+
+    def _savepoint_for_page(self, stop: bool, timeout: float) -> str:
+        """The dashboard's actions: a savepoint at the default location (then stop)."""
+        return self.request_savepoint(None, stop).wait(timeout)
 
     def trigger_epoch(self) -> None:
         with self._server_lock:
@@ -225,17 +256,22 @@ class JobDriver:
             self.savepoints.close(f"job {self.plan.job!r} is not running")
             self.launcher.close()
             self.reporter.close()
+<<<<<<< HEAD
             for held in reversed(self.holds):  # the lease last: the job's tasks are gone now
                 try:
                     held.release()
                 except Exception as exc:
                     log.warning("job %s: releasing %r failed: %s", self.plan.job, held, exc)
+=======
+            if self.dashboard is not None:
+                self.dashboard.close()
+>>>>>>> ui
 
     def _run(self) -> JobResult:
         t0 = time.monotonic()
         failures: list[str] = []
         restored_from: list = []
-        timeline: list[dict] = []
+        timeline = self.timeline
         highest = max(self.storage.all_epochs(), default=0)  # includes incomplete epochs: never reuse an id
         poison = None  # (operator, record, error type) the previous attempt failed on
         for attempt in range(self.restart.max_attempts + 1):

@@ -217,7 +217,7 @@ class Router:
         for g in gates:
             g.route(records)
         try:
-            for k, (buf, outs) in enumerate(self._outlets):
+            for k, (buf, _outs) in enumerate(self._outlets):
                 sizer = self._sizers[k]
                 size = 1 if sizer is None else sizer.size
                 while len(buf) >= size:

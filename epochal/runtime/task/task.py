@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 import time
 import traceback
@@ -442,6 +443,7 @@ class Task(ReadSteps, BarrierSteps):
             "watermark": self.chain.output.watermark, "idle": self.chain.output.idle,
             "operators": operators, "snapshots": self.metrics["snapshots"],
             "late_dropped": self.metrics.get("late_dropped", 0), "host": self.node, "time": time.time(),
+            "rss_bytes": _rss_bytes(), "pid": os.getpid(),
         }
 
     def _final_metrics(self) -> dict:
@@ -456,3 +458,13 @@ class Task(ReadSteps, BarrierSteps):
         if hasattr(self, "chain"):
             m["watermark"] = self.chain.output.watermark
         return m
+
+
+def _rss_bytes() -> int | None:
+    """This process's resident memory (``/proc/self/statm``), for the live metrics; ``None``
+    where there is no ``/proc``."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None

@@ -170,7 +170,7 @@ class TLSSocket:
                 self._send_pending()
                 data = self._sock.recv(_READ)
                 if not data:
-                    raise ConnectionError("connection closed during the TLS handshake")
+                    raise ConnectionError("connection closed during the TLS handshake") from None
                 self._in.write(data)
         self._send_pending()
 

@@ -1,0 +1,87 @@
+"""The dashboard of a job started elsewhere, read from its checkpoint storage:
+``epochal ui <storage> <job>``.
+
+Read-only: no actions (ask a running job for a savepoint with ``epochal savepoint trigger``)
+and no live rates — the storage holds what the job's checkpoints recorded: its operators
+(names, kinds, parallelism: the plan fingerprint of the newest checkpoint; edges are not
+stored, so the graph is drawn without them), the retained checkpoints (epoch, reason,
+time, referenced bytes, generation) and the savepoints recorded in the job root. Every poll
+lists the storage again; a completed checkpoint's ``_metadata`` never changes, so each is
+read once.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+from epochal.backends.storage import CheckpointStorage, referenced_bytes
+from epochal.errors import EpochalError
+from epochal.ui.layout import BOX_HEIGHT, BOX_WIDTH, COLUMN_GAP, MARGIN, TOP
+from epochal.ui.server import DashboardServer
+
+__all__ = ["StorageView", "serve"]
+
+
+class StorageView:
+    """The ``/api/state`` document of the job ``job`` under checkpoint storage ``url``."""
+
+    def __init__(self, url: str, job: str, storage_options=None):
+        self.storage = CheckpointStorage(url, job, storage_options=storage_options)
+        self.job = job
+        self._meta: dict[int, dict] = {}
+        self._lock = threading.Lock()
+
+    def _metadata(self, epoch: int) -> dict | None:
+        if epoch not in self._meta:
+            try:
+                self._meta[epoch] = self.storage.read_metadata(epoch)
+            except EpochalError:
+                return None  # incomplete (or deleted meanwhile): not a checkpoint yet
+        return self._meta[epoch]
+
+    def view(self) -> dict:
+        from epochal.state.savepoint import list_recorded
+
+        with self._lock:
+            rows, plan = [], {}
+            for epoch in sorted(self.storage.all_epochs()):
+                meta = self._metadata(epoch)
+                if meta is None:
+                    continue
+                plan = meta.get("plan") or plan
+                rows.append({"epoch": epoch, "generation": meta.get("generation"), "status": "completed",
+                             "reason": meta.get("reason"), "wall_time": meta.get("wall_time"), "duration_s": None,
+                             "bytes": None, "state_bytes": referenced_bytes(meta), "unaligned_bytes": 0,
+                             "split": {}, "latency_s": None, "savepoint": None})
+            savepoints = list_recorded(self.storage)
+        by_epoch = {r["epoch"]: r for r in rows}
+        for sp in savepoints:
+            if sp.get("epoch") in by_epoch:
+                by_epoch[sp["epoch"]]["savepoint"] = sp.get("url")
+        return {
+            "job": self.job, "time": time.time(), "state": "offline", "runtime": "storage", "guarantee": "",
+            "checkpoint_root": self.storage.root_url, "generation": rows[-1]["generation"] if rows else None,
+            "actions": False, "progress": {"last_completed_epoch": rows[-1]["epoch"] if rows else None},
+            "graph": _boxes(plan), "operators": {}, "checkpoints": rows,
+            "counts": {"completed": len(rows), "aborted": 0}, "attempts": [], "restore": None,
+            "savepoints": [{"epoch": s.get("epoch"), "url": s.get("url"), "bytes": s.get("bytes")} for s in savepoints],
+            "series": [], "latency": [], "sinks": [],
+        }
+
+
+def _boxes(plan: dict) -> dict:
+    """The operators of a plan fingerprint as boxes in one row (no edges: not stored)."""
+    nodes = [{"name": name, "kind": v.get("kind"), "parallelism": v.get("parallelism"), "column": i, "row": 0,
+              "x": MARGIN + i * (BOX_WIDTH + COLUMN_GAP), "y": TOP, "width": BOX_WIDTH, "height": BOX_HEIGHT}
+             for i, (name, v) in enumerate(plan.items())]
+    return {"nodes": nodes, "edges": [], "width": 2 * MARGIN + max(1, len(nodes)) * (BOX_WIDTH + COLUMN_GAP),
+            "height": TOP + MARGIN + BOX_HEIGHT + 30}
+
+
+def serve(url: str, job: str, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> DashboardServer:
+    """Serve the read-only dashboard of ``job`` under ``url`` (see the module docstring)."""
+    view = StorageView(url, job)
+    if not view.storage.has_checkpoints():
+        raise EpochalError(f"no checkpoints of job {job!r} under {view.storage.root_url}: check the storage URL and "
+                           "the job (dataflow) name")
+    return DashboardServer(view.view, None, host=host, port=port, token=token, name=job)

@@ -1,0 +1,164 @@
+"""The dashboard's HTTP server: one page, its script and style, and a small JSON API.
+
+Routes (``MetricsConfig.ui``; :class:`DashboardServer`):
+
+* ``GET /`` — the page (``static/index.html``); ``GET /static/<file>`` its script and style.
+  Static files carry no job data and need no token;
+* ``GET /api/state`` — everything the page shows (:meth:`epochal.ui.model.DashboardModel.view`);
+  the page polls it;
+* ``POST /api/savepoint`` with ``{"stop": false}`` or ``{"stop": true}`` — take a savepoint
+  (and stop the job with it); answers ``{"url": ...}`` once it is written, or
+  ``{"error": ...}`` (HTTP 409).
+
+Every ``/api`` call needs the job's token: in the ``X-Epochal-Token`` header, or — for GET
+only — as ``?token=``. The actions accept the header only, which a page of another origin
+cannot set without a CORS preflight this server never grants, so a link cannot trigger a
+savepoint. The server binds the loopback interface by default (``MetricsConfig.ui_host``)
+and logs its address with the token, as a notebook server does.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import secrets
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from urllib.parse import parse_qs, urlsplit
+
+from epochal.errors import ConfigError
+
+__all__ = ["DashboardServer"]
+
+log = logging.getLogger("epochal")
+
+_STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "application/javascript; charset=utf-8",
+           "style.css": "text/css; charset=utf-8"}
+#: how long an action waits for its savepoint before answering
+ACTION_TIMEOUT = 300.0
+
+
+def _static(name: str) -> bytes:
+    return resources.files("epochal.ui").joinpath("static", name).read_bytes()
+
+
+class DashboardServer:
+    """Serves one job's dashboard on ``host:port`` (``port`` 0: any free port) until
+    :meth:`close`.
+
+    Args:
+        view: returns the ``/api/state`` document (a JSON-able dict).
+        savepoint: ``savepoint(stop: bool, timeout: float) -> url``, blocking until the
+            savepoint is written; ``None``: the actions are off (a read-only view).
+        token: the secret every ``/api`` call must present; ``None``: a random one.
+
+    Raises:
+        ConfigError: ``host:port`` cannot be bound.
+    """
+
+    def __init__(self, view, savepoint=None, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+                 name: str = "job"):
+        self.token = token or secrets.token_urlsafe(24)
+        self._view = view
+        self._savepoint = savepoint
+        handler = type("Handler", (_Handler,), {"dashboard": self})
+        try:
+            self._server = ThreadingHTTPServer((host, port), handler)
+        except OSError as exc:
+            raise ConfigError(f"metrics.ui_host / ui_port: cannot serve the dashboard on {host}:{port}: {exc}") from exc
+        self._server.daemon_threads = True
+        self.address = self._server.server_address[:2]
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name=f"epochal-ui-{name}", daemon=True)
+        self._thread.start()
+        log.info("job %s: dashboard at %s", name, self.url)
+
+    @property
+    def url(self) -> str:
+        """The page's address with the token (what to open in a browser)."""
+        host, port = self.address
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{port}/?token={self.token}"
+
+    def authorised(self, presented: str | None) -> bool:
+        return presented is not None and hmac.compare_digest(presented.encode(), self.token.encode())
+
+    def close(self) -> None:
+        """Stop serving (idempotent)."""
+        if self._thread.is_alive():
+            self._server.shutdown()
+        self._server.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    dashboard: DashboardServer
+    server_version = "epochal"
+
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        log.debug("dashboard: " + format, *args)
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Referrer-Policy", "no-referrer")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status: int, doc) -> None:
+        self._send(status, json.dumps(doc, default=str, allow_nan=False).encode(), "application/json")
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        parts = urlsplit(self.path)
+        if parts.path in ("/", "/index.html"):
+            return self._send(200, _static("index.html"), _STATIC["index.html"])
+        if parts.path.startswith("/static/") and parts.path[len("/static/"):] in _STATIC:
+            name = parts.path[len("/static/"):]
+            return self._send(200, _static(name), _STATIC[name])
+        if parts.path == "/api/state":
+            token = self.headers.get("X-Epochal-Token") or (parse_qs(parts.query).get("token") or [None])[0]
+            if not self.dashboard.authorised(token):
+                return self._json(401, {"error": "missing or wrong token (open the URL the driver logged)"})
+            try:
+                return self._json(200, _finite(self.dashboard._view()))
+            except Exception as exc:  # the page shows it; the job never notices
+                log.exception("dashboard: building the page's state failed")
+                return self._json(500, {"error": f"{type(exc).__name__}: {exc}"})
+        return self._json(404, {"error": f"no such page: {parts.path}"})
+
+    def do_POST(self):  # noqa: N802
+        parts = urlsplit(self.path)
+        if parts.path != "/api/savepoint":
+            return self._json(404, {"error": f"no such action: {parts.path}"})
+        if not self.dashboard.authorised(self.headers.get("X-Epochal-Token")):
+            return self._json(401, {"error": "actions need the token in the X-Epochal-Token header"})
+        if self.dashboard._savepoint is None:
+            return self._json(405, {"error": "this dashboard is read-only (a job started elsewhere)"})
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(min(length, 4096)) or b"{}")
+            stop = body.get("stop", False)
+            if not isinstance(stop, bool):
+                raise ValueError(f"'stop' must be true or false, got {stop!r}")
+        except (ValueError, AttributeError) as exc:
+            return self._json(400, {"error": f"bad request body: {exc}"})
+        log.info("dashboard: savepoint requested%s", " (then stop)" if stop else "")
+        try:
+            url = self.dashboard._savepoint(stop, ACTION_TIMEOUT)
+        except Exception as exc:
+            return self._json(409, {"error": f"{type(exc).__name__}: {exc}"})
+        return self._json(200, {"url": url, "stop": stop})
+
+
+def _finite(doc):
+    """``doc`` with infinite and NaN floats as ``None`` (JSON has no such numbers)."""
+    if isinstance(doc, float):
+        return doc if doc == doc and doc not in (float("inf"), float("-inf")) else None
+    if isinstance(doc, dict):
+        return {k: _finite(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [_finite(v) for v in doc]
+    return doc

@@ -1,0 +1,300 @@
+// epochal dashboard: polls /api/state and draws it as plain SVG and tables (no libraries).
+"use strict";
+(function () {
+  const token = new URLSearchParams(location.search).get("token") || "";
+  const POLL_MS = Number(new URLSearchParams(location.search).get("poll") || 2000);  // ?poll=<ms>
+  const NS = "http://www.w3.org/2000/svg";
+  const EDGE_COLOURS = {forward: "#59606d", hash: "#1f6feb", rebalance: "#8250df", broadcast: "#bf3989",
+                        feedback: "#d1242f"};
+  const PHASES = [["barrier", "#9aa3b2"], ["alignment", "#d29922"], ["sync", "#cf222e"], ["upload", "#1f6feb"],
+                  ["ack", "#57ab5a"], ["metadata", "#8250df"]];
+  const $ = (id) => document.getElementById(id);
+
+  function el(tag, attrs, text) {
+    const e = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+  function fmtRate(x) {
+    if (x === null || x === undefined) return "–";
+    return x >= 1e6 ? (x / 1e6).toFixed(2) + "M" : x >= 1e3 ? (x / 1e3).toFixed(1) + "k" : x.toFixed(0);
+  }
+  function fmtS(x) {
+    if (x === null || x === undefined) return "–";
+    return x >= 1 ? x.toFixed(2) + " s" : (x * 1000).toFixed(x < 0.01 ? 2 : 0) + " ms";
+  }
+  function fmtBytes(x) {
+    if (x === null || x === undefined) return "–";
+    const u = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0;
+    while (x >= 1024 && i < u.length - 1) { x /= 1024; i++; }
+    return (i ? x.toFixed(1) : x.toFixed(0)) + " " + u[i];
+  }
+  function cell(tr, text, cls) {
+    const td = document.createElement("td");
+    td.textContent = text;
+    if (cls) td.className = cls;
+    tr.appendChild(td);
+    return td;
+  }
+  function pressureColour(r) {  // white → red with back-pressure
+    const k = Math.max(0, Math.min(1, r || 0));
+    return `rgb(255,${Math.round(255 - 150 * k)},${Math.round(255 - 170 * k)})`;
+  }
+
+  // ---------------------------------------------------------------- the job graph
+  let graphDrawn = false;
+  function drawGraph(graph) {
+    const box = $("graph");
+    const svg = el("svg", {width: graph.width, height: graph.height, viewBox: `0 0 ${graph.width} ${graph.height}`,
+                           role: "img", "aria-label": "job graph"});
+    const defs = el("defs");
+    for (const [kind, colour] of Object.entries(EDGE_COLOURS)) {
+      const m = el("marker", {id: "arrow-" + kind, viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 7,
+                              markerHeight: 7, orient: "auto-start-reverse"});
+      m.appendChild(el("path", {d: "M0,0 L10,5 L0,10 z", fill: colour}));
+      defs.appendChild(m);
+    }
+    svg.appendChild(defs);
+    const at = Object.fromEntries(graph.nodes.map((n) => [n.name, n]));
+    for (const e of graph.edges) {
+      const a = at[e.source], b = at[e.target];
+      if (!a || !b) continue;
+      const kind = e.feedback ? "feedback" : e.kind;
+      let d;
+      if (e.feedback) {  // a loop's back-edge: below the boxes, right to left
+        const y = Math.max(a.y + a.height, b.y + b.height) + 18;
+        d = `M${a.x + a.width / 2},${a.y + a.height} C${a.x + a.width / 2},${y} ${b.x + b.width / 2},${y} ` +
+            `${b.x + b.width / 2},${b.y + b.height}`;
+      } else if (b.column - a.column > 1) {  // skips columns: an arc over the boxes between
+        const x1 = a.x + a.width * 0.75, x2 = b.x + b.width * 0.25, top = Math.min(a.y, b.y) - 30;
+        d = `M${x1},${a.y} C${x1},${top} ${x2},${top} ${x2},${b.y}`;
+      } else {
+        const x1 = a.x + a.width, y1 = a.y + a.height / 2, x2 = b.x, y2 = b.y + b.height / 2, mx = (x1 + x2) / 2;
+        d = `M${x1},${y1} C${mx},${y1} ${mx},${y2} ${x2},${y2}`;
+      }
+      const path = el("path", {d, fill: "none", stroke: EDGE_COLOURS[kind], "stroke-width": 2,
+                               "stroke-dasharray": kind === "broadcast" ? "6 3" : kind === "feedback" ? "3 3" : "",
+                               "marker-end": `url(#arrow-${kind})`, class: "edge", "data-kind": kind,
+                               "data-source": e.source, "data-target": e.target});
+      path.appendChild(el("title", {}, `${e.source} → ${e.target}: ${kind}${e.port !== "main" ? " (" + e.port + ")" : ""}`));
+      svg.appendChild(path);
+    }
+    for (const n of graph.nodes) {
+      const g = el("g", {class: "op", "data-name": n.name, transform: `translate(${n.x},${n.y})`});
+      g.appendChild(el("rect", {width: n.width, height: n.height, rx: 6, fill: "#fff", stroke: "#39414f",
+                                "stroke-width": 1.2, class: "op-box"}));
+      g.appendChild(el("text", {x: 8, y: 16, "font-size": 13, "font-weight": 600, class: "op-name"}, n.name));
+      g.appendChild(el("text", {x: n.width - 8, y: 16, "font-size": 11, "text-anchor": "end", fill: "#555"},
+                       `${n.kind} ×${n.parallelism}`));
+      g.appendChild(el("text", {x: 8, y: 34, "font-size": 11, class: "op-rates"}, "in – / out – rec/s"));
+      g.appendChild(el("text", {x: 8, y: 50, "font-size": 11, class: "op-pressure"}, "back-pressure –"));
+      svg.appendChild(g);
+    }
+    box.replaceChildren(svg);
+    graphDrawn = true;
+  }
+  function updateGraph(ops) {
+    for (const g of document.querySelectorAll("#graph g.op")) {
+      const o = ops[g.dataset.name];
+      if (!o) continue;
+      g.querySelector(".op-rates").textContent =
+        `in ${fmtRate(o.records_in_per_s)} / out ${fmtRate(o.records_out_per_s)} rec/s`;
+      g.querySelector(".op-pressure").textContent = `back-pressure ${(100 * o.backpressure).toFixed(0)} %`;
+      g.querySelector(".op-box").setAttribute("fill", pressureColour(o.backpressure));
+      g.dataset.in = o.records_in;
+      g.dataset.out = o.records_out;
+    }
+  }
+
+  // ---------------------------------------------------------------- charts
+  const PALETTE = ["#1f6feb", "#cf222e", "#2e8540", "#8250df", "#d29922", "#bf3989"];
+  function lineChart(id, lines, fmt) {
+    // lines: [{label, points: [[t, v], ...]}]; draws every line on one time axis
+    const W = 600, H = 150, L = 52, R = 8, T = 8, B = 20;
+    const svg = el("svg", {viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none", role: "img", "aria-label": id});
+    const all = lines.flatMap((l) => l.points.filter((p) => p[1] !== null && p[1] !== undefined));
+    if (!all.length) {
+      svg.appendChild(el("text", {x: W / 2, y: H / 2, "text-anchor": "middle", fill: "#888"}, "no data yet"));
+      $(id).replaceChildren(svg);
+      return;
+    }
+    const t0 = Math.min(...all.map((p) => p[0])), t1 = Math.max(...all.map((p) => p[0]));
+    const vmax = Math.max(...all.map((p) => p[1]), 1e-9), span = Math.max(t1 - t0, 1e-9);
+    const x = (t) => L + (W - L - R) * (t - t0) / span, y = (v) => H - B - (H - T - B) * v / vmax;
+    for (const f of [0, 0.5, 1]) {
+      svg.appendChild(el("line", {x1: L, x2: W - R, y1: y(vmax * f), y2: y(vmax * f), stroke: "#e3e5e8"}));
+      svg.appendChild(el("text", {x: L - 4, y: y(vmax * f) + 4, "text-anchor": "end", "font-size": 10,
+                                  fill: "#666"}, fmt(vmax * f)));
+    }
+    svg.appendChild(el("text", {x: W - R, y: H - 5, "text-anchor": "end", "font-size": 10, fill: "#666"},
+                       `last ${Math.round(t1 - t0)} s`));
+    lines.forEach((l, i) => {
+      const pts = l.points.filter((p) => p[1] !== null && p[1] !== undefined);
+      if (!pts.length) return;
+      const colour = PALETTE[i % PALETTE.length], last = pts[pts.length - 1];
+      svg.appendChild(el("polyline", {points: pts.map((p) => `${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" "),
+                                      fill: "none", stroke: colour, "stroke-width": 1.6, class: "series",
+                                      "data-label": l.label, "data-latest": last[1], "data-points": pts.length}));
+      svg.appendChild(el("circle", {cx: x(last[0]), cy: y(last[1]), r: 2.5, fill: colour, class: "latest",
+                                    "data-label": l.label, "data-value": last[1]}));
+      svg.appendChild(el("text", {x: L + 6 + 150 * i, y: T + 10, "font-size": 11, fill: colour, class: "legend-item"},
+                         `${l.label}: ${fmt(last[1])}`));
+    });
+    $(id).replaceChildren(svg);
+  }
+  function drawCharts(s) {
+    const series = s.series;
+    lineChart("chart-throughput", [
+      {label: "in", points: series.map((p) => [p.time, p.records_in_per_s])},
+      {label: "out", points: series.map((p) => [p.time, p.records_out_per_s])}], fmtRate);
+    lineChart("chart-latency", [{label: "latency", points: s.latency.map((p) => [p.time, p.latency_s])}], fmtS);
+    const sources = [...new Set(series.flatMap((p) => Object.keys(p.watermark_lag_s || {})))];
+    lineChart("chart-lag", sources.map((name) => ({label: name, points: series.map(
+      (p) => [p.time, (p.watermark_lag_s || {})[name] ?? null])})), fmtS);
+    const mib = (b) => (b === null || b === undefined ? null : b / 1048576);
+    lineChart("chart-memory", [
+      {label: "driver", points: series.map((p) => [p.time, mib(p.driver_rss)])},
+      {label: "tasks", points: series.map((p) => [p.time, mib(p.tasks_rss)])}], (v) => v.toFixed(0));
+  }
+
+  // ---------------------------------------------------------------- checkpoints
+  function splitBar(split, total, width) {
+    const svg = el("svg", {width, height: 12, class: "split"});
+    let x = 0;
+    for (const [phase, colour] of PHASES) {
+      const w = total > 0 ? width * (split[phase] || 0) / total : 0;
+      if (w <= 0) continue;
+      const r = el("rect", {x, y: 1, width: w, height: 10, fill: colour, "data-phase": phase});
+      r.appendChild(el("title", {}, `${phase} ${fmtS(split[phase])}`));
+      svg.appendChild(r);
+      x += w;
+    }
+    return svg;
+  }
+  const TABLE_ROWS = 60;  // the newest epochs in the table (the timeline shows 120, the JSON 200)
+  let drawnCheckpoints = "";
+  function drawCheckpoints(s) {
+    const last = s.checkpoints[s.checkpoints.length - 1] || {};
+    const key = [last.epoch, last.status, s.checkpoints.length, s.savepoints.length, JSON.stringify(s.restore)].join("|");
+    if (key === drawnCheckpoints) return;  // nothing new: keep the drawn table (the browser's CPU matters)
+    drawnCheckpoints = key;
+    const rows = s.checkpoints.slice(-TABLE_ROWS).reverse();
+    $("checkpoint-counts").textContent = `${s.counts.completed} completed, ${s.counts.aborted} failed or declined ` +
+      `(recent epochs); ${s.savepoints.length} savepoints`;
+    const body = document.querySelector("#checkpoints tbody");
+    const maxTotal = Math.max(1e-9, ...rows.filter((r) => r.split).map(
+      (r) => PHASES.reduce((a, [p]) => a + (r.split[p] || 0), 0)));
+    body.replaceChildren(...rows.map((r) => {
+      const tr = document.createElement("tr");
+      tr.dataset.epoch = r.epoch;
+      tr.dataset.status = r.status;
+      tr.className = r.status + (r.savepoint ? " savepoint" : "");
+      cell(tr, r.epoch); cell(tr, r.generation ?? "–"); cell(tr, r.status); cell(tr, r.reason || "");
+      if (r.status === "completed") {
+        cell(tr, fmtS(r.duration_s));
+        const total = PHASES.reduce((a, [p]) => a + (r.split[p] || 0), 0);
+        cell(tr, "").appendChild(splitBar(r.split, total, Math.max(2, 140 * total / maxTotal)));
+        for (const [p] of PHASES) cell(tr, fmtS(r.split[p]));
+        cell(tr, fmtBytes(r.bytes)); cell(tr, fmtBytes(r.state_bytes));
+        cell(tr, r.unaligned_bytes ? `${fmtBytes(r.unaligned_bytes)} (${r.unaligned_records} rec)` : "–");
+        cell(tr, fmtS(r.latency_s));
+        cell(tr, r.savepoint || "", "text");
+      } else {
+        for (let i = 0; i < 12; i++) cell(tr, "");
+        cell(tr, r.detail || "", "text");
+      }
+      return tr;
+    }));
+    // timeline: one bar per epoch, height = duration, coloured by status
+    const recent = s.checkpoints.slice(-120), W = 600, H = 70;
+    const svg = el("svg", {viewBox: `0 0 ${W} ${H}`, width: "100%", height: H, preserveAspectRatio: "none"});
+    const dmax = Math.max(1e-9, ...recent.map((r) => r.duration_s || 0));
+    recent.forEach((r, i) => {
+      const w = W / Math.max(recent.length, 1), h = r.status === "completed" ? (H - 4) * (r.duration_s || 0) / dmax : H - 4;
+      const bar = el("rect", {x: i * w, y: H - Math.max(h, 1), width: Math.max(w - 1, 1), height: Math.max(h, 1),
+                              fill: r.status !== "completed" ? "#cf222e" : r.savepoint ? "#1f6feb" : "#57ab5a"});
+      bar.appendChild(el("title", {}, `epoch ${r.epoch}: ${r.status} ${fmtS(r.duration_s)}`));
+      svg.appendChild(bar);
+    });
+    $("timeline").replaceChildren(svg);
+    const restore = $("restore");
+    if (s.restore) {
+      restore.className = "restore failed";
+      restore.textContent = `latest restore: attempt generation ${s.restore.generation} restored epoch ` +
+        `${s.restore.epoch} (${fmtBytes(s.restore.bytes)}) — cause: ${s.restore.cause}`;
+    } else {
+      restore.className = "restore";
+      restore.textContent = "no restore: the job runs its first attempt from scratch";
+    }
+  }
+  function drawTables(s) {
+    const a = document.querySelector("#attempts tbody");
+    a.replaceChildren(...s.attempts.map((e) => {
+      const tr = document.createElement("tr");
+      tr.dataset.generation = e.generation;
+      cell(tr, e.generation); cell(tr, fmtS(e.started_s)); cell(tr, fmtS(e.running_s));
+      cell(tr, e.restored_epoch ?? "–"); cell(tr, fmtS(e.failed_s)); cell(tr, e.cause || "", "text cause");
+      return tr;
+    }));
+    document.querySelector("#sinks tbody").replaceChildren(...s.sinks.map((k) => {
+      const tr = document.createElement("tr");
+      cell(tr, k.sink); cell(tr, k.parallelism); cell(tr, k.open_per_subtask); cell(tr, fmtS(k.oldest_age_s));
+      return tr;
+    }));
+    document.querySelector("#savepoints tbody").replaceChildren(...s.savepoints.map((p) => {
+      const tr = document.createElement("tr");
+      cell(tr, p.epoch); cell(tr, p.url, "text sp-url"); cell(tr, fmtBytes(p.bytes)); cell(tr, fmtS(p.copy_s));
+      cell(tr, p.stop ? "yes" : "");
+      return tr;
+    }));
+  }
+  function drawHeader(s) {
+    $("job").textContent = s.job;
+    const st = $("state");
+    st.textContent = s.state;
+    st.className = "state " + s.state;
+    const p = s.progress || {};
+    $("summary").textContent = [`${s.runtime || ""} · ${s.guarantee || ""}`,
+      `${fmtRate(p.records_in_per_s)} rec/s in, ${fmtRate(p.records_out_per_s)} out`,
+      p.last_completed_epoch != null ? `epoch ${p.last_completed_epoch}` : "no checkpoint yet",
+      `checkpoints in ${s.checkpoint_root || "–"}`].join(" · ");
+    for (const id of ["btn-savepoint", "btn-stop"]) $(id).disabled = !s.actions || s.state !== "running";
+  }
+
+  // ---------------------------------------------------------------- loop
+  async function poll() {
+    try {
+      const r = await fetch("/api/state", {headers: {"X-Epochal-Token": token}, cache: "no-store"});
+      const s = await r.json();
+      if (!r.ok) throw new Error(s.error || r.status);
+      if (!graphDrawn) drawGraph(s.graph);
+      drawHeader(s); updateGraph(s.operators); drawCharts(s); drawCheckpoints(s); drawTables(s);
+      $("error").hidden = true;
+      document.body.dataset.polls = Number(document.body.dataset.polls || 0) + 1;
+    } catch (e) {
+      $("error").hidden = false;
+      $("error").textContent = "cannot read the job's state: " + e.message;
+    }
+    setTimeout(poll, POLL_MS);
+  }
+  async function action(stop) {
+    const out = $("action-result");
+    out.textContent = stop ? "stopping with a savepoint…" : "taking a savepoint…";
+    try {
+      const r = await fetch("/api/savepoint", {method: "POST", headers: {"X-Epochal-Token": token,
+        "Content-Type": "application/json"}, body: JSON.stringify({stop})});
+      const doc = await r.json();
+      out.textContent = r.ok ? `savepoint written: ${doc.url}` : `failed: ${doc.error}`;
+      out.dataset.url = r.ok ? doc.url : "";
+    } catch (e) {
+      out.textContent = "failed: " + e.message;
+    }
+  }
+  $("btn-savepoint").addEventListener("click", () => action(false));
+  $("btn-stop").addEventListener("click", () => {
+    if (confirm("Stop the job with a savepoint?")) action(true);
+  });
+  poll();
+})();
