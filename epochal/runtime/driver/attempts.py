@@ -169,13 +169,11 @@ class JobDriver:
         self.restored_from_url: str | None = None
         self.savepoints = SavepointTracker(storage, lambda m: log.info("job %s: %s", plan.job, m))
         self.stopped_with_savepoint: str | None = None
-<<<<<<< HEAD
         #: this run's lineage (epochal.epochs.lineage), drawn by the first attempt
         self.lineage: Lineage | None = None
         #: the job's lease and its sinks' holds (epochal.runtime.driver.lease): released when it ends
         self.holds: list = []
         self._abort_reason: str | None = None
-=======
         self.timeline: list[dict] = []  # JobResult.attempt_timeline, filled attempt by attempt
         self.dashboard = None
         if self.metrics_config.ui:  # the web dashboard (epochal.ui), closed with the reporter
@@ -184,7 +182,6 @@ class JobDriver:
             self.dashboard = Dashboard(plan, self.metrics_config, self._dashboard_source,
                                        lambda: self.reporter.latest, self._savepoint_for_page)
             self.reporter.subscribe(self.dashboard.model.on_progress)
->>>>>>> ui
         self.thread = threading.Thread(target=self._run_guarded, name=f"epochal-driver-{plan.job}", daemon=True)
 
     def _progress_source(self):
@@ -256,16 +253,13 @@ class JobDriver:
             self.savepoints.close(f"job {self.plan.job!r} is not running")
             self.launcher.close()
             self.reporter.close()
-<<<<<<< HEAD
+            if self.dashboard is not None:
+                self.dashboard.close()
             for held in reversed(self.holds):  # the lease last: the job's tasks are gone now
                 try:
                     held.release()
                 except Exception as exc:
                     log.warning("job %s: releasing %r failed: %s", self.plan.job, held, exc)
-=======
-            if self.dashboard is not None:
-                self.dashboard.close()
->>>>>>> ui
 
     def _run(self) -> JobResult:
         t0 = time.monotonic()

@@ -40,8 +40,6 @@ from epochal.loops.head import LOOP_LOG, LoopHeadProtocol
 from epochal.metrics.quantiles import Summary
 from epochal.operators.base import OperatorContext
 from epochal.operators.factory import create_operator
-
-log = logging.getLogger("epochal")
 from epochal.runtime.task.attempt import AttemptSpec
 from epochal.runtime.task.barriers import BarrierSteps
 from epochal.runtime.task.chain import OperatorChain
@@ -56,6 +54,8 @@ from epochal.sinks.base import SinkWriteError
 from epochal.testing import FaultInjector
 from epochal.time.units import MAX_TIME, now_micros
 from epochal.time.watermarks import WatermarkTracker
+
+log = logging.getLogger("epochal")
 
 
 class TaskCancelled(EpochalError):
