@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     from epochal.state.commands import add_parsers
 
     add_parsers(sub)
+    from epochal.query.commands import add_parser as add_query_parser
+
+    add_query_parser(sub)
     return parser
 
 
@@ -139,6 +142,10 @@ def main(argv=None) -> int:
         return bench(args)
     if script_args:
         build_parser().error("arguments after -- are for 'epochal bench' only")
+    if args.command == "query":
+        from epochal.query.commands import run as run_query
+
+        return run_query(args)
     from epochal.state.commands import run
 
     return run(args)

@@ -54,3 +54,5 @@ class AttemptSpec:
     storage_retry: float = 30.0
     #: task state up to this many bytes travels inline with the ack (CheckpointConfig.inline_state)
     inline_state: int = 0
+    #: wire key of the job's query connections (epochal.query.protocol.query_key); ``None``: no queries
+    query_key: bytes | None = field(default=None, repr=False)

@@ -38,6 +38,8 @@ from epochal.loops.head import LOOP_LOG, LoopHeadProtocol
 from epochal.metrics.quantiles import Summary
 from epochal.operators.base import OperatorContext
 from epochal.operators.factory import create_operator
+from epochal.query.server import QueryServer, read_live
+from epochal.query.versions import CommittedVersions
 from epochal.runtime.task.attempt import AttemptSpec
 from epochal.runtime.task.barriers import BarrierSteps
 from epochal.runtime.task.chain import OperatorChain
@@ -110,6 +112,11 @@ class Task(ReadSteps, BarrierSteps):
         # epoch -> trigger time, for barriers forwarded later; entries up to a snapshot's epoch
         # are dropped with it, so at most the epochs in flight are kept
         self._barrier_ts: dict[int, float] = {}
+        # queryable state (epochal.query): {"op/state": (kind, default)}, filled by operators'
+        # open(); its committed versions, pinned at barriers; the server answering lookups
+        self.queryable: dict[str, tuple] = {}
+        self.query_versions = CommittedVersions()
+        self.query_server: QueryServer | None = None
         # timings as streaming summaries (count, sum, max, p50, p99): bounded over any run
         self.metrics = {"task": self.spec.id, "host": self.node, "source": self.spec.is_source, "records_in": 0,
                         "snapshots": 0, "unaligned_snapshots": 0, "channel_state_replayed": 0, "channel_state_watermarks": 0,
@@ -229,7 +236,7 @@ class Task(ReadSteps, BarrierSteps):
                 operator=name, task=self.spec.id, subtask=self.spec.subtask, parallelism=self.spec.parallelism,
                 generation=self.attempt.generation, job=self.plan.job, max_parallelism=self.plan.max_parallelism,
                 keyed_backend=self.backend, key_groups=self.spec.key_groups,
-                extras={"sink_mode": self.attempt.components.sink_mode},
+                extras={"sink_mode": self.attempt.components.sink_mode, "queryable": self.queryable},
             )
             op = self.faults.wrap(name, create_operator(nodes[name], ctx))
             op.restore(restored.operators.get(name))
@@ -246,10 +253,45 @@ class Task(ReadSteps, BarrierSteps):
                 subtask=self.spec.subtask, parallelism=self.spec.parallelism,
             )
         self._send(("running", self.spec.id, {"setup_s": time.monotonic() - t_setup, "restore_s": restore_s}))
+        self._serve_queries(restore)
         self.chain.after_batch()  # a restored watermark generator resumes event time first
         replay_restored(self, restored, storage)  # loop logs, then channel state: before new input
 
+    def _serve_queries(self, restore: dict | None) -> None:
+        """With queryable state: pin the restored epoch (committed by definition, before any
+        replayed or new record), start the query server, register it with the coordinator
+        (so queries reach this task only once its state is restored)."""
+        if not self.queryable or self.backend is None or self.attempt.query_key is None:
+            return
+        if restore is not None:
+            self.query_versions.restored(restore["epoch"], self.backend.pin_view(list(self.queryable)))
+        self.query_server = QueryServer(self.attempt.query_key, self.bind_host, self.spec.id, self.spec.key_groups,
+                                        self.queryable, self.query_versions, self._read_live,
+                                        peer_timeout=self.attempt.peer_timeout)
+        self._send(("query_address", self.spec.id, (self.host, self.query_server.address[1])))
+
+    def pin_query_view(self, epoch: int) -> None:
+        """At barrier ``epoch`` (task thread, right after the backend's snapshot): pin the
+        queryable state of the epoch's cut; it answers queries once the epoch completes."""
+        if self.query_server is not None:
+            self.query_versions.pinned(epoch, self.backend.pin_view(list(self.queryable)))
+
+    def _read_live(self, state: str, kind: str, default, items: list, timeout: float = 5.0) -> bytes:
+        """Query thread: a read-uncommitted lookup, run on the task thread via the mailbox."""
+        box = {"done": threading.Event()}
+        with self.cv:
+            self.control.append(("query", state, kind, default, items, box))
+            self.cv.notify_all()
+        if not box["done"].wait(timeout):
+            raise TimeoutError(f"task {self.spec.id} did not answer a live lookup within {timeout} s")
+        if "error" in box:
+            raise box["error"]
+        return box["payload"]
+
     def _teardown(self) -> None:
+        if self.query_server is not None:
+            self.query_server.close()  # before the backend closes: no read of a closed database
+        self.query_versions.close()
         self.recorder.close()
         if self.uploader:
             self.uploader.close()
@@ -384,6 +426,7 @@ class Task(ReadSteps, BarrierSteps):
                     op.notify_epoch_complete(msg[1])
                 if self.backend is not None:
                     self.backend.notify_epoch_complete(msg[1])
+                self.query_versions.completed(msg[1])
                 if self.reader is not None:
                     offsets = self._source_offsets.pop(msg[1], None)
                     for e in [e for e in self._source_offsets if e < msg[1]]:
@@ -401,6 +444,14 @@ class Task(ReadSteps, BarrierSteps):
                     self.loop.abort(msg[1])
                 if self.backend is not None:
                     self.backend.notify_epoch_aborted(msg[1])
+                self.query_versions.aborted(msg[1])
+            elif kind == "query":  # a read-uncommitted lookup (epochal.query.server)
+                box = msg[5]
+                try:
+                    box["payload"] = read_live(self.backend, msg[1], msg[2], msg[3], msg[4])
+                except Exception as exc:
+                    box["error"] = exc
+                box["done"].set()
             elif kind == "release_end":  # a loop head: the loop is quiescent, event time may end
                 if self._end_held:
                     self.chain.end_of_input()
