@@ -16,6 +16,6 @@ Modules: :mod:`~epochal.query.versions` (which version answers), :mod:`~epochal.
 ``epochal.state.QueryClient`` and ``epochal query``).
 """
 from epochal.query.client import QueryClient, QueryResult
-from epochal.query.protocol import ISOLATION_LEVELS, QueryError
+from epochal.query.protocol import ISOLATION_LEVELS, JobEnded, QueryError
 
-__all__ = ["ISOLATION_LEVELS", "QueryClient", "QueryError", "QueryResult"]
+__all__ = ["ISOLATION_LEVELS", "JobEnded", "QueryClient", "QueryError", "QueryResult"]

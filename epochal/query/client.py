@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from epochal.backends.keygroups import key_group_for
 from epochal.errors import EpochalError
-from epochal.query.protocol import READ_COMMITTED, QueryError, check_isolation, common_epoch, query_key, route
+from epochal.query.protocol import READ_COMMITTED, JobEnded, QueryError, check_isolation, common_epoch, query_key, route
 from epochal.runtime.transport import wire
 
 #: seconds between attempts while the job restarts or a task has no committed epoch yet
@@ -135,6 +135,9 @@ class QueryClient:
     def _fetch_routes(self) -> dict:
         try:
             conn = self._conn(self.address, {"query": "routes"})
+        except _Retry as exc:  # the directory lives as long as the job: nobody answers, no job
+            raise JobEnded(f"no running job answers at {self.address[0]}:{self.address[1]}: {exc}") from exc
+        try:
             conn.send(("routes",))
             reply = conn.recv()
         except (EpochalError, OSError) as exc:
@@ -143,6 +146,8 @@ class QueryClient:
             self._drop(self.address)
             raise _Retry(f"query directory {self.address[0]}:{self.address[1]}: {exc}") from exc
         routes = reply[1]
+        if routes == "ended":
+            raise JobEnded("the job has ended: its state can be read from its checkpoints (epochal.state.read)")
         if routes is None:
             raise _Retry("the job is not running (starting or restarting)")
         self._routes = routes

@@ -29,6 +29,10 @@ class QueryError(EpochalError):
     queryable, a bad isolation level, or no answer within the timeout."""
 
 
+class JobEnded(QueryError):
+    """The job ended (finished, failed or cancelled): nothing serves its state any more."""
+
+
 def query_key(token: str) -> bytes:
     """The wire key of every query connection of the job whose query token is ``token``."""
     if not isinstance(token, str) or not token:

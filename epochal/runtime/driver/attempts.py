@@ -207,7 +207,10 @@ class JobDriver:
             return state, {}, None
         return state, dict(server.live), server.history
 
-    def _query_routes(self) -> dict | None:
+    def _query_routes(self) -> dict | str | None:
+        """Routes of the running attempt; ``None`` between attempts, ``"ended"`` once the job ended."""
+        if self.state in ("finished", "failed"):
+            return "ended"
         server = self.server
         if server is None or isinstance(server, _NotStarted) or server.outcome is not None:
             return None
