@@ -309,3 +309,21 @@ def test_read_committed_on_spark_through_an_external_sigkill(tmp_path, spark, ba
     epochs = check_reads(reader, storage, job)
     assert max(epochs) > max(killed_after, result.restored_from[-1]), (
         f"no read after the restart (killed after epoch {killed_after}, read {sorted(epochs)})")
+
+
+def test_an_encrypted_job_serves_queries_in_pinned_tls(tmp_path):
+    """With encryption (a cluster's default) the query connections are TLS pinned to the
+    job's query certificate: the handle's client passes it, a client without it is refused."""
+    job = f"bank-{uuid.uuid4().hex[:8]}"
+    flow = bank(job, str(tmp_path / "out"), per_split=100_000, rate=500.0)
+    handle = flow.start(runtime="local", channels=ep.ChannelConfig(encryption=True),
+                        checkpoint=ep.CheckpointConfig(interval=0.05, storage=f"file://{tmp_path}/c"))
+    try:
+        assert handle.query_tls is not None
+        assert sum(handle.query("accounts", "balance", list(range(N)), timeout=60).values.values()) == TOTAL
+        with pytest.raises(QueryError, match="refused"):
+            QueryClient(handle.query_address, handle.query_token).query("accounts", "balance", 1, timeout=5)
+    finally:
+        handle.cancel()
+        with pytest.raises(ep.JobFailedError):
+            handle.wait(60)

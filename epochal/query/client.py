@@ -55,6 +55,7 @@ class QueryClient:
             (``JobHandle.query_address``).
         token: the job's query token (``JobHandle.query_token``).
         timeout: default seconds a lookup may wait (restarts, first epoch).
+        tls: an encrypted job's ``JobHandle.query_tls`` (its queries travel in pinned TLS).
 
     Thread-safe (one lookup at a time per client). Example::
 
@@ -63,13 +64,14 @@ class QueryClient:
         r.values, r.epoch        # ({'a': 10, 'b': 90}, 17)
     """
 
-    def __init__(self, address, token: str, timeout: float = 30.0):
+    def __init__(self, address, token: str, timeout: float = 30.0, tls=None):
         if isinstance(address, str):
             host, _, port = address.rpartition(":")
             address = (host, int(port))
         self.address = (address[0], int(address[1]))
         self.key = query_key(token)
         self.timeout = timeout
+        self.tls = tls
         self._routes: dict | None = None
         self._conns: dict[tuple, wire.Connection] = {}
         self._lock = threading.Lock()
@@ -119,9 +121,10 @@ class QueryClient:
         conn = self._conns.get(address)
         if conn is None:
             try:
-                conn = wire.connect(address, self.key, hello, timeout=5.0)
-            except wire.AuthenticationError as exc:
-                raise QueryError(f"query endpoint {address[0]}:{address[1]} refused the token: {exc}") from exc
+                conn = wire.connect(address, self.key, hello, timeout=5.0, tls=self.tls)
+            except (wire.AuthenticationError, wire.ConnectionClosed) as exc:
+                raise QueryError(f"query endpoint {address[0]}:{address[1]} refused the token or the TLS "
+                                 f"handshake (an encrypted job needs tls=JobHandle.query_tls): {exc}") from exc
             except OSError as exc:
                 raise _Retry(f"{address[0]}:{address[1]} unreachable: {exc}") from exc
             self._conns[address] = conn

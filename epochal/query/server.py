@@ -2,7 +2,9 @@
 
 Binds the task's own address (loopback on local runs, the executor's address on a
 cluster) and accepts only peers that prove the job's query token (the wire handshake,
-:func:`~epochal.query.protocol.query_key`): frames are unpickled only after it.
+:func:`~epochal.query.protocol.query_key`): frames are unpickled only after it. An encrypted
+job (on a cluster, by default) wraps every query connection in TLS pinned to the job's query
+certificate, as the data channels are (:mod:`epochal.runtime.transport.tls`).
 
 Threading (the task's rule: one thread owns operators and state, :mod:`epochal.runtime.task.task`):
 
@@ -33,7 +35,7 @@ class QueryServer:
     """
 
     def __init__(self, key: bytes, host: str, task: str, key_groups: range, registry: dict,
-                 versions: CommittedVersions, live_read, peer_timeout: float | None = None):
+                 versions: CommittedVersions, live_read, peer_timeout: float | None = None, tls=None):
         self.task, self.key_groups, self.registry = task, key_groups, registry
         self.versions, self.live_read = versions, live_read
         self.answered = 0
@@ -41,7 +43,7 @@ class QueryServer:
         self._lock = threading.Lock()  # held while reading a view: close() waits for the reads
         self._closed = False
         self.server = wire.Server(key, self._on_connection, host=host, name=f"query-{task}",
-                                  peer_timeout=peer_timeout)
+                                  peer_timeout=peer_timeout, tls=tls)
         self.address = self.server.address
 
     def _on_connection(self, conn: wire.Connection) -> None:

@@ -146,6 +146,12 @@ class JobHandle:
         return self._driver.query_token
 
     @property
+    def query_tls(self):
+        """An encrypted job's query certificate and key (:class:`~epochal.runtime.transport.tls.TLSMaterial`,
+        picklable), which a ``QueryClient(address, token, tls=...)`` needs; ``None`` unencrypted."""
+        return self._driver.query_tls
+
+    @property
     def running(self) -> bool:
         """Whether the job still runs (:meth:`wait` would block)."""
         return self._driver.thread.is_alive()
@@ -181,8 +187,13 @@ class JobDriver:
         self.storage, self.url, self.runtime, self.faults = storage, url, runtime, faults
         self.secret = os.urandom(32)
         self.query_token = secrets.token_hex(16)  # for the whole job: clients keep it across restarts
+        self.query_tls = None  # an encrypted job's queries travel in TLS pinned to a per-job certificate
+        if encrypted:
+            from epochal.runtime.transport.tls import TLSMaterial
+
+            self.query_tls = TLSMaterial.generate(f"{plan.job} queries")
         self.query_directory = QueryDirectory(query_key(self.query_token), launcher.bind_host, self._query_routes,
-                                              advertised_host=launcher.advertised_host)
+                                              advertised_host=launcher.advertised_host, tls=self.query_tls)
         self._query_client: QueryClient | None = None
         self.server: CoordinatorServer | None = None
         self._server_lock = threading.Lock()
@@ -219,7 +230,7 @@ class JobDriver:
     def query_client(self) -> QueryClient:
         with self._server_lock:
             if self._query_client is None:
-                self._query_client = QueryClient(self.query_directory.address, self.query_token)
+                self._query_client = QueryClient(self.query_directory.address, self.query_token, tls=self.query_tls)
             return self._query_client
 
     def trigger_epoch(self) -> None:
@@ -358,7 +369,8 @@ class JobDriver:
         attempt = AttemptSpec(self.plan_blob, generation, key, server.address, self.components, self.channels,
                               self.url, self.faults, bind, self.backend, tls, self.metrics_config.interval,
                               self.peer_timeout, storage_retry=self.storage.retry.deadline,
-                              inline_state=self.checkpoint.inline_state, query_key=query_key(self.query_token))
+                              inline_state=self.checkpoint.inline_state, query_key=query_key(self.query_token),
+                              query_tls=self.query_tls)
         payload = cloudpickle.dumps(attempt)
 
         exited = threading.Event()

@@ -4,7 +4,8 @@ operator instance holding the state partition for the queried key").
 
 One per job, for the whole job (its address outlives restarts). Bound where the
 coordinator binds (loopback on local runs), authenticated with the job's query key
-(:func:`epochal.query.protocol.query_key`); answers ``("routes",)`` with the current
+(:func:`epochal.query.protocol.query_key`), inside TLS pinned to the job's query
+certificate when the job is encrypted (on a cluster, by default); answers ``("routes",)`` with the current
 attempt's routes, or ``None`` while no attempt runs. Tasks register their query servers
 with the coordinator after restoring their state (``("query_address", task, address)``).
 """
@@ -35,11 +36,12 @@ def routes_of(plan, generation: int, addresses: dict) -> dict:
 class QueryDirectory:
     """Serves ``routes()`` (a dict, or ``None``) to authenticated query clients."""
 
-    def __init__(self, key: bytes, host: str, routes: Callable[[], dict | None], advertised_host: str | None = None):
+    def __init__(self, key: bytes, host: str, routes: Callable[[], dict | None], advertised_host: str | None = None,
+                 tls=None):
         self._routes = routes
         self._conns: set = set()
         self._lock = threading.Lock()
-        self.server = wire.Server(key, self._on_connection, host=host, name="query-directory")
+        self.server = wire.Server(key, self._on_connection, host=host, name="query-directory", tls=tls)
         self.address = (advertised_host or host, self.server.address[1])
 
     def _on_connection(self, conn: wire.Connection) -> None:

@@ -56,3 +56,4 @@ class AttemptSpec:
     inline_state: int = 0
     #: wire key of the job's query connections (epochal.query.protocol.query_key); ``None``: no queries
     query_key: bytes | None = field(default=None, repr=False)
+    query_tls: object = field(default=None, repr=False)  # TLSMaterial of the job's queries, or None

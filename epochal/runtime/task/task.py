@@ -267,7 +267,7 @@ class Task(ReadSteps, BarrierSteps):
             self.query_versions.restored(restore["epoch"], self.backend.pin_view(list(self.queryable)))
         self.query_server = QueryServer(self.attempt.query_key, self.bind_host, self.spec.id, self.spec.key_groups,
                                         self.queryable, self.query_versions, self._read_live,
-                                        peer_timeout=self.attempt.peer_timeout)
+                                        peer_timeout=self.attempt.peer_timeout, tls=self.attempt.query_tls)
         self._send(("query_address", self.spec.id, (self.host, self.query_server.address[1])))
 
     def pin_query_view(self, epoch: int) -> None:
