@@ -231,7 +231,7 @@ def test_queryable_smoke(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["errors"] == [] and [r["backend"] for r in doc["runs"]] == ["heap", "rocksdb"]
     for run in doc["runs"]:
-        assert set(run["windows"]) == {"no-queries", "read-committed", "read-uncommitted"}
+        assert set(run["windows"]) == {"no-queries", "read-committed", "read-uncommitted", "no-queries-again"}
         for name in ("read-committed", "read-uncommitted"):
             assert run["windows"][name]["lookups"] > 0 and run["windows"][name]["latency_ms"]["p99"] > 0
         assert run["last_epoch_read"] >= 1

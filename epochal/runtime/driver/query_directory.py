@@ -50,7 +50,8 @@ class QueryDirectory:
         try:
             while True:
                 msg = conn.recv()
-                conn.send(("routes", self._routes()) if msg and msg[0] == "routes" else ("error", None, "unknown request"))
+                ok = bool(msg) and msg[0] == "routes"
+                conn.send(("routes", self._routes()) if ok else ("error", None, "unknown request"))
         except Exception:
             pass
         finally:
