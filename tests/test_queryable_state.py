@@ -322,7 +322,7 @@ def test_an_encrypted_job_serves_queries_in_pinned_tls(tmp_path):
         assert handle.query_tls is not None
         assert sum(handle.query("accounts", "balance", list(range(N)), timeout=60).values.values()) == TOTAL
         with pytest.raises(QueryError, match="refused"):
-            QueryClient(handle.query_address, handle.query_token).query("accounts", "balance", 1, timeout=5)
+            QueryClient(handle.query_address, handle.query_token).query("accounts", "balance", 1, timeout=1)
     finally:
         handle.cancel()
         with pytest.raises(ep.JobFailedError):

@@ -76,6 +76,7 @@ class QueryClient:
         self._conns: dict[tuple, wire.Connection] = {}
         self._lock = threading.Lock()
         self._rid = itertools.count()
+        self._deadline = 0.0  # of the lookup in progress
 
     # ------------------------------------------------------------------ public
     def query(self, operator: str, state: str, keys, *, isolation: str = READ_COMMITTED,
@@ -93,6 +94,7 @@ class QueryClient:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         last = "no answer yet"
         with self._lock:
+            self._deadline = deadline
             while True:
                 try:
                     values, epoch = self._attempt(operator, state, keys, isolation)
@@ -121,7 +123,8 @@ class QueryClient:
         conn = self._conns.get(address)
         if conn is None:
             try:
-                conn = wire.connect(address, self.key, hello, timeout=5.0, tls=self.tls)
+                wait = min(5.0, max(0.5, self._deadline - time.monotonic()))  # the handshake, within the lookup's time
+                conn = wire.connect(address, self.key, hello, timeout=wait, tls=self.tls)
             except (wire.AuthenticationError, wire.ConnectionClosed) as exc:
                 raise QueryError(f"query endpoint {address[0]}:{address[1]} refused the token or the TLS "
                                  f"handshake (an encrypted job needs tls=JobHandle.query_tls): {exc}") from exc
