@@ -327,3 +327,21 @@ def test_an_encrypted_job_serves_queries_in_pinned_tls(tmp_path):
         handle.cancel()
         with pytest.raises(ep.JobFailedError):
             handle.wait(60)
+
+
+def test_an_always_unaligned_job_refuses_read_committed(tmp_path):
+    """Unaligned cuts keep an epoch's in-flight records as channel state, outside the keyed
+    state: a job whose every checkpoint is unaligned says so instead of serving them."""
+    job = f"bank-{uuid.uuid4().hex[:8]}"
+    flow = bank(job, str(tmp_path / "out"), per_split=100_000, rate=500.0)
+    handle = flow.start(runtime="local", checkpoint=ep.CheckpointConfig(interval=0.05, unaligned=True,
+                                                                        storage=f"file://{tmp_path}/c"))
+    try:
+        live = handle.query("accounts", "balance", list(range(N)), isolation="read-uncommitted", timeout=60)
+        assert set(live.values) == set(range(N))
+        with pytest.raises(QueryError, match="read-committed needs aligned checkpoints"):
+            handle.query("accounts", "balance", 1)
+    finally:
+        handle.cancel()
+        with pytest.raises(ep.JobFailedError):
+            handle.wait(60)

@@ -23,6 +23,12 @@ from epochal.query.versions import CommittedVersions, VersionGone
 from epochal.runtime.transport import wire
 
 
+#: why read-committed lookups are refused by a job whose every checkpoint is unaligned
+UNALIGNED_REFUSAL = ("read-committed needs aligned checkpoints, and this job's are all unaligned "
+                     "(checkpoint.unaligned=True: an epoch's records in flight are channel state, not in "
+                     "its keyed state); use checkpoint.aligned_timeout, or isolation='read-uncommitted'")
+
+
 class QueryServer:
     """Serves ``registry`` (``{"op/state": (kind, default)}``) of one task.
 
@@ -32,12 +38,15 @@ class QueryServer:
         versions: the task's committed versions.
         live_read: ``live_read(state, kind, default, items) -> bytes`` (pickled values),
             run on the task thread; raises ``TimeoutError`` if the task does not answer.
+        committed_refused: if set, read-committed lookups are refused with this message.
     """
 
     def __init__(self, key: bytes, host: str, task: str, key_groups: range, registry: dict,
-                 versions: CommittedVersions, live_read, peer_timeout: float | None = None, tls=None):
+                 versions: CommittedVersions, live_read, peer_timeout: float | None = None, tls=None,
+                 committed_refused: str | None = None):
         self.task, self.key_groups, self.registry = task, key_groups, registry
         self.versions, self.live_read = versions, live_read
+        self.committed_refused = committed_refused
         self.answered = 0
         self._conns: set = set()
         self._lock = threading.Lock()  # held while reading a view: close() waits for the reads
@@ -87,6 +96,8 @@ class QueryServer:
                 return ("unavailable", rid, str(exc), [])
             self.answered += 1
             return ("ok", rid, None, [], payload)
+        if self.committed_refused:
+            return ("error", rid, self.committed_refused)
         with self._lock:
             if self._closed:
                 return ("unavailable", rid, f"task {self.task} is stopping", [])

@@ -38,7 +38,7 @@ from epochal.loops.head import LOOP_LOG, LoopHeadProtocol
 from epochal.metrics.quantiles import Summary
 from epochal.operators.base import OperatorContext
 from epochal.operators.factory import create_operator
-from epochal.query.server import QueryServer, read_live
+from epochal.query.server import UNALIGNED_REFUSAL, QueryServer, read_live
 from epochal.query.versions import CommittedVersions
 from epochal.runtime.task.attempt import AttemptSpec
 from epochal.runtime.task.barriers import BarrierSteps
@@ -265,14 +265,18 @@ class Task(ReadSteps, BarrierSteps):
             return
         if restore is not None:
             self.query_versions.restored(restore["epoch"], self.backend.pin_view(list(self.queryable)))
+        unaligned = self.attempt.components.aligned_timeout == 0  # no epoch of this job is an aligned cut
         self.query_server = QueryServer(self.attempt.query_key, self.bind_host, self.spec.id, self.spec.key_groups,
                                         self.queryable, self.query_versions, self._read_live,
+                                        committed_refused=UNALIGNED_REFUSAL if unaligned else None,
                                         peer_timeout=self.attempt.peer_timeout, tls=self.attempt.query_tls)
         self._send(("query_address", self.spec.id, (self.host, self.query_server.address[1])))
 
     def pin_query_view(self, epoch: int) -> None:
         """At barrier ``epoch`` (task thread, right after the backend's snapshot): pin the
-        queryable state of the epoch's cut; it answers queries once the epoch completes."""
+        queryable state of the epoch's cut; it answers queries once the epoch completes.
+        Not called for an unaligned snapshot (its records in flight are channel state, not
+        in the keyed state): multi-key answers then use an older epoch every task holds."""
         if self.query_server is not None:
             self.query_versions.pinned(epoch, self.backend.pin_view(list(self.queryable)))
 
