@@ -38,11 +38,12 @@ from epochal.loops.head import LOOP_LOG, LoopHeadProtocol
 from epochal.metrics.quantiles import Summary
 from epochal.operators.base import OperatorContext
 from epochal.operators.factory import create_operator
-from epochal.query.server import UNALIGNED_REFUSAL, QueryServer, read_live
+from epochal.query.server import QueryServer
 from epochal.query.versions import CommittedVersions
 from epochal.runtime.task.attempt import AttemptSpec
 from epochal.runtime.task.barriers import BarrierSteps
 from epochal.runtime.task.chain import OperatorChain
+from epochal.runtime.task.queries import QuerySteps
 from epochal.runtime.task.replay import replay_restored
 from epochal.runtime.task.restore import RestoredState, load_restored_state
 from epochal.runtime.task.router import Router
@@ -60,7 +61,7 @@ class TaskCancelled(EpochalError):
     """The coordinator cancelled this attempt (another task failed) or went away."""
 
 
-class Task(ReadSteps, BarrierSteps):
+class Task(ReadSteps, BarrierSteps, QuerySteps):
     """Runs task ``index`` of an attempt until the coordinator says ``finish``.
 
     ``host`` is the address this task's data server is advertised at (peers connect to
@@ -257,41 +258,6 @@ class Task(ReadSteps, BarrierSteps):
         self.chain.after_batch()  # a restored watermark generator resumes event time first
         replay_restored(self, restored, storage)  # loop logs, then channel state: before new input
 
-    def _serve_queries(self, restore: dict | None) -> None:
-        """With queryable state: pin the restored epoch (committed by definition, before any
-        replayed or new record), start the query server, register it with the coordinator
-        (so queries reach this task only once its state is restored)."""
-        if not self.queryable or self.backend is None or self.attempt.query_key is None:
-            return
-        if restore is not None:
-            self.query_versions.restored(restore["epoch"], self.backend.pin_view(list(self.queryable)))
-        unaligned = self.attempt.components.aligned_timeout == 0  # no epoch of this job is an aligned cut
-        self.query_server = QueryServer(self.attempt.query_key, self.bind_host, self.spec.id, self.spec.key_groups,
-                                        self.queryable, self.query_versions, self._read_live,
-                                        committed_refused=UNALIGNED_REFUSAL if unaligned else None,
-                                        peer_timeout=self.attempt.peer_timeout, tls=self.attempt.query_tls)
-        self._send(("query_address", self.spec.id, (self.host, self.query_server.address[1])))
-
-    def pin_query_view(self, epoch: int) -> None:
-        """At barrier ``epoch`` (task thread, right after the backend's snapshot): pin the
-        queryable state of the epoch's cut; it answers queries once the epoch completes.
-        Not called for an unaligned snapshot (its records in flight are channel state, not
-        in the keyed state): multi-key answers then use an older epoch every task holds."""
-        if self.query_server is not None:
-            self.query_versions.pinned(epoch, self.backend.pin_view(list(self.queryable)))
-
-    def _read_live(self, state: str, kind: str, default, items: list, timeout: float = 5.0) -> bytes:
-        """Query thread: a read-uncommitted lookup, run on the task thread via the mailbox."""
-        box = {"done": threading.Event()}
-        with self.cv:
-            self.control.append(("query", state, kind, default, items, box))
-            self.cv.notify_all()
-        if not box["done"].wait(timeout):
-            raise TimeoutError(f"task {self.spec.id} did not answer a live lookup within {timeout} s")
-        if "error" in box:
-            raise box["error"]
-        return box["payload"]
-
     def _teardown(self) -> None:
         if self.query_server is not None:
             self.query_server.close()  # before the backend closes: no read of a closed database
@@ -450,12 +416,7 @@ class Task(ReadSteps, BarrierSteps):
                     self.backend.notify_epoch_aborted(msg[1])
                 self.query_versions.aborted(msg[1])
             elif kind == "query":  # a read-uncommitted lookup (epochal.query.server)
-                box = msg[5]
-                try:
-                    box["payload"] = read_live(self.backend, msg[1], msg[2], msg[3], msg[4])
-                except Exception as exc:
-                    box["error"] = exc
-                box["done"].set()
+                self._answer_live(msg)
             elif kind == "release_end":  # a loop head: the loop is quiescent, event time may end
                 if self._end_held:
                     self.chain.end_of_input()
