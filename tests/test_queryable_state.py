@@ -90,13 +90,14 @@ def oracle(offsets: dict, memo: dict | None = None) -> dict:
     return balances
 
 
-def bank(name: str, out: str, per_split: int, rate: float, pid_dir: str | None = None) -> ep.Dataflow:
+def bank(name: str, out: str, per_split: int, rate: float, pid_dir: str | None = None,
+         accounts_parallelism: int = 2) -> ep.Dataflow:
     flow = ep.Dataflow(name, parallelism=2)
     source = ep.sources.GeneratorSource(transfers_from, num_splits=SPLITS, limit=per_split, records_per_second=rate)
     (flow.source("transfers", source)
          .flat_map("legs", legs)
          .key_by(lambda leg: leg[0])
-         .process("accounts", Accounts(pid_dir))
+         .process("accounts", Accounts(pid_dir), parallelism=accounts_parallelism)
          .sink("out", ep.sinks.FileSink(out)))
     return flow
 
@@ -341,6 +342,34 @@ def test_an_always_unaligned_job_refuses_read_committed(tmp_path):
         assert set(live.values) == set(range(N))
         with pytest.raises(QueryError, match="read-committed needs aligned checkpoints"):
             handle.query("accounts", "balance", 1)
+    finally:
+        handle.cancel()
+        with pytest.raises(ep.JobFailedError):
+            handle.wait(60)
+
+
+def test_routes_follow_a_rescale_and_answer_from_the_restored_epoch(tmp_path):
+    """Stopped with a savepoint at parallelism 2, resumed at 3 with no periodic epochs: the
+    only committed epoch is the restored one, so every answer is read there — routed to the
+    three new owners of the key groups, and equal to the oracle of the savepoint's offsets."""
+    job = f"bank-{uuid.uuid4().hex[:8]}"
+    first = bank(job, str(tmp_path / "out1"), per_split=100_000, rate=1000.0)
+    handle = first.start(runtime="local", checkpoint=ep.CheckpointConfig(interval=0.05, storage=f"file://{tmp_path}/c1"))
+    handle.query("accounts", "balance", 0, timeout=60)  # running, an epoch completed
+    savepoint = handle.stop_with_savepoint(str(tmp_path / "sp"), timeout=60)
+    offsets = {}
+    for entry in ep.state.list_source_offsets(savepoint):
+        offsets.update(entry["offsets"])
+    epoch = ep.state.open_checkpoint(savepoint).epoch
+    second = bank(job, str(tmp_path / "out2"), per_split=100_000, rate=200.0, accounts_parallelism=3)
+    handle = second.start(runtime="local", restore_from=savepoint,
+                          checkpoint=ep.CheckpointConfig(interval=None, storage=f"file://{tmp_path}/c2"))
+    try:
+        client = handle._driver.query_client()
+        answer = handle.query("accounts", "balance", list(range(N)), timeout=60)
+        assert answer.epoch == epoch and answer.values == oracle(offsets)
+        owners = {task for task, *_ in client._routes["operators"]["accounts"]}
+        assert len(owners) == 3, owners
     finally:
         handle.cancel()
         with pytest.raises(ep.JobFailedError):
