@@ -354,7 +354,8 @@ def test_routes_follow_a_rescale_and_answer_from_the_restored_epoch(tmp_path):
     three new owners of the key groups, and equal to the oracle of the savepoint's offsets."""
     job = f"bank-{uuid.uuid4().hex[:8]}"
     first = bank(job, str(tmp_path / "out1"), per_split=100_000, rate=1000.0)
-    handle = first.start(runtime="local", checkpoint=ep.CheckpointConfig(interval=0.05, storage=f"file://{tmp_path}/c1"))
+    handle = first.start(runtime="local",
+                         checkpoint=ep.CheckpointConfig(interval=0.05, storage=f"file://{tmp_path}/c1"))
     handle.query("accounts", "balance", 0, timeout=60)  # running, an epoch completed
     savepoint = handle.stop_with_savepoint(str(tmp_path / "sp"), timeout=60)
     offsets = {}
