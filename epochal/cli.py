@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     ui.add_argument("--port", type=int, default=0, help="TCP port (default: any free port)")
     ui.add_argument("--token", default=None, help="the secret the page needs (default: a random one)")
+    from epochal.query.commands import add_parser as add_query_parser
+
+    add_query_parser(sub)
     return parser
 
 
@@ -168,6 +171,10 @@ def main(argv=None) -> int:
         return serve_ui(args)
     if script_args:
         build_parser().error("arguments after -- are for 'epochal bench' only")
+    if args.command == "query":
+        from epochal.query.commands import run as run_query
+
+        return run_query(args)
     from epochal.state.commands import run
 
     return run(args)

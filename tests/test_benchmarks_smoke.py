@@ -232,3 +232,19 @@ def test_tables_smoke(tmp_path):
     assert set(doc["sinks"]) == {f"{k}/{s}" for k in ("filesink-parquet", "delta", "iceberg")
                                  for s in ("records", "columnar")}
     assert all(r["output_rows"] == r["rows"] and r["rows_per_s"] > 0 for r in doc["runs"])
+
+
+@pytest.mark.bench
+def test_queryable_smoke(tmp_path):
+    """benchmarks/queryable.py --smoke: lookups against a running job on both backends."""
+    out = tmp_path / "queryable.json"
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "queryable.py"), "--smoke", "--out", str(out),
+                           "--tmp", str(tmp_path)], capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    doc = json.loads(out.read_text())
+    assert doc["errors"] == [] and [r["backend"] for r in doc["runs"]] == ["heap", "rocksdb"]
+    for run in doc["runs"]:
+        assert set(run["windows"]) == {"no-queries", "read-committed", "read-uncommitted", "no-queries-again"}
+        for name in ("read-committed", "read-uncommitted"):
+            assert run["windows"][name]["lookups"] > 0 and run["windows"][name]["latency_ms"]["p99"] > 0
+        assert run["last_epoch_read"] >= 1

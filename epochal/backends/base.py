@@ -294,6 +294,12 @@ class KeyedStateBackend(ABC):
         Task thread, after restore: state of an operator the new dataflow no longer has,
         restored with ``allow_non_restored_state``, is not carried into later snapshots."""
 
+    def pin_view(self, states):
+        """A read-only :class:`~epochal.backends.views.StateView` of ``states`` as of now,
+        readable from any thread while the task writes on (read-committed queries,
+        :mod:`epochal.query`). Task thread; the caller releases it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot pin a view for queries")
+
     def notify_epoch_complete(self, epoch: int) -> None:
         """Epoch ``epoch`` completed (its ``_metadata`` is written). Task thread. Backends
         with incremental snapshots move their base to that epoch's files; default: no-op."""

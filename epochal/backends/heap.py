@@ -51,6 +51,7 @@ from typing import Any
 
 from epochal.backends.base import KeyedStateBackend, SnapshotJob, decode_snapshot, encode_snapshot
 from epochal.backends.forked import ForkedSnapshot, fork_available
+from epochal.backends.views import HeapView
 from epochal.backends.workdir import WorkDir, make_workdir
 from epochal.errors import ConfigError
 
@@ -133,6 +134,7 @@ class HeapStateBackend(KeyedStateBackend):
         # stale read on the task thread can only be too high → a harmless extra copy.
         self._highest_required = 0
         self._pending: Counter[int] = Counter()
+        self._pins: Counter[int] = Counter()  # fences of pinned query views (pin_view)
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------- copy-on-write core
@@ -345,7 +347,7 @@ class HeapStateBackend(KeyedStateBackend):
                 self._pending[fence] -= 1
                 if not self._pending[fence]:
                     del self._pending[fence]
-                self._highest_required = max(self._pending, default=0)
+                self._highest_required = max(max(self._pending, default=0), max(self._pins, default=0))
 
         def produce() -> bytes:
             data = encode_snapshot(sections.items())
@@ -373,6 +375,27 @@ class HeapStateBackend(KeyedStateBackend):
             return result
 
         return SnapshotJob(epoch, upload, release, uses_storage=True)
+
+    def pin_view(self, states) -> HeapView:
+        """Freeze the buckets of ``states`` for a read-committed query view
+        (:mod:`epochal.backends.views`): the same copy-on-write fence as a thread-mode
+        snapshot, held until the view is released. O(buckets of ``states``)."""
+        self._version += 1
+        fence = self._version
+        values = {s: {kg: b.data for kg, b in self._values.get(s, {}).items()} for s in states}
+        maps = {s: {kg: b.data for kg, b in self._maps.get(s, {}).items()} for s in states}
+        with self._lock:
+            self._pins[fence] += 1
+            self._highest_required = fence
+
+        def release() -> None:
+            with self._lock:
+                self._pins[fence] -= 1
+                if not self._pins[fence]:
+                    del self._pins[fence]
+                self._highest_required = max(max(self._pending, default=0), max(self._pins, default=0))
+
+        return HeapView(values, maps, release)
 
     @property
     def pending_snapshots(self) -> int:

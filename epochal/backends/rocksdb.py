@@ -60,6 +60,7 @@ from epochal.backends.base import KeyedStateBackend, SnapshotJob, decode_snapsho
 from epochal.backends.formats import download_incremental, is_incremental_descriptor
 from epochal.backends.keygroups import _encode  # the canonical key encoding of stable_hash
 from epochal.backends.rocksdb_layout import HEAD, MAP, META, U16, VALUE, read_sections, scan
+from epochal.backends.views import RocksDBView
 from epochal.backends.workdir import make_workdir
 
 __all__ = ["RocksDBStateBackend"]
@@ -303,6 +304,11 @@ class RocksDBStateBackend(KeyedStateBackend):
                 return
             self._checkpoints.discard(path)
         shutil.rmtree(path, ignore_errors=True)
+
+    def pin_view(self, states) -> RocksDBView:
+        """A ``db.snapshot()`` for a read-committed query view (:mod:`epochal.backends.views`):
+        point reads of value state only; ``states`` is not needed (the snapshot pins all)."""
+        return RocksDBView(self._db.snapshot(), self._key)
 
     @property
     def pending_snapshots(self) -> int:

@@ -139,11 +139,25 @@ class StateContext:
         self._declared.add(name)
         return f"{self._ctx.operator}/{name}"
 
-    def value_state(self, name: str, default: Any = None) -> ValueState:
-        return ValueState(self._ctx.keyed_backend, self._scoped(name), self._current, default)
+    def value_state(self, name: str, default: Any = None, queryable: bool = False) -> ValueState:
+        """One value per key; ``queryable``: a running job answers lookups of it
+        (``JobHandle.query``, :mod:`epochal.query`; absent keys read as ``default``)."""
+        scoped = self._scoped(name)
+        if queryable:
+            self._register_queryable(scoped, "value", default)
+        return ValueState(self._ctx.keyed_backend, scoped, self._current, default)
 
-    def map_state(self, name: str) -> MapState:
-        return MapState(self._ctx.keyed_backend, self._scoped(name), self._current)
+    def map_state(self, name: str, queryable: bool = False) -> MapState:
+        """A map per key; ``queryable``: lookups return a key's whole map (heap backend)."""
+        scoped = self._scoped(name)
+        if queryable:
+            self._register_queryable(scoped, "map", None)
+        return MapState(self._ctx.keyed_backend, scoped, self._current)
+
+    def _register_queryable(self, scoped: str, kind: str, default: Any) -> None:
+        registry = (self._ctx.extras or {}).get("queryable")
+        if registry is not None:  # the task serves it (epochal.query.server)
+            registry[scoped] = (kind, default)
 
 
 class KeyedProcessFunction:

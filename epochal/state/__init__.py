@@ -7,6 +7,7 @@ savepoints (DESIGN.md "state access").
   :func:`read_spark` — the same as a Spark DataFrame;
 * :func:`list_sink_transactions`, :func:`list_loop_logs`, :func:`list_channel_state`,
   :func:`list_source_offsets`, :func:`describe` (:mod:`~epochal.state.listing`);
+* :class:`QueryClient` — look up queryable state of a *running* job (:mod:`epochal.query`);
 * :func:`write_savepoint` — copy a completed checkpoint into a self-contained, relocatable
   savepoint (:mod:`~epochal.state.savepoint`). A running job takes one with
   ``JobHandle.savepoint(url)`` / ``stop_with_savepoint(url)``; ``flow.run(restore_from=url)``
@@ -14,11 +15,12 @@ savepoints (DESIGN.md "state access").
 """
 from epochal.state.listing import (describe, list_channel_state, list_loop_logs, list_sink_transactions,
                                    list_source_offsets)
+from epochal.query.client import QueryClient, QueryResult
 from epochal.state.location import Checkpoint, open_checkpoint
 from epochal.state.reader import read
 from epochal.state.savepoint import write_savepoint
 
-__all__ = ["Checkpoint", "describe", "list_channel_state", "list_loop_logs", "list_sink_transactions",
+__all__ = ["Checkpoint", "QueryClient", "QueryResult", "describe", "list_channel_state", "list_loop_logs", "list_sink_transactions",
            "list_source_offsets", "open_checkpoint", "read", "read_spark", "write_savepoint"]
 
 

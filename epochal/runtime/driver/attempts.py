@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 import time
 
@@ -24,7 +25,10 @@ from epochal.epochs.history import EpochHistory
 from epochal.epochs.lineage import Lineage
 from epochal.errors import ConfigError, EpochalError, JobFailedError
 from epochal.runtime.driver import compatibility
+from epochal.query import QueryClient, QueryResult
+from epochal.query.protocol import READ_COMMITTED, query_key
 from epochal.runtime.driver.coordinator_server import AttemptOutcome, CoordinatorServer
+from epochal.runtime.driver.query_directory import QueryDirectory, routes_of
 from epochal.runtime.driver.result import JobResult
 from epochal.runtime.driver.savepoints import SavepointRequest, SavepointTracker
 from epochal.runtime.task.attempt import AttemptSpec
@@ -121,6 +125,38 @@ class JobHandle:
             raise self._driver.error
         return self._driver.result
 
+    def query(self, operator: str, state: str, keys, *, isolation: str = READ_COMMITTED,
+              timeout: float | None = None) -> QueryResult:
+        """Look up queryable state of the running job (seed 004 §4.3.1; :mod:`epochal.query`).
+
+        ``keys``: a ``list`` of keys, or one key. ``isolation``: ``"read-committed"`` (the
+        state as of the newest completed epoch, every key at the same epoch) or
+        ``"read-uncommitted"`` (live state, no consistency across keys). Returns a
+        :class:`~epochal.query.QueryResult` (``values``, ``epoch``, ``value``). Waits (up to
+        ``timeout``, default 30 s) while the job starts or restarts.
+
+        Raises:
+            QueryError: the state is not declared queryable, unknown operator, bad
+                isolation, or no answer within ``timeout``.
+        """
+        return self._driver.query_client().query(operator, state, keys, isolation=isolation, timeout=timeout)
+
+    @property
+    def query_address(self) -> tuple[str, int]:
+        """``(host, port)`` of the job's query directory, for ``QueryClient`` / ``epochal query``."""
+        return self._driver.query_directory.address
+
+    @property
+    def query_token(self) -> str:
+        """The secret a query client must present (give it only to who may read the state)."""
+        return self._driver.query_token
+
+    @property
+    def query_tls(self):
+        """An encrypted job's query certificate and key (:class:`~epochal.runtime.transport.tls.TLSMaterial`,
+        picklable), which a ``QueryClient(address, token, tls=...)`` needs; ``None`` unencrypted."""
+        return self._driver.query_tls
+
     @property
     def running(self) -> bool:
         """Whether the job still runs (:meth:`wait` would block)."""
@@ -156,6 +192,15 @@ class JobDriver:
         self.restart, self.channels, self.launcher = restart, channels, launcher
         self.storage, self.url, self.runtime, self.faults = storage, url, runtime, faults
         self.secret = os.urandom(32)
+        self.query_token = secrets.token_hex(16)  # for the whole job: clients keep it across restarts
+        self.query_tls = None  # an encrypted job's queries travel in TLS pinned to a per-job certificate
+        if encrypted:
+            from epochal.runtime.transport.tls import TLSMaterial
+
+            self.query_tls = TLSMaterial.generate(f"{plan.job} queries")
+        self.query_directory = QueryDirectory(query_key(self.query_token), launcher.bind_host, self._query_routes,
+                                              advertised_host=launcher.advertised_host, tls=self.query_tls)
+        self._query_client: QueryClient | None = None
         self.server: CoordinatorServer | None = None
         self._server_lock = threading.Lock()
         self._early_trigger = False  # trigger_epoch() before the first coordinator existed
@@ -207,6 +252,21 @@ class JobDriver:
         """The dashboard's actions: a savepoint at the default location (then stop)."""
         return self.request_savepoint(None, stop).wait(timeout)
 
+    def _query_routes(self) -> dict | str | None:
+        """Routes of the running attempt; ``None`` between attempts, ``"ended"`` once the job ended."""
+        if self.state in ("finished", "failed"):
+            return "ended"
+        server = self.server
+        if server is None or isinstance(server, _NotStarted) or server.outcome is not None:
+            return None
+        return routes_of(self.plan, server.generation, dict(server.query_addresses))
+
+    def query_client(self) -> QueryClient:
+        with self._server_lock:
+            if self._query_client is None:
+                self._query_client = QueryClient(self.query_directory.address, self.query_token, tls=self.query_tls)
+            return self._query_client
+
     def trigger_epoch(self) -> None:
         with self._server_lock:
             server = self.server
@@ -255,6 +315,9 @@ class JobDriver:
             self.reporter.close()
             if self.dashboard is not None:
                 self.dashboard.close()
+            self.query_directory.close()
+            if self._query_client is not None:
+                self._query_client.close()
             for held in reversed(self.holds):  # the lease last: the job's tasks are gone now
                 try:
                     held.release()
@@ -378,7 +441,8 @@ class JobDriver:
         attempt = AttemptSpec(self.plan_blob, generation, key, server.address, self.components, self.channels,
                               self.url, self.faults, bind, self.backend, tls, self.metrics_config.interval,
                               self.peer_timeout, storage_retry=self.storage.retry.deadline,
-                              inline_state=self.checkpoint.inline_state, lineage=self.lineage)
+                              inline_state=self.checkpoint.inline_state, lineage=self.lineage,
+                              query_key=query_key(self.query_token), query_tls=self.query_tls)
         payload = cloudpickle.dumps(attempt)
 
         exited = threading.Event()

@@ -100,6 +100,8 @@ class CoordinatorServer:
         self.coordinator = EpochCoordinator(config, self.tasks, first_epoch=first_epoch)
         self.conns: dict[str, wire.Connection] = {}
         self.addresses: dict[str, tuple] = {}
+        #: task → address of its query server (epochal.query), registered after its restore
+        self.query_addresses: dict[str, tuple] = {}
         self.started = False
         self.exhausted: set[str] = set()
         self.finished: dict[str, dict] = {}
@@ -326,6 +328,8 @@ class CoordinatorServer:
             self.exhausted.add(msg[1])
             if self.exhausted >= self.sources:
                 self.coordinator.request_final(now)
+        elif kind == "query_address":
+            self.query_addresses[msg[1]] = tuple(msg[2])
         elif kind == "metrics":
             self.live[msg[1]] = msg[2]
         elif kind == "released":

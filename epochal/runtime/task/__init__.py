@@ -9,6 +9,8 @@ forked by the local zygote), one per physical task.
 * ``router`` — output batches to channels (forward, key groups, round-robin, broadcast);
 * ``restore``, ``replay`` — the restored state of the task, and what it replays first;
 * ``snapshots`` — the asynchronous part of a snapshot (the uploader) and the task state file;
+* ``queries`` — the task's queryable state: committed versions pinned at barriers, its
+  query server, live lookups through the mailbox (:mod:`epochal.query`);
 * ``attempt`` — :class:`~epochal.runtime.task.attempt.AttemptSpec`, what the driver hands
   every task of an attempt (the only module of this package the driver imports).
 

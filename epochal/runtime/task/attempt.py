@@ -56,3 +56,6 @@ class AttemptSpec:
     inline_state: int = 0
     #: the run's lineage (epochal.epochs.lineage.Lineage): sinks name their recovery records by it
     lineage: object = None
+    #: wire key of the job's query connections (epochal.query.protocol.query_key); ``None``: no queries
+    query_key: bytes | None = field(default=None, repr=False)
+    query_tls: object = field(default=None, repr=False)  # TLSMaterial of the job's queries, or None

@@ -98,6 +98,8 @@ class BarrierSteps:
         if source is not None:
             self._source_offsets[epoch] = source  # until the epoch completes or is aborted
         keyed_job = self.backend.snapshot(epoch) if self.backend is not None else None
+        if not unaligned:  # an unaligned cut's keyed state lacks its in-flight records: not served
+            self.pin_query_view(epoch)  # queryable state of this cut (epochal.query)
         self.router.broadcast((BARRIER, epoch, timestamp, True) if unaligned else (BARRIER, epoch, timestamp), force)
         sync = time.monotonic() - t0
         self.metrics["sync_s"].add(sync)

@@ -40,9 +40,12 @@ from epochal.loops.head import LOOP_LOG, LoopHeadProtocol
 from epochal.metrics.quantiles import Summary
 from epochal.operators.base import OperatorContext
 from epochal.operators.factory import create_operator
+from epochal.query.server import QueryServer
+from epochal.query.versions import CommittedVersions
 from epochal.runtime.task.attempt import AttemptSpec
 from epochal.runtime.task.barriers import BarrierSteps
 from epochal.runtime.task.chain import OperatorChain
+from epochal.runtime.task.queries import QuerySteps
 from epochal.runtime.task.replay import replay_restored
 from epochal.runtime.task.restore import RestoredState, load_restored_state
 from epochal.runtime.task.router import Router
@@ -62,7 +65,7 @@ class TaskCancelled(EpochalError):
     """The coordinator cancelled this attempt (another task failed) or went away."""
 
 
-class Task(ReadSteps, BarrierSteps):
+class Task(ReadSteps, BarrierSteps, QuerySteps):
     """Runs task ``index`` of an attempt until the coordinator says ``finish``.
 
     ``host`` is the address this task's data server is advertised at (peers connect to
@@ -114,6 +117,11 @@ class Task(ReadSteps, BarrierSteps):
         # epoch -> trigger time, for barriers forwarded later; entries up to a snapshot's epoch
         # are dropped with it, so at most the epochs in flight are kept
         self._barrier_ts: dict[int, float] = {}
+        # queryable state (epochal.query): {"op/state": (kind, default)}, filled by operators'
+        # open(); its committed versions, pinned at barriers; the server answering lookups
+        self.queryable: dict[str, tuple] = {}
+        self.query_versions = CommittedVersions()
+        self.query_server: QueryServer | None = None
         # timings as streaming summaries (count, sum, max, p50, p99): bounded over any run
         self.metrics = {"task": self.spec.id, "host": self.node, "source": self.spec.is_source, "records_in": 0,
                         "snapshots": 0, "unaligned_snapshots": 0, "channel_state_replayed": 0, "channel_state_watermarks": 0,
@@ -233,7 +241,8 @@ class Task(ReadSteps, BarrierSteps):
                 operator=name, task=self.spec.id, subtask=self.spec.subtask, parallelism=self.spec.parallelism,
                 generation=self.attempt.generation, job=self.plan.job, max_parallelism=self.plan.max_parallelism,
                 keyed_backend=self.backend, key_groups=self.spec.key_groups,
-                extras={"sink_mode": self.attempt.components.sink_mode, "lineage": self.attempt.lineage},
+                extras={"sink_mode": self.attempt.components.sink_mode, "lineage": self.attempt.lineage,
+                        "queryable": self.queryable},
             )
             op = self.faults.wrap(name, create_operator(nodes[name], ctx))
             op.restore(restored.operators.get(name))
@@ -250,6 +259,7 @@ class Task(ReadSteps, BarrierSteps):
                 subtask=self.spec.subtask, parallelism=self.spec.parallelism,
             )
         self._send(("running", self.spec.id, {"setup_s": time.monotonic() - t_setup, "restore_s": restore_s}))
+        self._serve_queries(restore)
         self.chain.after_batch()  # a restored watermark generator resumes event time first
         replay_restored(self, restored, storage)  # loop logs, then channel state: before new input
 
@@ -259,6 +269,9 @@ class Task(ReadSteps, BarrierSteps):
                 op.release()
             except Exception:  # release must not raise; a failing one must not hide the cause
                 log.warning("task %s: releasing operator %s failed", self.spec.id, op.ctx.operator, exc_info=True)
+        if self.query_server is not None:
+            self.query_server.close()  # before the backend closes: no read of a closed database
+        self.query_versions.close()
         self.recorder.close()
         if self.uploader:
             self.uploader.close()
@@ -393,6 +406,7 @@ class Task(ReadSteps, BarrierSteps):
                     op.notify_epoch_complete(msg[1])
                 if self.backend is not None:
                     self.backend.notify_epoch_complete(msg[1])
+                self.query_versions.completed(msg[1])
                 if self.reader is not None:
                     offsets = self._source_offsets.pop(msg[1], None)
                     for e in [e for e in self._source_offsets if e < msg[1]]:
@@ -410,6 +424,9 @@ class Task(ReadSteps, BarrierSteps):
                     self.loop.abort(msg[1])
                 if self.backend is not None:
                     self.backend.notify_epoch_aborted(msg[1])
+                self.query_versions.aborted(msg[1])
+            elif kind == "query":  # a read-uncommitted lookup (epochal.query.server)
+                self._answer_live(msg)
             elif kind == "release_end":  # a loop head: the loop is quiescent, event time may end
                 if self._end_held:
                     self.chain.end_of_input()

@@ -1,0 +1,180 @@
+"""Queryable state: lookup latency and lookups/s against a running job, and what the query
+load costs the job (issue 33, seed 004 §4.3.1).
+
+One job per backend (heap, rocksdb), local runtime by default: a source offering
+``--rate`` records/s (two splits) feeds a keyed operator keeping one queryable balance per
+account (``--keys`` accounts, parallelism 2), epochs every ``--interval`` s. After a warm-up,
+four windows of ``--window`` seconds each, in one run:
+
+1. ``no-queries`` — the job alone;
+2. ``read-committed`` — one client thread issuing point lookups of random accounts back to
+   back (``JobHandle.query``), read from the newest completed epoch;
+3. ``read-uncommitted`` — the same through the tasks' mailboxes (live state);
+4. ``no-queries-again`` — the job alone again: the baseline is the mean of 1 and 4, so a
+   job still ramping up (or a machine whose load changes) does not pass for a query effect.
+
+Reported per backend and window: the keyed operator's records/s (from the tasks' cumulative
+counters in the driver's live metrics, every 0.2 s) and its ratio to the baseline; per
+query window: lookups/s and latency p50 / p99 / max (client side, ``perf_counter`` around
+each call). A multi-key lookup of every account (read-committed) is timed too.
+
+Usage::
+
+    python benchmarks/queryable.py --out benchmarks/results/queryable.json
+    python benchmarks/queryable.py --smoke --out /tmp/q.json        # ~20 s
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+import epochal as ep  # noqa: E402
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def deposits(keys: int):
+    def generate(split: int, offset: int):
+        r = random.Random(split * 7919 + offset)
+        while True:
+            yield (r.randrange(keys), 1)
+    return generate
+
+
+class Balance(ep.KeyedProcessFunction):
+    def open(self, ctx):
+        self.balance = ctx.value_state("balance", default=0, queryable=True)
+
+    def process(self, key, record):
+        self.balance.update(self.balance.value() + record[1])
+
+
+def processed(handle) -> int:
+    """Records the keyed operator processed so far (cumulative counters of the live metrics)."""
+    server = handle._driver.server
+    live = dict(getattr(server, "live", {}) or {})
+    return sum(m.get("operators", {}).get("balance", [0])[0] for m in live.values())
+
+
+def measure_window(handle, seconds: float, lookups=None) -> dict:
+    """Run ``lookups`` (a callable doing one lookup) back to back for ``seconds``; the
+    operator's records/s over the window and the lookups' latencies."""
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def load():
+        while not stop.is_set():
+            t = time.perf_counter()
+            lookups()
+            latencies.append(time.perf_counter() - t)
+
+    thread = threading.Thread(target=load, daemon=True) if lookups else None
+    n0, t0 = processed(handle), time.monotonic()
+    if thread:
+        thread.start()
+    time.sleep(seconds)  # the measurement window itself, not a synchronisation
+    stop.set()
+    if thread:
+        thread.join(30)
+    n1, t1 = processed(handle), time.monotonic()
+    out = {"records_per_s": (n1 - n0) / (t1 - t0), "window_s": t1 - t0}
+    if lookups:
+        ms = [x * 1000 for x in latencies]
+        out.update(lookups=len(ms), lookups_per_s=len(ms) / (t1 - t0),
+                   latency_ms={"p50": harness.percentile(ms, 50), "p99": harness.percentile(ms, 99), "max": max(ms)})
+    return out
+
+
+def run_backend(backend: str, args, tmp: str) -> dict:
+    name = f"queryable-{backend}-{os.getpid()}"
+    flow = ep.Dataflow(name, parallelism=2)
+    source = ep.sources.GeneratorSource(deposits(args.keys), num_splits=2, records_per_second=args.rate / 2)
+    (flow.source("deposits", source)
+         .key_by(lambda r: r[0])
+         .process("balance", Balance())
+         .sink("out", ep.sinks.FileSink(os.path.join(tmp, name, "out"))))
+    handle = flow.start(runtime=args.runtime, backend=backend,
+                        checkpoint=ep.CheckpointConfig(interval=args.interval, storage=f"file://{tmp}/{name}/ckpt"),
+                        metrics=ep.MetricsConfig(interval=0.2))
+    r = random.Random(1)
+    try:
+        handle.query("balance", "balance", 0, timeout=120)  # the first epoch completed: queries answer
+        time.sleep(args.warmup)  # warm-up window
+        windows = {"no-queries": measure_window(handle, args.window)}
+        windows["read-committed"] = measure_window(
+            handle, args.window, lambda: handle.query("balance", "balance", r.randrange(args.keys)))
+        windows["read-uncommitted"] = measure_window(
+            handle, args.window, lambda: handle.query("balance", "balance", r.randrange(args.keys),
+                                                      isolation="read-uncommitted"))
+        windows["no-queries-again"] = measure_window(handle, args.window)  # the baseline drifts: measure it twice
+        every = list(range(args.keys))
+        multi = []
+        for _ in range(args.multi):
+            t = time.perf_counter()
+            result = handle.query("balance", "balance", every)
+            multi.append((time.perf_counter() - t) * 1000)
+        base = (windows["no-queries"]["records_per_s"] + windows["no-queries-again"]["records_per_s"]) / 2
+        for w in windows.values():
+            w["throughput_ratio"] = w["records_per_s"] / base if base else None
+        return {"backend": backend, "windows": windows, "last_epoch_read": result.epoch,
+                "multi_key_ms": {"keys": args.keys, "p50": harness.percentile(multi, 50),
+                                 "p99": harness.percentile(multi, 99)}}
+    finally:
+        handle.cancel()
+        try:
+            handle.wait(60)
+        except ep.JobFailedError:
+            pass
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "queryable.json")
+    p.add_argument("--runtime", default="local")
+    p.add_argument("--backends", default="heap,rocksdb")
+    p.add_argument("--rate", type=float, default=100_000.0, help="records/s offered (both splits)")
+    p.add_argument("--keys", type=int, default=1000)
+    p.add_argument("--interval", type=float, default=0.1, help="epoch interval, seconds")
+    p.add_argument("--window", type=float, default=10.0, help="seconds per measurement window")
+    p.add_argument("--warmup", type=float, default=3.0)
+    p.add_argument("--multi", type=int, default=50, help="multi-key lookups of every account to time")
+    p.add_argument("--smoke", action="store_true", help="tiny run: 5k records/s, 1.5 s windows")
+    p.add_argument("--tmp", default=None)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.rate, args.window, args.warmup, args.multi, args.keys = 5000.0, 1.5, 0.5, 5, 100
+    tmp = args.tmp or tempfile.mkdtemp(prefix="epochal-queryable-")
+    doc = {"benchmark": "queryable", "time": harness.now_iso(), "machine": harness.machine(),
+           "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "runs": [],
+           "errors": []}
+    for backend in args.backends.split(","):
+        try:
+            doc["runs"].append(run_backend(backend, args, tmp))
+        except Exception as exc:
+            doc["errors"].append(f"{backend}: {type(exc).__name__}: {exc}")
+    harness.write_json(args.out, doc)
+    for run in doc["runs"]:
+        for name, w in run["windows"].items():
+            lat = w.get("latency_ms", {})
+            print(f"{run['backend']:8s} {name:17s} {w['records_per_s']:>10,.0f} rec/s ({w['throughput_ratio']:.2f}x)"
+                  + (f"  {w['lookups_per_s']:>8,.0f} lookups/s  p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms"
+                     if lat else ""))
+        print(f"{run['backend']:8s} multi-key ({run['multi_key_ms']['keys']} keys) p50 "
+              f"{run['multi_key_ms']['p50']:.2f} ms p99 {run['multi_key_ms']['p99']:.2f} ms")
+    for e in doc["errors"]:
+        print("ERROR", e)
+    return 1 if doc["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

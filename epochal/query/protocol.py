@@ -1,0 +1,75 @@
+"""Messages, routing and the epoch choice of queryable state (seed 004 §4.3.1).
+
+Connections use the wire handshake of :mod:`epochal.runtime.transport.wire` with a key
+derived from the job's query token (:func:`query_key`): nothing is unpickled before the
+peer proved the token. Messages (pickled frames, request → one response):
+
+* to the driver's query directory: ``("routes",)`` → ``("routes", routes | None)``, routes
+  being ``{"generation", "max_parallelism", "operators": {op: [(task, lo, hi, (host, port))]},
+  "expected": {op: n_tasks}}`` (key groups ``lo <= kg < hi`` live in ``task``);
+* to a task's query server: ``("get", rid, operator, state, [(kg, key)], isolation, epoch)``
+  → ``("ok", rid, epoch | None, held, payload)`` (``payload``: the pickled list of values),
+  ``("unavailable", rid, reason, held)`` (no such committed epoch: retry),
+  ``("moved", rid, reason)`` (the key group lives elsewhere now: refetch routes) or
+  ``("error", rid, message)`` (a mistake of the caller: raised).
+"""
+from __future__ import annotations
+
+import hashlib
+
+from epochal.errors import EpochalError
+
+READ_COMMITTED = "read-committed"
+READ_UNCOMMITTED = "read-uncommitted"
+ISOLATION_LEVELS = (READ_COMMITTED, READ_UNCOMMITTED)
+
+
+class QueryError(EpochalError):
+    """A query that cannot be answered: unknown operator or state, a state not declared
+    queryable, a bad isolation level, or no answer within the timeout."""
+
+
+class JobEnded(QueryError):
+    """The job ended (finished, failed or cancelled): nothing serves its state any more."""
+
+
+def query_key(token: str) -> bytes:
+    """The wire key of every query connection of the job whose query token is ``token``."""
+    if not isinstance(token, str) or not token:
+        raise QueryError(f"query token must be a non-empty string, got {token!r}")
+    return hashlib.sha256(b"epochal-query:" + token.encode()).digest()
+
+
+def check_isolation(isolation: str) -> str:
+    if isolation not in ISOLATION_LEVELS:
+        raise QueryError(f"isolation: expected one of {ISOLATION_LEVELS}, got {isolation!r}")
+    return isolation
+
+
+def route(routes: dict, operator: str, kgs: list[int]) -> dict[str, tuple[tuple, list[int]]]:
+    """``{task: ((host, port), [positions])}``: which task answers each key group of ``kgs``.
+
+    Raises:
+        LookupError: ``operator`` has no complete route (not every task registered yet).
+    """
+    entries = routes["operators"].get(operator)
+    if not entries or len(entries) < routes["expected"].get(operator, 0):
+        raise LookupError(f"operator {operator!r} has no queryable state registered by all its tasks")
+    out: dict[str, tuple[tuple, list[int]]] = {}
+    for pos, kg in enumerate(kgs):
+        for task, lo, hi, address in entries:
+            if lo <= kg < hi:
+                out.setdefault(task, (tuple(address), []))[1].append(pos)
+                break
+        else:
+            raise LookupError(f"no task of operator {operator!r} owns key group {kg}")
+    return out
+
+
+def common_epoch(held: list[list[int]]) -> int | None:
+    """The newest epoch every answering task holds (``None``: they share none). A multi-key
+    read-committed answer is read at this epoch on every task: one consistent cut."""
+    common = set(held[0]) if held else set()
+    for h in held[1:]:
+        common &= set(h)
+    return max(common) if common else None

@@ -1,0 +1,135 @@
+"""A task's query server: answers lookups of its queryable state (seed 004 §4.3.1).
+
+Binds the task's own address (loopback on local runs, the executor's address on a
+cluster) and accepts only peers that prove the job's query token (the wire handshake,
+:func:`~epochal.query.protocol.query_key`): frames are unpickled only after it. An encrypted
+job (on a cluster, by default) wraps every query connection in TLS pinned to the job's query
+certificate, as the data channels are (:mod:`epochal.runtime.transport.tls`).
+
+Threading (the task's rule: one thread owns operators and state, :mod:`epochal.runtime.task.task`):
+
+* read-committed answers read an immutable pinned view (:class:`CommittedVersions`) on the
+  connection's own thread, never the live state;
+* read-uncommitted answers go through the task's mailbox: ``live_read`` runs on the task
+  thread and hands back pickled bytes, so no live object crosses threads.
+"""
+from __future__ import annotations
+
+import pickle
+import threading
+
+from epochal.query.protocol import READ_COMMITTED, check_isolation
+from epochal.query.versions import CommittedVersions, VersionGone
+from epochal.runtime.transport import wire
+
+
+#: why read-committed lookups are refused by a job whose every checkpoint is unaligned
+UNALIGNED_REFUSAL = ("read-committed needs aligned checkpoints, and this job's are all unaligned "
+                     "(checkpoint.unaligned=True: an epoch's records in flight are channel state, not in "
+                     "its keyed state); use checkpoint.aligned_timeout, or isolation='read-uncommitted'")
+
+
+class QueryServer:
+    """Serves ``registry`` (``{"op/state": (kind, default)}``) of one task.
+
+    Args:
+        key: the job's query key. host: where to bind.
+        task: the task id (for messages). key_groups: the key groups the task owns.
+        versions: the task's committed versions.
+        live_read: ``live_read(state, kind, default, items) -> bytes`` (pickled values),
+            run on the task thread; raises ``TimeoutError`` if the task does not answer.
+        committed_refused: if set, read-committed lookups are refused with this message.
+    """
+
+    def __init__(self, key: bytes, host: str, task: str, key_groups: range, registry: dict,
+                 versions: CommittedVersions, live_read, peer_timeout: float | None = None, tls=None,
+                 committed_refused: str | None = None):
+        self.task, self.key_groups, self.registry = task, key_groups, registry
+        self.versions, self.live_read = versions, live_read
+        self.committed_refused = committed_refused
+        self.answered = 0
+        self._conns: set = set()
+        self._lock = threading.Lock()  # held while reading a view: close() waits for the reads
+        self._closed = False
+        self.server = wire.Server(key, self._on_connection, host=host, name=f"query-{task}",
+                                  peer_timeout=peer_timeout, tls=tls)
+        self.address = self.server.address
+
+    def _on_connection(self, conn: wire.Connection) -> None:
+        with self._lock:
+            if self._closed:
+                conn.close()
+                return
+            self._conns.add(conn)
+        try:
+            while True:
+                request = conn.recv()
+                conn.send(self.answer(request))
+        except Exception:
+            pass
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    def answer(self, request: tuple) -> tuple:
+        """The response to one ``("get", ...)`` request (see :mod:`epochal.query.protocol`)."""
+        try:
+            _, rid, operator, state, items, isolation, epoch = request
+            check_isolation(isolation)
+        except Exception as exc:
+            return ("error", None, f"task {self.task}: malformed query {request!r:.200}: {exc}")
+        name = f"{operator}/{state}"
+        declared = self.registry.get(name)
+        if declared is None:
+            mine = sorted(n.split("/", 1)[1] for n in self.registry if n.startswith(operator + "/"))
+            return ("error", rid, f"operator {operator!r} has no queryable state {state!r} (queryable: {mine}); "
+                                  "declare it with ctx.value_state(name, queryable=True)")
+        kind, default = declared
+        stray = [kg for kg, _ in items if kg not in self.key_groups]
+        if stray:
+            return ("moved", rid, f"task {self.task} does not own key group {stray[0]}")
+        if isolation != READ_COMMITTED:
+            try:
+                payload = self.live_read(name, kind, default, items)
+            except TimeoutError as exc:
+                return ("unavailable", rid, str(exc), [])
+            self.answered += 1
+            return ("ok", rid, None, [], payload)
+        if self.committed_refused:
+            return ("error", rid, self.committed_refused)
+        with self._lock:
+            if self._closed:
+                return ("unavailable", rid, f"task {self.task} is stopping", [])
+            try:
+                epoch, view, held = self.versions.acquire(epoch)
+            except VersionGone as exc:
+                return ("unavailable", rid, f"task {self.task}: {exc}", self.versions.held)
+            try:
+                if kind == "map":
+                    values = [view.map_items(name, kg, key) for kg, key in items]
+                else:
+                    values = [view.get(name, kg, key, default) for kg, key in items]
+            except NotImplementedError as exc:
+                return ("error", rid, f"state {state!r} of operator {operator!r}: {exc}")
+            payload = pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
+        self.answered += 1
+        return ("ok", rid, epoch, held, payload)
+
+    def close(self) -> None:
+        """Stop accepting, drop the connections, wait for reads in progress. Idempotent."""
+        self.server.close()
+        with self._lock:
+            self._closed = True
+            conns, self._conns = list(self._conns), set()
+        for conn in conns:
+            conn.close()
+
+
+def read_live(backend, state: str, kind: str, default, items: list) -> bytes:
+    """Task thread: the live values of ``items`` (``[(kg, key)]``), pickled at once."""
+    if kind == "map":
+        values = [dict(backend.map_items(state, kg, key)) for kg, key in items]
+    else:
+        values = [backend.get(state, kg, key, default) for kg, key in items]
+    return pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)

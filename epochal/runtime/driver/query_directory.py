@@ -1,0 +1,67 @@
+"""The driver's query directory: tells query clients where each operator's key groups are
+served (seed 004 §4.3.1: "the query client asks the JobManager for the location of the
+operator instance holding the state partition for the queried key").
+
+One per job, for the whole job (its address outlives restarts). Bound where the
+coordinator binds (loopback on local runs), authenticated with the job's query key
+(:func:`epochal.query.protocol.query_key`), inside TLS pinned to the job's query
+certificate when the job is encrypted (on a cluster, by default); answers ``("routes",)`` with the current
+attempt's routes, or ``None`` while no attempt runs. Tasks register their query servers
+with the coordinator after restoring their state (``("query_address", task, address)``).
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from epochal.runtime.transport import wire
+
+
+def routes_of(plan, generation: int, addresses: dict) -> dict:
+    """The routes message body for ``plan`` given the registered ``{task: (host, port)}``."""
+    operators: dict[str, list] = {}
+    expected: dict[str, int] = {}
+    for spec in plan.tasks:
+        for op in spec.chain:
+            expected[op] = expected.get(op, 0) + 1
+        address = addresses.get(spec.id)
+        if address is None:
+            continue
+        for op in spec.chain:
+            operators.setdefault(op, []).append((spec.id, spec.key_groups.start, spec.key_groups.stop, tuple(address)))
+    return {"generation": generation, "max_parallelism": plan.max_parallelism, "operators": operators,
+            "expected": expected}
+
+
+class QueryDirectory:
+    """Serves ``routes()`` (a dict, or ``None``) to authenticated query clients."""
+
+    def __init__(self, key: bytes, host: str, routes: Callable[[], dict | None], advertised_host: str | None = None,
+                 tls=None):
+        self._routes = routes
+        self._conns: set = set()
+        self._lock = threading.Lock()
+        self.server = wire.Server(key, self._on_connection, host=host, name="query-directory", tls=tls)
+        self.address = (advertised_host or host, self.server.address[1])
+
+    def _on_connection(self, conn: wire.Connection) -> None:
+        with self._lock:
+            self._conns.add(conn)
+        try:
+            while True:
+                msg = conn.recv()
+                ok = bool(msg) and msg[0] == "routes"
+                conn.send(("routes", self._routes()) if ok else ("error", None, "unknown request"))
+        except Exception:
+            pass
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    def close(self) -> None:
+        self.server.close()
+        with self._lock:
+            conns, self._conns = list(self._conns), set()
+        for conn in conns:
+            conn.close()

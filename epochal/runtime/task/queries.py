@@ -1,0 +1,67 @@
+"""What a task does for queries of its queryable state (seed 004 §4.3.1, :mod:`epochal.query`).
+
+* after its restore, :meth:`QuerySteps._serve_queries` pins the restored epoch (committed by
+  definition) and starts the task's :class:`~epochal.query.server.QueryServer`;
+* at every aligned barrier, :meth:`QuerySteps.pin_query_view` pins the epoch's cut (the
+  versions keeper promotes it when the epoch completes, ``Task._drain_control``);
+* a read-uncommitted lookup arrives from a query thread (:meth:`QuerySteps._read_live`) as
+  a ``("query", ...)`` mailbox message and is answered on the task thread
+  (:meth:`QuerySteps._answer_live`), which pickles the values before any other thread sees them.
+
+A mixin of :class:`~epochal.runtime.task.task.Task`: the state it reads and changes is the
+task's own; only ``_read_live`` runs on another thread (and touches only the mailbox).
+"""
+from __future__ import annotations
+
+import threading
+
+from epochal.query.server import UNALIGNED_REFUSAL, QueryServer, read_live
+
+
+class QuerySteps:
+    """The query side of :class:`~epochal.runtime.task.task.Task`."""
+
+    def _serve_queries(self, restore: dict | None) -> None:
+        """With queryable state: pin the restored epoch (committed by definition, before any
+        replayed or new record), start the query server, register it with the coordinator
+        (so queries reach this task only once its state is restored)."""
+        if not self.queryable or self.backend is None or self.attempt.query_key is None:
+            return
+        if restore is not None:
+            self.query_versions.restored(restore["epoch"], self.backend.pin_view(list(self.queryable)))
+        unaligned = self.attempt.components.aligned_timeout == 0  # no epoch of this job is an aligned cut
+        self.query_server = QueryServer(self.attempt.query_key, self.bind_host, self.spec.id, self.spec.key_groups,
+                                        self.queryable, self.query_versions, self._read_live,
+                                        committed_refused=UNALIGNED_REFUSAL if unaligned else None,
+                                        peer_timeout=self.attempt.peer_timeout, tls=self.attempt.query_tls)
+        self._send(("query_address", self.spec.id, (self.host, self.query_server.address[1])))
+
+    def pin_query_view(self, epoch: int) -> None:
+        """At barrier ``epoch`` (task thread, right after the backend's snapshot): pin the
+        queryable state of the epoch's cut; it answers queries once the epoch completes.
+        Not called for an unaligned snapshot (its records in flight are channel state, not
+        in the keyed state): multi-key answers then use an older epoch every task holds."""
+        if self.query_server is not None:
+            self.query_versions.pinned(epoch, self.backend.pin_view(list(self.queryable)))
+
+    def _read_live(self, state: str, kind: str, default, items: list, timeout: float = 5.0) -> bytes:
+        """Query thread: a read-uncommitted lookup, run on the task thread via the mailbox
+        (:meth:`_answer_live`); raises ``TimeoutError`` if the task does not get to it."""
+        box = {"done": threading.Event()}
+        with self.cv:
+            self.control.append(("query", state, kind, default, items, box))
+            self.cv.notify_all()
+        if not box["done"].wait(timeout):
+            raise TimeoutError(f"task {self.spec.id} did not answer a live lookup within {timeout} s")
+        if "error" in box:
+            raise box["error"]
+        return box["payload"]
+
+    def _answer_live(self, msg: tuple) -> None:
+        """Task thread: answer a ``("query", state, kind, default, items, box)`` message."""
+        box = msg[5]
+        try:
+            box["payload"] = read_live(self.backend, msg[1], msg[2], msg[3], msg[4])
+        except Exception as exc:
+            box["error"] = exc
+        box["done"].set()
