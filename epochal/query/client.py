@@ -178,7 +178,7 @@ class QueryClient:
                 answers.update(self._ask({t: plan[t] for t in again}, operator, state, keys, kgs, isolation, again))
         values = [None] * len(keys)
         epoch = None
-        for task, (address, positions) in plan.items():
+        for task, (_address, positions) in plan.items():
             epoch, _, got = answers[task]
             for pos, value in zip(positions, got):
                 values[pos] = value
