@@ -11,6 +11,7 @@ Delta and Iceberg have the same tests in tests/test_table_lifecycle.py.
 from __future__ import annotations
 
 import collections
+import runpy
 import time
 
 import cloudpickle
@@ -341,3 +342,99 @@ def test_kafka_source_after_a_restore_reads_new_partitions_from_their_start_and_
     finally:
         reader.close()
     assert sorted(got) == ["a2", "a3", "a4", "b0", "b1", "b2"]
+
+
+LINGER_SCRIPT = '''
+import epochal as ep
+from epochal.sinks import PostgresSink
+
+WORDS = [w for i in range(1500) for w in ("ant", "bee", "cat", "dog", "eel")[: 1 + i % 5]]
+
+
+def words_from(split, offset):
+    yield from WORDS[offset:] if split == 0 else ()
+
+
+class Count(ep.KeyedProcessFunction):
+    def open(self, ctx):
+        self.n = ctx.value_state("n", default=0)
+
+    def process(self, word, value):
+        self.n.update(self.n.value() + 1)
+        yield {"word": word, "n": self.n.value()}
+
+
+flow = ep.Dataflow("linger", parallelism=2)
+(flow.source("words", ep.sources.GeneratorSource(words_from, num_splits=1, limit=len(WORDS),
+                                                  records_per_second=3000.0))
+     .key_by(lambda w: w)
+     .process("count", Count())
+     .sink("out", PostgresSink(DSN, TABLE)))
+
+if __name__ == "__main__":
+    flow.run()
+'''
+
+
+def test_lingering_prepared_transactions_are_listed_and_ended_but_never_what_a_checkpoint_promises(postgres, tmp_path):
+    """A job dies between a checkpoint's completion and its commit, with no restart left: its
+    prepared transactions stay on the server, and a zombie's stray one (an epoch no
+    checkpoint holds) is there too. ``epochal sinks lingering`` lists both, marks the
+    checkpoint's as promised; ``--abort`` rolls back only the stray one; a resume then
+    commits the promised epoch and the table equals the plain-Python count, with nothing
+    left prepared."""
+    from epochal.cli import main
+    from epochal.connectors.postgres import recovery
+    from epochal.sinks import lingering
+    from epochal.state.commands import load_dataflow
+
+    table = postgres.new_table("word text NOT NULL, n bigint NOT NULL")
+    script = tmp_path / "linger_job.py"
+    script.write_text(f"DSN = {postgres.dsn!r}\nTABLE = {table!r}\n" + LINGER_SCRIPT)
+    flow = load_dataflow(f"{script}:flow")
+    scope = runpy.run_path(str(script), run_name="oracle")  # the script's own word list: the oracle's input
+    oracle = running_counts([" ".join(scope["WORDS"])])
+    config = storage(tmp_path, "ckpt")
+    with pytest.raises(ep.JobFailedError):
+        flow.run(runtime="local", checkpoint=config, restart=ep.RestartStrategy(max_attempts=0),
+                 faults=[CrashDuringCommit("out", subtask=0, epoch=1, how="exit")])
+    with postgres.connect(autocommit=False) as conn:  # a zombie's prepared epoch that no checkpoint holds
+        conn.execute(f"INSERT INTO {table} VALUES ('stray', 1)")
+        stray = recovery.gid(recovery.sink_hash("linger", "out", table), 1, 99, 7, "0123456789ab")
+        conn.execute(f"PREPARE TRANSACTION '{stray}'")
+    found = lingering.find(flow, config.storage)
+    promised = {i.what for i in found if i.promised}
+    assert stray in {i.what for i in found if not i.promised}
+    assert promised, f"the checkpoint's pending epoch is not listed as promised: {found}"
+    assert main(["sinks", "lingering", config.storage, "linger", "--dataflow", f"{script}:flow", "--abort"]) == 0
+    assert set(postgres.prepared()) == promised, "--abort ended a promised transaction or left the stray one"
+    flow.run(runtime="local", resume=True, checkpoint=config)
+    assert collections.Counter(tuple(r) for r in postgres.execute(f"SELECT word, n FROM {table}")) == oracle
+    assert postgres.prepared() == []
+
+
+def test_kafka_lingering_producers_are_listed_and_fencing_them_ends_their_open_transactions(kafka_broker):
+    """A writer registers, streams epoch 1 into an open transaction and is lost (a cancelled
+    job never resumed). The sink lists the producers that may hold open transactions — the
+    writer registered in the checkpoint's lineage — and ending them fences each id, which
+    aborts the open transaction: readers are no longer held at the last stable offset."""
+    from epochal.alignment.factory import SinkMode
+    from epochal.epochs.lineage import Lineage
+    from epochal.sinks import SinkContext
+    from epochal.sinks.lingering import Promised
+
+    topic = kafka_broker.create_topic(None, 1)
+    sink = KafkaSink(kafka_broker.servers, topic)
+    lineage = Lineage("0123456789ab")
+    lost = sink.create_writer(SinkContext("out", subtask=0, parallelism=1, job="linger", generation=3,
+                                          mode=SinkMode.TRANSACTIONAL, lineage=lineage))
+    lost.restore(None)
+    lost.write_many(["x", "y"])
+    lost._slots[0].flush(10)  # the records reached the broker inside the open transaction
+    assert kafka_broker.open_transactions(topic), "epoch 1's transaction should be open"
+    promised = Promised(epoch=None, lineage=lineage.id, parallelism=1)
+    items = sink.lingering("linger", "out", promised)
+    assert f"epochal-linger-out-{lineage.id}-0-g3-0" in {i.what for i in items} and not any(i.promised for i in items)
+    sink.end_lingering("linger", "out", items, promised)
+    assert kafka_broker.open_transactions(topic) == {}
+    assert kafka_broker.values(topic) == []  # aborted, never visible

@@ -150,6 +150,17 @@ class Sink(ABC):
         """
 
 
+    def lingering(self, job: str, sink: str, promised) -> list:
+        """While the job is not running: what runs of ``job``'s sink ``sink`` left open in the
+        external system (:class:`~epochal.sinks.lingering.Lingering` items), each marked
+        ``promised`` if ``promised`` (:class:`~epochal.sinks.lingering.Promised`, the latest
+        completed checkpoint) still needs it. Default: nothing (the sink leaves nothing open)."""
+        return []
+
+    def end_lingering(self, job: str, sink: str, items: list, promised) -> None:
+        """End ``items`` (from :meth:`lingering`, none promised): abort or roll them back.
+        Must never touch what ``promised`` needs. Default: nothing."""
+
     def check_run(self, sink: str, checkpoint, mode: SinkMode) -> None:
         """On the driver, after :meth:`claim`, before the job starts: refuse a run this sink
         cannot keep its guarantee in — a :class:`~epochal.config.CheckpointConfig` (e.g. a

@@ -8,11 +8,20 @@ checkpoints and savepoints from a shell, without running the job.
     epochal savepoint create file:///tmp/ckpt/wordcount file:///backups/sp-1
     epochal savepoint verify file:///backups/sp-1
     epochal savepoint trigger file:///tmp/ckpt wordcount --to file:///backups/sp-2 [--stop]
+    epochal sinks lingering file:///tmp/ckpt wordcount --dataflow job.py:flow [--abort]
 
 A URL is a savepoint, a ``chk-<epoch>`` directory or a job's checkpoint directory (its
 newest completed checkpoint). A missing or damaged file is an error naming the file
 (exit status 1). State files are unpickled: classes your operators keep in state must be
 importable (set PYTHONPATH), and read only checkpoints you trust.
+
+``sinks lingering`` lists what the job's sinks left open in their external systems (Kafka
+transactional ids that may hold open transactions, PostgreSQL prepared transactions) and,
+with ``--abort``, ends everything the latest completed checkpoint does not promise
+(:mod:`epochal.sinks.lingering`). The sinks' settings (servers, DSNs) come from the dataflow:
+``--dataflow path/to/script.py:name`` (the script is run with ``__name__`` other than
+``"__main__"``, so its ``if __name__ == "__main__":`` part does not start the job) or
+``module:name``.
 
 ``savepoint trigger`` asks the *running* job for a savepoint (and with ``--stop`` to stop
 with it), as ``JobHandle.savepoint`` / ``stop_with_savepoint`` would in the driver: it
@@ -71,6 +80,14 @@ def add_parsers(sub) -> None:
     p.add_argument("--to", default=None, help="an empty or absent location (default: <storage>/<job>/savepoints/...)")
     p.add_argument("--stop", action="store_true", help="stop the job with the savepoint (stop_with_savepoint)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the driver's answer")
+    sk = sub.add_parser("sinks", help="what a job's sinks left open in external systems")
+    sks = sk.add_subparsers(dest="action", required=True)
+    p = sks.add_parser("lingering", help="list (and --abort) open transactions no completed checkpoint promises")
+    p.add_argument("storage", help="the job's checkpoint.storage URL")
+    p.add_argument("job", help="the job (dataflow) name")
+    p.add_argument("--dataflow", required=True, help="where the job's Dataflow is: path/to/script.py:name or module:name")
+    p.add_argument("--abort", action="store_true", help="end every item no completed checkpoint promises")
+    p.add_argument("--format", choices=("table", "json"), default="table")
 
 
 def run(args) -> int:
@@ -80,10 +97,49 @@ def run(args) -> int:
             return _list(args) if args.action == "list" else _show(args)
         if args.command == "state":
             return _state(args)
+        if args.command == "sinks":
+            return _lingering(args)
         return {"create": _create, "verify": _verify, "trigger": _trigger}[args.action](args)
     except (EpochalError, OSError) as exc:
         print(f"epochal {args.command}: error: {exc}", file=sys.stderr)
         return 1
+
+
+def load_dataflow(where: str):
+    """The Dataflow named by ``path/to/script.py:name`` or ``module:name``."""
+    import importlib
+    import runpy
+
+    from epochal.dataflow import Dataflow
+
+    path, _, name = where.rpartition(":")
+    if not path or not name:
+        raise ConfigError(f"--dataflow {where!r}: expected path/to/script.py:name or module:name")
+    scope = runpy.run_path(path, run_name="epochal_lingering") if path.endswith(".py") else \
+        vars(importlib.import_module(path))
+    flow = scope.get(name)
+    if not isinstance(flow, Dataflow):
+        raise ConfigError(f"--dataflow {where!r}: {name!r} is {type(flow).__name__}, not an epochal Dataflow")
+    return flow
+
+
+def _lingering(args) -> int:
+    from epochal.sinks import lingering
+
+    flow = load_dataflow(args.dataflow)
+    if flow.name != args.job:
+        raise ConfigError(f"--dataflow {args.dataflow!r} is job {flow.name!r}, not {args.job!r}")
+    found = lingering.find(flow, args.storage)
+    ended = {i.what for i in lingering.end(flow, args.storage)} if args.abort else set()
+    rows = [{"sink": i.sink, "system": i.system, "what": i.what,
+             "status": "promised (a resume commits it)" if i.promised else ("ended" if i.what in ended else "open"),
+             "detail": i.detail} for i in found]
+    if args.format == "json":
+        for row in rows:
+            print(json.dumps(row))
+    else:
+        print(_table(rows, ["sink", "system", "what", "status", "detail"]) if rows else "nothing left open")
+    return 0
 
 
 def _time(wall) -> str:

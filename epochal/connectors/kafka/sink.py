@@ -62,6 +62,7 @@ from epochal.connectors.kafka.client import (
 from epochal.connectors.kafka.records import KafkaRecord, default_serializer, to_key
 from epochal.errors import ConfigError
 from epochal.sinks.base import Sink, SinkCommitError, SinkContext, SinkWriteError, TwoPhaseCommitSink
+from epochal.sinks.lingering import Lingering
 
 log = logging.getLogger("epochal")
 
@@ -143,6 +144,56 @@ class KafkaSink(Sink):
                 f"interval plus its timeout ({checkpoint.interval} + {checkpoint.timeout:g} s): Kafka would abort "
                 "the epoch's transaction before it can commit; raise transaction_timeout (the broker's "
                 "transaction.max.timeout.ms must allow it) or lower checkpoint.interval / checkpoint.timeout")
+
+    def lingering(self, job: str, sink: str, promised) -> list[Lingering]:
+        """The transactional ids of the writers last registered in the marker groups of the
+        checkpoint's lineage (and of the lineages its pending epochs name): each may hold an
+        open transaction (librdkafka cannot list them). None is promised: a pending epoch
+        lives in the checkpoint's write-ahead log and a resume produces it again if needed,
+        so fencing them never loses one."""
+        lineages = {promised.lineage} | {getattr(h, "lineage", "") for h in promised.handles}
+        prefix = self.transactional_id_prefix or f"epochal-{job}-{sink}"
+        found = []
+        for lineage in sorted(lineages):
+            j = 0
+            while True:
+                marker = self._marker_of(prefix, lineage, j)
+                if marker is None and j >= promised.parallelism:
+                    break
+                if marker is not None and marker.meta is not None:
+                    meta = marker.meta
+                    # nobody is "this writer" here: every registered writer is named
+                    for txid in recovery.fence_ids(prefix, {(lineage, j): marker}, "-", -1):
+                        found.append(Lingering(sink, "kafka", txid, False,
+                                               f"producer of lineage {meta.lineage or '(legacy)'} subtask {meta.subtask} "
+                                               f"generation {meta.generation}; last committed epoch {marker.epoch} "
+                                               f"(group {recovery.marker_group(prefix, j, lineage)})"))
+                j += 1
+        unique = {i.what: i for i in found}
+        return list(unique.values())
+
+    def _marker_of(self, prefix: str, lineage: str, subtask: int) -> recovery.Marker | None:
+        """The marker of a group, read on the driver (no waiting for open transactions)."""
+        ck = kafka()
+        conf = {k: v for k, v in self.config.items() if k.startswith(("security.", "sasl.", "ssl.", "client."))}
+        conf.update({"bootstrap.servers": self.servers, "enable.auto.commit": False,
+                     "isolation.level": "read_uncommitted",
+                     "group.id": recovery.marker_group(prefix, subtask, lineage)})
+        consumer = ck.Consumer(conf)
+        try:
+            found = consumer.committed([ck.TopicPartition(self.topic, 0)], timeout=KAFKA_CALL_TIMEOUT_S)[0]
+        finally:
+            consumer.close()
+        return recovery.Marker(found.offset, recovery.MarkerMeta.decode(found.metadata, subtask)) \
+            if found.offset >= 0 else None
+
+    def end_lingering(self, job: str, sink: str, items: list, promised) -> None:
+        """Fence every item (``init_transactions`` with its transactional id): Kafka aborts
+        the open transaction, and a zombie holding the id can no longer commit."""
+        ck = kafka()
+        for item in items:
+            producer = ck.Producer(dict(self.config, **{"transactional.id": item.what}))
+            producer.init_transactions(KAFKA_CALL_TIMEOUT_S)
 
     def prefix(self, ctx: SinkContext) -> str:
         return self.transactional_id_prefix or f"epochal-{ctx.job}-{ctx.sink_name}"

@@ -54,6 +54,7 @@ from epochal.connectors.postgres.client import (
 from epochal.connectors.postgres.rows import RowMaker
 from epochal.errors import ConfigError
 from epochal.sinks.base import Sink, SinkCommitError, SinkContext, SinkWriteError, TwoPhaseCommitSink
+from epochal.sinks.lingering import Lingering
 
 log = logging.getLogger("epochal")
 
@@ -150,6 +151,34 @@ class PostgresSink(Sink):
                                          (f"ep-{sink_id}-%",)).fetchall():
                     if recovery.parse_gid(g) is not None:  # only a well-formed gid is interpolated
                         conn.execute(f"ROLLBACK PREPARED '{g}'")
+
+    def lingering(self, job: str, sink: str, promised) -> list[Lingering]:
+        """The prepared transactions of this job's sink on the table (``pg_prepared_xacts``),
+        those of the checkpoint's pending epochs marked promised."""
+        keep = {getattr(h, "gid", None) for h in promised.handles}
+        with connect(self.dsn, f"sink {sink!r} ({self!r})", autocommit=True) as conn:
+            rows = conn.execute("SELECT gid, prepared FROM pg_prepared_xacts WHERE gid LIKE %s ORDER BY prepared",
+                                (f"ep-{recovery.sink_hash(job, sink, self.table)}-%",)).fetchall()
+        found = []
+        for gid, at in rows:
+            g = recovery.parse_gid(gid)
+            if g is not None:
+                found.append(Lingering(sink, "postgres", gid, gid in keep,
+                                       f"prepared transaction of subtask {g.subtask} epoch {g.epoch} "
+                                       f"(lineage {g.lineage or '(legacy)'}), prepared at {at}"))
+        return found
+
+    def end_lingering(self, job: str, sink: str, items: list, promised) -> None:
+        """``ROLLBACK PREPARED`` each item not promised (its gid parsed, never interpolated raw)."""
+        keep = {getattr(h, "gid", None) for h in promised.handles}
+        with connect(self.dsn, f"sink {sink!r} ({self!r})", autocommit=True) as conn:
+            for item in items:
+                if item.what in keep or recovery.parse_gid(item.what) is None:
+                    continue
+                try:
+                    conn.execute(f"ROLLBACK PREPARED '{item.what}'")
+                except psycopg().errors.UndefinedObject:
+                    pass  # ended meanwhile
 
     def check_run(self, sink: str, checkpoint, mode: SinkMode) -> None:
         """Exactly-once needs prepared transactions: refuse a server that disallows them."""

@@ -1,0 +1,97 @@
+"""What a job left open in external systems, and ending it safely (issue 36).
+
+A job that crashed, was cancelled, or was abandoned without a resume can leave two-phase-commit
+sinks' transactions open: a PostgreSQL prepared transaction holds its row locks and VACUUM's
+horizon forever; a Kafka producer's open transaction holds ``read_committed`` readers at the
+last stable offset until ``transaction.timeout.ms`` (15 minutes by default). Flink users
+know this as the lingering-transaction problem, and Flink grew a separate tool for Kafka alone.
+
+Here each sink answers two questions (:meth:`epochal.sinks.base.Sink.lingering` and
+:meth:`~epochal.sinks.base.Sink.end_lingering`), given :class:`Promised`: what the job's
+latest completed checkpoint still promises for that sink. A transaction the checkpoint
+promises is **never** ended: a resume commits it (seed 004 §4.1.3.1). Everything else a
+job's runs left open belongs to epochs no completed checkpoint holds, and may be ended.
+
+:func:`find` and :func:`end` run the questions over every sink of a dataflow; the command
+line is ``epochal sinks lingering <storage> <job> --dataflow path.py:flow [--abort]``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Lingering:
+    """One thing a sink's runs left open: ``what`` names it in the external ``system`` (a
+    gid, a transactional id); ``promised``: the latest completed checkpoint still needs it
+    (a resume commits it; never ended)."""
+
+    sink: str
+    system: str
+    what: str
+    promised: bool = False
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Promised:
+    """What the job's latest completed checkpoint says about one sink: its ``epoch`` and
+    ``lineage`` (None, "": no checkpoint), the sink's ``parallelism`` then, and every pending
+    (pre-committed, maybe uncommitted) transaction handle it holds."""
+
+    epoch: int | None = None
+    lineage: str = ""
+    parallelism: int = 1
+    handles: tuple = field(default_factory=tuple)
+
+
+def promised_by(storage_url: str, job: str, sink: str, parallelism: int) -> Promised:
+    """:class:`Promised` for ``sink`` from the newest completed checkpoint of ``job`` in
+    ``storage_url`` (an empty one when there is none)."""
+    from epochal.backends.storage import CheckpointStorage
+    from epochal.epochs.lineage import lineage_of
+    from epochal.state.location import open_checkpoint
+
+    storage = CheckpointStorage(storage_url, job)
+    if storage.latest_completed() is None:
+        return Promised(parallelism=parallelism)
+    point = open_checkpoint(storage.root_url)
+    handles, width = [], 0
+    for task, info in point.tasks.items():
+        if sink not in info.get("chain", ()):
+            continue
+        width = max(width, int(info.get("parallelism", 1)))
+        state = point.task_state(task).get("operators", {}).get(sink)
+        for _, handle in getattr(state, "pending", ()) or ():
+            handles.append(handle)
+    return Promised(point.epoch, lineage_of(point.meta), width or parallelism, tuple(handles))
+
+
+def find(flow, storage_url: str) -> list[Lingering]:
+    """Everything the sinks of ``flow`` (its runs with checkpoints in ``storage_url``) left
+    open, promised or not."""
+    found: list[Lingering] = []
+    for name, sink, parallelism in _sinks(flow):
+        found += sink.lingering(flow.name, name, promised_by(storage_url, flow.name, name, parallelism))
+    return found
+
+
+def end(flow, storage_url: str) -> list[Lingering]:
+    """End what :func:`find` reports and no checkpoint promises; return what was ended."""
+    ended: list[Lingering] = []
+    for name, sink, parallelism in _sinks(flow):
+        promised = promised_by(storage_url, flow.name, name, parallelism)
+        items = [i for i in sink.lingering(flow.name, name, promised) if not i.promised]
+        if items:
+            sink.end_lingering(flow.name, name, items, promised)
+            ended += items
+    return ended
+
+
+def _sinks(flow):
+    from epochal.graph import NodeKind
+
+    plan = flow.plan()
+    for node in plan.nodes.values():
+        if node.kind is NodeKind.SINK:
+            yield node.name, node.payload, node.parallelism
