@@ -28,8 +28,9 @@ SCHEMA = pa.schema([("word", pa.string()), ("n", pa.int64())])
 TX, DIRECT = SinkMode.TRANSACTIONAL, SinkMode.DIRECT
 
 
-def ctx(gen: int = 0, subtask: int = 0, parallelism: int = 1, mode=TX) -> SinkContext:
-    return SinkContext("out", subtask=subtask, parallelism=parallelism, job="job", generation=gen, mode=mode)
+def ctx(gen: int = 0, subtask: int = 0, parallelism: int = 1, mode=TX, lineage=None) -> SinkContext:
+    return SinkContext("out", subtask=subtask, parallelism=parallelism, job="job", generation=gen, mode=mode,
+                       lineage=lineage)
 
 
 def barrier(w, n: int):
@@ -305,20 +306,75 @@ def test_a_record_that_does_not_fit_is_rejected_by_name_and_nothing_is_published
     assert words(table) == []
 
 
-def test_a_fresh_run_into_a_table_holding_its_epochs_is_refused(table):
+def test_each_run_writes_under_its_own_lineage_and_a_branch_re_emits_after_its_fork(table, caplog):
+    """Issue 36. Run 1 (lineage L1) commits epochs 1-3. A fresh run into the same table (L2,
+    no parent) is not refused and its epoch 1 is not taken for run 1's: it is committed. A
+    branch of L1 restored at epoch 1 (L3: a rollback to an older savepoint) finds its
+    restored epoch 1 committed under L1's app id, logs that epochs 2-3 are produced again,
+    and commits its epoch 2 under its own app id. The version to rewind to for that
+    savepoint is the one before L1's epoch 2."""
+    from deltalake import DeltaTable
+
+    from epochal.epochs.lineage import Lineage
+
+    l1, l2 = Lineage("aaaaaaaaaaaa"), Lineage("bbbbbbbbbbbb")
+    l3 = Lineage("cccccccccccc", parent=l1.id, forked_at=1)
     sink = new_sink(table)
-    w = sink.create_writer(ctx())
+    w = sink.create_writer(ctx(lineage=l1))
     w.restore(None)
-    w.write_many(rows(1))
-    barrier(w, 1)
-    w.notify_epoch_complete(1)
-    with pytest.raises(ConfigError, match="already holds epochs up to 1 of app id 'epochal-job-out-0'.*resume=True"):
-        sink.claim("job", "out", resume=False)
-    DeltaSink(table, app_id="run-2").claim("job", "out", resume=False)  # a new prefix is a new run
-    # the writer's own check (e.g. resume from an older checkpoint): the table is ahead of the restored epoch
-    stale = sink.create_writer(ctx(gen=3))
-    with pytest.raises(SinkCommitError, match="holds epochs up to 1 .* restored epoch 0"):
-        stale.restore(None)
+    states = {}
+    for epoch in (1, 2, 3):
+        w.write_many(rows(epoch))
+        states[epoch] = barrier(w, epoch)
+        w.notify_epoch_complete(epoch)
+    assert w.app_id == "epochal-job-out-aaaaaaaaaaaa-0"
+    run1 = [r["word"] for e in (1, 2, 3) for r in rows(e)]
+    rewind = sink.savepoint_version(l1.id, 1)
+    old = DeltaTable(table, version=rewind)
+    assert old.transaction_version(w.app_id) == 1 and DeltaTable(table, version=rewind + 1).transaction_version(
+        w.app_id) == 2
+    handle = states[2].pending[-1][1]
+    assert handle.table_version == rewind  # the savepoint of epoch 2 records where the table stood
+    sink.claim("job", "out", resume=False)  # a fresh run is not refused
+    fresh = sink.create_writer(ctx(gen=0, lineage=l2))
+    fresh.restore(None)
+    fresh.write_many(rows(1))
+    barrier(fresh, 1)
+    fresh.notify_epoch_complete(1)
+    assert words(table) == sorted(run1 + [r["word"] for r in rows(1)])
+    caplog.set_level("WARNING", logger="epochal")
+    branch = sink.create_writer(ctx(gen=1, lineage=l3))
+    branch.restore(pickle.loads(pickle.dumps(states[1])))  # L1's epoch 1: in the table already, skipped
+    said = [r.getMessage() for r in caplog.records if "produced again" in r.getMessage()]
+    assert len(said) == 1 and "restored epoch 1" in said[0] and "epochs 2-3" in said[0], said
+    branch.write_many(rows(2))
+    barrier(branch, 2)
+    branch.notify_epoch_complete(2)
+    assert words(table) == sorted(run1 + [r["word"] for r in rows(1) + rows(2)])
+    assert DeltaTable(table).transaction_version("epochal-job-out-cccccccccccc-0") == 2
+
+
+def test_a_branch_deletes_its_parents_uncommitted_files_and_keeps_the_committed_ones(table):
+    """The parent lineage committed epochs 1-2 and left epoch 3 pre-committed (never
+    completed); a branch restored at epoch 1 deletes epoch 3's staged file (an orphan) and
+    keeps epoch 2's (committed by the parent: the table references it)."""
+    from epochal.epochs.lineage import Lineage
+
+    parent = Lineage("aaaaaaaaaaaa")
+    sink = new_sink(table)
+    w = sink.create_writer(ctx(lineage=parent))
+    w.restore(None)
+    states = {}
+    for epoch in (1, 2, 3):
+        w.write_many(rows(epoch))
+        states[epoch] = barrier(w, epoch)
+        if epoch < 3:
+            w.notify_epoch_complete(epoch)
+    assert sum("-e0000000003-" in p for p in staged(table)) == 1
+    branch = sink.create_writer(ctx(gen=1, lineage=Lineage("cccccccccccc", parent=parent.id, forked_at=1)))
+    branch.restore(pickle.loads(pickle.dumps(states[1])))
+    assert not [p for p in staged(table) if "-e0000000003-" in p]
+    assert words(table) == sorted(r["word"] for r in rows(1) + rows(2))
 
 
 def test_without_deltalake_the_connectors_import_and_name_the_extra(tmp_path):

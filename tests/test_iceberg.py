@@ -52,8 +52,9 @@ def test_keyed_count_into_an_iceberg_table_exactly_once_under_a_crash(tmp_path, 
 
 # --------------------------------------------------------------------------- writer level
 
-def ctx(gen: int = 0, subtask: int = 0, parallelism: int = 1, mode=TX) -> SinkContext:
-    return SinkContext("out", subtask=subtask, parallelism=parallelism, job="job", generation=gen, mode=mode)
+def ctx(gen: int = 0, subtask: int = 0, parallelism: int = 1, mode=TX, lineage=None) -> SinkContext:
+    return SinkContext("out", subtask=subtask, parallelism=parallelism, job="job", generation=gen, mode=mode,
+                       lineage=lineage)
 
 
 def barrier(w, n: int):
@@ -203,5 +204,47 @@ def test_errors_name_the_sink_and_what_to_do(iceberg_catalog, tmp_path):
     w.write_many(rows(1))
     barrier(w, 1)
     w.notify_epoch_complete(1)
-    with pytest.raises(ConfigError, match="already holds epochs up to 1 of app id 'epochal-job-out-0'"):
-        sink.claim("job", "out", resume=False)
+    sink.claim("job", "out", resume=False)  # a table holding an earlier run's epochs is fine (lineages)
+    secret = {"type": "sql", "uri": "postgresql://writer:s3cr%40t@127.0.0.1:1/catalog", "warehouse": "file:///nowhere"}
+    with pytest.raises(ConfigError) as failed:
+        IcebergSink(secret, "db.t").claim("job", "out", False)
+    assert "s3cr" not in str(failed.value) and "postgresql://writer:***@127.0.0.1:1/catalog" in str(failed.value)
+
+
+def test_each_run_writes_under_its_own_lineage_and_a_branch_re_emits_after_its_fork(iceberg_catalog, caplog):
+    """As the Delta writer's test: run 1 (L1) commits epochs 1-3; a fresh run (L2) commits
+    its own epoch 1; a branch of L1 at epoch 1 (L3) skips the restored epoch 1, logs that
+    epochs 2-3 are produced again and commits its epoch 2. A handle records the snapshot of
+    its writer's last commit (where a rollback would rewind the table to)."""
+    from epochal.epochs.lineage import Lineage
+
+    l1, l2 = Lineage("aaaaaaaaaaaa"), Lineage("bbbbbbbbbbbb")
+    sink = new_sink(iceberg_catalog)
+    w = sink.create_writer(ctx(lineage=l1))
+    w.restore(None)
+    states = {}
+    for epoch in (1, 2, 3):
+        w.write_many(rows(epoch))
+        states[epoch] = barrier(w, epoch)
+        w.notify_epoch_complete(epoch)
+    run1 = [r["word"] for e in (1, 2, 3) for r in rows(e)]
+    from pyiceberg.catalog import load_catalog
+
+    table = load_catalog("default", **iceberg_catalog).load_table("db.t")
+    by_epoch = {int(s.summary["epochal.epoch"]): s.snapshot_id for s in table.snapshots()}
+    assert states[2].pending[-1][1].snapshot_id == by_epoch[1]
+    fresh = sink.create_writer(ctx(lineage=l2))
+    fresh.restore(None)
+    fresh.write_many(rows(1))
+    barrier(fresh, 1)
+    fresh.notify_epoch_complete(1)
+    assert words(iceberg_catalog) == sorted(run1 + [r["word"] for r in rows(1)])
+    caplog.set_level("WARNING", logger="epochal")
+    branch = sink.create_writer(ctx(gen=1, lineage=Lineage("cccccccccccc", parent=l1.id, forked_at=1)))
+    branch.restore(pickle.loads(pickle.dumps(states[1])))
+    said = [r.getMessage() for r in caplog.records if "produced again" in r.getMessage()]
+    assert len(said) == 1 and "restored epoch 1" in said[0] and "epochs 2-3" in said[0], said
+    branch.write_many(rows(2))
+    barrier(branch, 2)
+    branch.notify_epoch_complete(2)
+    assert words(iceberg_catalog) == sorted(run1 + [r["word"] for r in rows(1) + rows(2)])
