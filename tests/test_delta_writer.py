@@ -480,3 +480,45 @@ def test_recovery_plan_is_what_the_writer_does():
     """The pure decision the writer follows, on the cases above (details: test_table_recovery.py)."""
     commit, skip = recovery.recovery_plan([(2, "a-0"), (1, "a-0"), (3, "a-2")], {"a-0": 1})
     assert commit == [(2, "a-0"), (3, "a-2")] and skip == [(1, "a-0")]
+
+
+def test_orphans_in_partition_directories_starting_with_an_underscore_are_deleted(table):
+    """A partition column may start with ``_``: its directories (``_day=x/``) hold data, not
+    table metadata (``_delta_log``), and the orphan cleanup must look inside them."""
+    schema = pa.schema([("_day", pa.string()), ("n", pa.int64())])
+    sink = new_sink(table, schema=schema, partition_by=["_day"])
+    w = sink.create_writer(ctx())
+    w.restore(None)
+    w.write_many([{"_day": "a", "n": 1}])
+    s1 = barrier(w, 1)
+    w.notify_epoch_complete(1)
+    w.write_many([{"_day": "b", "n": 2}])
+    barrier(w, 2)  # never completes: an orphan in _day=b/
+    assert [p for p in staged_paths(table) if "-e0000000002-" in p] != []
+    heir = sink.create_writer(ctx(gen=1))
+    heir.restore(pickle.loads(pickle.dumps(s1)))
+    assert [p for p in staged_paths(table) if "-e0000000002-" in p] == []
+    assert [r["n"] for r in read_delta(table)] == [1]
+
+
+def staged_paths(table: str) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(d, f), table) for d, _, files in os.walk(table) for f in files
+                  if f.endswith(".parquet"))
+
+
+@pytest.mark.parametrize("path", ["../outside.parquet", "/etc/hosts", "a/../../outside.parquet"])
+def test_source_refuses_a_log_path_outside_the_table(table, tmp_path, path):
+    """A commit of the Delta log naming a file outside the table (an absolute path, ``..``)
+    is refused, naming the path, instead of being read from wherever it points."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    write_versions(table, [rows(1, 2)])
+    pq.write_table(pa.Table.from_pylist(rows(9, 2), schema=SCHEMA), str(tmp_path / "outside.parquet"))
+    add = {"add": {"path": path, "size": 1, "partitionValues": {}, "modificationTime": 0, "dataChange": True}}
+    with open(os.path.join(table, "_delta_log", f"{1:020d}.json"), "w") as f:
+        f.write(json.dumps(add) + "\n")
+    source = DeltaSource(table, starting_version=1, follow=True, poll_interval=0.0)
+    with pytest.raises(ConfigError, match=f"names the data file '{path}', which is not inside the table"):
+        read_all(source)

@@ -248,3 +248,42 @@ def test_each_run_writes_under_its_own_lineage_and_a_branch_re_emits_after_its_f
     barrier(branch, 2)
     branch.notify_epoch_complete(2)
     assert words(iceberg_catalog) == sorted(run1 + [r["word"] for r in rows(1) + rows(2)])
+
+
+def test_rescale_4_to_2_and_expired_snapshots_never_append_a_committed_epoch_again(iceberg_catalog):
+    """Four writers commit epochs 1-2; the table is rescaled to 2 from checkpoint 2 (every
+    epoch committed). New writer 0 re-checks the handles of old subtasks 0 and 2, in that
+    order: the lookup of p-2 must not stop where the lookup of p-0 stopped (issue 36).
+    Then every snapshot but the current one is expired and writer 1 restores the handles
+    of old subtasks 1 and 3: the table properties answer what the summaries no longer do."""
+    from pyiceberg.catalog import load_catalog
+
+    from epochal.epochs.lineage import Lineage
+    from epochal.sinks import TwoPhaseCommitState
+
+    run = Lineage("aaaaaaaaaaaa")
+    sink = new_sink(iceberg_catalog)
+    writers = [sink.create_writer(ctx(subtask=s, parallelism=4, lineage=run)) for s in range(4)]
+    states = {}
+    for w in writers:
+        w.restore(None)
+    for epoch in (1, 2):
+        for s, w in enumerate(writers):
+            w.write_many([{"word": f"s{s}-e{epoch}-{i}", "n": i} for i in range(2)])
+            states[s] = barrier(w, epoch)
+        for w in writers:
+            w.notify_epoch_complete(epoch)
+    want = sorted(f"s{s}-e{e}-{i}" for s in range(4) for e in (1, 2) for i in range(2))
+    assert words(iceberg_catalog) == want
+    heir = Lineage("bbbbbbbbbbbb", parent=run.id, forked_at=2)
+    w0 = sink.create_writer(ctx(gen=1, subtask=0, parallelism=2, lineage=heir))
+    w0.restore(TwoPhaseCommitState.rescale(states, 0, 2))
+    assert words(iceberg_catalog) == want
+    table = load_catalog("default", **iceberg_catalog).load_table("db.t")
+    current = table.current_snapshot().snapshot_id
+    table.maintenance.expire_snapshots().by_ids([s.snapshot_id for s in table.snapshots() if s.snapshot_id != current]
+                                                ).commit()
+    assert len(load_catalog("default", **iceberg_catalog).load_table("db.t").snapshots()) == 1
+    w1 = sink.create_writer(ctx(gen=1, subtask=1, parallelism=2, lineage=heir))
+    w1.restore(TwoPhaseCommitState.rescale(states, 1, 2))
+    assert words(iceberg_catalog) == want
