@@ -233,6 +233,7 @@ def test_each_run_writes_under_its_own_lineage_and_a_branch_re_emits_after_its_f
     table = load_catalog("default", **iceberg_catalog).load_table("db.t")
     by_epoch = {int(s.summary["epochal.epoch"]): s.snapshot_id for s in table.snapshots()}
     assert states[2].pending[-1][1].snapshot_id == by_epoch[1]
+    assert sink.savepoint_snapshot(l1.id, 1) == by_epoch[1] and sink.savepoint_snapshot(l1.id, 3) == by_epoch[3]
     fresh = sink.create_writer(ctx(lineage=l2))
     fresh.restore(None)
     fresh.write_many(rows(1))

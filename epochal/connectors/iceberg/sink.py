@@ -140,6 +140,36 @@ class IcebergSink(Sink):
             if diffs:
                 raise ConfigError(f"{what}: the schema differs from the Iceberg table's: {'; '.join(diffs)}")
 
+    def savepoint_snapshot(self, lineage: str, epoch: int) -> int | None:
+        """The snapshot to roll the table back to before restoring a savepoint (or
+        checkpoint) of epoch ``epoch`` written by lineage ``lineage`` (its ``_metadata``'s
+        ``lineage`` and ``epoch``): the parent of the oldest snapshot in the current
+        ancestry that commits an epoch after it for that lineage (the current snapshot if
+        none). Roll back with ``table.manage_snapshots().rollback_to_snapshot(id).commit()``:
+        that drops the epochs the restored run is about to produce again — and every later
+        commit by anyone else. None: the table had no snapshot before.
+
+        Raises:
+            ConfigError: the snapshots back to there were expired, so it cannot be told.
+        """
+        what = f"{self!r}"
+        table = client.require_table(self.catalog(what), self.identifier, what)
+        marker = f"-{lineage}-"  # app ids are <prefix>-<lineage>-<subtask>; a lineage is 12 random hex digits
+        answer = table.current_snapshot().snapshot_id if table.current_snapshot() else None
+        for snapshot_id, props in ancestry(table):
+            if props is recovery.EXPIRED:
+                raise ConfigError(f"{what}: the snapshots before {snapshot_id} were expired; the snapshot of the "
+                                  f"savepoint of epoch {epoch} cannot be told")
+            app = (props or {}).get(recovery.APP_ID, "")
+            try:
+                later = marker in app and int(props.get(recovery.EPOCH, -1)) > epoch
+            except (TypeError, ValueError):
+                later = False
+            if later:
+                parent = table.metadata.snapshot_by_id(snapshot_id).parent_snapshot_id
+                answer = parent
+        return answer
+
     def _create(self, catalog, what: str):
         namespace = self.identifier[:-1]
         try:
