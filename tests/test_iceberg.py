@@ -45,7 +45,7 @@ def test_keyed_count_into_an_iceberg_table_exactly_once_under_a_crash(tmp_path, 
 
         table = load_catalog("default", **iceberg_catalog).load_table("db.counts")
         restored = result.restored_from[1]
-        assert ("epochal-iceberg-wc-out-0", str(restored)) in [
+        assert (f"epochal-iceberg-wc-out-{result.lineage}-0", str(restored)) in [
             (s.summary["epochal.app-id"], s.summary["epochal.epoch"]) for s in table.snapshots()
             if s.summary["epochal.generation"] == "1" and int(s.summary["epochal.epoch"]) <= restored]
 
