@@ -401,15 +401,13 @@ class DeltaSinkWriter(TableRows, TwoPhaseCommitSink):
 
     def _lineage_of(self, txn: DeltaTransaction) -> str:
         """The lineage whose epoch ``txn`` is: the one its app id names (a restored handle of
-        an earlier run keeps its run's), this writer's for at-least-once."""
+        an earlier run keeps its run's; "" for app ids of versions before lineages), this
+        writer's for at-least-once."""
         if txn.app_id is None:
             return self._lineage
-        for lineage in (self._lineage, self._parent):
-            if lineage and txn.app_id.startswith(f"{self._prefix}-{lineage}-"):
-                return lineage
         rest = txn.app_id[len(self._prefix) + 1:] if txn.app_id.startswith(self._prefix + "-") else ""
-        head = rest.split("-", 1)[0]
-        return head if LINEAGE_ID.match(head) and "-" in rest else ""
+        lineage, _, subtask = rest.partition("-")
+        return lineage if LINEAGE_ID.match(lineage) and subtask.isdigit() else ""
 
     def _check_same_handle(self, dt, txn: DeltaTransaction, held: int) -> None:
         """An epoch this writer pre-committed is in the table already: fine if a newer
