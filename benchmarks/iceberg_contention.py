@@ -38,8 +38,10 @@ SCHEMA = pa.schema([("id", pa.int64()), ("subtask", pa.int64()), ("epoch", pa.in
 MODES = ("backoff", "no-backoff")
 
 
-def writer_process(catalog: dict, subtask: int, subtasks: int, epochs: int, rows: int, mode: str, sealed, out):
-    """One sink subtask: ``epochs`` epochs of ``rows`` rows; puts ``(subtask, stats, error)``."""
+def writer_process(catalog: dict, subtask: int, subtasks: int, epochs: int, rows: int, mode: str, sealed, out,
+                   cap: float | None = None):
+    """One sink subtask: ``epochs`` epochs of ``rows`` rows; puts ``(subtask, stats, error)``.
+    ``cap``: another backoff cap (seconds) than the sink's."""
     try:
         from epochal.alignment.factory import SinkMode
         from epochal.connectors.iceberg import sink as iceberg_sink
@@ -48,6 +50,8 @@ def writer_process(catalog: dict, subtask: int, subtasks: int, epochs: int, rows
 
         if mode == "no-backoff":
             iceberg_sink.backoff = lambda attempt, rng=None: 0.0
+        elif cap is not None:
+            iceberg_sink.BACKOFF_CAP_S = cap
         ctx = SinkContext("out", subtask=subtask, parallelism=subtasks, job="bench", generation=0,
                           mode=SinkMode.TRANSACTIONAL, lineage=Lineage("0123456789ab"))
         w = IcebergSink(catalog, "db.t", schema=SCHEMA).create_writer(ctx)
@@ -78,7 +82,7 @@ def run_mode(mode: str, args, tmp: Path) -> dict:
     ctx = mp.get_context("fork")
     sealed, out = ctx.Barrier(args.subtasks), ctx.Queue()
     procs = [ctx.Process(target=writer_process, args=(catalog, s, args.subtasks, args.epochs, args.rows, mode,
-                                                      sealed, out)) for s in range(args.subtasks)]
+                                                      sealed, out, args.cap)) for s in range(args.subtasks)]
     started = time.time()
     for p in procs:
         p.start()
@@ -116,6 +120,7 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--rows", type=int, default=100)
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--cap", type=float, default=None, help="backoff cap in seconds (default: the sink's)")
     parser.add_argument("--smoke", action="store_true", help="4 subtasks, 2 epochs")
     parser.add_argument("--out", type=Path, default=harness.RESULTS / "iceberg_contention.json")
     parser.add_argument("--tmp", type=Path, default=None)
@@ -126,7 +131,8 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="iceberg-contention-", dir=args.tmp))
     runs = [run_mode(mode, args, tmp) for mode in args.modes.split(",")]
     doc = {"benchmark": "iceberg_contention", "machine": info, "finished": harness.now_iso(),
-           "config": {"subtasks": args.subtasks, "epochs": args.epochs, "rows": args.rows, "smoke": args.smoke},
+           "config": {"subtasks": args.subtasks, "epochs": args.epochs, "rows": args.rows, "smoke": args.smoke,
+                      "backoff_cap_s": args.cap},
            "runs": runs}
     harness.write_json(args.out, doc)
     print(harness.table(["mode", "commits", "failed", "attempts mean/p99/max", ">8", "commit p50/p99 s", "exact"],

@@ -18,7 +18,7 @@ import pytest
 from epochal.alignment.factory import SinkMode
 from epochal.connectors.delta import recovery
 from epochal.errors import ConfigError
-from epochal.sinks import DeltaSink, SinkCommitError, SinkContext, SinkWriteError, TwoPhaseCommitState
+from epochal.sinks import DeltaSink, SinkContext, SinkWriteError, TwoPhaseCommitState
 from epochal.sources import DeltaSource
 
 pytest.register_assert_rewrite("tables")

@@ -59,7 +59,7 @@ log = logging.getLogger("epochal")
 #: how long one epoch's commit keeps trying after losing the catalog's compare-and-swap
 COMMIT_DEADLINE_S = 120.0
 #: the first backoff bound and its cap (seconds): see :func:`backoff`
-BACKOFF_BASE_S, BACKOFF_CAP_S = 0.02, 2.0
+BACKOFF_BASE_S, BACKOFF_CAP_S = 0.02, 0.5
 
 
 def backoff(attempt: int, rng: random.Random = random._inst) -> float:
