@@ -522,3 +522,21 @@ def test_source_refuses_a_log_path_outside_the_table(table, tmp_path, path):
     source = DeltaSource(table, starting_version=1, follow=True, poll_interval=0.0)
     with pytest.raises(ConfigError, match=f"names the data file '{path}', which is not inside the table"):
         read_all(source)
+
+
+def test_release_deletes_the_open_transactions_file_and_keeps_sealed_ones(table):
+    """A task that ends without a clean close (a failure, a cancel) releases its writer: the
+    open transaction's staged file is deleted (no checkpoint promises it), the sealed
+    epoch's file stays (a completed checkpoint may promise it; the next restore commits it)."""
+    sink = new_sink(table)
+    w = sink.create_writer(ctx())
+    w.restore(None)
+    w.write_batch(pa.record_batch([pa.array(["a"]), pa.array([1])], names=["word", "n"]))
+    s1 = barrier(w, 1)
+    w.write_batch(pa.record_batch([pa.array(["b"]), pa.array([2])], names=["word", "n"]))
+    assert sum("-e0000000002-" in p for p in staged(table)) == 1
+    w.release()
+    assert [p for p in staged(table) if "-e0000000002-" in p] == []
+    heir = sink.create_writer(ctx(gen=1))
+    heir.restore(pickle.loads(pickle.dumps(s1)))
+    assert words(table) == ["a"]

@@ -288,3 +288,24 @@ def test_rescale_4_to_2_and_expired_snapshots_never_append_a_committed_epoch_aga
     w1 = sink.create_writer(ctx(gen=1, subtask=1, parallelism=2, lineage=heir))
     w1.restore(TwoPhaseCommitState.rescale(states, 1, 2))
     assert words(iceberg_catalog) == want
+
+
+def test_release_deletes_the_open_transactions_file_and_keeps_sealed_ones(iceberg_catalog):
+    """As the Delta writer's: release on any path deletes the open transaction's file and
+    closes the catalog's connections; the sealed epoch is committed by the next restore."""
+    sink = new_sink(iceberg_catalog)
+    w = sink.create_writer(ctx())
+    w.restore(None)
+    w.write_batch(pa.record_batch([pa.array(["a"]), pa.array([1])], names=["word", "n"]))
+    s1 = barrier(w, 1)
+    w.write_batch(pa.record_batch([pa.array(["b"]), pa.array([2])], names=["word", "n"]))
+    from pyiceberg.catalog import load_catalog
+
+    location = load_catalog("default", **iceberg_catalog).load_table("db.t").location()
+    data = os.path.join(location[len("file://"):], "data")
+    assert sum("-e0000000002-" in f for f in os.listdir(data)) == 1
+    w.release()
+    assert not [f for f in os.listdir(data) if "-e0000000002-" in f]
+    heir = sink.create_writer(ctx(gen=1))
+    heir.restore(pickle.loads(pickle.dumps(s1)))
+    assert words(iceberg_catalog) == ["a"]

@@ -315,6 +315,15 @@ class DeltaSinkWriter(TableRows, TwoPhaseCommitSink):
         for part in parts.values():
             part.discard()
 
+    def release_clients(self) -> None:
+        """The task ends (any path): delete the open transaction's staged files (no checkpoint
+        promises them; after a clean close there are none) and drop the table object.
+        Sealed epochs' files stay: a completed checkpoint may promise them."""
+        parts, self._parts = self._parts, {}
+        for part in parts.values():
+            part.discard()
+        self._dt = None
+
     def cleanup_orphans(self, restored_epoch: int) -> None:
         """After a restore of epoch ``restored_epoch`` (exactly-once only):
 

@@ -349,6 +349,18 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
         if part is not None:
             part.discard()
 
+    def release_clients(self) -> None:
+        """The task ends (any path): delete the open transaction's staged file (no checkpoint
+        promises it), close the catalog's connection pool (a SQL catalog's engine) and drop
+        the table. Sealed epochs' files stay: a completed checkpoint may promise them."""
+        part, self._part = self._part, None
+        if part is not None:
+            part.discard()
+        engine = getattr(getattr(self, "_catalog", None), "engine", None)
+        if engine is not None and hasattr(engine, "dispose"):
+            engine.dispose()
+        self._table = self._catalog = None
+
     def cleanup_orphans(self, restored_epoch: int) -> None:
         """As :meth:`DeltaSinkWriter.cleanup_orphans
         <epochal.connectors.delta.sink.DeltaSinkWriter.cleanup_orphans>`, with the committed
