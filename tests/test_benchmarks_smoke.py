@@ -248,3 +248,13 @@ def test_queryable_smoke(tmp_path):
         for name in ("read-committed", "read-uncommitted"):
             assert run["windows"][name]["lookups"] > 0 and run["windows"][name]["latency_ms"]["p99"] > 0
         assert run["last_epoch_read"] >= 1
+
+def test_iceberg_contention_smoke(tmp_path):
+    """benchmarks/iceberg_contention.py --smoke: 4 writer processes commit 2 epochs at once."""
+    out = tmp_path / "iceberg_contention.json"
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "iceberg_contention.py"), "--smoke", "--out", str(out),
+                           "--tmp", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["mode"] for r in runs] == ["backoff", "no-backoff"]
+    assert all(r["exactly_once"] and r["commits"] == 8 and r["attempts"]["max"] >= 1 for r in runs)

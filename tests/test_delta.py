@@ -48,7 +48,7 @@ def test_keyed_count_into_a_delta_table_exactly_once_under_a_crash(tmp_path, fau
     from deltalake import DeltaTable
 
     dt = DeltaTable(table)
-    assert all(dt.transaction_version(f"epochal-delta-wc-out-{s}") for s in range(2))
+    assert all(dt.transaction_version(f"epochal-delta-wc-out-{result.lineage}-{s}") for s in range(2))
     if fault == "crash-between-completion-and-commit":
         assert (0, result.restored_from[1]) in recommitted(dt, result.restored_from[1])
 

@@ -18,7 +18,7 @@ import pytest
 from epochal.alignment.factory import SinkMode
 from epochal.connectors.delta import recovery
 from epochal.errors import ConfigError
-from epochal.sinks import DeltaSink, SinkCommitError, SinkContext, SinkWriteError, TwoPhaseCommitState
+from epochal.sinks import DeltaSink, SinkContext, SinkWriteError, TwoPhaseCommitState
 from epochal.sources import DeltaSource
 
 pytest.register_assert_rewrite("tables")
@@ -28,8 +28,9 @@ SCHEMA = pa.schema([("word", pa.string()), ("n", pa.int64())])
 TX, DIRECT = SinkMode.TRANSACTIONAL, SinkMode.DIRECT
 
 
-def ctx(gen: int = 0, subtask: int = 0, parallelism: int = 1, mode=TX) -> SinkContext:
-    return SinkContext("out", subtask=subtask, parallelism=parallelism, job="job", generation=gen, mode=mode)
+def ctx(gen: int = 0, subtask: int = 0, parallelism: int = 1, mode=TX, lineage=None) -> SinkContext:
+    return SinkContext("out", subtask=subtask, parallelism=parallelism, job="job", generation=gen, mode=mode,
+                       lineage=lineage)
 
 
 def barrier(w, n: int):
@@ -305,20 +306,75 @@ def test_a_record_that_does_not_fit_is_rejected_by_name_and_nothing_is_published
     assert words(table) == []
 
 
-def test_a_fresh_run_into_a_table_holding_its_epochs_is_refused(table):
+def test_each_run_writes_under_its_own_lineage_and_a_branch_re_emits_after_its_fork(table, caplog):
+    """Issue 36. Run 1 (lineage L1) commits epochs 1-3. A fresh run into the same table (L2,
+    no parent) is not refused and its epoch 1 is not taken for run 1's: it is committed. A
+    branch of L1 restored at epoch 1 (L3: a rollback to an older savepoint) finds its
+    restored epoch 1 committed under L1's app id, logs that epochs 2-3 are produced again,
+    and commits its epoch 2 under its own app id. The version to rewind to for that
+    savepoint is the one before L1's epoch 2."""
+    from deltalake import DeltaTable
+
+    from epochal.epochs.lineage import Lineage
+
+    l1, l2 = Lineage("aaaaaaaaaaaa"), Lineage("bbbbbbbbbbbb")
+    l3 = Lineage("cccccccccccc", parent=l1.id, forked_at=1)
     sink = new_sink(table)
-    w = sink.create_writer(ctx())
+    w = sink.create_writer(ctx(lineage=l1))
     w.restore(None)
-    w.write_many(rows(1))
-    barrier(w, 1)
-    w.notify_epoch_complete(1)
-    with pytest.raises(ConfigError, match="already holds epochs up to 1 of app id 'epochal-job-out-0'.*resume=True"):
-        sink.claim("job", "out", resume=False)
-    DeltaSink(table, app_id="run-2").claim("job", "out", resume=False)  # a new prefix is a new run
-    # the writer's own check (e.g. resume from an older checkpoint): the table is ahead of the restored epoch
-    stale = sink.create_writer(ctx(gen=3))
-    with pytest.raises(SinkCommitError, match="holds epochs up to 1 .* restored epoch 0"):
-        stale.restore(None)
+    states = {}
+    for epoch in (1, 2, 3):
+        w.write_many(rows(epoch))
+        states[epoch] = barrier(w, epoch)
+        w.notify_epoch_complete(epoch)
+    assert w.app_id == "epochal-job-out-aaaaaaaaaaaa-0"
+    run1 = [r["word"] for e in (1, 2, 3) for r in rows(e)]
+    rewind = sink.savepoint_version(l1.id, 1)
+    old = DeltaTable(table, version=rewind)
+    assert old.transaction_version(w.app_id) == 1 and DeltaTable(table, version=rewind + 1).transaction_version(
+        w.app_id) == 2
+    handle = states[2].pending[-1][1]
+    assert handle.table_version == rewind  # the savepoint of epoch 2 records where the table stood
+    sink.claim("job", "out", resume=False)  # a fresh run is not refused
+    fresh = sink.create_writer(ctx(gen=0, lineage=l2))
+    fresh.restore(None)
+    fresh.write_many(rows(1))
+    barrier(fresh, 1)
+    fresh.notify_epoch_complete(1)
+    assert words(table) == sorted(run1 + [r["word"] for r in rows(1)])
+    caplog.set_level("WARNING", logger="epochal")
+    branch = sink.create_writer(ctx(gen=1, lineage=l3))
+    branch.restore(pickle.loads(pickle.dumps(states[1])))  # L1's epoch 1: in the table already, skipped
+    said = [r.getMessage() for r in caplog.records if "produced again" in r.getMessage()]
+    assert len(said) == 1 and "restored epoch 1" in said[0] and "epochs 2-3" in said[0], said
+    branch.write_many(rows(2))
+    barrier(branch, 2)
+    branch.notify_epoch_complete(2)
+    assert words(table) == sorted(run1 + [r["word"] for r in rows(1) + rows(2)])
+    assert DeltaTable(table).transaction_version("epochal-job-out-cccccccccccc-0") == 2
+
+
+def test_a_branch_deletes_its_parents_uncommitted_files_and_keeps_the_committed_ones(table):
+    """The parent lineage committed epochs 1-2 and left epoch 3 pre-committed (never
+    completed); a branch restored at epoch 1 deletes epoch 3's staged file (an orphan) and
+    keeps epoch 2's (committed by the parent: the table references it)."""
+    from epochal.epochs.lineage import Lineage
+
+    parent = Lineage("aaaaaaaaaaaa")
+    sink = new_sink(table)
+    w = sink.create_writer(ctx(lineage=parent))
+    w.restore(None)
+    states = {}
+    for epoch in (1, 2, 3):
+        w.write_many(rows(epoch))
+        states[epoch] = barrier(w, epoch)
+        if epoch < 3:
+            w.notify_epoch_complete(epoch)
+    assert sum("-e0000000003-" in p for p in staged(table)) == 1
+    branch = sink.create_writer(ctx(gen=1, lineage=Lineage("cccccccccccc", parent=parent.id, forked_at=1)))
+    branch.restore(pickle.loads(pickle.dumps(states[1])))
+    assert not [p for p in staged(table) if "-e0000000003-" in p]
+    assert words(table) == sorted(r["word"] for r in rows(1) + rows(2))
 
 
 def test_without_deltalake_the_connectors_import_and_name_the_extra(tmp_path):
@@ -424,3 +480,63 @@ def test_recovery_plan_is_what_the_writer_does():
     """The pure decision the writer follows, on the cases above (details: test_table_recovery.py)."""
     commit, skip = recovery.recovery_plan([(2, "a-0"), (1, "a-0"), (3, "a-2")], {"a-0": 1})
     assert commit == [(2, "a-0"), (3, "a-2")] and skip == [(1, "a-0")]
+
+
+def test_orphans_in_partition_directories_starting_with_an_underscore_are_deleted(table):
+    """A partition column may start with ``_``: its directories (``_day=x/``) hold data, not
+    table metadata (``_delta_log``), and the orphan cleanup must look inside them."""
+    schema = pa.schema([("_day", pa.string()), ("n", pa.int64())])
+    sink = new_sink(table, schema=schema, partition_by=["_day"])
+    w = sink.create_writer(ctx())
+    w.restore(None)
+    w.write_many([{"_day": "a", "n": 1}])
+    s1 = barrier(w, 1)
+    w.notify_epoch_complete(1)
+    w.write_many([{"_day": "b", "n": 2}])
+    barrier(w, 2)  # never completes: an orphan in _day=b/
+    assert [p for p in staged_paths(table) if "-e0000000002-" in p] != []
+    heir = sink.create_writer(ctx(gen=1))
+    heir.restore(pickle.loads(pickle.dumps(s1)))
+    assert [p for p in staged_paths(table) if "-e0000000002-" in p] == []
+    assert [r["n"] for r in read_delta(table)] == [1]
+
+
+def staged_paths(table: str) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(d, f), table) for d, _, files in os.walk(table) for f in files
+                  if f.endswith(".parquet"))
+
+
+@pytest.mark.parametrize("path", ["../outside.parquet", "/etc/hosts", "a/../../outside.parquet"])
+def test_source_refuses_a_log_path_outside_the_table(table, tmp_path, path):
+    """A commit of the Delta log naming a file outside the table (an absolute path, ``..``)
+    is refused, naming the path, instead of being read from wherever it points."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    write_versions(table, [rows(1, 2)])
+    pq.write_table(pa.Table.from_pylist(rows(9, 2), schema=SCHEMA), str(tmp_path / "outside.parquet"))
+    add = {"add": {"path": path, "size": 1, "partitionValues": {}, "modificationTime": 0, "dataChange": True}}
+    with open(os.path.join(table, "_delta_log", f"{1:020d}.json"), "w") as f:
+        f.write(json.dumps(add) + "\n")
+    source = DeltaSource(table, starting_version=1, follow=True, poll_interval=0.0)
+    with pytest.raises(ConfigError, match=f"names the data file '{path}', which is not inside the table"):
+        read_all(source)
+
+
+def test_release_deletes_the_open_transactions_file_and_keeps_sealed_ones(table):
+    """A task that ends without a clean close (a failure, a cancel) releases its writer: the
+    open transaction's staged file is deleted (no checkpoint promises it), the sealed
+    epoch's file stays (a completed checkpoint may promise it; the next restore commits it)."""
+    sink = new_sink(table)
+    w = sink.create_writer(ctx())
+    w.restore(None)
+    w.write_batch(pa.record_batch([pa.array(["a"]), pa.array([1])], names=["word", "n"]))
+    s1 = barrier(w, 1)
+    w.write_batch(pa.record_batch([pa.array(["b"]), pa.array([2])], names=["word", "n"]))
+    assert sum("-e0000000002-" in p for p in staged(table)) == 1
+    w.release()
+    assert [p for p in staged(table) if "-e0000000002-" in p] == []
+    heir = sink.create_writer(ctx(gen=1))
+    heir.restore(pickle.loads(pickle.dumps(s1)))
+    assert words(table) == ["a"]

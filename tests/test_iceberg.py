@@ -45,15 +45,16 @@ def test_keyed_count_into_an_iceberg_table_exactly_once_under_a_crash(tmp_path, 
 
         table = load_catalog("default", **iceberg_catalog).load_table("db.counts")
         restored = result.restored_from[1]
-        assert ("epochal-iceberg-wc-out-0", str(restored)) in [
+        assert (f"epochal-iceberg-wc-out-{result.lineage}-0", str(restored)) in [
             (s.summary["epochal.app-id"], s.summary["epochal.epoch"]) for s in table.snapshots()
             if s.summary["epochal.generation"] == "1" and int(s.summary["epochal.epoch"]) <= restored]
 
 
 # --------------------------------------------------------------------------- writer level
 
-def ctx(gen: int = 0, subtask: int = 0, parallelism: int = 1, mode=TX) -> SinkContext:
-    return SinkContext("out", subtask=subtask, parallelism=parallelism, job="job", generation=gen, mode=mode)
+def ctx(gen: int = 0, subtask: int = 0, parallelism: int = 1, mode=TX, lineage=None) -> SinkContext:
+    return SinkContext("out", subtask=subtask, parallelism=parallelism, job="job", generation=gen, mode=mode,
+                       lineage=lineage)
 
 
 def barrier(w, n: int):
@@ -203,5 +204,108 @@ def test_errors_name_the_sink_and_what_to_do(iceberg_catalog, tmp_path):
     w.write_many(rows(1))
     barrier(w, 1)
     w.notify_epoch_complete(1)
-    with pytest.raises(ConfigError, match="already holds epochs up to 1 of app id 'epochal-job-out-0'"):
-        sink.claim("job", "out", resume=False)
+    sink.claim("job", "out", resume=False)  # a table holding an earlier run's epochs is fine (lineages)
+    secret = {"type": "sql", "uri": "postgresql://writer:s3cr%40t@127.0.0.1:1/catalog", "warehouse": "file:///nowhere"}
+    with pytest.raises(ConfigError) as failed:
+        IcebergSink(secret, "db.t").claim("job", "out", False)
+    assert "s3cr" not in str(failed.value) and "postgresql://writer:***@127.0.0.1:1/catalog" in str(failed.value)
+
+
+def test_each_run_writes_under_its_own_lineage_and_a_branch_re_emits_after_its_fork(iceberg_catalog, caplog):
+    """As the Delta writer's test: run 1 (L1) commits epochs 1-3; a fresh run (L2) commits
+    its own epoch 1; a branch of L1 at epoch 1 (L3) skips the restored epoch 1, logs that
+    epochs 2-3 are produced again and commits its epoch 2. A handle records the snapshot of
+    its writer's last commit (where a rollback would rewind the table to)."""
+    from epochal.epochs.lineage import Lineage
+
+    l1, l2 = Lineage("aaaaaaaaaaaa"), Lineage("bbbbbbbbbbbb")
+    sink = new_sink(iceberg_catalog)
+    w = sink.create_writer(ctx(lineage=l1))
+    w.restore(None)
+    states = {}
+    for epoch in (1, 2, 3):
+        w.write_many(rows(epoch))
+        states[epoch] = barrier(w, epoch)
+        w.notify_epoch_complete(epoch)
+    run1 = [r["word"] for e in (1, 2, 3) for r in rows(e)]
+    from pyiceberg.catalog import load_catalog
+
+    table = load_catalog("default", **iceberg_catalog).load_table("db.t")
+    by_epoch = {int(s.summary["epochal.epoch"]): s.snapshot_id for s in table.snapshots()}
+    assert states[2].pending[-1][1].snapshot_id == by_epoch[1]
+    assert sink.savepoint_snapshot(l1.id, 1) == by_epoch[1] and sink.savepoint_snapshot(l1.id, 3) == by_epoch[3]
+    fresh = sink.create_writer(ctx(lineage=l2))
+    fresh.restore(None)
+    fresh.write_many(rows(1))
+    barrier(fresh, 1)
+    fresh.notify_epoch_complete(1)
+    assert words(iceberg_catalog) == sorted(run1 + [r["word"] for r in rows(1)])
+    caplog.set_level("WARNING", logger="epochal")
+    branch = sink.create_writer(ctx(gen=1, lineage=Lineage("cccccccccccc", parent=l1.id, forked_at=1)))
+    branch.restore(pickle.loads(pickle.dumps(states[1])))
+    said = [r.getMessage() for r in caplog.records if "produced again" in r.getMessage()]
+    assert len(said) == 1 and "restored epoch 1" in said[0] and "epochs 2-3" in said[0], said
+    branch.write_many(rows(2))
+    barrier(branch, 2)
+    branch.notify_epoch_complete(2)
+    assert words(iceberg_catalog) == sorted(run1 + [r["word"] for r in rows(1) + rows(2)])
+
+
+def test_rescale_4_to_2_and_expired_snapshots_never_append_a_committed_epoch_again(iceberg_catalog):
+    """Four writers commit epochs 1-2; the table is rescaled to 2 from checkpoint 2 (every
+    epoch committed). New writer 0 re-checks the handles of old subtasks 0 and 2, in that
+    order: the lookup of p-2 must not stop where the lookup of p-0 stopped (issue 36).
+    Then every snapshot but the current one is expired and writer 1 restores the handles
+    of old subtasks 1 and 3: the table properties answer what the summaries no longer do."""
+    from pyiceberg.catalog import load_catalog
+
+    from epochal.epochs.lineage import Lineage
+    from epochal.sinks import TwoPhaseCommitState
+
+    run = Lineage("aaaaaaaaaaaa")
+    sink = new_sink(iceberg_catalog)
+    writers = [sink.create_writer(ctx(subtask=s, parallelism=4, lineage=run)) for s in range(4)]
+    states = {}
+    for w in writers:
+        w.restore(None)
+    for epoch in (1, 2):
+        for s, w in enumerate(writers):
+            w.write_many([{"word": f"s{s}-e{epoch}-{i}", "n": i} for i in range(2)])
+            states[s] = barrier(w, epoch)
+        for w in writers:
+            w.notify_epoch_complete(epoch)
+    want = sorted(f"s{s}-e{e}-{i}" for s in range(4) for e in (1, 2) for i in range(2))
+    assert words(iceberg_catalog) == want
+    heir = Lineage("bbbbbbbbbbbb", parent=run.id, forked_at=2)
+    w0 = sink.create_writer(ctx(gen=1, subtask=0, parallelism=2, lineage=heir))
+    w0.restore(TwoPhaseCommitState.rescale(states, 0, 2))
+    assert words(iceberg_catalog) == want
+    table = load_catalog("default", **iceberg_catalog).load_table("db.t")
+    current = table.current_snapshot().snapshot_id
+    table.maintenance.expire_snapshots().by_ids([s.snapshot_id for s in table.snapshots() if s.snapshot_id != current]
+                                                ).commit()
+    assert len(load_catalog("default", **iceberg_catalog).load_table("db.t").snapshots()) == 1
+    w1 = sink.create_writer(ctx(gen=1, subtask=1, parallelism=2, lineage=heir))
+    w1.restore(TwoPhaseCommitState.rescale(states, 1, 2))
+    assert words(iceberg_catalog) == want
+
+
+def test_release_deletes_the_open_transactions_file_and_keeps_sealed_ones(iceberg_catalog):
+    """As the Delta writer's: release on any path deletes the open transaction's file and
+    closes the catalog's connections; the sealed epoch is committed by the next restore."""
+    sink = new_sink(iceberg_catalog)
+    w = sink.create_writer(ctx())
+    w.restore(None)
+    w.write_batch(pa.record_batch([pa.array(["a"]), pa.array([1])], names=["word", "n"]))
+    s1 = barrier(w, 1)
+    w.write_batch(pa.record_batch([pa.array(["b"]), pa.array([2])], names=["word", "n"]))
+    from pyiceberg.catalog import load_catalog
+
+    location = load_catalog("default", **iceberg_catalog).load_table("db.t").location()
+    data = os.path.join(location[len("file://"):], "data")
+    assert sum("-e0000000002-" in f for f in os.listdir(data)) == 1
+    w.release()
+    assert not [f for f in os.listdir(data) if "-e0000000002-" in f]
+    heir = sink.create_writer(ctx(gen=1))
+    heir.restore(pickle.loads(pickle.dumps(s1)))
+    assert words(iceberg_catalog) == ["a"]

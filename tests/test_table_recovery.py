@@ -18,11 +18,35 @@ TAG = recovery.name_tag("epochal-job-out")
 def test_names_round_trip_and_other_files_are_not_ours():
     name = recovery.staged_name(TAG, 3, 17, 2, "a1b2c3d4", 5)
     assert name == f"part-{TAG}-s0003-e0000000017-g000002-a1b2c3d4-00005.parquet"
-    assert recovery.parse_name(name) == recovery.StagedName(TAG, 3, 17)
-    assert recovery.parse_name(recovery.staged_name(TAG, 3, None, 2, "a1b2c3d4", 5)) == recovery.StagedName(TAG, 3, None)
+    assert recovery.parse_name(name) == recovery.StagedName(TAG, 3, 17, 2)
+    assert recovery.parse_name(recovery.staged_name(TAG, 3, None, 2, "a1b2c3d4", 5)) == recovery.StagedName(TAG, 3, None, 2)
     for foreign in ("part-00000-4f1f7eda-b1fa-43fc-a549-ca0dcddc3ddd-c000.snappy.parquet", "_delta_log",
                     f"part-{TAG}-s0003-e0000000017-g000002-a1b2c3d4-00005.parquet.tmp", "x.parquet"):
         assert recovery.parse_name(foreign) is None
+
+
+def test_app_ids_and_file_tags_name_the_lineage():
+    assert recovery.app_id("epochal-job-out", 3) == "epochal-job-out-3"  # legacy: as before lineages
+    assert recovery.app_id("epochal-job-out", 3, "0123456789ab") == "epochal-job-out-0123456789ab-3"
+    assert recovery.name_tag("epochal-job-out") == TAG
+    assert len({recovery.name_tag("epochal-job-out", lineage) for lineage in ("", "0123456789ab", "ba9876543210")}) == 3
+
+
+def test_a_branch_reproduces_the_epochs_its_parent_committed_after_the_fork():
+    assert list(recovery.reproduced(9, 4)) == [5, 6, 7, 8, 9]
+    assert not recovery.reproduced(4, 4) and not recovery.reproduced(None, 4) and not recovery.reproduced(2, 4)
+
+
+def test_orphans_keep_what_the_tags_lineage_committed():
+    """A rollback's parent committed epochs after the fork point: its files of those epochs
+    may be referenced (by a version, or by time travel after a compaction) and are kept;
+    its staged files of epochs it never committed are orphans."""
+    def f(subtask, epoch):
+        return recovery.staged_name(TAG, subtask, epoch, 0, "t0k3n000", 0)
+
+    files = [f(0, 4), f(0, 6), f(0, 9), f(1, 6), f(1, 8), f(2, 7)]
+    assert recovery.orphans(files, TAG, None, 2, 4, committed={0: 8, 1: 6}) == [f(0, 9), f(1, 8), f(2, 7)]
+    assert recovery.orphans(files, TAG, 1, 2, 4, committed={0: 8, 1: 6}) == [f(1, 8)]
 
 
 def test_decide_and_the_restore_check():
@@ -100,6 +124,32 @@ def test_committed_epochs_walk_the_ancestry_newest_first():
     assert iceberg.committed_epochs(ancestry, ["a-0"], known=(8, {"a-0": 3})) == {"a-0": 3}  # cached below 8
 
 
+def test_an_absorbed_subtasks_app_id_is_not_answered_by_another_app_ids_cache():
+    """Issue 36: after a rescale-down, writer 0 looked up its own app id p-0 (cache: S2 holds
+    p-0 at epoch 7), then the absorbed p-2 from the same snapshot: the cache says nothing
+    about p-2, so the walk must go on and find epoch 7 in S1 (a None would append it again)."""
+    ancestry = [("S2", {"epochal.app-id": "p-0", "epochal.epoch": "7"}),
+                ("S1", {"epochal.app-id": "p-2", "epochal.epoch": "7"}),
+                ("S0", {"epochal.app-id": "p-0", "epochal.epoch": "6"})]
+    assert iceberg.committed_epochs(ancestry, ["p-2"]) == {"p-2": 7}
+    assert iceberg.committed_epochs(ancestry, ["p-2"], known=("S2", {"p-0": 7})) == {"p-2": 7}
+    assert iceberg.committed_epochs(ancestry, ["p-0", "p-2"], known=("S2", {"p-0": 7})) == {"p-0": 7, "p-2": 7}
+
+
+def test_expired_history_is_answered_by_the_table_property():
+    """expire_snapshots removed the snapshots of p-1's last commits: the walk ends at an
+    expired parent, and the property committed with p-1's last epoch answers. A complete
+    history (no expired parent) means "never committed", whatever the properties say."""
+    ancestry = [(9, {"epochal.app-id": "p-0", "epochal.epoch": "5"}), (8, iceberg.EXPIRED)]
+    props = {iceberg.property_key("p-1"): "5", iceberg.property_key("p-0"): "5", "other": "x",
+             iceberg.property_key("p-9"): "garbage"}
+    recorded = iceberg.recorded_epochs(props)
+    assert recorded == {"p-1": 5, "p-0": 5}
+    assert iceberg.committed_epochs(ancestry, ["p-0", "p-1", "p-2"], recorded=recorded) == {"p-0": 5, "p-1": 5,
+                                                                                            "p-2": None}
+    assert iceberg.committed_epochs(ancestry[:1], ["p-1"], recorded=recorded) == {"p-1": None}
+
+
 @given(st.lists(st.one_of(st.none(), st.tuples(st.sampled_from(["a-0", "a-1"]), st.integers(0, 50))), max_size=30),
        st.integers(0, 30))
 def test_committed_epochs_equal_a_full_walk_with_or_without_the_cache(commits, cut):
@@ -120,6 +170,8 @@ def test_committed_epochs_equal_a_full_walk_with_or_without_the_cache(commits, c
         cut = cut % len(snapshots)
         known = (cut, {app: brute(app, cut + 1) for app in ("a-0", "a-1")})
         assert iceberg.committed_epochs(newest_first, ["a-0", "a-1"], known) == full
+        for cached in ("a-0", "a-1"):  # a cache of one app id never answers for the other
+            assert iceberg.committed_epochs(newest_first, ["a-0", "a-1"], (cut, {cached: known[1][cached]})) == full
 
 
 # --------------------------------------------------------------------------- the protocol, modelled

@@ -209,15 +209,16 @@ class TableFiles:
         self.sync_dirs(doomed)
         return len(doomed)
 
-    def list(self, under: str = "", keep=None) -> list[str]:
+    def list(self, under: str = "", keep=None, hidden=None) -> list[str]:
         """Relative paths of the files below ``under`` (recursively) whose base name passes
-        ``keep`` (all if None); directories whose name starts with ``_`` or ``.`` (table
-        metadata) are skipped."""
+        ``keep`` (all if None); directories ``hidden(name)`` says are table metadata are
+        skipped (default: names starting with ``_`` or ``.``)."""
+        hidden = hidden or metadata_dir
         out = []
         if self.local is not None:
             top = self._full(under)
             for directory, dirs, files in os.walk(top):
-                dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
+                dirs[:] = [d for d in dirs if not hidden(d)]
                 for name in files:
                     if keep is None or keep(name):
                         out.append(os.path.relpath(os.path.join(directory, name), self.local))
@@ -230,11 +231,16 @@ class TableFiles:
         for info in self.fs.get_file_info(selector):
             rel = info.path[len(prefix):] if info.path.startswith(prefix) else info.path
             parts = rel.split("/")
-            if info.type != pafs.FileType.File or any(p.startswith(("_", ".")) for p in parts[:-1]):
+            if info.type != pafs.FileType.File or any(hidden(p) for p in parts[:-1]):
                 continue
             if keep is None or keep(parts[-1]):
                 out.append(rel)
         return sorted(out)
+
+
+def metadata_dir(name: str) -> bool:
+    """Whether a directory of a table location holds metadata, not data: ``_`` or ``.`` first."""
+    return name.startswith(("_", "."))
 
 
 @dataclass

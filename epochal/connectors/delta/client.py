@@ -150,6 +150,13 @@ def check_appendable(dt, uri: str, what: str) -> None:
                           "files without evaluating them, so it refuses the table")
 
 
+def hidden_dir(name: str) -> bool:
+    """Whether a directory of a Delta table holds no data files: ``.`` first, or ``_`` first
+    (``_delta_log``, ``_change_data``) unless it is a partition directory ``col=value``
+    (a partition column may start with ``_``)."""
+    return name.startswith(".") or (name.startswith("_") and "=" not in name)
+
+
 def table_files(uri: str, storage_options: dict | None) -> TableFiles:
     """The files of the table at ``uri``: the local directory, or the store through
     delta-rs's own file system (same storage options as the table)."""

@@ -14,19 +14,30 @@ The decisions:
 * :func:`decide` — commit an epoch, or skip it because Delta holds it (idempotent commit).
 * :func:`recovery_plan` — which restored pre-committed epochs to commit and which to skip.
 * :func:`ahead_of_restore` — app ids whose committed version is beyond the restored epoch:
-  the table holds epochs the restored checkpoint never completed (another run with the
-  same app id, or a restore from an older savepoint). Committing would drop the restored
-  lineage's epochs as "already committed", so the writer refuses instead.
+  the parent lineage committed epochs after the checkpoint this run restored (a rollback
+  to an older savepoint). Those epochs are produced again by the new lineage (as Flink
+  does); the writer says so in its first log line.
 * :func:`orphans` — staged files of rolled-back epochs to delete after a restore.
 
+**Lineages** (:mod:`epochal.epochs.lineage`). Every app id names the run that commits
+under it: ``<prefix>-<lineage>-<subtask>`` (:func:`app_id`; ``<prefix>-<subtask>`` for the
+legacy lineage ""). A restored handle carries the app id of the run that wrote it, so
+"does Delta hold epoch e?" is asked only of records of that run: a rerun from fresh
+checkpoint storage starts new app ids and inherits no answer, and a branch restored from
+an older savepoint commits its new epochs under its own app ids (the parent's later epochs
+stay in the table; the writer logs which). Staged files are named by a tag of the app id
+prefix *with* the lineage (:func:`name_tag`), so cleanup only ever touches files of this run
+and of the run it restored.
+
 **Why orphans are decided by name.** A staged file's name carries its epoch (see
-:func:`staged_name`). Epoch ``e`` is committed only after checkpoint ``e`` completed, and a
-restore resumes from the latest completed checkpoint ``m``; so, with every app id at or
-below ``m`` (:func:`ahead_of_restore` empty), no file of an epoch ``> m`` is referenced by
-any version of the table. Files of epochs ``<= m`` are never deleted: one of them may be
-committed and later removed by a compaction, still referenced by older versions (time
-travel). The rare leftovers of that kind (a zombie's late file) are unreferenced, so
-``DeltaTable.vacuum()`` removes them after the retention period.
+:func:`staged_name`). Epoch ``e`` of an app id is committed only after checkpoint ``e``
+completed and in epoch order, so no file of an epoch above ``max(m, committed)`` — ``m``
+the restored epoch, ``committed`` the app id's ``transaction_version`` — is referenced by
+any version of the table (:func:`orphans` takes ``committed`` per subtask). Files of
+earlier epochs are never deleted: one of them may be committed and later removed by a
+compaction, still referenced by older versions (time travel). The rare leftovers of that
+kind (a zombie's late file) are unreferenced, so ``DeltaTable.vacuum()`` removes them after
+the retention period.
 """
 from __future__ import annotations
 
@@ -44,14 +55,16 @@ class Decision(enum.Enum):
     ALREADY_COMMITTED = "already committed"  # Delta holds this epoch (or a later one) of the app id
 
 
-def app_id(prefix: str, subtask: int) -> str:
-    """The Delta application id of sink subtask ``subtask``; its version is the epoch."""
-    return f"{prefix}-{subtask}"
+def app_id(prefix: str, subtask: int, lineage: str = "") -> str:
+    """The Delta application id of sink subtask ``subtask`` in ``lineage`` (""
+    names the app ids of versions before lineages); its version is the epoch."""
+    return f"{prefix}-{lineage}-{subtask}" if lineage else f"{prefix}-{subtask}"
 
 
-def name_tag(prefix: str) -> str:
-    """8 hex digits naming the staged files of one app id prefix (one sink of one run)."""
-    return hashlib.sha256(prefix.encode()).hexdigest()[:8]
+def name_tag(prefix: str, lineage: str = "") -> str:
+    """8 hex digits naming the staged files of one app id prefix in one lineage (one sink of
+    one run)."""
+    return hashlib.sha256((f"{prefix}-{lineage}" if lineage else prefix).encode()).hexdigest()[:8]
 
 
 def staged_name(tag: str, subtask: int, epoch: int | None, generation: int, token: str, seq: int) -> str:
@@ -65,7 +78,7 @@ def staged_name(tag: str, subtask: int, epoch: int | None, generation: int, toke
     return f"part-{tag}-s{subtask:04d}-{middle}-g{generation:06d}-{token}-{seq:05d}.parquet"
 
 
-_NAME = re.compile(r"^part-(?P<tag>[0-9a-f]{8})-s(?P<subtask>\d{4,})-(?:e(?P<epoch>\d{10,})|d)-g\d{6,}-"
+_NAME = re.compile(r"^part-(?P<tag>[0-9a-f]{8})-s(?P<subtask>\d{4,})-(?:e(?P<epoch>\d{10,})|d)-g(?P<gen>\d{6,})-"
                    r"[0-9a-z]+-\d{5,}\.parquet$")
 
 
@@ -74,6 +87,7 @@ class StagedName:
     tag: str
     subtask: int
     epoch: int | None
+    generation: int = 0
 
 
 def parse_name(name: str) -> StagedName | None:
@@ -82,7 +96,8 @@ def parse_name(name: str) -> StagedName | None:
     if m is None:
         return None
     epoch = m.group("epoch")
-    return StagedName(m.group("tag"), int(m.group("subtask")), None if epoch is None else int(epoch))
+    return StagedName(m.group("tag"), int(m.group("subtask")), None if epoch is None else int(epoch),
+                      int(m.group("gen")))
 
 
 def decide(epoch: int, committed: int | None) -> Decision:
@@ -106,6 +121,12 @@ def ahead_of_restore(versions: Mapping[str, int | None], restored_epoch: int) ->
     return {app: v for app, v in versions.items() if v is not None and v > restored_epoch}
 
 
+def reproduced(parent_committed: int | None, restored_epoch: int) -> range:
+    """The epochs a branch produces again: those after its fork point ``restored_epoch`` that
+    the parent lineage committed up to ``parent_committed`` (empty: nothing is re-produced)."""
+    return range(restored_epoch + 1, (parent_committed or 0) + 1)
+
+
 def owns(subtask: int, parallelism: int, writer: int) -> bool:
     """Whether writer subtask ``writer`` cleans up after subtask ``subtask``: its own files,
     and after a rescale those of old subtasks ``j >= parallelism`` with ``j % parallelism ==
@@ -114,15 +135,20 @@ def owns(subtask: int, parallelism: int, writer: int) -> bool:
 
 
 def orphans(paths: Iterable[str], tag: str, writer: int, parallelism: int, restored_epoch: int,
-            keep: Callable[[str], bool] = lambda path: False) -> list[str]:
+            keep: Callable[[str], bool] = lambda path: False,
+            committed: Mapping[int, int | None] | None = None) -> list[str]:
     """The staged files among ``paths`` (relative paths) to delete after restoring epoch
-    ``restored_epoch``: this tag's files of an epoch after it, of a subtask ``writer`` owns,
-    that ``keep`` does not protect (files of restored pending transactions, files the
-    table references). Callers must have checked :func:`ahead_of_restore` first."""
+    ``restored_epoch``: this tag's files of an epoch after it, of a subtask ``writer`` owns
+    (``writer`` None: of every subtask), that ``keep`` does not protect (files of restored
+    pending transactions, files the table references). ``committed``: subtask → the epoch
+    its app id of the tag's lineage committed last (absent or None: none); files of epochs
+    up to it are kept (a rollback's parent committed them)."""
+    committed = committed or {}
     out = []
     for path in paths:
         name = parse_name(path.rsplit("/", 1)[-1])
-        if (name is not None and name.tag == tag and name.epoch is not None and name.epoch > restored_epoch
-                and owns(name.subtask, parallelism, writer) and not keep(path)):
+        if (name is not None and name.tag == tag and name.epoch is not None
+                and name.epoch > max(restored_epoch, committed.get(name.subtask) or 0)
+                and (writer is None or owns(name.subtask, parallelism, writer)) and not keep(path)):
             out.append(path)
     return out

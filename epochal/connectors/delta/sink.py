@@ -21,11 +21,15 @@ Commit     one ``create_write_transaction`` of the epoch's files with the applic
 Abort      delete the open transaction's files (never referenced)
 =========  ===============================================================================
 
-After a restore, staged files of rolled-back epochs are deleted
-(:func:`~epochal.connectors.delta.recovery.orphans`, decided by name: never a file of an
-epoch a version may reference); first the writer refuses a table whose app id is already
-*beyond* the restored epoch (another run with the same app id, or a restore from an older
-savepoint), which would otherwise drop epochs as "already committed".
+App ids name the run (:mod:`epochal.epochs.lineage`): ``<prefix>-<lineage>-<subtask>``. A
+rerun from fresh checkpoint storage writes under new app ids (nothing of the earlier run
+is taken for its own); a restored handle is committed under the app id of the run that
+wrote it. A run restored from an older savepoint is a branch: the epochs its parent
+committed after the savepoint stay in the table and are produced again (as Flink does),
+which the writer logs when it starts; :meth:`DeltaSink.savepoint_version` tells the version
+to rewind the table to first (``DeltaTable.restore``). After a restore, staged files of
+rolled-back epochs are deleted (:func:`~epochal.connectors.delta.recovery.orphans`, decided
+by name: never a file of an epoch a version may reference), by subtask 0 for the whole sink.
 
 **Zombies.** A task of an older generation still running after a restart can only commit
 handles of completed checkpoints — the same handles the new generation re-commits. Both ask
@@ -58,6 +62,7 @@ import pyarrow.compute as pc
 from epochal.alignment.factory import SinkMode
 from epochal.connectors.delta import client, recovery
 from epochal.connectors.staging import RowBuffer, StagedParquet, TableRows
+from epochal.epochs.lineage import LINEAGE_ID
 from epochal.errors import ConfigError
 from epochal.sinks.base import Sink, SinkCommitError, SinkContext, TwoPhaseCommitSink
 
@@ -80,10 +85,9 @@ class DeltaSink(Sink):
         schema: a ``pyarrow.Schema``. A missing table is created with it when the job
             starts (the driver creates it, once); an existing table must have it (Delta
             types compared). None: the table must exist, and its schema is used.
-        app_id: prefix of the Delta application ids (``f"{app_id}-{subtask}"``); default
-            ``f"epochal-{job}-{sink}"``. A new run of the same job into the same table needs
-            another prefix or ``resume=True`` (a fresh run is refused when the table already
-            holds epochs of the prefix: its epochs would be skipped as committed).
+        app_id: prefix of the Delta application ids (``f"{app_id}-{lineage}-{subtask}"``,
+            one per run of the job: :mod:`epochal.epochs.lineage`); default
+            ``f"epochal-{job}-{sink}"``. Two jobs writing one table need distinct prefixes.
 
     Records: dicts (column → value), named tuples, or plain tuples in column order; a
     columnar stream writes its Arrow batches (cast to the table schema).
@@ -132,9 +136,9 @@ class DeltaSink(Sink):
 
     def claim(self, job: str, sink: str, resume: bool) -> None:
         """On the driver, before any task starts: create the table from ``schema`` if it does
-        not exist; check schema, partitioning and writer features of an existing one; refuse
-        a fresh run (``resume`` False) into a table that already holds epochs of this sink's
-        app ids."""
+        not exist; check schema, partitioning and writer features of an existing one. A
+        table holding epochs of an earlier run of this job is fine: this run's app ids name
+        its own lineage."""
         what = f"sink {sink!r} ({self!r})"
         dl = client.deltalake()
         dt = client.open_table(self.table_uri, self.storage_options, what)
@@ -165,28 +169,58 @@ class DeltaSink(Sink):
                               f"{columns}")
         for column in columns:
             client.check_partition_type(column, table_schema.field(column).type, what)
-        if not resume:
-            first = recovery.app_id(self.prefix(job, sink), 0)
-            held = dt.transaction_version(first)
-            if held is not None:
-                raise ConfigError(
-                    f"{what}: the Delta table already holds epochs up to {held} of app id {first!r} from an earlier "
-                    "run of this job; a fresh run would have them skipped as committed. Pass resume=True to continue "
-                    "that run from its checkpoints, or DeltaSink(..., app_id='<new prefix>') to write a new run")
+
+    def savepoint_version(self, lineage: str, epoch: int) -> int:
+        """The table version to rewind to before restoring a savepoint (or checkpoint) of
+        epoch ``epoch`` written by lineage ``lineage`` (the ``lineage`` and ``epoch`` of its
+        ``_metadata``; :attr:`JobResult.lineage <epochal.runtime.driver.result.JobResult.lineage>`):
+        the last version before the first commit of an epoch after it by that lineage (the
+        current version if there is none). Rewinding there
+        (``DeltaTable(uri).restore(version)``) drops the epochs the restored run is about to
+        produce again — and every commit made after it by anyone else.
+
+        Raises:
+            ConfigError: no table at the URI, or a version of the history is gone (log
+                retention) so the answer cannot be told.
+        """
+        what = f"{self!r}"
+        dt = client.require_table(self.table_uri, self.storage_options, what)
+        first = None
+        oldest = dt.version()
+        for commit in dt.history():
+            version = commit.get("version")
+            if version is None:
+                continue
+            oldest = min(oldest, version)
+            try:
+                mine = commit.get("epochal.lineage") == lineage and int(commit.get("epochal.epoch", -1)) > epoch
+            except (TypeError, ValueError):
+                mine = False
+            if mine and (first is None or version < first):
+                first = version
+        if first is None:
+            return dt.version()
+        if first == 0 or oldest > first - 1:
+            raise ConfigError(f"{what}: the version before {first} is no longer in the table's history")
+        return first - 1
 
 
 @dataclass
 class DeltaTransaction:
     """Picklable handle of one epoch's data files, carrying its own app id (None: at-least-once)
-    so any writer — after a restart or a rescale — can commit it.
+    — which names the lineage that wrote it — so any writer, after a restart, a rescale or in
+    a later run, commits it under that app id.
 
     ``files`` holds one dict per durable file (the fields of a Delta ``AddAction``), filled
-    by the durability step.
+    by the durability step. ``table_version``: the table version of the writer's last commit
+    when the epoch was sealed (None: it had committed nothing yet), so a checkpoint or
+    savepoint records where the table stood; handles pickled by older versions lack it.
     """
 
     epoch: int
     app_id: str | None
     files: list[dict] = field(default_factory=list)
+    table_version: int | None = None
 
 
 class DeltaSinkWriter(TableRows, TwoPhaseCommitSink):
@@ -201,15 +235,18 @@ class DeltaSinkWriter(TableRows, TwoPhaseCommitSink):
         self._dl = client.deltalake()
         self._sink = sink
         self._transactional = ctx.mode is SinkMode.TRANSACTIONAL
-        prefix = sink.prefix(ctx.job, ctx.sink_name)
-        self.app_id = recovery.app_id(prefix, ctx.subtask)
-        self._tag = recovery.name_tag(prefix)
+        prefix = self._prefix = sink.prefix(ctx.job, ctx.sink_name)
+        self._lineage = ctx.lineage_id
+        self._parent = ctx.lineage.parent if ctx.lineage is not None else None
+        self.app_id = recovery.app_id(prefix, ctx.subtask, self._lineage)
+        self._tag = recovery.name_tag(prefix, self._lineage)
         self._token = uuid.uuid4().hex[:8]
         self._files = client.table_files(sink.table_uri, sink.storage_options)
         self._dt = None  # opened by the first hook
         self._seq = 0
         self._parts: dict[tuple, StagedParquet] = {}  # partition values -> open data file
         self._fresh: set[int] = set()  # epochs pre-committed by this writer (their files exist)
+        self._version: int | None = None  # the table version of this writer's last commit
 
     # ------------------------------------------------------------------ hooks
 
@@ -222,6 +259,7 @@ class DeltaSinkWriter(TableRows, TwoPhaseCommitSink):
         here) and detach the open data files; the returned step closes them durably."""
         self._flush(txn)
         parts, self._parts = self._parts, {}
+        txn.table_version = self._version
         if not parts:
             return None  # an empty epoch commits nothing
         if self._transactional:
@@ -277,25 +315,56 @@ class DeltaSinkWriter(TableRows, TwoPhaseCommitSink):
         for part in parts.values():
             part.discard()
 
+    def release_clients(self) -> None:
+        """The task ends (any path): delete the open transaction's staged files (no checkpoint
+        promises them; after a clean close there are none) and drop the table object.
+        Sealed epochs' files stay: a completed checkpoint may promise them."""
+        parts, self._parts = self._parts, {}
+        for part in parts.values():
+            part.discard()
+        self._dt = None
+
     def cleanup_orphans(self, restored_epoch: int) -> None:
-        """Delete this subtask's staged files of epochs after ``restored_epoch`` (and those of
-        old subtasks it absorbed after a rescale): never referenced by any version, see
-        :func:`~epochal.connectors.delta.recovery.orphans`. First refuse a table whose app id
-        is beyond the restored epoch. At-least-once: nothing (leftovers are for vacuum)."""
+        """After a restore of epoch ``restored_epoch`` (exactly-once only):
+
+        1. A branch (``restore_from`` an older savepoint, or a resume): say which epochs the
+           parent lineage committed after the fork point — this run produces them again.
+        2. Subtask 0 deletes the staged files of rolled-back epochs of every subtask, of this
+           run and of the run it restored, listing the table once for the whole sink
+           (:func:`~epochal.connectors.delta.recovery.orphans`); files of this generation are
+           never touched (the other subtasks are writing them). At-least-once: nothing
+           (leftovers are for vacuum)."""
         self._start()
         if not self._transactional:
             return
         dt = self._refresh()
-        ahead = recovery.ahead_of_restore({self.app_id: dt.transaction_version(self.app_id)}, restored_epoch)
-        if ahead:
-            raise SinkCommitError(
-                f"{self._where()}: the Delta table {self._sink.table_uri} holds epochs up to {ahead[self.app_id]} of "
-                f"app id {self.app_id!r}, but the job restored epoch {restored_epoch}: another run wrote it with the "
-                "same app id, or the job restored an older savepoint. Use DeltaSink(..., app_id='<new prefix>') to "
-                "write this run next to it")
-        mine = f"part-{self._tag}-"
-        listed = self._files.list(keep=lambda name: name.startswith(mine))
-        doomed = recovery.orphans(listed, self._tag, self.ctx.subtask, self.ctx.parallelism, restored_epoch)
+        # Step 1
+        if self._parent is not None:
+            parent_app = recovery.app_id(self._prefix, self.ctx.subtask, self._parent)
+            again = recovery.reproduced(dt.transaction_version(parent_app), restored_epoch)
+            if again:
+                log.warning("%s: this run (lineage %s) restored epoch %d, but lineage %s committed epochs up to %d "
+                            "to the Delta table %s (app id %r): epochs %d-%d are produced again under app id %r "
+                            "(a rollback re-emits them; DeltaSink.savepoint_version tells the version to rewind to)",
+                            self._where(), self._lineage or "(legacy)", restored_epoch, self._parent or "(legacy)",
+                            again[-1], self._sink.table_uri, parent_app, again[0], again[-1], self.app_id)
+        # Step 2
+        if self.ctx.subtask != 0:
+            return
+        tags = {self._tag: self._lineage}
+        if self._parent is not None:
+            tags.setdefault(recovery.name_tag(self._prefix, self._parent), self._parent)
+        listed = self._files.list(keep=lambda name: name.startswith(tuple(f"part-{t}-" for t in tags)),
+                                  hidden=client.hidden_dir)
+        doomed = []
+        for tag, lineage in tags.items():
+            names = [recovery.parse_name(p.rsplit("/", 1)[-1]) for p in listed]
+            subtasks = {n.subtask for n in names if n is not None and n.tag == tag}
+            committed = {j: dt.transaction_version(recovery.app_id(self._prefix, j, lineage)) for j in subtasks}
+            current = (lambda p: recovery.parse_name(p.rsplit("/", 1)[-1]).generation >= self.ctx.generation
+                       ) if tag == self._tag else (lambda p: False)
+            doomed += recovery.orphans(listed, tag, None, self.ctx.parallelism, restored_epoch, keep=current,
+                                       committed=committed)
         if not doomed:
             return
         referenced = self._referenced(dt)  # none is, by the epoch rule; checked all the same
@@ -330,11 +399,24 @@ class DeltaSinkWriter(TableRows, TwoPhaseCommitSink):
         actions = [dl.transaction.AddAction(f["path"], f["size"], f["partition_values"], f["modification_time"],
                                             True, f["stats"]) for f in txn.files]
         meta = {"epochal.job": self.ctx.job, "epochal.sink": self.ctx.sink_name, "epochal.subtask": str(self.ctx.subtask),
-                "epochal.epoch": str(txn.epoch), "epochal.generation": str(self.ctx.generation)}
+                "epochal.epoch": str(txn.epoch), "epochal.generation": str(self.ctx.generation),
+                "epochal.lineage": self._lineage_of(txn)}
         dt.create_write_transaction(
             actions, mode="append", schema=self._schema, partition_by=self._partitions or None,
             commit_properties=dl.CommitProperties(app_transactions=[transaction] if transaction else None,
                                                   custom_metadata=meta))
+        dt.update_incremental()  # create_write_transaction leaves the table object at its version
+        self._version = dt.version()
+
+    def _lineage_of(self, txn: DeltaTransaction) -> str:
+        """The lineage whose epoch ``txn`` is: the one its app id names (a restored handle of
+        an earlier run keeps its run's; "" for app ids of versions before lineages), this
+        writer's for at-least-once."""
+        if txn.app_id is None:
+            return self._lineage
+        rest = txn.app_id[len(self._prefix) + 1:] if txn.app_id.startswith(self._prefix + "-") else ""
+        lineage, _, subtask = rest.partition("-")
+        return lineage if LINEAGE_ID.match(lineage) and subtask.isdigit() else ""
 
     def _check_same_handle(self, dt, txn: DeltaTransaction, held: int) -> None:
         """An epoch this writer pre-committed is in the table already: fine if a newer

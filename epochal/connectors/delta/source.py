@@ -298,7 +298,7 @@ class _DeltaReader(SourceReader):
     def _snapshot_files(self, version: int) -> list[_File]:
         dt = client.require_table(self._src._uri, self._src._options, self._src.name, version)
         actions = pa.table(dt.get_add_actions(flatten=False))
-        paths = [unquote(p) for p in actions.column("path").to_pylist()]
+        paths = [self._confined(unquote(p), version) for p in actions.column("path").to_pylist()]
         parts = (actions.column("partition").to_pylist() if "partition" in actions.column_names
                  else [{}] * len(paths))
         return sorted((_File(p, dict(v or {})) for p, v in zip(paths, parts)), key=lambda f: f.path)
@@ -333,13 +333,31 @@ class _DeltaReader(SourceReader):
             if add.get("deletionVector"):
                 raise DeltaSourceError(f"{self._src.name}: version {version} adds a file with a deletion vector; "
                                        "DeltaSource cannot read those")
-            path = unquote(add["path"])
-            if "://" in path:
-                raise DeltaSourceError(f"{self._src.name}: version {version} adds a file outside the table ({path})")
+            path = self._confined(unquote(add["path"]), version)
             values = {c: client.decode_partition_value(v, types.get(c, pa.string()))
                       for c, v in (add.get("partitionValues") or {}).items()}
             files.append(_File(path, values))
         return files
+
+    def _confined(self, path: str, version: int) -> str:
+        """``path`` of a file the log of ``version`` names, if it lies inside the table: a
+        relative path that stays below the table root (no URL, no absolute path, no ``..``
+        leaving it). The source reads files by joining paths to the root, so anything else
+        would read outside the table (Delta's shallow clones and absolute paths are not
+        supported)."""
+        parts = path.split("/")
+        depth, escapes = 0, False
+        for part in parts:
+            if part == "..":
+                depth -= 1
+                escapes = escapes or depth < 0
+            elif part not in ("", "."):
+                depth += 1
+        if "://" in path or path.startswith(("/", "\\")) or escapes or "\\" in path or not path.strip():
+            raise DeltaSourceError(f"{self._src.name}: version {version} of {self._src._uri} names the data file "
+                                   f"{path!r}, which is not inside the table; DeltaSource reads only files below "
+                                   "the table root")
+        return path
 
     def _read_commit(self, rel: str):
         try:

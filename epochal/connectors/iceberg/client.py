@@ -7,6 +7,7 @@ install it, so ``import epochal`` never needs it.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import pyarrow as pa
@@ -139,12 +140,21 @@ def full_path(table, rel: str) -> str:
     return f"{location}/{rel}" if "://" in location else f"file://{location}/{rel}"
 
 
+#: ``scheme://user:password@`` in a URI (a catalog's database URL)
+_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s]*):[^@\s/]*@")
+
+
+def redact(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@host`` replaced by ``***``."""
+    return _CREDENTIALS.sub(lambda m: f"{m.group('head')}:***@", text)
+
+
 def _describe(properties: dict) -> str:
     shown = {k: v for k, v in properties.items() if not any(s in k.lower() for s in ("secret", "password", "token",
                                                                                         "credential", "key"))}
-    return ", ".join(f"{k}={v}" for k, v in sorted(shown.items())) or "configured by name"
+    return redact(", ".join(f"{k}={v}" for k, v in sorted(shown.items())) or "configured by name")
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(exc).split())
+    text = redact(" ".join(str(exc).split()))
     return f"{type(exc).__name__}: {text[:limit]}"

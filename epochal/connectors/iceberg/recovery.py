@@ -2,11 +2,18 @@
 
 Iceberg tells a writer which epochs it holds through **snapshot summaries**: every epoch
 commit of sink subtask ``s`` is one snapshot whose summary carries
-``epochal.app-id = <prefix>-<s>`` and ``epochal.epoch = <epoch>`` (:func:`summary`), so the
+``epochal.app-id = <prefix>-<lineage>-<s>`` and ``epochal.epoch = <epoch>`` (:func:`summary`), so the
 committed epoch of an app id is the epoch of the newest snapshot *in the current
 snapshot's ancestry* that names it (:func:`committed_epochs`; seed 004 §4.1.3.1: recovery
 asks the external system). Flink's Iceberg committer finds its last checkpoint id the same
-way.
+way. ``expire_snapshots`` removes old snapshots, summaries included: so every epoch commit
+also sets the table property :func:`property_key` of its app id in the same catalog commit,
+and a walk that runs into expired history takes the answer from it. The walk comes first
+because a rollback of the table (``manage_snapshots().rollback_to``, to rewind it to a
+savepoint) moves the current snapshot back but not the properties.
+
+App ids name the run (:mod:`epochal.epochs.lineage`): ``<prefix>-<lineage>-<subtask>``, as
+the Delta sink's.
 
 Everything else — deciding to commit or skip an epoch, the restore check, which staged
 files are orphans — is the same decision as the Delta sink's, with the committed epoch in
@@ -22,6 +29,7 @@ writer (a zombie re-committing the same handle) already added.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 from epochal.connectors.delta.recovery import (  # re-exported: the shared decisions
     Decision,
@@ -33,14 +41,19 @@ from epochal.connectors.delta.recovery import (  # re-exported: the shared decis
     owns,
     parse_name,
     recovery_plan,
+    reproduced,
     staged_name,
 )
 
-__all__ = ["APP_ID", "EPOCH", "Decision", "ahead_of_restore", "app_id", "committed_epochs", "decide", "name_tag",
-           "orphans", "owns", "parse_name", "recovery_plan", "staged_name", "summary"]
+__all__ = ["APP_ID", "EPOCH", "EXPIRED", "Decision", "ahead_of_restore", "app_id", "committed_epochs", "decide",
+           "name_tag", "orphans", "owns", "parse_name", "property_key", "recorded_epochs", "recovery_plan",
+           "reproduced", "staged_name", "summary"]
 
 APP_ID = "epochal.app-id"
 EPOCH = "epochal.epoch"
+
+#: the last item of an ancestry whose older snapshots were expired (see :func:`committed_epochs`)
+EXPIRED: Mapping[str, str] = MappingProxyType({"expired": "true"})
 
 
 def summary(app: str, epoch: int, job: str, sink: str, generation: int) -> dict[str, str]:
@@ -50,26 +63,34 @@ def summary(app: str, epoch: int, job: str, sink: str, generation: int) -> dict[
 
 
 def committed_epochs(ancestry: Iterable[tuple[int, Mapping[str, str] | None]], apps: Iterable[str],
-                     known: tuple[int, Mapping[str, int | None]] | None = None) -> dict[str, int | None]:
+                     known: tuple[int, Mapping[str, int | None]] | None = None,
+                     recorded: Mapping[str, int] | None = None) -> dict[str, int | None]:
     """The committed epoch of each app id in ``apps`` (None: none).
 
     ``ancestry``: ``(snapshot id, summary properties)`` of the current snapshot and its
     ancestors, newest first (a lazy iterable: the walk stops as soon as every app id was
-    found). ``known``: ``(snapshot id, epochs)`` from an earlier walk — reaching that
-    snapshot, the rest of the answer is ``epochs`` (a writer walks only the snapshots added
-    since its last commit). A summary without the properties, or with a malformed epoch,
-    names no app id.
+    found); a last item ``(parent id, EXPIRED)`` says the history goes on but its snapshots
+    were expired. ``known``: ``(snapshot id, epochs)`` from an earlier walk — reaching that
+    snapshot, the app ids in ``epochs`` take their answer from it (a writer walks only the
+    snapshots added since its last look); the others walk on. ``recorded``: app id → epoch
+    of the table properties (:func:`property_key`), the answer for an app id the walk did not
+    find before expired snapshots. A summary without the properties, or with a malformed
+    epoch, names no app id.
     """
     todo = set(apps)
     found: dict[str, int | None] = {}
-    if not todo:
-        return found
-    for snapshot_id, props in ancestry:
-        if known is not None and snapshot_id == known[0]:
+    for snapshot_id, props in ancestry if todo else ():
+        if props is EXPIRED:
             for app in todo:
-                found[app] = known[1].get(app)
+                found[app] = (recorded or {}).get(app)
             todo = set()
             break
+        if known is not None and snapshot_id == known[0]:
+            for app in [a for a in todo if a in known[1]]:
+                found[app] = known[1][app]
+                todo.discard(app)
+            if not todo:
+                break
         app = (props or {}).get(APP_ID)
         if app in todo:
             try:
@@ -82,3 +103,22 @@ def committed_epochs(ancestry: Iterable[tuple[int, Mapping[str, str] | None]], a
     for app in todo:
         found[app] = None
     return found
+
+
+def property_key(app: str) -> str:
+    """The table property holding the last epoch committed under ``app``, set atomically
+    with the epoch's snapshot: it outlives ``expire_snapshots``."""
+    return f"{EPOCH}.{app}"
+
+
+def recorded_epochs(properties: Mapping[str, str]) -> dict[str, int]:
+    """App id → epoch of the table properties written by :func:`property_key`."""
+    out = {}
+    prefix = EPOCH + "."
+    for key, value in properties.items():
+        if key.startswith(prefix):
+            try:
+                out[key[len(prefix):]] = int(value)
+            except (TypeError, ValueError):
+                continue
+    return out

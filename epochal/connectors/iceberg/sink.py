@@ -4,7 +4,7 @@ Table 4.1 of seed 004 ("DBMS (MVCC)" row), mapped onto
 :class:`~epochal.sinks.base.TwoPhaseCommitSink`:
 
 =========  ===============================================================================
-Start      a handle carrying its own app id (``<prefix>-<subtask>``) and the epoch
+Start      a handle carrying its own app id (``<prefix>-<lineage>-<subtask>``) and the epoch
 write      records are converted to the table's Arrow schema (with Iceberg field ids) and
            written as row groups of a parquet data file in the table's ``data/``
            directory: a file no snapshot references, invisible to every reader
@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import random
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,8 +56,17 @@ from epochal.sinks.base import Sink, SinkCommitError, SinkContext, TwoPhaseCommi
 
 log = logging.getLogger("epochal")
 
-#: commits of one epoch tried before giving up (each after asking the table again)
-COMMIT_ATTEMPTS = 8
+#: how long one epoch's commit keeps trying after losing the catalog's compare-and-swap
+COMMIT_DEADLINE_S = 120.0
+#: the first backoff bound and its cap (seconds): see :func:`backoff`
+BACKOFF_BASE_S, BACKOFF_CAP_S = 0.02, 0.5
+
+
+def backoff(attempt: int, rng: random.Random = random._inst) -> float:
+    """Seconds to wait before commit attempt ``attempt + 1``: uniform in ``[0, bound]`` with
+    the bound doubling from :data:`BACKOFF_BASE_S` up to :data:`BACKOFF_CAP_S` ("full
+    jitter"): subtasks that lost to each other spread out instead of colliding again."""
+    return rng.uniform(0.0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (attempt - 1)))
 
 
 class IcebergSink(Sink):
@@ -105,8 +116,8 @@ class IcebergSink(Sink):
 
     def claim(self, job: str, sink: str, resume: bool) -> None:
         """On the driver, before any task starts: create the table from ``schema`` if missing;
-        check an existing one (schema, unpartitioned, retries disabled); refuse a fresh run
-        into a table whose snapshots already hold epochs of this sink's app ids."""
+        check an existing one (schema, unpartitioned, retries disabled). Snapshots of an
+        earlier run of this job are fine: this run's app ids name its own lineage."""
         what = f"sink {sink!r} ({self!r})"
         client.pyiceberg()
         catalog = self.catalog(what)
@@ -128,14 +139,36 @@ class IcebergSink(Sink):
             diffs = client.schema_differences(self.schema, client.arrow_schema(table))
             if diffs:
                 raise ConfigError(f"{what}: the schema differs from the Iceberg table's: {'; '.join(diffs)}")
-        if not resume:
-            first = recovery.app_id(self.prefix(job, sink), 0)
-            held = recovery.committed_epochs(ancestry(table), [first])[first]
-            if held is not None:
-                raise ConfigError(
-                    f"{what}: the Iceberg table already holds epochs up to {held} of app id {first!r} from an earlier "
-                    "run of this job; a fresh run would have them skipped as committed. Pass resume=True to continue "
-                    "that run from its checkpoints, or IcebergSink(..., app_id='<new prefix>') to write a new run")
+
+    def savepoint_snapshot(self, lineage: str, epoch: int) -> int | None:
+        """The snapshot to roll the table back to before restoring a savepoint (or
+        checkpoint) of epoch ``epoch`` written by lineage ``lineage`` (its ``_metadata``'s
+        ``lineage`` and ``epoch``): the parent of the oldest snapshot in the current
+        ancestry that commits an epoch after it for that lineage (the current snapshot if
+        none). Roll back with ``table.manage_snapshots().rollback_to_snapshot(id).commit()``:
+        that drops the epochs the restored run is about to produce again — and every later
+        commit by anyone else. None: the table had no snapshot before.
+
+        Raises:
+            ConfigError: the snapshots back to there were expired, so it cannot be told.
+        """
+        what = f"{self!r}"
+        table = client.require_table(self.catalog(what), self.identifier, what)
+        marker = f"-{lineage}-"  # app ids are <prefix>-<lineage>-<subtask>; a lineage is 12 random hex digits
+        answer = table.current_snapshot().snapshot_id if table.current_snapshot() else None
+        for snapshot_id, props in ancestry(table):
+            if props is recovery.EXPIRED:
+                raise ConfigError(f"{what}: the snapshots before {snapshot_id} were expired; the snapshot of the "
+                                  f"savepoint of epoch {epoch} cannot be told")
+            app = (props or {}).get(recovery.APP_ID, "")
+            try:
+                later = marker in app and int(props.get(recovery.EPOCH, -1)) > epoch
+            except (TypeError, ValueError):
+                later = False
+            if later:
+                parent = table.metadata.snapshot_by_id(snapshot_id).parent_snapshot_id
+                answer = parent
+        return answer
 
     def _create(self, catalog, what: str):
         namespace = self.identifier[:-1]
@@ -151,23 +184,50 @@ class IcebergSink(Sink):
 
 
 def ancestry(table):
-    """``(snapshot id, summary properties)`` of the current snapshot and its ancestors, newest first."""
-    from pyiceberg.table.snapshots import ancestors_of
+    """``(snapshot id, summary properties)`` of the current snapshot and its ancestors, newest
+    first; then ``(parent id, recovery.EXPIRED)`` if older snapshots were expired
+    (:func:`expired_before`).
 
-    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+    Linear: the snapshots are indexed once (pyiceberg's ``ancestors_of`` looks each parent up
+    with a scan of every snapshot: quadratic in the table's history)."""
+    current = table.current_snapshot()
+    if current is None:
+        return
+    by_id = {snapshot.snapshot_id: snapshot for snapshot in table.metadata.snapshots}
+    snapshot = current
+    while True:
         s = snapshot.summary
         yield snapshot.snapshot_id, (dict(s.additional_properties) if s is not None else None)
+        parent = snapshot.parent_snapshot_id
+        if parent is None:
+            if expired_before(table, snapshot):
+                yield None, recovery.EXPIRED
+            return
+        snapshot = by_id.get(parent)
+        if snapshot is None:
+            yield parent, recovery.EXPIRED
+            return
+
+
+def expired_before(table, root) -> bool:
+    """Whether snapshots older than ``root`` (an ancestor without a parent) were expired:
+    pyiceberg's ``expire_snapshots`` clears the parent id of what remains, but in a format
+    v2 table the first snapshot has sequence number 1 and every commit adds one."""
+    return table.metadata.format_version >= 2 and (root.sequence_number or 0) > 1
 
 
 @dataclass
 class IcebergTransaction:
     """Picklable handle of one epoch's data files (relative to the table location), carrying
-    its own app id (None: at-least-once)."""
+    its own app id (None: at-least-once), which names the lineage that wrote it.
+    ``snapshot_id``: the table's snapshot after the writer's last commit when the epoch was
+    sealed (None: none yet), so a checkpoint or savepoint records where the table stood."""
 
     epoch: int
     app_id: str | None
     files: list[str] = field(default_factory=list)
     rows: int = 0
+    snapshot_id: int | None = None
 
 
 class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
@@ -182,16 +242,21 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
         client.pyiceberg()
         self._sink = sink
         self._transactional = ctx.mode is SinkMode.TRANSACTIONAL
-        prefix = sink.prefix(ctx.job, ctx.sink_name)
-        self.app_id = recovery.app_id(prefix, ctx.subtask)
-        self._tag = recovery.name_tag(prefix)
+        prefix = self._prefix = sink.prefix(ctx.job, ctx.sink_name)
+        self._lineage = ctx.lineage_id
+        self._parent = ctx.lineage.parent if ctx.lineage is not None else None
+        self.app_id = recovery.app_id(prefix, ctx.subtask, self._lineage)
+        self._tag = recovery.name_tag(prefix, self._lineage)
         self._token = uuid.uuid4().hex[:8]
         self._table = None  # loaded by the first hook
         self._seq = 0
         self._part: StagedParquet | None = None
         self._described: dict[str, Any] = {}  # data file path -> DataFile, made by the durability step
         self._fresh: set[int] = set()
-        self._known = None  # (snapshot id, {app id: epoch}) of the last look at the ancestry
+        self._known: dict[str, tuple[int, int | None]] = {}  # app id -> (snapshot id, epoch) of the last look
+        self._snapshot: int | None = None  # the snapshot of this writer's last commit
+        #: ``(attempts, seconds)`` of each exactly-once commit this writer made (benchmarks read it)
+        self.commit_stats: list[tuple[int, float]] = []
 
     # ------------------------------------------------------------------ hooks
 
@@ -202,6 +267,7 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
     def pre_commit(self, txn: IcebergTransaction):
         self._flush(txn)
         part, self._part = self._part, None
+        txn.snapshot_id = self._snapshot
         if part is None:
             return None
         if self._transactional:
@@ -216,8 +282,11 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
            late — only if the table references its files: else another writer uses the app id).
         4. Fast-append the data files (described by the durability step, or from their
            footers for a restored handle — which also checks they still exist) in one
-           snapshot with the epoch in its summary; when the catalog's compare-and-swap
-           fails (``CommitFailedException``), go to 2 again.
+           snapshot with the epoch in its summary and in the app id's table property (one
+           catalog commit); when the catalog's compare-and-swap fails
+           (``CommitFailedException``: other subtasks committed first), wait a random time
+           up to a bound that doubles each time (:func:`backoff`: full jitter, so
+           contending subtasks spread out) and go to 2 again, until :data:`COMMIT_DEADLINE_S`.
         """
         # Step 1
         if not txn.files:
@@ -226,14 +295,21 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
 
         self._start()
         failure = None
-        for _ in range(COMMIT_ATTEMPTS):
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            if attempt:
+                if time.monotonic() - started > COMMIT_DEADLINE_S:
+                    break
+                time.sleep(backoff(attempt))
+            attempt += 1
             # Step 2
             table = self._reload()
             if not client.retries_disabled(table):
                 raise SinkCommitError(f"{self._where()}: the Iceberg table {'.'.join(self._sink.identifier)} no "
                                       f"longer has {client.RETRIES}=0; committing could duplicate an epoch")
             # Step 3
-            props = {}
+            props, table_props = {}, {}
             if txn.app_id is not None:
                 held = self._committed(table, txn.app_id)
                 if recovery.decide(txn.epoch, held) is recovery.Decision.ALREADY_COMMITTED:
@@ -243,22 +319,29 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
                              txn.app_id)
                     return
                 props = recovery.summary(txn.app_id, txn.epoch, self.ctx.job, self.ctx.sink_name, self.ctx.generation)
+                table_props = {recovery.property_key(txn.app_id): str(txn.epoch)}
             # Step 4
             data_files = self._data_files(table, txn)
             try:
                 with table.transaction() as tx:
+                    if table_props:
+                        tx.set_properties(table_props)
                     with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
                         for data_file in data_files:
                             append.append_data_file(data_file)
                 self._fresh.discard(txn.epoch)
                 for path in txn.files:
                     self._described.pop(path, None)
+                current = table.current_snapshot()  # the transaction updated the table's metadata
+                self._snapshot = current.snapshot_id if current is not None else self._snapshot
+                if txn.app_id is not None:
+                    self.commit_stats.append((attempt, time.monotonic() - started))
                 return
             except CommitFailedException as exc:
                 failure = exc
             except Exception as exc:
                 raise self._commit_error(txn, exc) from exc
-        raise self._commit_error(txn, failure)
+        raise self._commit_error(txn, failure, f" after {attempt} attempts in {COMMIT_DEADLINE_S:.0f} s")
 
     def abort(self, txn: IcebergTransaction) -> None:
         part, self._part = self._part, None
@@ -266,24 +349,56 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
         if part is not None:
             part.discard()
 
+    def release_clients(self) -> None:
+        """The task ends (any path): delete the open transaction's staged file (no checkpoint
+        promises it), close the catalog's connection pool (a SQL catalog's engine) and drop
+        the table. Sealed epochs' files stay: a completed checkpoint may promise them."""
+        part, self._part = self._part, None
+        if part is not None:
+            part.discard()
+        engine = getattr(getattr(self, "_catalog", None), "engine", None)
+        if engine is not None and hasattr(engine, "dispose"):
+            engine.dispose()
+        self._table = self._catalog = None
+
     def cleanup_orphans(self, restored_epoch: int) -> None:
         """As :meth:`DeltaSinkWriter.cleanup_orphans
         <epochal.connectors.delta.sink.DeltaSinkWriter.cleanup_orphans>`, with the committed
-        epoch from the snapshot ancestry."""
+        epochs from the snapshot ancestry: log the epochs a branch produces again; subtask 0
+        deletes the sink's staged files of rolled-back epochs, listing ``data/`` once."""
         self._start()
         if not self._transactional:
             return
         table = self._reload()
-        held = self._committed(table, self.app_id)
-        ahead = recovery.ahead_of_restore({self.app_id: held}, restored_epoch)
-        if ahead:
-            raise SinkCommitError(
-                f"{self._where()}: the Iceberg table {'.'.join(self._sink.identifier)} holds epochs up to {held} of "
-                f"app id {self.app_id!r}, but the job restored epoch {restored_epoch}: another run wrote it with the "
-                "same app id, or the job restored an older savepoint. Use IcebergSink(..., app_id='<new prefix>')")
-        mine = f"part-{self._tag}-"
-        listed = self._files.list(self._dir, keep=lambda name: name.startswith(mine))
-        doomed = recovery.orphans(listed, self._tag, self.ctx.subtask, self.ctx.parallelism, restored_epoch)
+        # Step 1
+        if self._parent is not None:
+            parent_app = recovery.app_id(self._prefix, self.ctx.subtask, self._parent)
+            again = recovery.reproduced(self._committed(table, parent_app), restored_epoch)
+            if again:
+                log.warning("%s: this run (lineage %s) restored epoch %d, but lineage %s committed epochs up to %d "
+                            "to the Iceberg table %s (app id %r): epochs %d-%d are produced again under app id %r "
+                            "(a rollback re-emits them; roll the table back to the snapshot recorded in the "
+                            "savepoint to drop them)", self._where(), self._lineage or "(legacy)", restored_epoch,
+                            self._parent or "(legacy)", again[-1], ".".join(self._sink.identifier), parent_app,
+                            again[0], again[-1], self.app_id)
+        # Step 2
+        if self.ctx.subtask != 0:
+            return
+        tags = {self._tag: self._lineage}
+        if self._parent is not None:
+            tags.setdefault(recovery.name_tag(self._prefix, self._parent), self._parent)
+        listed = self._files.list(self._dir, keep=lambda name: name.startswith(tuple(f"part-{t}-" for t in tags)))
+        doomed = []
+        for tag, lineage in tags.items():
+            names = [recovery.parse_name(p.rsplit("/", 1)[-1]) for p in listed]
+            apps = {n.subtask: recovery.app_id(self._prefix, n.subtask, lineage)
+                    for n in names if n is not None and n.tag == tag}
+            epochs = recovery.committed_epochs(ancestry(table), apps.values(), None,
+                                               recovery.recorded_epochs(table.metadata.properties))
+            current = (lambda p: recovery.parse_name(p.rsplit("/", 1)[-1]).generation >= self.ctx.generation
+                       ) if tag == self._tag else (lambda p: False)
+            doomed += recovery.orphans(listed, tag, None, self.ctx.parallelism, restored_epoch, keep=current,
+                                       committed={j: epochs[a] for j, a in apps.items()})
         if not doomed:
             return
         referenced = {task.file.file_path for task in table.scan().plan_files()} if table.current_snapshot() else set()
@@ -309,10 +424,15 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
         return self._table
 
     def _committed(self, table, app: str) -> int | None:
-        epochs = recovery.committed_epochs(ancestry(table), [app], self._known)
+        """The epoch ``app`` committed last: the ancestry walked down to where this writer
+        last looked for that app id (cached per app id), or the table property when the
+        history before was expired."""
+        known = self._known.get(app)
+        epochs = recovery.committed_epochs(ancestry(table), [app], (known[0], {app: known[1]}) if known else None,
+                                           recovery.recorded_epochs(table.metadata.properties))
         current = table.current_snapshot()
-        if current is not None and app == self.app_id:
-            self._known = (current.snapshot_id, {app: epochs[app]})
+        if current is not None:
+            self._known[app] = (current.snapshot_id, epochs[app])
         return epochs[app]
 
     def _data_files(self, table, txn: IcebergTransaction) -> list:
@@ -342,9 +462,9 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
                 f"{held}) with other files than this epoch's: do two jobs write with the same app id? Give each its "
                 "own IcebergSink(..., app_id=...)")
 
-    def _commit_error(self, txn: IcebergTransaction, exc) -> SinkCommitError:
+    def _commit_error(self, txn: IcebergTransaction, exc, how: str = "") -> SinkCommitError:
         return SinkCommitError(f"{self._where()}: committing epoch {txn.epoch} to the Iceberg table "
-                               f"{'.'.join(self._sink.identifier)} failed: {client._short(exc)}")
+                               f"{'.'.join(self._sink.identifier)} failed{how}: {client._short(exc)}")
 
     # ------------------------------------------------------------------ data files
 
