@@ -18,6 +18,9 @@ from epochal.backends.keygroups import KeyGroupAssigner
 from epochal.operators.base import OperatorContext, RuntimeOperator
 from epochal.time.timers import EVENT_TIME, TimerService
 from epochal.time.units import to_seconds
+from epochal.ttl.expiry import StateTtl
+from epochal.ttl.registry import META, TtlRegistry
+from epochal.ttl.state import TtlMapState, TtlValueState
 
 _MISSING = object()
 
@@ -97,10 +100,12 @@ class StateContext:
     State names are scoped to the operator, so two operators may both use ``"count"``.
     """
 
-    def __init__(self, ctx: OperatorContext, current: _CurrentKey, timers: TimerService | None = None):
+    def __init__(self, ctx: OperatorContext, current: _CurrentKey, timers: TimerService | None = None,
+                 ttl: TtlRegistry | None = None):
         self._ctx = ctx
         self._current = current
         self._timers = timers
+        self._ttl = ttl
         self._declared: set[str] = set()
         self.subtask = ctx.subtask
         self.parallelism = ctx.parallelism
@@ -136,14 +141,37 @@ class StateContext:
             raise ValueError(f"operator {self._ctx.operator!r}: state name must be a non-empty string, got {name!r}")
         if name in self._declared:
             raise ValueError(f"operator {self._ctx.operator!r}: state {name!r} declared twice")
+        if name == META:
+            raise ValueError(f"operator {self._ctx.operator!r}: state name {META!r} is reserved (TTL bookkeeping)")
         self._declared.add(name)
         return f"{self._ctx.operator}/{name}"
 
-    def value_state(self, name: str, default: Any = None) -> ValueState:
-        return ValueState(self._ctx.keyed_backend, self._scoped(name), self._current, default)
+    def _ttl_of(self, name: str, scoped: str, kind: str, ttl) -> StateTtl | None:
+        config = StateTtl.coerce(ttl, f"operator {self._ctx.operator!r}, state {name!r}")
+        if self._ttl is None:
+            if config is not None:
+                raise ValueError(f"operator {self._ctx.operator!r}, state {name!r}: ttl exists in "
+                                 "KeyedStream.process only")
+            return None
+        self._ttl.declare(name, scoped, kind, config)
+        return config
 
-    def map_state(self, name: str) -> MapState:
-        return MapState(self._ctx.keyed_backend, self._scoped(name), self._current)
+    def value_state(self, name: str, default: Any = None, *, ttl: StateTtl | Any = None) -> ValueState:
+        """One value per key. ``ttl``: a duration or :class:`~epochal.ttl.StateTtl`; the
+        value then expires that long after its last update (see docs/ttl-broadcast.md)."""
+        scoped = self._scoped(name)
+        config = self._ttl_of(name, scoped, "value", ttl)
+        if config is not None:
+            return TtlValueState(self._ctx.keyed_backend, scoped, self._current, default, config, self._ttl)
+        return ValueState(self._ctx.keyed_backend, scoped, self._current, default)
+
+    def map_state(self, name: str, *, ttl: StateTtl | Any = None) -> MapState:
+        """A map per key. ``ttl``: each entry expires that long after its last update."""
+        scoped = self._scoped(name)
+        config = self._ttl_of(name, scoped, "map", ttl)
+        if config is not None:
+            return TtlMapState(self._ctx.keyed_backend, scoped, self._current, config, self._ttl)
+        return MapState(self._ctx.keyed_backend, scoped, self._current)
 
 
 class KeyedProcessFunction:
@@ -288,9 +316,25 @@ class KeyedProcessOperator(_KeyedOperator):
         self.function = function
         self.timers = TimerService(ctx.keyed_backend, ctx.operator, self.current, ctx.key_groups)
         self._fired: list = []
-        function.open(StateContext(ctx, self.current, self.timers))
+        timers = self.timers
+        self.ttl = TtlRegistry(ctx.keyed_backend, ctx.operator, ctx.key_groups, self.current,
+                               lambda: timers.watermark_us, timed)
+        function.open(StateContext(ctx, self.current, self.timers, self.ttl))
+        self._sweeps = self.ttl.active
 
     def process_batch(self, records: list) -> list:
+        out = self._process_batch(records)
+        if self._sweeps:
+            self.ttl.after_batch(len(records))
+        return out
+
+    def snapshot(self, epoch: int):
+        """Writes the TTL record of the key groups (:mod:`epochal.ttl.registry`); the keyed
+        state itself is snapshotted by the backend right after."""
+        self.ttl.snapshot()
+        return None
+
+    def _process_batch(self, records: list) -> list:
         timed = self.timed
         values = [r[1] for r in records] if timed else records
         keyed = self._keys(values)
@@ -348,6 +392,8 @@ class KeyedProcessOperator(_KeyedOperator):
     def on_watermark(self, watermark: int) -> list:
         self.timers.advance_watermark(watermark, self._fire)
         fired, self._fired = self._fired, []
+        if self._sweeps:  # event-time entries expire as the watermark moves
+            self.ttl.after_batch(0)
         return fired
 
     def next_processing_time(self) -> int | None:
