@@ -7,7 +7,9 @@ and every key group the task owns, and deletes what expired there (Flink's incre
 cleanup, at key-group granularity). The operator calls :meth:`Sweeper.step` after every
 batch with a budget proportional to the batch (:data:`ENTRIES_PER_RECORD` entries looked
 at per record processed), so the work is spread over processing and never stalls it for
-more than one key group; with a key space that grows by one key per record the state
+more than one key group. For processing time a position is skipped until its oldest
+entry can have expired (nothing written later expires sooner), so an operator whose state
+is young pays almost nothing. With a key space that grows by one key per record the state
 stays bounded at about ``(1 + 1/ENTRIES_PER_RECORD)`` times the live keys.
 
 After a visit that deleted at least :data:`RECLAIM_MIN` entries the backend is asked to
@@ -50,12 +52,15 @@ class SweepCursor:
 @dataclass(frozen=True)
 class TtlTarget:
     """One TTL state to sweep: its kind (``"value"`` or ``"map"``), backend name, ttl
-    (µs) and clock (µs, the same the state's handle uses)."""
+    (µs), clock (µs, the same the state's handle uses), and whether every new stamp is at
+    least the clock's reading at the time (``monotonic``: processing time; not event time,
+    where a late record stamps an entry below the watermark)."""
 
     kind: str
     state: str
     ttl_us: int
     now: Callable[[], int]
+    monotonic: bool = False
 
 
 class Sweeper:
@@ -65,6 +70,10 @@ class Sweeper:
         self.backend, self.targets, self.key_groups = backend, list(targets), key_groups
         self.cursor = SweepCursor(max(1, len(self.targets) * len(key_groups)))
         self.deleted = 0  # entries deleted since the start (a metric)
+        # per position, the clock before which nothing there can expire (monotonic targets
+        # only): min(oldest surviving stamp, the visit's clock) + ttl — an entry written
+        # after a visit is stamped at least at that visit's clock
+        self._due = [None] * self.cursor.n
 
     def step(self, records: int) -> int:
         """Visit positions until ``records * ENTRIES_PER_RECORD`` entries (at least
@@ -78,23 +87,34 @@ class Sweeper:
         while scanned < budget and visits < self.cursor.n:
             i = self.cursor.take()
             target, kg = self.targets[i // nkg], self.key_groups[i % nkg]
-            seen, gone = self.sweep(target, kg)
+            visits += 1
+            if target.monotonic:
+                now, due = target.now(), self._due[i]
+                if due is not None and now < due:
+                    scanned += 1
+                    continue
+            seen, gone, oldest = self.sweep(target, kg)
+            if target.monotonic:
+                self._due[i] = min(oldest, now) + target.ttl_us
             scanned += seen + 1
             deleted += gone
-            visits += 1
         self.deleted += deleted
         return deleted
 
-    def sweep(self, target: TtlTarget, kg: int) -> tuple[int, int]:
-        """Delete the expired entries of ``target`` in ``kg``: ``(looked at, deleted)``."""
+    def sweep(self, target: TtlTarget, kg: int) -> tuple[int, int, float]:
+        """Delete the expired entries of ``target`` in ``kg``: ``(looked at, deleted,
+        oldest surviving stamp or inf)``."""
         b, name, now, ttl = self.backend, target.state, target.now(), target.ttl_us
         seen = gone = 0
+        oldest = float("inf")
         if target.kind == "value":
             for key, (_value, stamp) in b.value_items(name, kg):
                 seen += 1
                 if stamp + ttl <= now:
                     b.delete(name, kg, key)
                     gone += 1
+                elif stamp < oldest:
+                    oldest = stamp
         else:
             for key in b.map_keys(name, kg):
                 for mk, (_value, stamp) in b.map_items(name, kg, key):
@@ -102,6 +122,8 @@ class Sweeper:
                     if stamp + ttl <= now:
                         b.map_delete(name, kg, key, mk)
                         gone += 1
+                    elif stamp < oldest:
+                        oldest = stamp
         if gone >= RECLAIM_MIN:
             b.reclaim(name, kg)
-        return seen, gone
+        return seen, gone, oldest

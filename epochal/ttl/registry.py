@@ -114,7 +114,7 @@ class TtlRegistry:
             self._rewrite(scoped, kind, lambda stored: None if expired(stored[1], old[1], now) else stored[0])
         if config is not None:
             self._configs[short] = new
-            self._targets.append(TtlTarget(kind, scoped, config.ttl_us, self.clock(config)))
+            self._targets.append(TtlTarget(kind, scoped, config.ttl_us, self.clock(config), config.time == PROCESSING))
 
     def _has_entries(self, scoped: str, kind: str) -> bool:
         b = self.backend
