@@ -301,6 +301,14 @@ class Stream:
             ports.extend(other._ports)
         return Stream(self._flow, tuple(ports))
 
+    def connect_broadcast(self, rules: "Stream"):
+        """Connect this stream with ``rules``, whose every element reaches every subtask of
+        the next operator and is kept in its broadcast state: ``.process(name, fn)`` with a
+        :class:`~epochal.broadcast.BroadcastProcessFunction` (a
+        :class:`~epochal.broadcast.KeyedBroadcastProcessFunction` on a keyed stream). See
+        docs/ttl-broadcast.md."""
+        return _BUILDERS["connect_broadcast"](self, rules)
+
     def iterate(self, name: str, body: Callable, *, parallelism: int | None = None,
                 log_memory_records: int = 100_000) -> "Stream":
         """A feedback loop: ``body(loop_input)`` returns ``(feedback, output)``.

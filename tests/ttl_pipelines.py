@@ -58,7 +58,7 @@ def sessions(name: str, out: str, n: int, *, ttl=None, parallelism: int = 2, rat
                  parallelism=1)
          .with_watermarks("wm", timestamp=lambda e: e[1], parallelism=1)
          .key_by(lambda e: e[0])
-         .process("sessions", Sessions(ttl, pid_dir))
+         .process("sessions", Sessions(ttl, pid_dir), parallelism=parallelism)
          .sink("out", ep.sinks.FileSink(out, format="jsonl")))
     return flow
 

@@ -61,6 +61,14 @@ def _create(node: Node, ctx: OperatorContext) -> RuntimeOperator:
         from epochal.windows.operator import create_window_operator
 
         return create_window_operator(ctx, node)
+    if kind is NodeKind.BROADCAST_PROCESS:
+        from epochal.broadcast.operator import BroadcastProcessOperator
+
+        return BroadcastProcessOperator(ctx, node.payload, timed=timed)
+    if kind is NodeKind.KEYED_BROADCAST_PROCESS:
+        from epochal.broadcast.operator import KeyedBroadcastProcessOperator
+
+        return KeyedBroadcastProcessOperator(ctx, node.key_fn, node.payload, timed=timed)
     if kind is NodeKind.LOOP_HEAD:
         from epochal.loops.head import LoopHeadOperator
 
