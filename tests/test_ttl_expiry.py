@@ -94,7 +94,7 @@ OPS = st.lists(st.one_of(
 
 @pytest.mark.parametrize("backend_kind", ["heap", "rocksdb"])
 @pytest.mark.parametrize("update", ["write", "read_and_write"])
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS)
 def test_processing_time_handles_match_the_model(backend_kind, update, ops):
     """Whatever the interleaving of writes, reads, clock ticks and sweep steps: a read

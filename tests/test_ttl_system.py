@@ -36,7 +36,7 @@ def raw_entries(url: str, operator: str) -> int:
     return n
 
 
-@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+@pytest.mark.parametrize("backend", ["heap", pytest.param("rocksdb", marks=pytest.mark.slow)])
 def test_event_time_sessions_expire_exactly_through_a_crash(tmp_path, backend):
     """Keys expire as event time passes their last update + ttl: every key set returns
     after its state expired and counts from 1 again — the output equals the oracle as a
@@ -60,7 +60,7 @@ def test_event_time_ttl_under_sigkill_on_spark(tmp_path, spark):
     pids = tmp_path / "pids"
     pids.mkdir()
     out, url = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "ckpt")
-    handle = sessions("ttl-kill", out, n, rate=2_000.0, pid_dir=str(pids)).start(
+    handle = sessions("ttl-kill", out, n, rate=4_000.0, pid_dir=str(pids)).start(
         spark=spark, checkpoint=ep.CheckpointConfig(interval=0.2, storage=url))
     killed = []
 
@@ -113,7 +113,9 @@ def _counting(name: str, out: str, n: int, ttl) -> ep.Dataflow:
     return flow
 
 
-@pytest.mark.parametrize("ttl,expire", [(ep.StateTtl(1.5), True), (ep.StateTtl("1h"), False)], ids=["1.5s", "1h"])
+@pytest.mark.parametrize("ttl,expire", [(ep.StateTtl(1.5), True),
+                                        pytest.param(ep.StateTtl("1h"), False, marks=pytest.mark.slow)],
+                         ids=["1.5s", "1h"])
 def test_processing_time_ttl_across_a_resume(tmp_path, ttl, expire):
     """50 keys counted 4 times each; the job is resumed with 4 more rounds once the
     processing-time ttl has passed on the wall clock. With ttl 1.5 s the restored counts
@@ -136,6 +138,7 @@ def test_processing_time_ttl_across_a_resume(tmp_path, ttl, expire):
     assert output(out) - first_run == canon([[f"u{k}", c] for k in range(50) for c in range(first, first + 4)])
 
 
+@pytest.mark.slow  # the rule itself is tested without processes in test_ttl_expiry.py
 def test_changing_the_time_domain_on_restore_is_refused(tmp_path):
     """Processing-time stamps cannot be read as event time: the resumed job fails before
     any record, naming the operator, the state and the change (not retried)."""
