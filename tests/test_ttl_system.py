@@ -148,3 +148,27 @@ def test_changing_the_time_domain_on_restore_is_refused(tmp_path):
     with pytest.raises(ep.JobFailedError, match="operator 'sessions', state 'n'.*time domain changed"):
         sessions("ttl-dom", unique_dir(tmp_path, "o2"), 600).run(
             runtime="local", resume=True, checkpoint=ep.CheckpointConfig(storage=url))
+
+
+def test_reduce_with_event_time_ttl_restarts_expired_keys(tmp_path):
+    from ttl_pipelines import reduce_sessions
+
+    n = PHASE * REUSE * 2 + PHASE
+    out = unique_dir(tmp_path, "out")
+    reduce_sessions("ttl-reduce", out, n).run(
+        runtime="local", checkpoint=ep.CheckpointConfig(interval=0.2, storage="file://" + unique_dir(tmp_path, "ck")))
+    want = collections.Counter()
+    for (k, count, _first), times in sessions_oracle(n).items():
+        want[(k, count)] += times
+    assert output(out) == canon([list(r) for r in want.elements()])
+
+
+def test_ttl_build_errors():
+    flow = ep.Dataflow("ttl-bad")
+    keyed = flow.source("s", ep.sources.CollectionSource([1, 2])).key_by(lambda r: r)
+    with pytest.raises(ep.PipelineDefinitionError, match="reduce 'r': event-time ttl needs event time"):
+        keyed.reduce("r", lambda a, b: a + b, ttl=ep.StateTtl(5, time="event"))
+    with pytest.raises(ep.ConfigError, match="reduce 'r2'.*ttl"):
+        keyed.reduce("r2", lambda a, b: a + b, ttl=-1)
+    with pytest.raises(ep.PipelineDefinitionError, match="window: ttl is not supported"):
+        keyed.window(ep.windows.Tumbling(5), ttl=5)

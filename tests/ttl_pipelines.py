@@ -77,3 +77,19 @@ def sessions_oracle(n: int, ttl: int = TTL) -> collections.Counter:
         last[k] = i
         out[(k, count[k], first[k])] += 1
     return out
+
+
+def _add(a, b):
+    return (a[0], a[1] + b[1])
+
+
+def reduce_sessions(name: str, out: str, n: int, parallelism: int = 2) -> ep.Dataflow:
+    """The same events counted by ``reduce(..., ttl=...)``: emits ``[key, count]``."""
+    flow = ep.Dataflow(name, parallelism=parallelism)
+    (flow.source("events", ep.sources.GeneratorSource(events, num_splits=1, limit=n), parallelism=1)
+         .with_watermarks("wm", timestamp=lambda e: e[1], parallelism=1)
+         .map("one", lambda e: (e[0], 1), parallelism=1)
+         .key_by(lambda e: e[0])
+         .reduce("count", _add, ttl=ep.StateTtl(TTL, time="event"), parallelism=parallelism)
+         .sink("out", ep.sinks.FileSink(out, format="jsonl")))
+    return flow

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 from epochal.backends.keygroups import KeyGroupAssigner
 from epochal.operators.base import OperatorContext, RuntimeOperator
 from epochal.time.timers import EVENT_TIME, TimerService
-from epochal.time.units import to_seconds
+from epochal.time.units import MIN_TIME, to_seconds
 from epochal.ttl.expiry import StateTtl
 from epochal.ttl.registry import META, TtlRegistry
 from epochal.ttl.state import TtlMapState, TtlValueState
@@ -306,6 +306,49 @@ class ReduceOperator(_KeyedOperator):
                 continue
             out.append((record[0], acc) if timed else acc)
         return out
+
+
+class TtlReduceOperator(ReduceOperator):
+    """``reduce(..., ttl=...)``: the accumulator is a TTL value state
+    (:class:`~epochal.ttl.state.TtlValueState`); an expired key starts afresh."""
+
+    def __init__(self, ctx, key_fn, fn, initial=_MISSING, timed: bool = False, ttl: StateTtl | None = None):
+        super().__init__(ctx, key_fn, fn, initial, timed)
+        self._watermark = MIN_TIME
+        self.ttl = TtlRegistry(ctx.keyed_backend, ctx.operator, ctx.key_groups, self.current,
+                               lambda: self._watermark, timed)
+        self.ttl.declare("acc", self.state, "value", ttl)
+        self.acc = TtlValueState(ctx.keyed_backend, self.state, self.current, _MISSING, ttl, self.ttl)
+
+    def process_batch(self, records: list) -> list:
+        fn, initial, cur, timed, acc_state = self.fn, self.initial, self.current, self.timed, self.acc
+        out = []
+        for record in records:
+            value = record[1] if timed else record
+            try:
+                self._set_key(value)
+                cur.ts = record[0] if timed else None
+                acc = acc_state.value()
+                if acc is _MISSING:
+                    acc = value if initial is _MISSING else fn(initial, value)
+                else:
+                    acc = fn(acc, value)
+                acc_state.update(acc)
+            except Exception as exc:
+                self.reject(value, exc)
+                continue
+            out.append((record[0], acc) if timed else acc)
+        self.ttl.after_batch(len(records))
+        return out
+
+    def on_watermark(self, watermark: int) -> list:
+        self._watermark = max(self._watermark, watermark)
+        self.ttl.after_batch(0)
+        return []
+
+    def snapshot(self, epoch: int):
+        self.ttl.snapshot()
+        return None
 
 
 class KeyedProcessOperator(_KeyedOperator):
