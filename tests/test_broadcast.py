@@ -8,6 +8,9 @@ and the graph-build errors."""
 from __future__ import annotations
 
 import collections
+import os
+import signal
+import threading
 import time
 
 import pytest
@@ -103,10 +106,16 @@ class Scale(BroadcastProcessFunction):
 
 
 class KeyedScale(KeyedBroadcastProcessFunction):
-    """Also counts events per key (keyed state next to the broadcast state)."""
+    """Also counts events per key (keyed state next to the broadcast state); records its
+    process id in ``pid_dir`` (for kills from outside)."""
+
+    def __init__(self, pid_dir: str | None = None):
+        self.pid_dir = pid_dir
 
     def open(self, ctx):
         self.ctx, self.n = ctx, ctx.value_state("n", default=0)
+        if self.pid_dir:
+            open(os.path.join(self.pid_dir, str(os.getpid())), "w").close()
 
     def process_broadcast_element(self, rule, ctx):
         ctx.broadcast_state.put("factor", rule[1])
@@ -116,13 +125,13 @@ class KeyedScale(KeyedBroadcastProcessFunction):
         yield [event[1], event[1] * ctx.broadcast_state["factor"]]
 
 
-def flow(name, out, n, *, keyed: bool, parallelism: int = 2, rate=None) -> ep.Dataflow:
+def flow(name, out, n, *, keyed: bool, parallelism: int = 2, rate=None, pid_dir=None) -> ep.Dataflow:
     f = ep.Dataflow(name, parallelism=parallelism)
     src = f.source("in", GatedSource(n, CHANGES, rate), parallelism=1)
     rules = src.filter("rules", lambda r: r[0] == "rule")
     events = src.filter("events", lambda r: r[0] == "event")
     main = events.key_by(lambda e: e[1] % 17) if keyed else events.rebalance()
-    (main.connect_broadcast(rules).process("scale", KeyedScale() if keyed else Scale(), parallelism=parallelism)
+    (main.connect_broadcast(rules).process("scale", KeyedScale(pid_dir) if keyed else Scale(), parallelism=parallelism)
          .sink("out", ep.sinks.FileSink(out, format="jsonl")))
     return f
 
@@ -136,6 +145,39 @@ def test_rule_changes_apply_exactly_from_the_next_record_through_a_crash(tmp_pat
         runtime="local", checkpoint=ep.CheckpointConfig(interval=0.05, storage=url),
         faults=[CrashAtRecord("scale", subtask=1, record=1000, how="exit", after_epoch=1)])
     assert result.attempts == 2, f"the crash did not fire: {result.failures}"
+    assert output(out) == oracle(n)
+
+
+@pytest.mark.slow
+def test_rule_changes_under_sigkill_on_spark(tmp_path, spark):
+    """The keyed variant on Spark; the test SIGKILLs a task process of the operator from
+    outside once a checkpoint completed, mid-run: the output still equals the oracle."""
+    n = 4500
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    out, url = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "ckpt")
+    handle = flow("bc-kill", out, n, keyed=True, rate=1500.0, pid_dir=str(pids)).start(
+        spark=spark, checkpoint=ep.CheckpointConfig(interval=0.1, storage=url))
+    killed = []
+
+    def kill():
+        deadline = time.monotonic() + 120
+        while not handle.completed_epochs and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for name in sorted(os.listdir(pids)):
+            if handle.running:
+                try:
+                    os.kill(int(name), signal.SIGKILL)
+                    killed.append(int(name))
+                    return
+                except ProcessLookupError:
+                    continue
+
+    killer = threading.Thread(target=kill)
+    killer.start()
+    result = handle.wait(300)
+    killer.join()
+    assert killed and result.attempts >= 2, f"the SIGKILL of {killed} caused no restart"
     assert output(out) == oracle(n)
 
 

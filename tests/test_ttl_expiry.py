@@ -235,3 +235,17 @@ def test_sweep_steps_are_bounded():
     while sweeper.step(1000):
         pass
     assert not list(backend.entries())
+
+
+def test_an_allowed_change_is_named_in_the_log(caplog):
+    backend = HeapStateBackend(KGS, snapshot_mode="thread")
+    cur, clock, reg, value, _m = setup(backend, StateTtl(TTL_S))
+    cur.key, cur.kg = 1, 1
+    value.update(7)
+    blob = _snapshot(backend, reg)
+    restored = HeapStateBackend(KGS, snapshot_mode="thread")
+    restored.restore([blob])
+    with caplog.at_level("WARNING", logger="epochal"):
+        TtlRegistry(restored, "op", KGS, Cur(), lambda: MIN_TIME, False, wall_clock=clock).declare(
+            "v", "op/v", "value", StateTtl(2 * TTL_S))
+    assert "operator 'op', state 'v': restoring with a changed ttl: ttl duration or update kind changed" in caplog.text

@@ -18,10 +18,14 @@ applied (ttl added: entries stamped now; ttl removed: live entries unwrapped, ex
 dropped; duration or update kind changed: applies to the stamps), or refused with a
 :class:`~epochal.errors.ConfigError` that names the operator, the state and the change —
 raised in ``open``, before any record, and fatal for the job (the task reports a
-ConfigError as not retryable).
+ConfigError as not retryable). An allowed change is named in a warning of the ``epochal``
+logger. The check runs in the task, not in the driver's
+:mod:`~epochal.runtime.driver.compatibility`, because a function declares its state (and
+TTL) in ``open``: the driver never sees it.
 """
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 from epochal.errors import ConfigError
@@ -33,6 +37,7 @@ __all__ = ["META", "TtlRegistry", "meta_state"]
 
 META = "~ttl"
 META_KEY = ""
+log = logging.getLogger("epochal")
 
 
 def meta_state(operator: str) -> str:
@@ -106,6 +111,9 @@ class TtlRegistry:
         if not change.allowed:
             raise ConfigError(f"{where}: cannot restore: {change.text} (checkpoint: {_show(old)}, now: "
                               f"{_show(new)}); keep the checkpoint's ttl, or drop the state by renaming it")
+        if change is not TtlChange.UNCHANGED:  # allowed: applied, and named in the log
+            log.warning("%s: restoring with a changed ttl: %s (checkpoint: %s, now: %s)", where, change.text,
+                        _show(old), _show(new))
         if change is TtlChange.ENABLED:
             stamp = self._wall()
             self._rewrite(scoped, kind, lambda value: (value, stamp))
