@@ -226,3 +226,9 @@ def test_build_errors(tmp_path):
     stamped = src.with_watermarks("wm", timestamp=lambda r: 0)
     with pytest.raises(ep.PipelineDefinitionError, match="event time"):
         stamped.connect_broadcast(src).process("p", Scale())
+
+
+def test_unaligned_checkpoints_keep_each_subtasks_own_copy():
+    states = {0: BroadcastSnapshot({"factor": 3}, 0), 1: BroadcastSnapshot({"factor": 5}, 1)}
+    assert BroadcastSnapshot.rescale(states, 1, 2).entries == {"factor": 5}
+    assert BroadcastSnapshot.rescale(states, 2, 3).entries == {"factor": 3}

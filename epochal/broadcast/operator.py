@@ -27,7 +27,14 @@ def _rule(record, timed: bool):
 
 
 class _BroadcastBase:
+    """``per_subtask``: every subtask stores its own copy — with unaligned (or
+    aligned-timeout) checkpoints each subtask cuts the broadcast channel at its own
+    position (the rest is its channel state), so the copies can differ at a cut; aligned
+    and at-least-once cuts leave them equal (at least once: a rule processed after the cut
+    is replayed anyway), so subtask 0 stores it alone."""
+
     state: BroadcastState
+    per_subtask = False
 
     def _apply_rule(self, element, ctx):
         state = self.state
@@ -38,7 +45,11 @@ class _BroadcastBase:
             state._writable = False
 
     def _snapshot(self, subtask: int) -> BroadcastSnapshot:
-        return BroadcastSnapshot(dict(self.state._data) if subtask == 0 else None, subtask)
+        return BroadcastSnapshot(dict(self.state._data) if subtask == 0 or self.per_subtask else None, subtask)
+
+    def _mode(self, ctx: OperatorContext) -> None:
+        mode = (ctx.extras or {}).get("snapshot_modes", "aligned")
+        self.per_subtask = mode not in ("aligned", "tracked")
 
     def _restore(self, state) -> None:
         if isinstance(state, BroadcastSnapshot) and state.entries:
@@ -53,6 +64,7 @@ class BroadcastProcessOperator(_BroadcastBase, RuntimeOperator):
         self.function, self.timed = function, timed
         self.state = BroadcastState(ctx.operator)
         self.bctx = BroadcastContext(ctx.operator, ctx.subtask, ctx.parallelism, self.state)
+        self._mode(ctx)
         function.open(self.bctx)
 
     def restore(self, state) -> None:
@@ -92,6 +104,7 @@ class KeyedBroadcastProcessOperator(_BroadcastBase, _KeyedOperator):
         self.ttl = TtlRegistry(ctx.keyed_backend, ctx.operator, ctx.key_groups, self.current,
                                lambda: self._watermark, timed)
         self.bctx = KeyedBroadcastContext(ctx, self.current, self.state, self.ttl)
+        self._mode(ctx)
         function.open(self.bctx)
         self._sweeps = self.ttl.active
 

@@ -7,7 +7,9 @@ state (seed 004 §3.4: the cut is consistent per channel, and a broadcast channe
 the same prefix to every subtask). It is therefore stored **once per epoch**: subtask 0's
 snapshot carries the entries, the others a marker; on restore — at the same or another
 parallelism — every subtask takes subtask 0's entries (:meth:`BroadcastSnapshot.rescale`),
-so a rescale 2 → 3 hands the state to the new subtask too.
+so a rescale 2 → 3 hands the state to the new subtask too. Unaligned checkpoints cut each
+subtask's broadcast channel at its own position, so there every subtask stores its copy and
+restores its own (a rescale of in-flight broadcast records is refused anyway).
 """
 from __future__ import annotations
 
@@ -97,7 +99,9 @@ class BroadcastState:
 @dataclass(frozen=True)
 class BroadcastSnapshot:
     """The operator state a broadcast operator's subtask stores at a barrier:
-    ``entries`` on subtask 0 (a copy of the dict), ``None`` on the others."""
+    ``entries`` on subtask 0 (a copy of the dict), ``None`` on the others — except with
+    unaligned checkpoints, where every subtask stores its own (see
+    :mod:`epochal.broadcast.operator`)."""
 
     entries: dict | None
     subtask: int
@@ -107,7 +111,11 @@ class BroadcastSnapshot:
 
     @classmethod
     def rescale(cls, states: dict[int, Any], subtask: int, parallelism: int) -> "BroadcastSnapshot":
-        """Every new subtask gets the entries (stored by old subtask 0)."""
+        """Every new subtask gets the entries: its own old subtask's if that stored them
+        (unaligned checkpoints), else subtask 0's."""
+        own = states.get(subtask)
+        if own is not None and own.entries is not None:
+            return cls(dict(own.entries), subtask)
         for s in states.values():
             if s is not None and s.entries is not None:
                 return cls(dict(s.entries), subtask)

@@ -229,7 +229,8 @@ class Task(ReadSteps, BarrierSteps):
                 operator=name, task=self.spec.id, subtask=self.spec.subtask, parallelism=self.spec.parallelism,
                 generation=self.attempt.generation, job=self.plan.job, max_parallelism=self.plan.max_parallelism,
                 keyed_backend=self.backend, key_groups=self.spec.key_groups,
-                extras={"sink_mode": self.attempt.components.sink_mode},
+                extras={"sink_mode": self.attempt.components.sink_mode,
+                        "snapshot_modes": self.attempt.components.snapshot_modes},
             )
             op = self.faults.wrap(name, create_operator(nodes[name], ctx))
             op.restore(restored.operators.get(name))
