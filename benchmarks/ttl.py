@@ -10,9 +10,13 @@ Per backend (heap, RocksDB) and per variant (``ttl``: ``value_state("n", ttl=10 
   flat after the first ttl period; without it it grows with every record.
 * **capacity** — the same job on a bounded backlog of ``--capacity-records`` records at full
   speed: records/s with and without ttl, side by side (the cost of stamping, expiry checks
-  and the sweep).
+  and the sweep);
+* **operator** — the keyed operator alone in this process (no job, no transport: what TTL
+  adds per record, without start-up and scheduling noise), ``--operator-records`` new keys
+  in batches of 500, ``--repetitions`` times, median.
 
-    python benchmarks/ttl.py [--seconds 30] [--rate 5000] [--backends heap rocksdb] [--smoke] [--out PATH]
+    python benchmarks/ttl.py [--seconds 30] [--rate 5000] [--backends heap rocksdb] [--skip-jobs]
+                             [--smoke] [--out PATH]
 
 Writes ``benchmarks/results/ttl.json`` (``--smoke``: a few seconds per run, a temporary file).
 """
@@ -109,6 +113,38 @@ def capacity(backend: str, variant: str, args) -> dict:
             "records_per_s": round(args.capacity_records / wall)}
 
 
+def _operator_rate(backend: str, variant: str, keys: list, ttl_s: float) -> float:
+    from epochal.backends.heap import HeapStateBackend
+    from epochal.backends.rocksdb import RocksDBStateBackend
+    from epochal.operators.base import OperatorContext
+    from epochal.operators.keyed import KeyedProcessOperator
+
+    b = HeapStateBackend(range(128), snapshot_mode="thread") if backend == "heap" else RocksDBStateBackend(range(128))
+    try:
+        ctx = OperatorContext("count", "count[0]", 0, 1, 0, "ttl-bench", 128, b, range(128))
+        op = KeyedProcessOperator(ctx, str, Count(ep.StateTtl(ttl_s) if variant == "ttl" else None))
+        t0 = time.perf_counter()
+        for i in range(0, len(keys), 500):
+            op.process_batch(keys[i:i + 500])
+        return len(keys) / (time.perf_counter() - t0)
+    finally:
+        b.close()
+
+
+def operator(backend: str, args) -> list[dict]:
+    """Both variants, interleaved repetition by repetition (a loaded machine drifts); the
+    ratio ttl / none per repetition, median."""
+    keys = [f"k{i}" for i in range(args.operator_records)]
+    rates = {"ttl": [], "none": []}
+    for rep in range(args.repetitions):
+        for variant in (("ttl", "none") if rep % 2 == 0 else ("none", "ttl")):
+            rates[variant].append(_operator_rate(backend, variant, keys, args.ttl))
+    ratios = [t / n for t, n in zip(rates["ttl"], rates["none"])]
+    return [{"backend": backend, "variant": v, "records": args.operator_records,
+             "records_per_s": round(harness.median(rates[v])), "per_repetition": [round(r) for r in rates[v]],
+             "ttl_to_none_median": round(harness.median(ratios), 3)} for v in ("ttl", "none")]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=30.0)
@@ -118,17 +154,24 @@ def main(argv=None) -> int:
     p.add_argument("--parallelism", type=int, default=2)
     p.add_argument("--capacity-records", type=int, default=200_000)
     p.add_argument("--backends", nargs="+", default=["heap", "rocksdb"])
+    p.add_argument("--operator-records", type=int, default=200_000)
+    p.add_argument("--repetitions", type=int, default=7)
+    p.add_argument("--skip-jobs", action="store_true", help="only the in-process operator part")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if args.smoke:
         args.seconds, args.ttl, args.rate, args.capacity_records = 4.0, 1.0, 1000.0, 4000
+        args.operator_records, args.repetitions = 5000, 1
     out = args.out or (Path(tempfile.mkdtemp()) / "ttl.json" if args.smoke else RESULTS)
     doc = {"benchmark": "ttl", "machine": harness.machine(), "args": {k: v for k, v in vars(args).items()
                                                                           if k != "out"},
-           "soak": [], "capacity": [], "errors": []}
+           "soak": [], "capacity": [], "operator": [], "errors": []}
     for backend in args.backends:
+        doc["operator"].extend(operator(backend, args))
         for variant in ("ttl", "none"):
+            if args.skip_jobs:
+                continue
             try:
                 doc["capacity"].append(capacity(backend, variant, args))
                 doc["soak"].append(soak(backend, variant, args))
@@ -136,6 +179,9 @@ def main(argv=None) -> int:
                 doc["errors"].append(f"{backend}/{variant}: {type(exc).__name__}: {exc}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1))
+    for c in doc["operator"]:
+        print(f"operator {c['backend']:8s} {c['variant']:5s} {c['records_per_s']:>9,} records/s "
+              f"{c['per_repetition']} (ttl/none median {c['ttl_to_none_median']})")
     for c in doc["capacity"]:
         print(f"capacity {c['backend']:8s} {c['variant']:5s} {c['records_per_s']:>9,} records/s")
     for s in doc["soak"]:

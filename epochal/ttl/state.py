@@ -24,10 +24,12 @@ class TtlValueState:
     """One value per key that expires ``ttl`` after its last update (or read, with
     ``update="read_and_write"``). Same contract as :class:`~epochal.operators.keyed.ValueState`."""
 
-    __slots__ = ("_backend", "_name", "_cur", "_default", "_ttl", "_touch", "_event", "_now", "_at")
+    __slots__ = ("_backend", "_get", "_put", "_name", "_cur", "_default", "_ttl", "_touch", "_event", "_now",
+                 "_at")
 
     def __init__(self, backend, name: str, current, default: Any, config, registry):
         self._backend, self._name, self._cur, self._default = backend, name, current, default
+        self._get, self._put = backend.get, backend.put  # one lookup, not per call (as ValueState)
         self._ttl = config.ttl_us
         self._touch = config.update == ON_READ_AND_WRITE
         self._event = config.time == EVENT
@@ -36,7 +38,7 @@ class TtlValueState:
     def _live(self):
         """``(value, stamp)`` of the current key, ``None`` if absent or expired (then deleted)."""
         cur = self._cur
-        stored = self._backend.get(self._name, cur.kg, cur.key, _MISSING)
+        stored = self._get(self._name, cur.kg, cur.key, _MISSING)
         if stored is _MISSING:
             return None
         if stored[1] + self._ttl <= self._now():
@@ -45,22 +47,26 @@ class TtlValueState:
         return stored
 
     def value(self) -> Any:
-        stored = self._live()
-        if stored is None:
+        cur = self._cur
+        stored = self._get(self._name, cur.kg, cur.key, _MISSING)  # _live, inlined: once per record
+        if stored is _MISSING:
+            return self._default
+        if stored[1] + self._ttl <= self._now():
+            self._backend.delete(self._name, cur.kg, cur.key)
             return self._default
         if self._touch:
-            cur = self._cur
-            self._backend.put(self._name, cur.kg, cur.key, (stored[0], next_stamp(
+            self._put(self._name, cur.kg, cur.key, (stored[0], next_stamp(
                 EVENT if self._event else "", stored[1], self._at())))
         return stored[0]
 
     def update(self, value: Any) -> None:
         cur = self._cur
-        at = self._at()
         if self._event:  # an older (out-of-order) record never shortens the key's life
             stored = self._live()
-            at = next_stamp(EVENT, None if stored is None else stored[1], at)
-        self._backend.put(self._name, cur.kg, cur.key, (value, at))
+            self._put(self._name, cur.kg, cur.key,
+                      (value, next_stamp(EVENT, None if stored is None else stored[1], self._at())))
+        else:
+            self._put(self._name, cur.kg, cur.key, (value, self._at()))
 
     def clear(self) -> None:
         cur = self._cur
