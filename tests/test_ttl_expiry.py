@@ -249,3 +249,53 @@ def test_an_allowed_change_is_named_in_the_log(caplog):
         TtlRegistry(restored, "op", KGS, Cur(), lambda: MIN_TIME, False, wall_clock=clock).declare(
             "v", "op/v", "value", StateTtl(2 * TTL_S))
     assert "operator 'op', state 'v': restoring with a changed ttl: ttl duration or update kind changed" in caplog.text
+
+
+@pytest.mark.parametrize("backend_kind", ["heap", "rocksdb"])
+def test_event_time_cut_is_kept_for_the_reader_and_the_restored_job(backend_kind):
+    """The TTL record keeps the watermark at the cut: the reader judges event-time entries
+    by it, and a restored operator starts from it (before any watermark arrives, an entry
+    expired at the cut is not returned)."""
+    backend = make(backend_kind)
+    wm = {"t": MIN_TIME}
+    config = StateTtl(TTL_S, time="event")
+    cur, _clock, reg, value, _m = setup(backend, config, timed=True, watermark=lambda: wm["t"])
+    for key, ts in ((1, 0), (2, 50)):  # key 1 last updated at 0 s, key 2 at 50 s
+        cur.key, cur.kg, cur.ts = key, key, ts * 1_000_000
+        value.update(key)
+    wm["t"] = 30 * 1_000_000  # key 1 expired (0 + 10 <= 30), key 2 alive
+    blob = _snapshot(backend, reg)
+    backend.close()
+    live = []
+    for _kg, (values, _maps) in decode_snapshot(blob):
+        ttl = KeyGroupTtl(values, "op/")
+        live += [v for _k, s in values.get("op/v", {}).items() for ok, v in [ttl.live("v", s)] if ok]
+    assert live == [2]
+    restored = make(backend_kind)
+    restored.restore([blob])
+    cur2 = Cur()
+    reg2 = TtlRegistry(restored, "op", KGS, cur2, lambda: MIN_TIME, True)  # no watermark yet
+    reg2.declare("v", "op/v", "value", config)
+    v2 = TtlValueState(restored, "op/v", cur2, None, config, reg2)
+    cur2.key, cur2.kg = 1, 1
+    assert v2.value() is None
+    cur2.key, cur2.kg = 2, 2
+    assert v2.value() == 2
+    restored.close()
+
+
+def test_a_large_sweep_reclaims_the_key_group():
+    backend = RocksDBStateBackend(KGS)
+    calls = []
+    real = backend.reclaim
+    backend.reclaim = lambda state, kg: (calls.append((state, kg)), real(state, kg))
+    config = StateTtl(TTL_S)
+    cur, clock, reg, value, _m = setup(backend, config)
+    for key in range(3000):
+        cur.key, cur.kg = key, 0  # one key group: the sweep deletes >= RECLAIM_MIN there at once
+        value.update(key)
+    clock.t += config.ttl_us
+    reg.after_batch(10_000)
+    assert ("op/v", 0) in calls
+    assert not list(backend.entries())
+    backend.close()
