@@ -19,7 +19,7 @@ from epochal.state.location import open_checkpoint
 from epochal.state.reader import _portable
 from epochal.testing import CrashAtRecord
 from pipelines import canon, output, unique_dir
-from ttl_pipelines import PHASE, REUSE, Sessions, sessions, sessions_oracle
+from ttl_pipelines import PHASE, REUSE, sessions, sessions_oracle
 
 
 def oracle(n: int) -> collections.Counter:
