@@ -150,8 +150,8 @@ class StateContext:
         config = StateTtl.coerce(ttl, f"operator {self._ctx.operator!r}, state {name!r}")
         if self._ttl is None:
             if config is not None:
-                raise ValueError(f"operator {self._ctx.operator!r}, state {name!r}: ttl exists in "
-                                 "KeyedStream.process only")
+                raise ValueError(f"operator {self._ctx.operator!r}, state {name!r}: this context keeps no "
+                                 "TTL bookkeeping (ttl exists in KeyedStream.process and keyed broadcast functions)")
             return None
         self._ttl.declare(name, scoped, kind, config)
         return config
