@@ -35,6 +35,9 @@ class Clock:
     def __call__(self):
         return self.t
 
+    def ns(self):  # the registry's wall clock: processing-time stamps are nanoseconds
+        return self.t * 1000
+
 
 def make(backend_kind: str):
     return HeapStateBackend(KGS, snapshot_mode="thread") if backend_kind == "heap" else RocksDBStateBackend(KGS)
@@ -43,7 +46,7 @@ def make(backend_kind: str):
 def setup(backend, config, timed=False, watermark=None):
     cur, clock = Cur(), Clock()
     wm = watermark or (lambda: MIN_TIME)
-    reg = TtlRegistry(backend, "op", KGS, cur, wm, timed, wall_clock=clock)
+    reg = TtlRegistry(backend, "op", KGS, cur, wm, timed, wall_clock_ns=clock.ns)
     reg.declare("v", "op/v", "value", config)
     reg.declare("m", "op/m", "map", config)
     return cur, clock, reg, TtlValueState(backend, "op/v", cur, None, config, reg), TtlMapState(backend, "op/m", cur, config, reg)
@@ -184,7 +187,7 @@ def test_reader_view_and_restore(backend_kind):
     def view(wall):
         rows = []
         for kg, (values, maps) in decode_snapshot(blob):
-            ttl = KeyGroupTtl(values, "op/", wall_now=wall)
+            ttl = KeyGroupTtl(values, "op/", wall_now=wall * 1000)
             for name, entries in values.items():
                 if name == "op/v":
                     rows += [v for _k, s in entries.items() for live, v in [ttl.live("v", s)] if live]
@@ -198,7 +201,7 @@ def test_reader_view_and_restore(backend_kind):
     restored.restore([blob])
     cur2, clock2 = Cur(), Clock()
     clock2.t = clock.t + config.ttl_us
-    reg2 = TtlRegistry(restored, "op", KGS, cur2, lambda: MIN_TIME, False, wall_clock=clock2)
+    reg2 = TtlRegistry(restored, "op", KGS, cur2, lambda: MIN_TIME, False, wall_clock_ns=clock2.ns)
     reg2.declare("v", "op/v", "value", config)
     v2 = TtlValueState(restored, "op/v", cur2, None, config, reg2)
     cur2.key, cur2.kg = 3, 3
@@ -206,13 +209,13 @@ def test_reader_view_and_restore(backend_kind):
     # the ttl removed on restore: live entries unwrapped (plain values), expired ones dropped
     again = make(backend_kind)
     again.restore([blob])
-    reg3 = TtlRegistry(again, "op", KGS, Cur(), lambda: MIN_TIME, False, wall_clock=Clock())
+    reg3 = TtlRegistry(again, "op", KGS, Cur(), lambda: MIN_TIME, False, wall_clock_ns=Clock().ns)
     reg3.declare("v", "op/v", "value", None)
     assert again.get("op/v", 3, 3) == 3
     # processing -> event time is refused, naming operator and state
     other = make(backend_kind)
     other.restore([blob])
-    reg4 = TtlRegistry(other, "op", KGS, Cur(), lambda: MIN_TIME, True, wall_clock=Clock())
+    reg4 = TtlRegistry(other, "op", KGS, Cur(), lambda: MIN_TIME, True, wall_clock_ns=Clock().ns)
     with pytest.raises(ConfigError, match="operator 'op', state 'v'.*time domain"):
         reg4.declare("v", "op/v", "value", StateTtl(TTL_S, time="event"))
     for b in (restored, again, other):
@@ -246,7 +249,7 @@ def test_an_allowed_change_is_named_in_the_log(caplog):
     restored = HeapStateBackend(KGS, snapshot_mode="thread")
     restored.restore([blob])
     with caplog.at_level("WARNING", logger="epochal"):
-        TtlRegistry(restored, "op", KGS, Cur(), lambda: MIN_TIME, False, wall_clock=clock).declare(
+        TtlRegistry(restored, "op", KGS, Cur(), lambda: MIN_TIME, False, wall_clock_ns=clock.ns).declare(
             "v", "op/v", "value", StateTtl(2 * TTL_S))
     assert "operator 'op', state 'v': restoring with a changed ttl: ttl duration or update kind changed" in caplog.text
 

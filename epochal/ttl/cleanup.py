@@ -51,14 +51,14 @@ class SweepCursor:
 
 @dataclass(frozen=True)
 class TtlTarget:
-    """One TTL state to sweep: its kind (``"value"`` or ``"map"``), backend name, ttl
-    (µs), clock (µs, the same the state's handle uses), and whether every new stamp is at
+    """One TTL state to sweep: its kind (``"value"`` or ``"map"``), backend name, ttl and
+    clock (in its stamps' unit, the same the state's handle uses), and whether every new stamp is at
     least the clock's reading at the time (``monotonic``: processing time; not event time,
     where a late record stamps an entry below the watermark)."""
 
     kind: str
     state: str
-    ttl_us: int
+    ttl: int  # in the stamps' unit (ns for processing time, µs for event time)
     now: Callable[[], int]
     monotonic: bool = False
 
@@ -95,7 +95,7 @@ class Sweeper:
                     continue
             seen, gone, oldest = self.sweep(target, kg)
             if target.monotonic:
-                self._due[i] = min(oldest, now) + target.ttl_us
+                self._due[i] = min(oldest, now) + target.ttl
             scanned += seen + 1
             deleted += gone
         self.deleted += deleted
@@ -104,7 +104,7 @@ class Sweeper:
     def sweep(self, target: TtlTarget, kg: int) -> tuple[int, int, float]:
         """Delete the expired entries of ``target`` in ``kg``: ``(looked at, deleted,
         oldest surviving stamp or inf)``."""
-        b, name, now, ttl = self.backend, target.state, target.now(), target.ttl_us
+        b, name, now, ttl = self.backend, target.state, target.now(), target.ttl
         seen = gone = 0
         oldest = float("inf")
         if target.kind == "value":

@@ -9,9 +9,10 @@ whether or not the sweep had deleted them before the checkpoint.
 """
 from __future__ import annotations
 
-from epochal.time.units import now_micros
+import time as _time
+
 from epochal.ttl.expiry import EVENT, expired
-from epochal.ttl.registry import META, META_KEY
+from epochal.ttl.registry import META, META_KEY, units
 
 __all__ = ["KeyGroupTtl"]
 
@@ -22,14 +23,15 @@ class KeyGroupTtl:
     Args:
         values: the section's value states (``{backend name: {key: value}}``).
         prefix: ``"<operator>/"``.
-        wall_now: the processing-time clock (µs) to judge against; default: now.
+        wall_now: the processing-time clock (ns, as ``time.time_ns``) to judge against;
+            default: now.
     """
 
     def __init__(self, values: dict, prefix: str, wall_now: int | None = None):
         record = (values.get(prefix + META) or {}).get(META_KEY)
         self._states = dict(record["states"]) if record else {}
         self._clock = record.get("clock") if record else None
-        self._wall = now_micros() if wall_now is None else wall_now
+        self._wall = _time.time_ns() if wall_now is None else wall_now
 
     @staticmethod
     def is_meta(short: str) -> bool:
@@ -44,6 +46,6 @@ class KeyGroupTtl:
             return True, stored
         time, ttl_us = desc[0], desc[1]
         now = self._clock if time == EVENT else self._wall
-        if now is not None and expired(stored[1], ttl_us, now):
+        if now is not None and expired(stored[1], ttl_us * units(time), now):
             return False, None
         return True, stored[0]

@@ -29,11 +29,11 @@ import logging
 from typing import Callable
 
 from epochal.errors import ConfigError
-from epochal.time.units import now_micros
+import time
 from epochal.ttl.cleanup import Sweeper, TtlTarget
 from epochal.ttl.expiry import EVENT, PROCESSING, StateTtl, TtlChange, clock_floor, expired, ttl_change
 
-__all__ = ["META", "TtlRegistry", "meta_state"]
+__all__ = ["META", "TtlRegistry", "meta_state", "units"]
 
 META = "~ttl"
 META_KEY = ""
@@ -55,13 +55,16 @@ class TtlRegistry:
         current: the operator's current key (``.kg``, ``.key``, ``.ts`` in µs or ``None``).
         watermark: returns the operator's watermark (µs).
         timed: the operator's input carries event time.
-        wall_clock: processing time in µs (tests substitute a fake clock).
+        wall_clock_ns: processing time in **nanoseconds** (tests substitute a fake clock).
+            Processing-time stamps are kept in ns: the clock is then ``time.time_ns``
+            itself, a builtin — a Python-level µs clock cost 0.3 µs per call, a third of
+            a heap state access, twice per update.
     """
 
     def __init__(self, backend, operator: str, key_groups: range, current, watermark: Callable[[], int],
-                 timed: bool, wall_clock: Callable[[], int] = now_micros):
+                 timed: bool, wall_clock_ns: Callable[[], int] = time.time_ns):
         self.backend, self.operator, self.key_groups = backend, operator, key_groups
-        self._current, self._watermark, self._timed, self._wall = current, watermark, timed, wall_clock
+        self._current, self._watermark, self._timed, self._wall = current, watermark, timed, wall_clock_ns
         self._meta = meta_state(operator)
         restored = [backend.get(self._meta, kg, META_KEY) for kg in key_groups] if backend is not None else []
         self._old: dict[str, tuple] = {}
@@ -76,15 +79,16 @@ class TtlRegistry:
 
     # ------------------------------------------------------------------------ clocks
     def clock(self, config: StateTtl) -> Callable[[], int]:
-        """The clock (µs) against which ``config``'s entries expire."""
+        """The clock against which ``config``'s entries expire, in its stamps' unit
+        (:func:`units`)."""
         if config.time == EVENT:
             watermark, floor = self._watermark, self.floor
             return lambda: max(watermark(), floor)
         return self._wall
 
     def stamp_time(self, config: StateTtl) -> Callable[[], int]:
-        """When an update happens (µs): the record's (or event-time timer's) event time,
-        else the event-time clock; the wall clock for processing time."""
+        """When an update happens: the record's (or event-time timer's) event time (µs),
+        else the event-time clock; the wall clock (ns) for processing time."""
         if config.time == EVENT:
             cur, now = self._current, self.clock(config)
             return lambda: cur.ts if cur.ts is not None else now()
@@ -114,15 +118,17 @@ class TtlRegistry:
         if change is not TtlChange.UNCHANGED:  # allowed: applied, and named in the log
             log.warning("%s: restoring with a changed ttl: %s (checkpoint: %s, now: %s)", where, change.text,
                         _show(old), _show(new))
-        if change is TtlChange.ENABLED:
+        if change is TtlChange.ENABLED:  # only processing time may be enabled: ns stamps
             stamp = self._wall()
             self._rewrite(scoped, kind, lambda value: (value, stamp))
         elif change is TtlChange.DISABLED:
             now = self._wall() if old[0] == PROCESSING else self.floor
-            self._rewrite(scoped, kind, lambda stored: None if expired(stored[1], old[1], now) else stored[0])
+            life = old[1] * units(old[0])
+            self._rewrite(scoped, kind, lambda stored: None if expired(stored[1], life, now) else stored[0])
         if config is not None:
             self._configs[short] = new
-            self._targets.append(TtlTarget(kind, scoped, config.ttl_us, self.clock(config), config.time == PROCESSING))
+            self._targets.append(TtlTarget(kind, scoped, config.ttl_us * units(config.time), self.clock(config),
+                                           config.time == PROCESSING))
 
     def _has_entries(self, scoped: str, kind: str) -> bool:
         b = self.backend
@@ -170,6 +176,12 @@ class TtlRegistry:
         for kg in self.key_groups:
             put(self._meta, kg, META_KEY, record)
         self._had_meta = True
+
+
+def units(time_domain: str) -> int:
+    """Stamp units per µs: processing-time stamps are wall-clock nanoseconds, event-time
+    stamps microseconds (the unit of timestamps and watermarks)."""
+    return 1000 if time_domain == PROCESSING else 1
 
 
 def _show(desc) -> str:

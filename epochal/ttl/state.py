@@ -1,7 +1,8 @@
 """Value and map state with a time-to-live: the handles ``ctx.value_state(name, ttl=...)``
 and ``ctx.map_state(name, ttl=...)`` return.
 
-Every stored value is a plain tuple ``(value, stamp)`` (a tuple, so the heap backend's
+Every stored value is a plain tuple ``(value, stamp)`` — the stamp in wall-clock
+nanoseconds for processing time, in event-time microseconds for event time — (a tuple, so the heap backend's
 copy-on-write treats a stamped immutable value as immutable, as it would the bare value);
 a map state stamps each entry. The rules (when an entry is expired, what an update stamps)
 are :mod:`epochal.ttl.expiry`'s; the clock and the restore checks are the operator's
@@ -14,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from epochal.ttl.expiry import EVENT, ON_READ_AND_WRITE, next_stamp
+from epochal.ttl.registry import units
 
 __all__ = ["TtlMapState", "TtlValueState"]
 
@@ -30,7 +32,7 @@ class TtlValueState:
     def __init__(self, backend, name: str, current, default: Any, config, registry):
         self._backend, self._name, self._cur, self._default = backend, name, current, default
         self._get, self._put = backend.get, backend.put  # one lookup, not per call (as ValueState)
-        self._ttl = config.ttl_us
+        self._ttl = config.ttl_us * units(config.time)  # in stamp units (ns for processing time)
         self._touch = config.update == ON_READ_AND_WRITE
         self._event = config.time == EVENT
         self._now, self._at = registry.clock(config), registry.stamp_time(config)
@@ -81,7 +83,7 @@ class TtlMapState:
 
     def __init__(self, backend, name: str, current, config, registry):
         self._backend, self._name, self._cur = backend, name, current
-        self._ttl = config.ttl_us
+        self._ttl = config.ttl_us * units(config.time)  # in stamp units (ns for processing time)
         self._touch = config.update == ON_READ_AND_WRITE
         self._event = config.time == EVENT
         self._now, self._at = registry.clock(config), registry.stamp_time(config)
