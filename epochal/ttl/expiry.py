@@ -1,8 +1,9 @@
 """State time-to-live: the configuration and the pure rules of expiry.
 
 A keyed state declared with ``ttl=`` keeps, next to every value (every map entry of a map
-state), the *stamp* of its last update: the wall clock for processing-time TTL, the event
-time of the record (or event-time timer) that wrote it for event-time TTL. An entry is
+state), the *stamp* of its last update: the wall clock (nanoseconds) for processing-time TTL, the
+event time (microseconds) of the record (or event-time timer) that wrote it for event-time
+TTL. The rules below take any one unit, as long as stamp, ttl and clock share it. An entry is
 **expired** once the state's clock reaches ``stamp + ttl``:
 
 * processing time: the clock is the wall clock;
@@ -19,7 +20,7 @@ loop, per access of a key::
 
     now = clock.now()
     stored = backend.get(...)                       # (value, stamp) or missing
-    if stored is missing or expired(stored[1], cfg.ttl_us, now): ... absent ...
+    if stored is missing or expired(stored[1], ttl, now): ... absent ...   # ttl in the stamps' unit
     backend.put(..., (value, next_stamp(cfg, stored_stamp_or_None, at)))
 
 Restores compare the checkpoint's TTL of a state with the new declaration through
@@ -90,10 +91,10 @@ class StateTtl:
             raise ConfigError(f"{where}: {exc}") from None
 
 
-def expired(stamp: int, ttl_us: int, now: int) -> bool:
-    """Whether an entry stamped ``stamp`` has expired at clock ``now`` (all µs): its life
-    ``[stamp, stamp + ttl)`` is over once the clock reaches its end."""
-    return stamp + ttl_us <= now
+def expired(stamp: int, ttl: int, now: int) -> bool:
+    """Whether an entry stamped ``stamp`` has expired at clock ``now`` (one unit for all
+    three): its life ``[stamp, stamp + ttl)`` is over once the clock reaches its end."""
+    return stamp + ttl <= now
 
 
 def next_stamp(time: str, old: int | None, at: int) -> int:
