@@ -21,7 +21,7 @@ loop, per access of a key::
     now = clock.now()
     stored = backend.get(...)                       # (value, stamp) or missing
     if stored is missing or expired(stored[1], ttl, now): ... absent ...   # ttl in the stamps' unit
-    backend.put(..., (value, next_stamp(cfg, stored_stamp_or_None, at)))
+    backend.put(..., (value, next_stamp(cfg.time, stored_stamp_or_None, at)))
 
 Restores compare the checkpoint's TTL of a state with the new declaration through
 :func:`ttl_change` (allowed, refused — never silently misread).
