@@ -10,6 +10,7 @@ from epochal.errors import (CheckpointStorageError, ConfigError, EpochalError, J
                             PipelineDefinitionError, SavepointError)
 from epochal.operators.base import DeadLetter
 from epochal.operators.keyed import KeyedProcessFunction
+from epochal.ttl import StateTtl
 
 __version__ = "0.1.0"
 
@@ -17,7 +18,7 @@ __all__ = [
     "ChannelConfig", "CheckpointConfig", "ClusterConfig", "CheckpointStorageError", "ConfigError", "Dataflow", "DeadLetter",
     "EpochalError",
     "Guarantee", "JobFailedError", "MetricsConfig", "KeyedProcessFunction", "KeyedStream", "OperatorError",
-    "PipelineDefinitionError", "RestartStrategy", "SavepointError", "Stream", "columnar", "sinks", "sources", "state",
+    "PipelineDefinitionError", "RestartStrategy", "SavepointError", "StateTtl", "Stream", "columnar", "sinks", "sources", "state",
     "testing", "time", "windows",
 ]
 

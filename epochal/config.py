@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from epochal.errors import ConfigError
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")
-_UNIT = {None: 1.0, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$")
+_UNIT = {None: 1.0, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 #: the largest frame a receiver accepts (epochal.runtime.transport.wire.MAX_FRAME)
 MAX_FRAME_BYTES = 1 << 30
 
@@ -39,7 +39,7 @@ def parse_duration(value, key: str, *, optional: bool = False) -> float | None:
     else:
         m = _DURATION.match(str(value))
         if not m:
-            raise ConfigError(f"{key}: cannot parse duration {value!r} (use e.g. 0.5, '200ms', '1s', '2min')")
+            raise ConfigError(f"{key}: cannot parse duration {value!r} (use e.g. 0.5, '200ms', '1s', '2min', '1h', '30d')")
         seconds = float(m.group(1)) * _UNIT[m.group(2)]
     if not math.isfinite(seconds) or seconds < 0:
         raise ConfigError(f"{key}: duration must be finite and >= 0, got {value!r}")

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 from epochal.backends.keygroups import MAX_MAX_PARALLELISM
+from epochal.broadcast import api as _broadcast_api  # noqa: F401  (registers Stream.connect_broadcast's builder)
 from epochal.columnar import build as _columnar_build  # noqa: F401  (registers the builders of Arrow batches)
 from epochal.columnar import time as _columnar_time  # noqa: F401
 from epochal.columnar import windows as _columnar_windows  # noqa: F401

@@ -54,6 +54,8 @@ class NodeKind(enum.Enum):
     TO_BATCHES = "to_batches"  # Python records → Arrow batches
     AGGREGATE = "aggregate"  # keyed vectorized aggregation of Arrow batches
     LOCAL_AGGREGATE = "local_aggregate"  # its pre-aggregation before the shuffle (stateless)
+    BROADCAST_PROCESS = "broadcast_process"  # stream.connect_broadcast(rules).process (epochal/broadcast)
+    KEYED_BROADCAST_PROCESS = "keyed_broadcast_process"  # the same on a keyed stream
 
 
 @dataclass(frozen=True)
@@ -89,4 +91,5 @@ class Node:
         return self.kind in KEYED_KINDS
 
 
-KEYED_KINDS = frozenset({NodeKind.REDUCE, NodeKind.PROCESS, NodeKind.WINDOW, NodeKind.AGGREGATE})
+KEYED_KINDS = frozenset({NodeKind.REDUCE, NodeKind.PROCESS, NodeKind.WINDOW, NodeKind.AGGREGATE,
+                         NodeKind.KEYED_BROADCAST_PROCESS})

@@ -301,6 +301,14 @@ class Stream:
             ports.extend(other._ports)
         return Stream(self._flow, tuple(ports))
 
+    def connect_broadcast(self, rules: "Stream"):
+        """Connect this stream with ``rules``, whose every element reaches every subtask of
+        the next operator and is kept in its broadcast state: ``.process(name, fn)`` with a
+        :class:`~epochal.broadcast.BroadcastProcessFunction` (a
+        :class:`~epochal.broadcast.KeyedBroadcastProcessFunction` on a keyed stream). See
+        docs/ttl-broadcast.md."""
+        return _BUILDERS["connect_broadcast"](self, rules)
+
     def iterate(self, name: str, body: Callable, *, parallelism: int | None = None,
                 log_memory_records: int = 100_000) -> "Stream":
         """A feedback loop: ``body(loop_input)`` returns ``(feedback, output)``.
@@ -344,23 +352,36 @@ class KeyedStream(Stream):
         self._key_fn = key_fn
 
     def reduce(self, name: str, fn: Callable, *, initial: Any = _MISSING, parallelism: int | None = None,
-               dead_letters: bool = False) -> Stream:
+               dead_letters: bool = False, ttl=None) -> Stream:
         """Rolling reduce per key: ``acc = fn(acc, record)``; emits each new ``acc``.
 
-        Without ``initial`` the key's first record is its first accumulator.
+        Without ``initial`` the key's first record is its first accumulator. ``ttl`` (a
+        duration or :class:`~epochal.ttl.StateTtl`): a key's accumulator expires that long
+        after its last update, and the key starts afresh (docs/ttl-broadcast.md).
         """
         check_callable(fn, name, "reduce")
-        extra = () if initial is _MISSING else (initial,)
+        from epochal.ttl.expiry import EVENT, StateTtl
+
+        config = StateTtl.coerce(ttl, f"reduce {name!r}")
+        if config is not None and config.time == EVENT and not self._timed(name):
+            raise PipelineDefinitionError(f"reduce {name!r}: event-time ttl needs event time on its input; call "
+                                          "with_watermarks upstream or use time='processing'")
+        extra = (() if initial is _MISSING else (initial,)) + (() if config is None else (config,))
         node = self._then(NodeKind.REDUCE, name, fn, parallelism, self._key_fn, extra, dead_letters=dead_letters)
         return Stream(self._flow, (Input(node.name, FORWARD),))
 
-    def window(self, assigner, *, allowed_lateness=0):
+    def window(self, assigner, *, allowed_lateness=0, ttl=None):
         """Cut each key's records into windows: ``Tumbling(size)``, ``Sliding(size, slide)``
         or ``Session(gap)`` from :mod:`epochal.windows`; finish with ``.reduce``,
         ``.aggregate`` or ``.process``. Event-time windows need :meth:`with_watermarks`
         upstream. ``allowed_lateness`` (a duration) keeps a window's state after it fired:
         records up to that much behind the watermark update it (it fires again); later ones
-        go to the result's ``.late()`` side output."""
+        go to the result's ``.late()`` side output. Window state has no ``ttl``: it ends
+        with its window (plus ``allowed_lateness``)."""
+        if ttl is not None:
+            raise PipelineDefinitionError("window: ttl is not supported — a window's state is deleted when the window "
+                                          "ends (after allowed_lateness); for state that outlives windows use "
+                                          "process(...) with ctx.value_state(name, ttl=...)")
         if self._columnar("window"):  # Arrow batches: vectorized windows (epochal.columnar.windows)
             return _BUILDERS["columnar.window"](self, assigner, allowed_lateness)
         return _BUILDERS["window"](self, assigner, allowed_lateness)
@@ -376,6 +397,10 @@ class KeyedStream(Stream):
         ``budget_bytes`` (per subtask). ``local`` (default: when every aggregation combines
         in Arrow): pre-aggregate in the producing tasks before the shuffle
         (:mod:`epochal.columnar.build`)."""
+        if "ttl" in aggregations:
+            raise PipelineDefinitionError(f"aggregate {name!r}: ttl is not supported on the columnar aggregate's "
+                                          "keyed results yet; use records with reduce(..., ttl=...) or "
+                                          "process(...) with ctx.value_state(name, ttl=...)")
         return _BUILDERS["columnar.aggregate"](self, name, parallelism, aggregations, local, budget_bytes)
 
     def process(self, name: str, function, *, parallelism: int | None = None, dead_letters: bool = False) -> Stream:

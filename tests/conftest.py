@@ -38,5 +38,7 @@ def pytest_configure(config):
 
     sys.path.insert(0, os.path.dirname(__file__))
     import pipelines
+    import ttl_pipelines
 
     cloudpickle.register_pickle_by_value(pipelines)
+    cloudpickle.register_pickle_by_value(ttl_pipelines)

@@ -184,6 +184,8 @@ def test_connectors_never_import_the_runtime(graph):
 #: written before: keep it where it is (re-exporting is not enough, pickle stores the
 #: defining module), or add an alias for the old path to the unpickler.
 PICKLED_BY_PATH = [
+    "epochal.broadcast.state.BroadcastElement",
+    "epochal.broadcast.state.BroadcastSnapshot",
     "epochal.sinks.files.FileTransaction",
     "epochal.sinks.log.LogTransaction",
     "epochal.sinks.transactions.TwoPhaseCommitState",

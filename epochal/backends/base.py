@@ -300,6 +300,12 @@ class KeyedStateBackend(ABC):
         :mod:`epochal.query`). Task thread; the caller releases it."""
         raise NotImplementedError(f"{type(self).__name__} cannot pin a view for queries")
 
+    def reclaim(self, state: str, kg: int) -> None:
+        """Many entries of ``state`` in key group ``kg`` were just deleted (the TTL sweep,
+        :mod:`epochal.ttl.cleanup`): free their space now if the backend keeps deletions
+        around (RocksDB: compact that key range). Task thread; default: no-op (the heap
+        frees on delete)."""
+
     def notify_epoch_complete(self, epoch: int) -> None:
         """Epoch ``epoch`` completed (its ``_metadata`` is written). Task thread. Backends
         with incremental snapshots move their base to that epoch's files; default: no-op."""

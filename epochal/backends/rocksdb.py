@@ -176,6 +176,15 @@ class RocksDBStateBackend(KeyedStateBackend):
                 for k, _raw in list(scan(self._db, prefix, _prefix_end(prefix))):
                     self._db.delete(k)
 
+    def reclaim(self, state: str, kg: int) -> None:
+        """Compact the key range of ``state`` in ``kg`` (both kinds): tombstones and the
+        entries they shadow leave the SST files, bounded by one key group's range."""
+        for kind in (VALUE, MAP):
+            sid = self._sids.get((kind, state))
+            if sid is not None:
+                prefix = HEAD.pack(kg, sid, 0)[:4]
+                self._db.compact_range(prefix, _prefix_end(prefix))
+
     # -------------------------------------------------------------------- value state
     def get(self, state: str, kg: int, key, default=None):
         k = self._key(VALUE, state, kg, key)

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from epochal.graph import Node, NodeKind
+from epochal.ttl.expiry import StateTtl
 from epochal.operators.base import OperatorContext, RuntimeOperator
-from epochal.operators.keyed import KeyedProcessOperator, ReduceOperator
+from epochal.operators.keyed import KeyedProcessOperator, ReduceOperator, TtlReduceOperator
 from epochal.operators.sink import SinkOperator
 from epochal.operators.stateless import (
     FilterOperator,
@@ -35,8 +36,13 @@ def _create(node: Node, ctx: OperatorContext) -> RuntimeOperator:
         return (TimedFlatMapOperator if timed else FlatMapOperator)(ctx, node.payload)
     if kind is NodeKind.FILTER:
         return (TimedFilterOperator if timed else FilterOperator)(ctx, node.payload)
-    if kind is NodeKind.REDUCE:
-        return ReduceOperator(ctx, node.key_fn, node.payload, *node.extra, timed=timed)
+    if kind is NodeKind.REDUCE:  # extra: (initial?, StateTtl?)
+        extra, ttl = node.extra, None
+        if extra and isinstance(extra[-1], StateTtl):
+            extra, ttl = extra[:-1], extra[-1]
+        if ttl is not None:
+            return TtlReduceOperator(ctx, node.key_fn, node.payload, *extra, timed=timed, ttl=ttl)
+        return ReduceOperator(ctx, node.key_fn, node.payload, *extra, timed=timed)
     if kind is NodeKind.PROCESS:
         return KeyedProcessOperator(ctx, node.key_fn, node.payload, timed=timed)
     if kind is NodeKind.SINK:  # batches keep event time in a column, never in pairs
@@ -61,6 +67,14 @@ def _create(node: Node, ctx: OperatorContext) -> RuntimeOperator:
         from epochal.windows.operator import create_window_operator
 
         return create_window_operator(ctx, node)
+    if kind is NodeKind.BROADCAST_PROCESS:
+        from epochal.broadcast.operator import BroadcastProcessOperator
+
+        return BroadcastProcessOperator(ctx, node.payload, timed=timed)
+    if kind is NodeKind.KEYED_BROADCAST_PROCESS:
+        from epochal.broadcast.operator import KeyedBroadcastProcessOperator
+
+        return KeyedBroadcastProcessOperator(ctx, node.key_fn, node.payload, timed=timed)
     if kind is NodeKind.LOOP_HEAD:
         from epochal.loops.head import LoopHeadOperator
 

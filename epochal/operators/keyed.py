@@ -17,7 +17,10 @@ from typing import Any, Callable, Iterable
 from epochal.backends.keygroups import KeyGroupAssigner
 from epochal.operators.base import OperatorContext, RuntimeOperator
 from epochal.time.timers import EVENT_TIME, TimerService
-from epochal.time.units import to_seconds
+from epochal.time.units import MIN_TIME, to_seconds
+from epochal.ttl.expiry import StateTtl
+from epochal.ttl.registry import META, TtlRegistry
+from epochal.ttl.state import TtlMapState, TtlValueState
 
 _MISSING = object()
 
@@ -97,10 +100,12 @@ class StateContext:
     State names are scoped to the operator, so two operators may both use ``"count"``.
     """
 
-    def __init__(self, ctx: OperatorContext, current: _CurrentKey, timers: TimerService | None = None):
+    def __init__(self, ctx: OperatorContext, current: _CurrentKey, timers: TimerService | None = None,
+                 ttl: TtlRegistry | None = None):
         self._ctx = ctx
         self._current = current
         self._timers = timers
+        self._ttl = ttl
         self._declared: set[str] = set()
         self.subtask = ctx.subtask
         self.parallelism = ctx.parallelism
@@ -136,25 +141,50 @@ class StateContext:
             raise ValueError(f"operator {self._ctx.operator!r}: state name must be a non-empty string, got {name!r}")
         if name in self._declared:
             raise ValueError(f"operator {self._ctx.operator!r}: state {name!r} declared twice")
+        if name == META:
+            raise ValueError(f"operator {self._ctx.operator!r}: state name {META!r} is reserved (TTL bookkeeping)")
         self._declared.add(name)
         return f"{self._ctx.operator}/{name}"
 
-    def value_state(self, name: str, default: Any = None, queryable: bool = False) -> ValueState:
-        """One value per key; ``queryable``: a running job answers lookups of it
-        (``JobHandle.query``, :mod:`epochal.query`; absent keys read as ``default``)."""
+    def _ttl_of(self, name: str, scoped: str, kind: str, ttl) -> StateTtl | None:
+        config = StateTtl.coerce(ttl, f"operator {self._ctx.operator!r}, state {name!r}")
+        if self._ttl is None:
+            if config is not None:
+                raise ValueError(f"operator {self._ctx.operator!r}, state {name!r}: this context keeps no "
+                                 "TTL bookkeeping (ttl exists in KeyedStream.process and keyed broadcast functions)")
+            return None
+        self._ttl.declare(name, scoped, kind, config)
+        return config
+
+    def value_state(self, name: str, default: Any = None, queryable: bool = False, *,
+                    ttl: StateTtl | Any = None) -> ValueState:
+        """One value per key. ``queryable``: a running job answers lookups of it
+        (``JobHandle.query``, :mod:`epochal.query`; absent keys read as ``default``).
+        ``ttl``: a duration or :class:`~epochal.ttl.StateTtl`; the value then expires that
+        long after its last update (see docs/ttl-broadcast.md)."""
         scoped = self._scoped(name)
+        config = self._ttl_of(name, scoped, "value", ttl)
         if queryable:
-            self._register_queryable(scoped, "value", default)
+            self._register_queryable(name, scoped, "value", default, config)
+        if config is not None:
+            return TtlValueState(self._ctx.keyed_backend, scoped, self._current, default, config, self._ttl)
         return ValueState(self._ctx.keyed_backend, scoped, self._current, default)
 
-    def map_state(self, name: str, queryable: bool = False) -> MapState:
-        """A map per key; ``queryable``: lookups return a key's whole map (heap backend)."""
+    def map_state(self, name: str, queryable: bool = False, *, ttl: StateTtl | Any = None) -> MapState:
+        """A map per key. ``queryable``: lookups return a key's whole map (heap backend).
+        ``ttl``: each entry expires that long after its last update."""
         scoped = self._scoped(name)
+        config = self._ttl_of(name, scoped, "map", ttl)
         if queryable:
-            self._register_queryable(scoped, "map", None)
+            self._register_queryable(name, scoped, "map", None, config)
+        if config is not None:
+            return TtlMapState(self._ctx.keyed_backend, scoped, self._current, config, self._ttl)
         return MapState(self._ctx.keyed_backend, scoped, self._current)
 
-    def _register_queryable(self, scoped: str, kind: str, default: Any) -> None:
+    def _register_queryable(self, name: str, scoped: str, kind: str, default: Any, ttl) -> None:
+        if ttl is not None:
+            raise ValueError(f"operator {self._ctx.operator!r}, state {name!r}: queryable state with a ttl is not "
+                             "supported yet (a lookup would not know which entries expired); drop one of them")
         registry = (self._ctx.extras or {}).get("queryable")
         if registry is not None:  # the task serves it (epochal.query.server)
             registry[scoped] = (kind, default)
@@ -294,6 +324,49 @@ class ReduceOperator(_KeyedOperator):
         return out
 
 
+class TtlReduceOperator(ReduceOperator):
+    """``reduce(..., ttl=...)``: the accumulator is a TTL value state
+    (:class:`~epochal.ttl.state.TtlValueState`); an expired key starts afresh."""
+
+    def __init__(self, ctx, key_fn, fn, initial=_MISSING, timed: bool = False, ttl: StateTtl | None = None):
+        super().__init__(ctx, key_fn, fn, initial, timed)
+        self._watermark = MIN_TIME
+        self.ttl = TtlRegistry(ctx.keyed_backend, ctx.operator, ctx.key_groups, self.current,
+                               lambda: self._watermark, timed)
+        self.ttl.declare("acc", self.state, "value", ttl)
+        self.acc = TtlValueState(ctx.keyed_backend, self.state, self.current, _MISSING, ttl, self.ttl)
+
+    def process_batch(self, records: list) -> list:
+        fn, initial, cur, timed, acc_state = self.fn, self.initial, self.current, self.timed, self.acc
+        out = []
+        for record in records:
+            value = record[1] if timed else record
+            try:
+                self._set_key(value)
+                cur.ts = record[0] if timed else None
+                acc = acc_state.value()
+                if acc is _MISSING:
+                    acc = value if initial is _MISSING else fn(initial, value)
+                else:
+                    acc = fn(acc, value)
+                acc_state.update(acc)
+            except Exception as exc:
+                self.reject(value, exc)
+                continue
+            out.append((record[0], acc) if timed else acc)
+        self.ttl.after_batch(len(records))
+        return out
+
+    def on_watermark(self, watermark: int) -> list:
+        self._watermark = max(self._watermark, watermark)
+        self.ttl.after_batch(0)
+        return []
+
+    def snapshot(self, epoch: int):
+        self.ttl.snapshot()
+        return None
+
+
 class KeyedProcessOperator(_KeyedOperator):
     """Runs a :class:`KeyedProcessFunction` with its declared keyed state and timers."""
 
@@ -302,9 +375,25 @@ class KeyedProcessOperator(_KeyedOperator):
         self.function = function
         self.timers = TimerService(ctx.keyed_backend, ctx.operator, self.current, ctx.key_groups)
         self._fired: list = []
-        function.open(StateContext(ctx, self.current, self.timers))
+        timers = self.timers
+        self.ttl = TtlRegistry(ctx.keyed_backend, ctx.operator, ctx.key_groups, self.current,
+                               lambda: timers.watermark_us, timed)
+        function.open(StateContext(ctx, self.current, self.timers, self.ttl))
+        self._sweeps = self.ttl.active
 
     def process_batch(self, records: list) -> list:
+        out = self._process_batch(records)
+        if self._sweeps:
+            self.ttl.after_batch(len(records))
+        return out
+
+    def snapshot(self, epoch: int):
+        """Writes the TTL record of the key groups (:mod:`epochal.ttl.registry`); the keyed
+        state itself is snapshotted by the backend right after."""
+        self.ttl.snapshot()
+        return None
+
+    def _process_batch(self, records: list) -> list:
         timed = self.timed
         values = [r[1] for r in records] if timed else records
         keyed = self._keys(values)
@@ -362,6 +451,8 @@ class KeyedProcessOperator(_KeyedOperator):
     def on_watermark(self, watermark: int) -> list:
         self.timers.advance_watermark(watermark, self._fire)
         fired, self._fired = self._fired, []
+        if self._sweeps:  # event-time entries expire as the watermark moves
+            self.ttl.after_batch(0)
         return fired
 
     def next_processing_time(self) -> int | None:

@@ -45,6 +45,7 @@ from epochal.backends.formats import (decode_snapshot, incremental_to_portable, 
                                       is_incremental_descriptor, read_forked_descriptor)
 from epochal.errors import CheckpointStorageError, ConfigError
 from epochal.state.location import Checkpoint, open_checkpoint
+from epochal.ttl.reading import KeyGroupTtl
 
 __all__ = ["ENCODINGS", "keyed_entries", "read", "to_table"]
 
@@ -99,17 +100,23 @@ def keyed_entries(url_or_checkpoint, operator: str, state: str | None = None) ->
             continue
         try:
             for kg, (values, maps) in decode_snapshot(_portable(item, ckpt)):
+                ttl = KeyGroupTtl(values, prefix)  # expired entries are never returned
                 for name, entries in values.items():
                     name = _COLUMNAR_BLOCKS.get(name[len(prefix):], name[len(prefix):]) if name.startswith(prefix) \
                         else None
-                    if name is not None and (state is None or name == state):
+                    if name is not None and not ttl.is_meta(name) and (state is None or name == state):
                         for key, value in _entries(entries):
-                            yield key, kg, name, "value", None, value
+                            live, value = ttl.live(name, value)
+                            if live:
+                                yield key, kg, name, "value", None, value
                 for name, entries in maps.items():
                     if name.startswith(prefix) and (state is None or name[len(prefix):] == state):
+                        short = name[len(prefix):]
                         for key, inner in entries.items():
                             for mk, value in inner.items():
-                                yield key, kg, name[len(prefix):], "map", mk, value
+                                live, value = ttl.live(short, value)
+                                if live:
+                                    yield key, kg, short, "map", mk, value
         except CheckpointStorageError as exc:
             raise CheckpointStorageError(f"keyed state of task {task} in {ckpt.kind} {ckpt.url}: {exc}") from exc
 

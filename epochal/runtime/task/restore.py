@@ -3,6 +3,8 @@
 The checkpoint's ``_metadata`` lists every old task's state file with its chain and
 subtask. A new task takes:
 
+* state shared by all subtasks (broadcast state, stored by one subtask) from whichever old
+  subtask stored it, at any parallelism (its class's ``rescale``);
 * each operator's own (non-keyed) state from the old task with the same subtask; after a
   rescale, the state's class redistributes it if it can (a ``rescale(states, subtask,
   parallelism)`` classmethod: two-phase-commit sinks hand old subtask ``j``'s pending
@@ -90,7 +92,8 @@ def load_restored_state(plan, spec, restore: dict | None, storage) -> RestoredSt
             continue
         if nodes[name].is_keyed:
             result.keyed.extend(blobs[t]["keyed"] for t in holders if blobs[t]["keyed"] is not None)
-            continue
+            if all(blobs[t]["operators"].get(name) is None for t in holders):
+                continue  # keyed state only (a keyed broadcast operator also has operator state)
         if name == spec.chain[0] and spec.is_source:
             # every old subtask's offsets, also at the same parallelism: the reader takes the
             # entries of the splits it owns now, which may have moved (a topic that gained
@@ -98,7 +101,10 @@ def load_restored_state(plan, spec, restore: dict | None, storage) -> RestoredSt
             result.source = merge_offsets([blobs[t]["source"] for t in holders])
             continue
         states = {relevant[t]["subtask"]: blobs[t]["operators"].get(name) for t in holders}
-        if old_p == spec.parallelism:
+        shared = next((s for s in states.values() if getattr(s, "shared_by_all_subtasks", False)), None)
+        if shared is not None:  # the same for every subtask, stored once (broadcast state)
+            result.operators[name] = type(shared).rescale(states, spec.subtask, spec.parallelism)
+        elif old_p == spec.parallelism:
             if states.get(spec.subtask) is not None:
                 result.operators[name] = states[spec.subtask]
         elif any(s is not None for s in states.values()):

@@ -242,7 +242,7 @@ class Task(ReadSteps, BarrierSteps, QuerySteps):
                 generation=self.attempt.generation, job=self.plan.job, max_parallelism=self.plan.max_parallelism,
                 keyed_backend=self.backend, key_groups=self.spec.key_groups,
                 extras={"sink_mode": self.attempt.components.sink_mode, "lineage": self.attempt.lineage,
-                        "queryable": self.queryable},
+                        "queryable": self.queryable, "snapshot_modes": self.attempt.components.snapshot_modes},
             )
             op = self.faults.wrap(name, create_operator(nodes[name], ctx))
             op.restore(restored.operators.get(name))

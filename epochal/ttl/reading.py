@@ -1,0 +1,51 @@
+"""The offline view of TTL state: which entries a reader of a checkpoint may return.
+
+A key group's TTL record (:mod:`epochal.ttl.registry`) says which of the operator's states
+are stamped and with what TTL; the reader (:mod:`epochal.state.reader`, the ``epochal
+state`` CLI, savepoint reads) unwraps live entries and leaves out expired ones, judged
+against the wall clock at read time for processing-time TTL and against the event-time
+clock recorded at the cut for event-time TTL — so expired values are never returned,
+whether or not the sweep had deleted them before the checkpoint.
+"""
+from __future__ import annotations
+
+import time as _time
+
+from epochal.ttl.expiry import EVENT, expired
+from epochal.ttl.registry import META, META_KEY, units
+
+__all__ = ["KeyGroupTtl"]
+
+
+class KeyGroupTtl:
+    """TTL of one key group's states as recorded in a checkpoint section.
+
+    Args:
+        values: the section's value states (``{backend name: {key: value}}``).
+        prefix: ``"<operator>/"``.
+        wall_now: the processing-time clock (ns, as ``time.time_ns``) to judge against;
+            default: now.
+    """
+
+    def __init__(self, values: dict, prefix: str, wall_now: int | None = None):
+        record = (values.get(prefix + META) or {}).get(META_KEY)
+        self._states = dict(record["states"]) if record else {}
+        self._clock = record.get("clock") if record else None
+        self._wall = _time.time_ns() if wall_now is None else wall_now
+
+    @staticmethod
+    def is_meta(short: str) -> bool:
+        """``short`` is the reserved TTL record, not user state."""
+        return short == META
+
+    def live(self, short: str, stored):
+        """``(True, value)`` for a live entry of state ``short`` (unwrapped when the state
+        is stamped), ``(False, None)`` for an expired one."""
+        desc = self._states.get(short)
+        if desc is None:
+            return True, stored
+        time, ttl_us = desc[0], desc[1]
+        now = self._clock if time == EVENT else self._wall
+        if now is not None and expired(stored[1], ttl_us * units(time), now):
+            return False, None
+        return True, stored[0]
