@@ -54,6 +54,8 @@ class NodeKind(enum.Enum):
     TO_BATCHES = "to_batches"  # Python records → Arrow batches
     AGGREGATE = "aggregate"  # keyed vectorized aggregation of Arrow batches
     LOCAL_AGGREGATE = "local_aggregate"  # its pre-aggregation before the shuffle (stateless)
+    CO_PROCESS = "co_process"  # Stream.connect(...).process: two inputs (epochal/coprocess)
+    KEYED_CO_PROCESS = "keyed_co_process"  # KeyedStream.connect(...).process and the joins (epochal/joins)
 
 
 @dataclass(frozen=True)
@@ -89,4 +91,5 @@ class Node:
         return self.kind in KEYED_KINDS
 
 
-KEYED_KINDS = frozenset({NodeKind.REDUCE, NodeKind.PROCESS, NodeKind.WINDOW, NodeKind.AGGREGATE})
+KEYED_KINDS = frozenset({NodeKind.REDUCE, NodeKind.PROCESS, NodeKind.WINDOW, NodeKind.AGGREGATE,
+                         NodeKind.KEYED_CO_PROCESS})

@@ -61,6 +61,10 @@ def _create(node: Node, ctx: OperatorContext) -> RuntimeOperator:
         from epochal.windows.operator import create_window_operator
 
         return create_window_operator(ctx, node)
+    if kind in (NodeKind.CO_PROCESS, NodeKind.KEYED_CO_PROCESS):
+        from epochal.coprocess.operator import create_co_operator
+
+        return create_co_operator(ctx, node)
     if kind is NodeKind.LOOP_HEAD:
         from epochal.loops.head import LoopHeadOperator
 

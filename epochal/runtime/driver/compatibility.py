@@ -26,13 +26,14 @@ from epochal.graph import NodeKind
 #: operator kinds whose instances may hold state in a checkpoint
 STATEFUL_KINDS = frozenset({NodeKind.SOURCE.value, NodeKind.REDUCE.value, NodeKind.PROCESS.value,
                             NodeKind.SINK.value, NodeKind.LOOP_HEAD.value, NodeKind.WINDOW.value,
-                            NodeKind.WATERMARKS.value, NodeKind.AGGREGATE.value})
+                            NodeKind.WATERMARKS.value, NodeKind.AGGREGATE.value,
+                            NodeKind.KEYED_CO_PROCESS.value})
 #: kinds whose state is keyed (needs the same key-group count)
 KEYED_KINDS = frozenset(k.value for k in graph.KEYED_KINDS)
 
 _WHAT = {"source": "source offsets", "reduce": "keyed state", "process": "keyed state and timers",
          "window": "window contents and timers", "watermarks": "a watermark position",
-         "aggregate": "keyed aggregates",
+         "aggregate": "keyed aggregates", "keyed_co_process": "keyed state and timers (two inputs, joins)",
          "sink": "sink transactions", "loop_head": "a loop's in-transit log"}
 
 
