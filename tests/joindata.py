@@ -83,7 +83,7 @@ def split_rows(n: int = N) -> tuple[list, list, list]:
     return left, right, late
 
 
-def sides(flow: ep.Dataflow, n: int = N, rate: float | None = None):
+def sides(flow: ep.Dataflow, n: int = N, rate: float | None = 6000.0):
     """The keyed left and right streams of the rows (source and watermarks at parallelism 1)."""
     source = ep.sources.GeneratorSource(lambda s, o: rows_from(s, o, n), num_splits=1, limit=n,
                                         records_per_second=rate)
@@ -143,3 +143,16 @@ def temporal_oracle(probes: list, versions: list, how: str) -> collections.Count
         elif how == "left":
             out[(p[3], None)] += 1
     return out
+
+
+def _ship_by_value() -> None:
+    """Task processes cannot import this test helper: its functions travel by value
+    (as tests/conftest.py does for tests/pipelines.py)."""
+    import sys
+
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+_ship_by_value()
