@@ -83,7 +83,7 @@ def test_keyed_co_process_function_with_state_and_timers_on_both_inputs(tmp_path
     out = left.connect(right).process("pending", Pending(), parallelism=2)
     path = unique_dir(tmp_path, "out")
     out.sink("out", FileSink(path))
-    result = _run(flow, tmp_path, [CrashAtRecord("pending", subtask=1, record=700, how="exit", after_epoch=2)])
+    result = _run(flow, tmp_path, [CrashAtRecord("pending", subtask=0, record=1000, how="exit", after_epoch=1)])
     _fired(result)
     rows = jd.all_rows()
     expected = collections.Counter()
@@ -138,7 +138,7 @@ def test_interval_join_against_nested_loops(tmp_path, how, backend):
     out, late = unique_dir(tmp_path, "out"), unique_dir(tmp_path, "late")
     joined.sink("out", FileSink(out))
     joined.late().sink("late", FileSink(late))
-    result = _run(flow, tmp_path, [CrashAtRecord("join", subtask=0, record=600, how="exit", after_epoch=2)],
+    result = _run(flow, tmp_path, [CrashAtRecord("join", subtask=0, record=900, how="exit", after_epoch=1)],
                   backend=backend, channels=ep.ChannelConfig(batch_size=jd.BATCH))
     _fired(result)
     l_rows, r_rows, late_rows = jd.split_rows()
@@ -155,7 +155,7 @@ def test_tumbling_window_join_against_nested_loops(tmp_path, how):
     out = unique_dir(tmp_path, "out")
     joined.sink("out", FileSink(out))
     joined.late().sink("late", FileSink(unique_dir(tmp_path, "late")))
-    _fired(_run(flow, tmp_path, [CrashAtRecord("wjoin", subtask=1, record=500, how="exit", after_epoch=2)],
+    _fired(_run(flow, tmp_path, [CrashAtRecord("wjoin", subtask=0, record=800, how="exit", after_epoch=1)],
                 channels=ep.ChannelConfig(batch_size=jd.BATCH)))
     l_rows, r_rows, _ = jd.split_rows()
     assert _pairs(out) == jd.tumbling_oracle(l_rows, r_rows, 0.5, how)
@@ -169,7 +169,7 @@ def test_temporal_join_against_the_versions_current_at_each_rows_time(tmp_path, 
     out = unique_dir(tmp_path, "out")
     joined.sink("out", FileSink(out))
     joined.late().sink("late", FileSink(unique_dir(tmp_path, "late")))
-    _fired(_run(flow, tmp_path, [CrashAtRecord("tjoin", subtask=0, record=500, how="exit", after_epoch=2)],
+    _fired(_run(flow, tmp_path, [CrashAtRecord("tjoin", subtask=0, record=800, how="exit", after_epoch=1)],
                 channels=ep.ChannelConfig(batch_size=jd.BATCH)))
     l_rows, r_rows, _ = jd.split_rows()
     assert _pairs(out) == jd.temporal_oracle(l_rows, r_rows, how)
