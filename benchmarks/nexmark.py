@@ -63,10 +63,10 @@ def _rows(directory: str) -> collections.Counter:
     return out
 
 
-def run_epochal(query: str, n: int, work: str, parallelism: int) -> dict:
+def run_epochal(query: str, n: int, work: str, parallelism: int, tag: str) -> dict:
     import epochal as ep
 
-    out = os.path.join(work, f"epochal-{query}-{n}")
+    out = os.path.join(work, f"epochal-{query}-{tag}")
     flow = nq.epochal_flow(query, n, out, parallelism)
     rec: dict = {}
     result = harness.run_job(flow, rec, 1800, runtime="local",
@@ -118,9 +118,9 @@ def spark_session(parallelism: int):
     return spark
 
 
-def run_spark(spark, query: str, n: int, work: str) -> dict:
+def run_spark(spark, query: str, n: int, work: str, tag: str) -> dict:
     indir = write_parquet(n, work)
-    out, ck = os.path.join(work, f"spark-{query}-{n}"), os.path.join(work, f"spark-{query}-{n}-ck")
+    out, ck = os.path.join(work, f"spark-{query}-{tag}"), os.path.join(work, f"spark-{query}-{tag}-ck")
     files = len(os.listdir(indir))
     events = spark.readStream.schema(nq.SPARK_SCHEMA).option("maxFilesPerTrigger", files - 1).parquet(indir)
     frame = nq.spark_query(query, events)
@@ -169,9 +169,9 @@ def main(argv=None) -> int:
             for engine in engines:
                 rec = entry[engine] = {}
                 try:
-                    run = (lambda n: run_epochal(query, n, work, args.parallelism)) if engine == "epochal" else \
-                        (lambda n: run_spark(spark, query, n, work))
-                    check = run(args.check_events)
+                    run = (lambda n, tag: run_epochal(query, n, work, args.parallelism, tag)) if engine == "epochal" \
+                        else (lambda n, tag: run_spark(spark, query, n, work, tag))
+                    check = run(args.check_events, "check")
                     rec["check_ok"] = check["rows"] == expected
                     rec["check_rows"] = sum(expected.values())
                     if not rec["check_ok"]:
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
                         raise AssertionError(f"{engine} {query}: output differs from the oracle: "
                                              f"{sum(missing.values())} missing (e.g. {list(missing)[:2]}), "
                                              f"{sum(extra.values())} extra (e.g. {list(extra)[:2]})")
-                    full = run(args.events)
+                    full = run(args.events, "capacity")
                     rec.update({"events": args.events, "seconds": full["seconds"],
                                 "events_per_s": args.events / full["seconds"], "output_rows": sum(full["rows"].values())})
                     if "cpu_s" in full:
