@@ -10,10 +10,11 @@ same generated events (a deterministic function of the event number):
 1. **check**: a small run (``--check-events``) whose output is compared with the
    plain-Python oracle as a multiset — a query counts only if its check passed;
 2. **capacity**: a run over a backlog of ``--events`` events, as fast as the engine goes:
-   events / wall time of the run. epochal: ``GeneratorSource`` unthrottled, parallelism 2,
-   exactly-once, 1 s epochs, the ``FileSink`` (JSON lines), local processes; the time is
-   the job's ``duration_s`` (driver: start → final commit, task start-up included). Spark:
-   the events were written to Parquet beforehand (not timed); ``trigger(availableNow=True)``
+   events / wall time of the run. epochal: parallelism 2,
+   exactly-once, 1 s epochs, the ``FileSink`` (JSON lines), local processes, reading the
+   events from JSON-lines files written beforehand (one per source subtask, not timed);
+   the time is the job's ``duration_s`` (driver: start → final commit, task start-up
+   included). Spark: the events were written to Parquet beforehand (not timed); ``trigger(availableNow=True)``
    reads them all, ``local[2]``, 2 shuffle partitions, the JSON file sink (exactly-once);
    the time is ``start()`` → ``awaitTermination()`` (the session exists already). A last
    file holds sentinel events far past the input so that Spark's watermark passes the last
@@ -67,7 +68,8 @@ def run_epochal(query: str, n: int, work: str, parallelism: int, tag: str) -> di
     import epochal as ep
 
     out = os.path.join(work, f"epochal-{query}-{tag}")
-    flow = nq.epochal_flow(query, n, out, parallelism)
+    indir = nq.write_jsonl(os.path.join(work, f"epochal-in-{n}"), n, parallelism)  # not timed
+    flow = nq.epochal_flow(query, indir, out, parallelism)
     rec: dict = {}
     result = harness.run_job(flow, rec, 1800, runtime="local",
                              checkpoint=ep.CheckpointConfig(interval=1.0, storage="file://" + out + "-ck"))

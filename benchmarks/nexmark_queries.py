@@ -127,17 +127,29 @@ def _max_price(a, b):
     return a if a[3] >= b[3] else b
 
 
-def epochal_flow(query: str, n: int, out: str, parallelism: int = 2, seed: int = 7):
-    """The Dataflow of ``query`` over ``n`` generated events, written to ``out`` (FileSink)."""
-    import functools
+def write_jsonl(directory: str, n: int, splits: int, seed: int = 7) -> str:
+    """The events as JSON lines of arrays, one file per split (split ``s``: events ``s, s +
+    splits, ...``, in time order), for :func:`epochal_flow`; written once per directory."""
+    import json
+    import os
 
+    if not os.path.isdir(directory):
+        os.makedirs(directory + ".tmp", exist_ok=True)
+        for s in range(splits):
+            with open(os.path.join(directory + ".tmp", f"events-{s:03d}.jsonl"), "w") as f:
+                f.writelines(json.dumps(e) + "\n" for e in events_of(s, 0, splits=splits, n=n, seed=seed))
+        os.rename(directory + ".tmp", directory)
+    return directory
+
+
+def epochal_flow(query: str, indir: str, out: str, parallelism: int = 2):
+    """The Dataflow of ``query`` over the event files in ``indir`` (:func:`write_jsonl`),
+    written to ``out`` (FileSink). Records are JSON arrays (lists) indexed like the tuples."""
     import epochal as ep
     from epochal.windows import Tumbling
 
     flow = ep.Dataflow(f"nexmark-{query}", parallelism=parallelism)
-    source = ep.sources.GeneratorSource(functools.partial(events_of, splits=parallelism, n=n, seed=seed),
-                                        num_splits=parallelism, limit=(n + parallelism - 1) // parallelism)
-    events = flow.source("events", source)
+    events = flow.source("events", ep.sources.DirectorySource(indir, pattern="*.jsonl", format="jsonl"))
     if query in ("q7", "q8"):
         events = events.with_watermarks("event-time", timestamp=lambda e: e[-1], timestamp_unit="ms",
                                         max_out_of_orderness="1s")
