@@ -47,7 +47,7 @@ def ids(out) -> collections.Counter:
     return collections.Counter((l and l[3], r and r[3]) for _, l, r in out)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(events, st.integers(-10, 10), st.integers(0, 10), st.sampled_from(["inner", "left", "right", "full"]))
 @example([(0, 0, 5), (1, 0, 3), (1, 0, 8), 6, (0, 1, 9)], -2, 5, "full")  # both bounds hit
 def test_interval_join_equals_nested_loops(events, lower, width, how):
@@ -111,7 +111,7 @@ def run_window(events, spec, outer_left, outer_right):
     return out, on_time
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(events, st.integers(1, 12), st.integers(1, 12), st.booleans(), st.booleans())
 def test_pane_window_join_equals_nested_loops(events, size, slide, outer_left, outer_right):
     slide = min(slide, size)
@@ -122,7 +122,7 @@ def test_pane_window_join_equals_nested_loops(events, size, slide, outer_left, o
     assert ids(out) == window_oracle(on_time, windows_of, outer_left, outer_right)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(events, st.integers(1, 8), st.booleans(), st.booleans())
 def test_session_window_join_equals_grouping_by_gaps(events, gap, outer_left, outer_right):
     out, on_time = run_window(events, SessionSpec(gap), outer_left, outer_right)
@@ -140,7 +140,7 @@ def test_session_window_join_equals_grouping_by_gaps(events, gap, outer_left, ou
 versions = st.tuples(st.integers(0, 1), st.integers(0, KEYS - 1), st.integers(0, 24), st.booleans())
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.one_of(versions, st.integers(0, 28)), max_size=60), st.booleans())
 @example([(1, 0, 5, False), (1, 0, 5, False), (0, 0, 6, False), (1, 1, 2, True), (0, 1, 3, False)], True)  # a tie, a deletion
 def test_temporal_join_equals_latest_version_at_or_before_each_probe(raw, outer):

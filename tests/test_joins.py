@@ -130,7 +130,8 @@ def test_co_process_function_tells_inputs_apart_and_has_side_outputs(tmp_path):
 
 # ------------------------------------------------------------------------------ joins
 @pytest.mark.parametrize("how,backend", [("inner", "heap"), pytest.param("left", "rocksdb", marks=pytest.mark.slow),
-                                         ("full", "heap")])
+                                         pytest.param("full", "heap", marks=pytest.mark.slow)])  # full: also
+# tests/test_joins_recovery.py (unaligned checkpoints)
 def test_interval_join_against_nested_loops(tmp_path, how, backend):
     flow = ep.Dataflow(f"interval-{how}", parallelism=2)
     left, right = jd.sides(flow)
