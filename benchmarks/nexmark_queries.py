@@ -3,7 +3,7 @@ Streaming, and the plain-Python oracles (used by ``benchmarks/nexmark.py``).
 
 The generator follows the Nexmark specification (Tucker et al., "NEXMark – A Benchmark for
 Queries over Data Streams"; the Beam/Flink generator's defaults): events come in blocks of
-50 — 1 person, 3 auctions, 46 bids —, at 10 000 events per second of event time; an
+50 — 1 person, 3 auctions, 46 bids —; an
 auction's seller is a recent person, a bid's auction a recent auction (hot auctions get
 most bids: the Beam generator's 1/HOT_RATIO skew), its bidder a recent person. Event ``g``
 (0, 1, 2, ...) is a pure function of ``(seed, g)``, so every engine reads the same events.
@@ -32,7 +32,7 @@ import random
 
 FIRST_PERSON, FIRST_AUCTION = 1000, 1000
 T0_MS = 1_700_000_000_000
-EVENTS_PER_S = 10_000
+EVENTS_PER_S = 1_000  # event time per event: 1 ms (the Nexmark generator's rate, a parameter)
 HOT_RATIO = 2
 STATES = ("AZ", "CA", "ID", "OR", "WA", "WY")
 CITIES = ("Phoenix", "Los Angeles", "San Francisco", "Boise", "Portland", "Bend", "Redmond", "Seattle", "Kent",
