@@ -148,7 +148,8 @@ def test_interval_join_against_nested_loops(tmp_path, how, backend):
         (s, r) for s, r in late_rows)
 
 
-@pytest.mark.parametrize("how", ["inner", pytest.param("right", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("how", [pytest.param("inner", marks=pytest.mark.slow), pytest.param("right", marks=pytest.mark.slow)])
+# in the default run: the full window join of tests/test_joins_recovery.py (rescale through a savepoint)
 def test_tumbling_window_join_against_nested_loops(tmp_path, how):
     flow = ep.Dataflow(f"wjoin-{how}", parallelism=2)
     left, right = jd.sides(flow)
