@@ -80,6 +80,21 @@ def run_epochal(query: str, n: int, work: str, parallelism: int, tag: str) -> di
     return {"seconds": result.duration_s, "cpu_s": rec.get("cpu_s"), "rows": rows, "attempts": result.attempts}
 
 
+def run_epochal_columnar(query: str, n: int, work: str, parallelism: int, tag: str) -> dict:
+    import epochal as ep
+
+    out = os.path.join(work, f"columnar-{query}-{tag}")
+    flow = nq.epochal_columnar_flow(query, write_parquet(n, work), out, parallelism)  # files not timed
+    rec: dict = {}
+    result = harness.run_job(flow, rec, 1800, runtime="local",
+                             checkpoint=ep.CheckpointConfig(interval=1.0, storage="file://" + out + "-ck"))
+    if result is None:
+        raise RuntimeError(rec.get("error"))
+    rows = collections.Counter(tuple(r.values()) if isinstance(r, dict) else tuple(r)
+                               for r in ep.sinks.read_committed(out))
+    return {"seconds": result.duration_s, "cpu_s": rec.get("cpu_s"), "rows": rows, "attempts": result.attempts}
+
+
 def write_parquet(n: int, work: str, files: int = 8) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -149,14 +164,15 @@ def main(argv=None) -> int:
     p.add_argument("--events", type=int, default=1_000_000)
     p.add_argument("--check-events", type=int, default=20_000)
     p.add_argument("--queries", default=",".join(QUERIES))
-    p.add_argument("--engines", default="epochal,spark")
+    p.add_argument("--engines", default="epochal,epochal-columnar,spark",
+                   help="epochal-columnar runs the queries in nexmark_queries.COLUMNAR only")
     p.add_argument("--parallelism", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "nexmark.json")
     p.add_argument("--work", default=None)
     p.add_argument("--smoke", action="store_true", help="2k events, check on 1k, epochal only")
     args = p.parse_args(argv)
     if args.smoke:
-        args.events, args.check_events, args.engines = 2000, 1000, "epochal"
+        args.events, args.check_events, args.engines = 2000, 1000, "epochal,epochal-columnar"
     queries, engines = args.queries.split(","), args.engines.split(",")
     _ship_queries()
     info = harness.machine()
@@ -169,10 +185,19 @@ def main(argv=None) -> int:
             entry = doc["queries"][query] = {}
             expected = nq.oracle(query, args.check_events)
             for engine in engines:
+                if engine == "epochal-columnar" and query not in nq.COLUMNAR:
+                    continue
                 rec = entry[engine] = {}
                 try:
-                    run = (lambda n, tag: run_epochal(query, n, work, args.parallelism, tag)) if engine == "epochal" \
-                        else (lambda n, tag: run_spark(spark, query, n, work, tag))
+                    if engine == "epochal":
+                        def run(n, tag):
+                            return run_epochal(query, n, work, args.parallelism, tag)
+                    elif engine == "epochal-columnar":
+                        def run(n, tag):
+                            return run_epochal_columnar(query, n, work, args.parallelism, tag)
+                    else:
+                        def run(n, tag):
+                            return run_spark(spark, query, n, work, tag)
                     check = run(args.check_events, "check")
                     rec["check_ok"] = check["rows"] == expected
                     rec["check_rows"] = sum(expected.values())
@@ -189,9 +214,11 @@ def main(argv=None) -> int:
                 except Exception as exc:  # noqa: BLE001 — report, go on with the others
                     rec["error"] = f"{type(exc).__name__}: {exc}"[:2000]
                     doc["errors"].append(f"{query} {engine}: {rec['error']}")
-            e, s = entry.get("epochal", {}), entry.get("spark", {})
+            e, c, s = entry.get("epochal", {}), entry.get("epochal-columnar", {}), entry.get("spark", {})
             if e.get("events_per_s") and s.get("events_per_s"):
                 entry["ratio_epochal_to_spark"] = e["events_per_s"] / s["events_per_s"]
+            if c.get("events_per_s") and s.get("events_per_s"):
+                entry["ratio_columnar_to_spark"] = c["events_per_s"] / s["events_per_s"]
     finally:
         if spark is not None:
             spark.stop()
@@ -199,10 +226,14 @@ def main(argv=None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     harness.finish(doc, info)
     harness.write_json(args.out, doc)
-    rows = [[q, harness.fmt(doc["queries"][q].get("epochal", {}).get("events_per_s")),
-             harness.fmt(doc["queries"][q].get("spark", {}).get("events_per_s")),
-             harness.fmt(doc["queries"][q].get("ratio_epochal_to_spark"), ".2f")] for q in queries]
-    print(harness.table(["query", "epochal events/s", "spark-ss events/s", "epochal/spark"], rows))
+    qs = doc["queries"]
+    rows = [[q, harness.fmt(qs[q].get("epochal", {}).get("events_per_s")),
+             harness.fmt(qs[q].get("epochal-columnar", {}).get("events_per_s")),
+             harness.fmt(qs[q].get("spark", {}).get("events_per_s")),
+             harness.fmt(qs[q].get("ratio_epochal_to_spark"), ".2f"),
+             harness.fmt(qs[q].get("ratio_columnar_to_spark"), ".2f")] for q in queries]
+    print(harness.table(["query", "epochal events/s", "columnar events/s", "spark-ss events/s", "epochal/spark",
+                         "columnar/spark"], rows))
     print(f"wrote {args.out}")
     if doc["errors"]:
         print("ERRORS:\n  " + "\n  ".join(doc["errors"]), file=sys.stderr)

@@ -177,6 +177,41 @@ def epochal_flow(query: str, indir: str, out: str, parallelism: int = 2):
     return flow
 
 
+# ------------------------------------------------------------------------- epochal, columnar
+#: the queries epochal runs on Arrow batches too (stateless: vectorized filter / project)
+COLUMNAR = ("q1", "q2")
+
+
+def _q2_mask(batch):
+    import pyarrow.compute as pc
+
+    auction = batch["auction"]
+    rest = pc.subtract(auction, pc.multiply(pc.divide(auction, 123), 123))  # integer division: auction % 123
+    return pc.and_(pc.equal(batch["kind"], 2), pc.equal(rest, 0))
+
+
+def epochal_columnar_flow(query: str, parquet_dir: str, out: str, parallelism: int = 2):
+    """``query`` (q1, q2) on Arrow batches read from the same Parquet files Spark reads
+    (without the sentinel file), written as Parquet by the FileSink."""
+    import pyarrow.compute as pc
+
+    import epochal as ep
+    from epochal.columnar.sources import ArrowFileSource
+
+    flow = ep.Dataflow(f"nexmark-{query}-columnar", parallelism=parallelism)
+    events = flow.source("events", ArrowFileSource(parquet_dir, pattern="part-0*.parquet", format="parquet"))
+    if query == "q1":
+        result = (events.filter("bids", pc.field("kind") == 2)
+                  .with_column("euros", "price", lambda b: pc.divide(pc.multiply(b["price"], 908), 1000))
+                  .select("q1", "auction", "bidder", "price", "t"))
+    elif query == "q2":
+        result = events.filter("q2-filter", _q2_mask).select("q2", "auction", "price")
+    else:
+        raise ValueError(f"{query} has no columnar version")
+    result.sink("out", ep.sinks.FileSink(out, format="parquet"))
+    return flow
+
+
 # ------------------------------------------------------------------------- Spark SS
 SPARK_SCHEMA = ("kind INT, id LONG, name STRING, city STRING, state STRING, seller LONG, category INT, "
                 "reserve LONG, auction LONG, bidder LONG, price LONG, t LONG")

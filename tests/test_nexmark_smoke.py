@@ -1,5 +1,5 @@
 """benchmarks/nexmark.py --smoke runs end to end (epochal, local runtime, every query checked
-against its plain-Python oracle), so the script cannot rot."""
+against its plain-Python oracle, q1 and q2 also on Arrow batches), so the script cannot rot."""
 from __future__ import annotations
 
 import json
@@ -24,3 +24,5 @@ def test_nexmark_smoke(tmp_path):
     for query, entry in doc["queries"].items():
         assert entry["epochal"]["check_ok"] is True, query
         assert entry["epochal"]["events_per_s"] > 0, query
+    for query in ("q1", "q2"):  # the columnar versions
+        assert doc["queries"][query]["epochal-columnar"]["check_ok"] is True, query
