@@ -113,7 +113,7 @@ class Tag(ep.CoProcessFunction):
 def test_co_process_function_tells_inputs_apart_and_has_side_outputs(tmp_path):
     flow = ep.Dataflow("co-plain", parallelism=2)
     source = ep.sources.GeneratorSource(lambda s, o: jd.rows_from(s, o, 1000), num_splits=2, limit=1000,
-                                        records_per_second=3000.0)
+                                        records_per_second=1500.0)
     rows = flow.source("rows", source)
     out = (rows.filter("l", lambda r: r[0] == "L").rebalance()
            .connect(rows.filter("r", lambda r: r[0] == "R")).process("tag", Tag()))

@@ -83,7 +83,7 @@ def test_full_interval_join_exactly_once_with_unaligned_checkpoints(tmp_path):
 
 def _window_join(out: str, parallelism: int) -> ep.Dataflow:
     flow = ep.Dataflow("wjoin-rescale", parallelism=2)
-    left, right = jd.sides(flow, rate=1500.0)
+    left, right = jd.sides(flow, rate=750.0)  # 4 s of input: the stop comes well before its half
     joined = left.window_join(right, Tumbling("0.5s"), how="full").apply("wjoin", jd.ids, parallelism=parallelism)
     joined.sink("out", FileSink(out))
     joined.late().sink("late", FileSink(out + "-late"))
@@ -96,8 +96,8 @@ def test_full_window_join_rescales_2_to_3_through_a_savepoint(tmp_path):
                                         checkpoint=ep.CheckpointConfig(
                                             interval=0.1, storage="file://" + unique_dir(tmp_path, "ck1")))
     deadline = time.monotonic() + 60
-    while len(handle.completed_epochs) < 3:
-        assert time.monotonic() < deadline and handle.running, "no 3 epochs within 60 s"
+    while len(handle.completed_epochs) < 2:
+        assert time.monotonic() < deadline and handle.running, "no 2 epochs within 60 s"
         time.sleep(0.01)
     assert handle.stop_with_savepoint(url, timeout=60) == url
     handle.wait(30)
