@@ -3,19 +3,20 @@
 Stateful streaming dataflows written in Python run as long-running Spark tasks and are
 made fault tolerant by asynchronous epoch snapshots (Carbone et al.; see README).
 """
-from epochal import columnar, sinks, sources, testing, time, windows
+from epochal import columnar, coprocess, joins, sinks, sources, testing, time, windows
 from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, Guarantee, MetricsConfig, RestartStrategy
 from epochal.dataflow import Dataflow, KeyedStream, Stream
 from epochal.errors import (CheckpointStorageError, ConfigError, EpochalError, JobFailedError, OperatorError,
                             PipelineDefinitionError, SavepointError)
 from epochal.operators.base import DeadLetter
+from epochal.coprocess import CoProcessFunction, KeyedCoProcessFunction
 from epochal.operators.keyed import KeyedProcessFunction
 from epochal.ttl import StateTtl
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ChannelConfig", "CheckpointConfig", "ClusterConfig", "CheckpointStorageError", "ConfigError", "Dataflow", "DeadLetter",
+    "ChannelConfig", "CheckpointConfig", "CoProcessFunction", "KeyedCoProcessFunction", "coprocess", "joins", "ClusterConfig", "CheckpointStorageError", "ConfigError", "Dataflow", "DeadLetter",
     "EpochalError",
     "Guarantee", "JobFailedError", "MetricsConfig", "KeyedProcessFunction", "KeyedStream", "OperatorError",
     "PipelineDefinitionError", "RestartStrategy", "SavepointError", "StateTtl", "Stream", "columnar", "sinks", "sources", "state",

@@ -21,10 +21,12 @@ from epochal.broadcast import api as _broadcast_api  # noqa: F401  (registers St
 from epochal.columnar import build as _columnar_build  # noqa: F401  (registers the builders of Arrow batches)
 from epochal.columnar import time as _columnar_time  # noqa: F401
 from epochal.columnar import windows as _columnar_windows  # noqa: F401
+from epochal.coprocess import api as _coprocess_api  # noqa: F401  (registers Stream.connect's builder)
 from epochal.errors import PipelineDefinitionError
 from epochal.graph import FORWARD, Input, Node, NodeKind
 from epochal.loops import api as _loops_api  # noqa: F401  (registers Stream.iterate's builder)
 from epochal.streams import KeyedStream, Stream, ValueKey, check_name, check_parallelism
+from epochal.joins import api as _joins_api  # noqa: F401  (registers the joins' builders)
 from epochal.windows import api as _windows_api  # noqa: F401  (registers KeyedStream.window's builder)
 
 __all__ = ["Dataflow", "KeyedStream", "Stream", "ValueKey"]

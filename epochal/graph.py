@@ -56,6 +56,8 @@ class NodeKind(enum.Enum):
     LOCAL_AGGREGATE = "local_aggregate"  # its pre-aggregation before the shuffle (stateless)
     BROADCAST_PROCESS = "broadcast_process"  # stream.connect_broadcast(rules).process (epochal/broadcast)
     KEYED_BROADCAST_PROCESS = "keyed_broadcast_process"  # the same on a keyed stream
+    CO_PROCESS = "co_process"  # Stream.connect(...).process: two inputs (epochal/coprocess)
+    KEYED_CO_PROCESS = "keyed_co_process"  # KeyedStream.connect(...).process and the joins (epochal/joins)
 
 
 @dataclass(frozen=True)
@@ -92,4 +94,4 @@ class Node:
 
 
 KEYED_KINDS = frozenset({NodeKind.REDUCE, NodeKind.PROCESS, NodeKind.WINDOW, NodeKind.AGGREGATE,
-                         NodeKind.KEYED_BROADCAST_PROCESS})
+                         NodeKind.KEYED_BROADCAST_PROCESS, NodeKind.KEYED_CO_PROCESS})

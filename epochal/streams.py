@@ -309,6 +309,13 @@ class Stream:
         docs/ttl-broadcast.md."""
         return _BUILDERS["connect_broadcast"](self, rules)
 
+    def connect(self, other: "Stream"):
+        """Read this stream and ``other`` in one two-input operator: ``a.connect(b).process(name,
+        CoProcessFunction)``; keyed, ``a.key_by(f).connect(b.key_by(g)).process(name,
+        KeyedCoProcessFunction)`` (state and timers per key, shared by both inputs).
+        See :mod:`epochal.coprocess`."""
+        return _BUILDERS["connect"](self, other)
+
     def iterate(self, name: str, body: Callable, *, parallelism: int | None = None,
                 log_memory_records: int = 100_000) -> "Stream":
         """A feedback loop: ``body(loop_input)`` returns ``(feedback, output)``.
@@ -385,6 +392,26 @@ class KeyedStream(Stream):
         if self._columnar("window"):  # Arrow batches: vectorized windows (epochal.columnar.windows)
             return _BUILDERS["columnar.window"](self, assigner, allowed_lateness)
         return _BUILDERS["window"](self, assigner, allowed_lateness)
+
+    def interval_join(self, other: "KeyedStream", lower, upper, *, how: str = "inner"):
+        """Pair each record ``l`` of this stream with every record ``r`` of ``other`` of the
+        same key with ``l.t + lower <= r.t <= l.t + upper`` (event time; durations); finish
+        with ``.apply(name, fn)``. ``how``: ``"inner"``, ``"left"``, ``"right"`` or
+        ``"full"`` (a row the watermark proves unmatched comes out with ``None``).
+        See :mod:`epochal.joins`."""
+        return _BUILDERS["interval_join"](self, other, lower, upper, how)
+
+    def window_join(self, other: "KeyedStream", assigner, *, how: str = "inner"):
+        """Pair the records of this stream and ``other`` with the same key in the same
+        event-time window (``Tumbling``, ``Sliding`` or ``Session`` from
+        :mod:`epochal.windows`); finish with ``.apply(name, fn)``. See :mod:`epochal.joins`."""
+        return _BUILDERS["window_join"](self, other, assigner, how)
+
+    def temporal_join(self, table: "KeyedStream", *, how: str = "inner", is_delete: Callable | None = None):
+        """Pair each record of this stream with the latest row of the changelog stream
+        ``table`` with its key as of the record's event time; finish with ``.apply(name,
+        fn)``. See :mod:`epochal.joins`."""
+        return _BUILDERS["temporal_join"](self, table, how, is_delete)
 
     def aggregate(self, name: str, *, parallelism: int | None = None, local: bool | None = None,
                   budget_bytes: int = 64 << 20, **aggregations) -> Stream:

@@ -126,6 +126,22 @@ class RuntimeOperator(ABC):
         ``prepareSnapshotPreBarrier``; e.g. a mini-batch aggregation's updates). Task thread."""
         return []
 
+    def select_input(self, index: int) -> None:
+        """Operators with several logical inputs (``connect``, :mod:`epochal.coprocess`): the
+        next ``process_batch`` holds records of input ``index`` only (the position of the edge
+        in the node's ``inputs``). Called by the task on the task thread before every batch
+        read from an input channel or replayed from one's checkpointed state, only for a
+        chain's first operator that overrides it. Default: ignored."""
+
+    def bind_input_channels(self, inputs: list[int]) -> None:
+        """With :meth:`select_input`: once before any record, the input index of each of the
+        task's input channels (by channel position). Default: ignored."""
+
+    def input_watermark(self, channel: int, watermark: int, idle: bool) -> None:
+        """With :meth:`select_input`: a watermark message of input channel ``channel``, before
+        the task's combined event time (:meth:`on_watermark`) moves. Lets an operator keep
+        each input's own event time (the joins decide lateness per input). Default: ignored."""
+
     # -- time (epochal.time) ---------------------------------------------------------------
     #: the operator replaces upstream watermarks by its own (``with_watermarks``): the task
     #: asks it with :meth:`emit_watermark` after each batch instead of passing watermarks on

@@ -75,6 +75,10 @@ def _create(node: Node, ctx: OperatorContext) -> RuntimeOperator:
         from epochal.broadcast.operator import KeyedBroadcastProcessOperator
 
         return KeyedBroadcastProcessOperator(ctx, node.key_fn, node.payload, timed=timed)
+    if kind in (NodeKind.CO_PROCESS, NodeKind.KEYED_CO_PROCESS):
+        from epochal.coprocess.operator import create_co_operator
+
+        return create_co_operator(ctx, node)
     if kind is NodeKind.LOOP_HEAD:
         from epochal.loops.head import LoopHeadOperator
 

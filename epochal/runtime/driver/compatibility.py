@@ -27,7 +27,8 @@ from epochal.graph import NodeKind
 STATEFUL_KINDS = frozenset({NodeKind.SOURCE.value, NodeKind.REDUCE.value, NodeKind.PROCESS.value,
                             NodeKind.SINK.value, NodeKind.LOOP_HEAD.value, NodeKind.WINDOW.value,
                             NodeKind.WATERMARKS.value, NodeKind.AGGREGATE.value,
-                            NodeKind.BROADCAST_PROCESS.value, NodeKind.KEYED_BROADCAST_PROCESS.value})
+                            NodeKind.BROADCAST_PROCESS.value, NodeKind.KEYED_BROADCAST_PROCESS.value,
+                            NodeKind.KEYED_CO_PROCESS.value})
 #: kinds whose state is keyed (needs the same key-group count)
 KEYED_KINDS = frozenset(k.value for k in graph.KEYED_KINDS)
 
@@ -35,6 +36,7 @@ _WHAT = {"source": "source offsets", "reduce": "keyed state", "process": "keyed 
          "window": "window contents and timers", "watermarks": "a watermark position",
          "aggregate": "keyed aggregates", "broadcast_process": "broadcast state",
          "keyed_broadcast_process": "keyed and broadcast state",
+         "keyed_co_process": "keyed state and timers (two inputs, joins)",
          "sink": "sink transactions", "loop_head": "a loop's in-transit log"}
 
 

@@ -28,6 +28,7 @@ def replay_restored(task, restored, storage) -> None:
     if restored.channel_state:
         for descriptor, keep in restored.channel_state:
             channel = task.gate.index.get(descriptor["channel"]) if keep is None else None
+            task.select_input_channel(descriptor["channel"])  # two-input operators (connect) learn the side
             for records in replay([descriptor], storage):
                 _channel_chunk(task, channel, records, keep)
         task.router.flush()

@@ -91,7 +91,7 @@ class ReadSteps:
             if self.recorder.recording:
                 self.recorder.on_records(channel, msg[1])
             t0 = time.monotonic() if self.priority else 0.0
-            self._process(msg[1])
+            self._process(msg[1], channel)
             self.chain.after_batch()
             if self.priority and n:
                 self._size_slices(n, time.monotonic() - t0)

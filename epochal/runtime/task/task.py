@@ -38,7 +38,7 @@ from epochal.backends.storage import CheckpointStorage
 from epochal.errors import ChannelSetupError, ConfigError, DataError, EpochalError, OperatorError, TaskStartError
 from epochal.loops.head import LOOP_LOG, LoopHeadProtocol
 from epochal.metrics.quantiles import Summary
-from epochal.operators.base import OperatorContext
+from epochal.operators.base import OperatorContext, RuntimeOperator
 from epochal.operators.factory import create_operator
 from epochal.query.server import QueryServer
 from epochal.query.versions import CommittedVersions
@@ -47,7 +47,7 @@ from epochal.runtime.task.barriers import BarrierSteps
 from epochal.runtime.task.chain import OperatorChain
 from epochal.runtime.task.queries import QuerySteps
 from epochal.runtime.task.replay import replay_restored
-from epochal.runtime.task.restore import RestoredState, load_restored_state
+from epochal.runtime.task.restore import RestoredState, edge_of, load_restored_state
 from epochal.runtime.task.router import Router
 from epochal.runtime.task.snapshots import Uploader
 from epochal.runtime.task.steps import ReadSteps
@@ -248,6 +248,7 @@ class Task(ReadSteps, BarrierSteps, QuerySteps):
             op.restore(restored.operators.get(name))
             self.operators.append(op)
         self.chain = OperatorChain(self.operators, self.router, self.spec.id, self.metrics)
+        self._inputs_apart = self._input_selector()
         if self.spec.is_source:
             source = nodes[self.spec.chain[0]].payload
             # a source of Arrow batches returns whole batches: one per poll keeps barriers prompt
@@ -381,10 +382,35 @@ class Task(ReadSteps, BarrierSteps, QuerySteps):
         blocked = self._blocked()
         return any(q and i not in blocked for i, q in enumerate(self.gate.queues))
 
-    def _process(self, records: list) -> None:
+    def _process(self, records: list, channel: int | None = None) -> None:
+        if self._inputs_apart is not None and channel is not None:
+            self._inputs_apart(self._input_of[channel])
         self.chain.process(records)
 
+    _inputs_apart = None  # the head operator's select_input, when it reads its inputs apart (connect)
+
+    def _input_selector(self):
+        """The bound ``select_input`` of a head operator reading several logical inputs
+        (:mod:`epochal.coprocess`), after mapping each input channel to its input index;
+        ``None`` for every other task."""
+        if self.spec.is_source or not self.operators:
+            return None
+        head = getattr(self.operators[0], "inner", self.operators[0])  # fault wrappers delegate
+        if type(head).select_input is RuntimeOperator.select_input:
+            return None
+        self._input_of = [edge_of(cid)[2] for cid in self.spec.inputs]
+        head.bind_input_channels(self._input_of[:self.n_aligned])
+        self._input_watermark = head.input_watermark
+        return head.select_input
+
+    def select_input_channel(self, channel_id: str) -> None:
+        """Replaying channel ``channel_id``'s checkpointed records (:mod:`~epochal.runtime.task.replay`)."""
+        if self._inputs_apart is not None:
+            self._inputs_apart(edge_of(channel_id)[2])
+
     def on_input_watermark(self, channel: int, watermark: int, idle: bool) -> None:
+        if self._inputs_apart is not None:
+            self._input_watermark(channel, watermark, idle)
         change = self.clock.on_watermark(channel, watermark, idle)
         if change is not None:
             if self.loop is not None and change.watermark >= MAX_TIME:

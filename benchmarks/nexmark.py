@@ -1,0 +1,245 @@
+"""Nexmark on epochal (record path) and Spark Structured Streaming, side by side.
+
+    python benchmarks/nexmark.py                      # 1M events per query, check on 20k
+    python benchmarks/nexmark.py --events 200000 --check-events 5000 --queries q1,q3
+    python benchmarks/nexmark.py --smoke              # tiny, local; JSON to --out
+
+For each query (benchmarks/nexmark_queries.py: q1, q2, q3, q7, q8) and each engine, the
+same generated events (a deterministic function of the event number):
+
+1. **check**: a small run (``--check-events``) whose output is compared with the
+   plain-Python oracle as a multiset — a query counts only if its check passed;
+2. **capacity**: a run over a backlog of ``--events`` events, as fast as the engine goes:
+   events / wall time of the run. epochal: parallelism 2,
+   exactly-once, 1 s epochs, the ``FileSink`` (JSON lines), local processes, reading the
+   events from JSON-lines files written beforehand (one per source subtask, not timed);
+   the time is the job's ``duration_s`` (driver: start → final commit, task start-up
+   included). Spark: the events were written to Parquet beforehand (not timed); ``trigger(availableNow=True)``
+   reads them all, ``local[2]``, 2 shuffle partitions, the JSON file sink (exactly-once);
+   the time is ``start()`` → ``awaitTermination()`` (the session exists already). A last
+   file holds sentinel events far past the input so that Spark's watermark passes the last
+   windows (q7, q8); their rows are left out.
+
+Writes ``benchmarks/results/nexmark.json`` and prints events/s per query and engine and
+the ratio epochal / Spark.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+import nexmark_queries as nq  # noqa: E402
+
+QUERIES = ("q1", "q2", "q3", "q7", "q8")
+
+
+def _ship_queries() -> None:
+    """Task processes cannot import this directory's modules: the query code travels by value."""
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(nq)
+
+
+def _rows(directory: str) -> collections.Counter:
+    """The rows of Spark's JSON file sink (its data files, not its log)."""
+    out = collections.Counter()
+    for path in glob.glob(os.path.join(directory, "**", "*.json*"), recursive=True):
+        if "_staging" in path or "_spark_metadata" in path or path.endswith(".crc"):
+            continue
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    row = json.loads(line)
+                    out[tuple(row.values()) if isinstance(row, dict) else tuple(row)] += 1
+    return out
+
+
+def run_epochal(query: str, n: int, work: str, parallelism: int, tag: str) -> dict:
+    import epochal as ep
+
+    out = os.path.join(work, f"epochal-{query}-{tag}")
+    indir = nq.write_jsonl(os.path.join(work, f"epochal-in-{n}"), n, parallelism)  # not timed
+    flow = nq.epochal_flow(query, indir, out, parallelism)
+    rec: dict = {}
+    result = harness.run_job(flow, rec, 1800, runtime="local",
+                             checkpoint=ep.CheckpointConfig(interval=1.0, storage="file://" + out + "-ck"))
+    if result is None:
+        raise RuntimeError(rec.get("error"))
+    assert result.records_in == n, (result.records_in, n)
+    rows = collections.Counter(tuple(r) for r in ep.sinks.read_committed(out))
+    return {"seconds": result.duration_s, "cpu_s": rec.get("cpu_s"), "rows": rows, "attempts": result.attempts}
+
+
+def run_epochal_columnar(query: str, n: int, work: str, parallelism: int, tag: str) -> dict:
+    import epochal as ep
+
+    out = os.path.join(work, f"columnar-{query}-{tag}")
+    flow = nq.epochal_columnar_flow(query, write_parquet(n, work), out, parallelism)  # files not timed
+    rec: dict = {}
+    result = harness.run_job(flow, rec, 1800, runtime="local",
+                             checkpoint=ep.CheckpointConfig(interval=1.0, storage="file://" + out + "-ck"))
+    if result is None:
+        raise RuntimeError(rec.get("error"))
+    rows = collections.Counter(tuple(r.values()) if isinstance(r, dict) else tuple(r)
+                               for r in ep.sinks.read_committed(out))
+    return {"seconds": result.duration_s, "cpu_s": rec.get("cpu_s"), "rows": rows, "attempts": result.attempts}
+
+
+def write_parquet(n: int, work: str, files: int = 8) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = os.path.join(work, f"spark-in-{n}")
+    if os.path.isdir(d):
+        return d
+    os.makedirs(d)
+    schema = pa.schema([(c.split()[0], {"INT": pa.int32(), "LONG": pa.int64(), "STRING": pa.string()}[c.split()[1]])
+                        for c in nq.SPARK_SCHEMA.split(", ")])
+    per = (n + files - 1) // files
+    for k, lo in enumerate(range(0, n, per)):
+        rows = [nq.spark_row(nq.event(g)) for g in range(lo, min(n, lo + per))]
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), os.path.join(d, f"part-{k:04d}.parquet"))
+    t_far = nq.T0_MS + n * 1000 // nq.EVENTS_PER_S + nq.SENTINEL_MS
+    sentinel = [{"kind": 0, "id": -1, "name": "", "city": "", "state": "", "t": t_far},
+                {"kind": 1, "id": -1, "seller": -2, "category": 0, "reserve": 0, "t": t_far},
+                {"kind": 2, "auction": -1, "bidder": -1, "price": 0, "t": t_far}]
+    pq.write_table(pa.Table.from_pylist(sentinel, schema=schema), os.path.join(d, "part-9999-sentinel.parquet"))
+    return d
+
+
+def spark_session(parallelism: int):
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from epochal.runtime.launch.java import ensure_java
+
+    ensure_java()
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master(f"local[{parallelism}]").appName("nexmark")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", str(parallelism))
+             .config("spark.sql.session.timeZone", "UTC")
+             .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def run_spark(spark, query: str, n: int, work: str, tag: str) -> dict:
+    indir = write_parquet(n, work)
+    out, ck = os.path.join(work, f"spark-{query}-{tag}"), os.path.join(work, f"spark-{query}-{tag}-ck")
+    files = len(os.listdir(indir))
+    events = spark.readStream.schema(nq.SPARK_SCHEMA).option("maxFilesPerTrigger", files - 1).parquet(indir)
+    frame = nq.spark_query(query, events)
+    t0 = time.monotonic()
+    q = (frame.writeStream.format("json").outputMode("append").option("path", out)
+         .option("checkpointLocation", ck).trigger(availableNow=True).start())
+    q.awaitTermination()
+    seconds = time.monotonic() - t0
+    if q.exception() is not None:
+        raise RuntimeError(str(q.exception()))
+    rows = collections.Counter({r: c for r, c in _rows(out).items() if not _sentinel(query, r, n)})
+    return {"seconds": seconds, "rows": rows, "batches": len(q.recentProgress)}
+
+
+def _sentinel(query: str, row: tuple, n: int) -> bool:
+    if query in ("q7", "q8"):
+        start = row[0] if query == "q7" else row[2]
+        return start > nq.T0_MS + n * 1000 // nq.EVENTS_PER_S + nq.SENTINEL_MS // 2
+    return -1 in row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--events", type=int, default=1_000_000)
+    p.add_argument("--check-events", type=int, default=20_000)
+    p.add_argument("--queries", default=",".join(QUERIES))
+    p.add_argument("--engines", default="epochal,epochal-columnar,spark",
+                   help="epochal-columnar runs the queries in nexmark_queries.COLUMNAR only")
+    p.add_argument("--parallelism", type=int, default=2)
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "nexmark.json")
+    p.add_argument("--work", default=None)
+    p.add_argument("--smoke", action="store_true", help="2k events, check on 1k, epochal only")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.events, args.check_events, args.engines = 2000, 1000, "epochal,epochal-columnar"
+    queries, engines = args.queries.split(","), args.engines.split(",")
+    _ship_queries()
+    info = harness.machine()
+    doc = harness.new_doc("nexmark", args, info)
+    doc.update({"queries": {}, "errors": []})
+    work = args.work or tempfile.mkdtemp(prefix="nexmark-")
+    spark = spark_session(args.parallelism) if "spark" in engines else None
+    try:
+        for query in queries:
+            entry = doc["queries"][query] = {}
+            expected = nq.oracle(query, args.check_events)
+            for engine in engines:
+                if engine == "epochal-columnar" and query not in nq.COLUMNAR:
+                    continue
+                rec = entry[engine] = {}
+                try:
+                    if engine == "epochal":
+                        def run(n, tag):
+                            return run_epochal(query, n, work, args.parallelism, tag)
+                    elif engine == "epochal-columnar":
+                        def run(n, tag):
+                            return run_epochal_columnar(query, n, work, args.parallelism, tag)
+                    else:
+                        def run(n, tag):
+                            return run_spark(spark, query, n, work, tag)
+                    check = run(args.check_events, "check")
+                    rec["check_ok"] = check["rows"] == expected
+                    rec["check_rows"] = sum(expected.values())
+                    if not rec["check_ok"]:
+                        missing, extra = expected - check["rows"], check["rows"] - expected
+                        raise AssertionError(f"{engine} {query}: output differs from the oracle: "
+                                             f"{sum(missing.values())} missing (e.g. {list(missing)[:2]}), "
+                                             f"{sum(extra.values())} extra (e.g. {list(extra)[:2]})")
+                    full = run(args.events, "capacity")
+                    rec.update({"events": args.events, "seconds": full["seconds"],
+                                "events_per_s": args.events / full["seconds"], "output_rows": sum(full["rows"].values())})
+                    if "cpu_s" in full:
+                        rec["cpu_s"] = full["cpu_s"]
+                except Exception as exc:  # noqa: BLE001 — report, go on with the others
+                    rec["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+                    doc["errors"].append(f"{query} {engine}: {rec['error']}")
+            e, c, s = entry.get("epochal", {}), entry.get("epochal-columnar", {}), entry.get("spark", {})
+            if e.get("events_per_s") and s.get("events_per_s"):
+                entry["ratio_epochal_to_spark"] = e["events_per_s"] / s["events_per_s"]
+            if c.get("events_per_s") and s.get("events_per_s"):
+                entry["ratio_columnar_to_spark"] = c["events_per_s"] / s["events_per_s"]
+    finally:
+        if spark is not None:
+            spark.stop()
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    harness.finish(doc, info)
+    harness.write_json(args.out, doc)
+    qs = doc["queries"]
+    rows = [[q, harness.fmt(qs[q].get("epochal", {}).get("events_per_s")),
+             harness.fmt(qs[q].get("epochal-columnar", {}).get("events_per_s")),
+             harness.fmt(qs[q].get("spark", {}).get("events_per_s")),
+             harness.fmt(qs[q].get("ratio_epochal_to_spark"), ".2f"),
+             harness.fmt(qs[q].get("ratio_columnar_to_spark"), ".2f")] for q in queries]
+    print(harness.table(["query", "epochal events/s", "columnar events/s", "spark-ss events/s", "epochal/spark",
+                         "columnar/spark"], rows))
+    print(f"wrote {args.out}")
+    if doc["errors"]:
+        print("ERRORS:\n  " + "\n  ".join(doc["errors"]), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Test data for the joins (tests/test_joins*.py): one stream of rows of two sides,
+out of order within a bound, with late rows whose lateness is unambiguous, and
+plain-Python oracles (nested loops) for every join kind.
+
+One source subtask emits every row ``(side, key, ts, id)``; ``with_watermarks`` follows it
+(watermark after each poll of ``BATCH`` rows = max ts - ``BOUND`` - 1 µs), then one filter
+per side. Each side reaches a join subtask through one channel (one producer, FIFO), and
+the joins judge lateness by each input's own watermark (epochal.joins.functions), so a
+row is late exactly when its side's watermark at its arrival passed it — which lies
+between the watermark of the rows a whole poll earlier and that of all rows before it
+(``category``). Every 53rd row from ``LATE_FROM`` on is sent 30 s back in time: certainly
+late; every other row is certainly on time (its disorder < ``BOUND``).
+"""
+from __future__ import annotations
+
+import collections
+
+import epochal as ep
+
+N = 3000
+STEP = 0.01
+DISORDER = 0.8
+BOUND = 1.0
+BATCH = 64
+KEYS = tuple(f"k{i}" for i in range(16))
+LATE_FROM = 400
+
+
+def us(t: float) -> int:
+    return round(t * 1_000_000)
+
+
+def _normal(i: int) -> float:
+    return round(i * STEP - ((i * 7919) % 97) / 97 * DISORDER, 6)
+
+
+def row(split: int, i: int) -> tuple:
+    side = "R" if (i * 40503 >> 5) % 3 == 0 else "L"
+    ts = _normal(i) - 30.0 if i >= LATE_FROM and i % 53 == 0 else _normal(i)
+    return side, KEYS[(i * 2654435761 >> 7) % len(KEYS)], round(ts, 6), i
+
+
+def rows_from(split: int, offset: int, n: int = N):
+    return (row(split, i) for i in range(offset, n))
+
+
+def all_rows(n: int = N) -> list:
+    return [row(0, i) for i in range(n)]
+
+
+def _prefix_max(rows: list) -> list:
+    out, m = [], None
+    for r in rows:
+        m = us(r[2]) if m is None else max(m, us(r[2]))
+        out.append(m)
+    return out
+
+
+def category(i: int, rows: list, prefix: list | None = None) -> str:
+    """"late" or "on time", certainly; anything in between fails the test data. ``prefix``:
+    :func:`_prefix_max` of ``rows`` (computed if not given)."""
+    prefix = prefix or _prefix_max(rows)
+    w_lo = prefix[max(0, i - BATCH)] - us(BOUND) - 1  # the watermark after a poll a whole poll earlier
+    w_hi = prefix[max(0, i - 1)] - us(BOUND) - 1  # the watermark of every row before it
+    t = us(rows[i][2])
+    if i == 0 or t > w_hi:
+        return "on time"
+    if t <= w_lo:
+        return "late"
+    raise AssertionError(f"test data: row {i} {rows[i]} is ambiguously late")
+
+
+def split_rows(n: int = N) -> tuple[list, list, list]:
+    """(left rows on time, right rows on time, late rows as (side name, row))."""
+    rows = all_rows(n)
+    prefix = _prefix_max(rows)
+    left, right, late = [], [], []
+    for i, r in enumerate(rows):
+        if category(i, rows, prefix) == "late":
+            late.append(("left" if r[0] == "L" else "right", r))
+        else:
+            (left if r[0] == "L" else right).append(r)
+    return left, right, late
+
+
+def sides(flow: ep.Dataflow, n: int = N, rate: float | None = 6000.0):
+    """The keyed left and right streams of the rows (source and watermarks at parallelism 1)."""
+    source = ep.sources.GeneratorSource(lambda s, o: rows_from(s, o, n), num_splits=1, limit=n,
+                                        records_per_second=rate)
+    timed = (flow.source("rows", source, parallelism=1)
+             .with_watermarks("ts", timestamp=lambda r: r[2], max_out_of_orderness=BOUND))
+    left = timed.filter("left", lambda r: r[0] == "L", parallelism=1).key_by(lambda r: r[1])
+    right = timed.filter("right", lambda r: r[0] == "R", parallelism=1).key_by(lambda r: r[1])
+    return left, right
+
+
+def ids(left, right) -> tuple:
+    """The join output the tests use: the two rows' ids (None for a missing side)."""
+    return (left and left[3], right and right[3])
+
+
+# ------------------------------------------------------------------------ oracles
+def interval_oracle(left: list, right: list, lower: float, upper: float, how: str) -> collections.Counter:
+    out = collections.Counter()
+    matched_l, matched_r = set(), set()
+    for l in left:
+        for r in right:
+            if l[1] == r[1] and us(l[2]) + us(lower) <= us(r[2]) <= us(l[2]) + us(upper):
+                out[(l[3], r[3])] += 1
+                matched_l.add(l[3])
+                matched_r.add(r[3])
+    if how in ("left", "full"):
+        out.update((l[3], None) for l in left if l[3] not in matched_l)
+    if how in ("right", "full"):
+        out.update((None, r[3]) for r in right if r[3] not in matched_r)
+    return out
+
+
+def tumbling_oracle(left: list, right: list, size: float, how: str) -> collections.Counter:
+    def window(r):
+        return r[1], us(r[2]) // us(size)
+    groups = collections.defaultdict(lambda: ([], []))
+    for r in left:
+        groups[window(r)][0].append(r)
+    for r in right:
+        groups[window(r)][1].append(r)
+    out = collections.Counter()
+    for ls, rs in groups.values():
+        out.update((l[3], r[3]) for l in ls for r in rs)
+        if how in ("left", "full") and not rs:
+            out.update((l[3], None) for l in ls)
+        if how in ("right", "full") and not ls:
+            out.update((None, r[3]) for r in rs)
+    return out
+
+
+def temporal_oracle(probes: list, versions: list, how: str) -> collections.Counter:
+    out = collections.Counter()
+    for p in probes:
+        before = [v for v in versions if v[1] == p[1] and us(v[2]) <= us(p[2])]
+        if before:
+            out[(p[3], max(before, key=lambda v: (us(v[2]), v[3]))[3])] += 1
+        elif how == "left":
+            out[(p[3], None)] += 1
+    return out
+
+
+def _ship_by_value() -> None:
+    """Task processes cannot import this test helper: its functions travel by value
+    (as tests/conftest.py does for tests/pipelines.py)."""
+    import sys
+
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+_ship_by_value()
