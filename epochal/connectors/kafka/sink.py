@@ -50,7 +50,7 @@ from typing import Any
 
 from epochal.alignment.factory import SinkMode
 from epochal.config import parse_duration
-from epochal.connectors.kafka import recovery
+from epochal.connectors.kafka import probes, recovery
 from epochal.connectors.kafka.client import (
     check_servers,
     check_topic,
@@ -146,54 +146,12 @@ class KafkaSink(Sink):
                 "transaction.max.timeout.ms must allow it) or lower checkpoint.interval / checkpoint.timeout")
 
     def lingering(self, job: str, sink: str, promised) -> list[Lingering]:
-        """The transactional ids of the writers last registered in the marker groups of the
-        checkpoint's lineage (and of the lineages its pending epochs name): each may hold an
-        open transaction (librdkafka cannot list them). None is promised: a pending epoch
-        lives in the checkpoint's write-ahead log and a resume produces it again if needed,
-        so fencing them never loses one."""
-        lineages = {promised.lineage} | {getattr(h, "lineage", "") for h in promised.handles}
-        prefix = self.transactional_id_prefix or f"epochal-{job}-{sink}"
-        found = []
-        for lineage in sorted(lineages):
-            j = 0
-            while True:
-                marker = self._marker_of(prefix, lineage, j)
-                if marker is None and j >= promised.parallelism:
-                    break
-                if marker is not None and marker.meta is not None:
-                    meta = marker.meta
-                    # nobody is "this writer" here: every registered writer is named
-                    for txid in recovery.fence_ids(prefix, {(lineage, j): marker}, "-", -1):
-                        found.append(Lingering(sink, "kafka", txid, False,
-                                               f"producer of lineage {meta.lineage or '(legacy)'} subtask {meta.subtask} "
-                                               f"generation {meta.generation}; last committed epoch {marker.epoch} "
-                                               f"(group {recovery.marker_group(prefix, j, lineage)})"))
-                j += 1
-        unique = {i.what: i for i in found}
-        return list(unique.values())
-
-    def _marker_of(self, prefix: str, lineage: str, subtask: int) -> recovery.Marker | None:
-        """The marker of a group, read on the driver (no waiting for open transactions)."""
-        ck = kafka()
-        conf = {k: v for k, v in self.config.items() if k.startswith(("security.", "sasl.", "ssl.", "client."))}
-        conf.update({"bootstrap.servers": self.servers, "enable.auto.commit": False,
-                     "isolation.level": "read_uncommitted",
-                     "group.id": recovery.marker_group(prefix, subtask, lineage)})
-        consumer = ck.Consumer(conf)
-        try:
-            found = consumer.committed([ck.TopicPartition(self.topic, 0)], timeout=KAFKA_CALL_TIMEOUT_S)[0]
-        finally:
-            consumer.close()
-        return recovery.Marker(found.offset, recovery.MarkerMeta.decode(found.metadata, subtask)) \
-            if found.offset >= 0 else None
+        """Producers that may hold open transactions (:func:`~epochal.connectors.kafka.probes.registered_producers`)."""
+        return probes.registered_producers(self, job, sink, promised)
 
     def end_lingering(self, job: str, sink: str, items: list, promised) -> None:
-        """Fence every item (``init_transactions`` with its transactional id): Kafka aborts
-        the open transaction, and a zombie holding the id can no longer commit."""
-        ck = kafka()
-        for item in items:
-            producer = ck.Producer(dict(self.config, **{"transactional.id": item.what}))
-            producer.init_transactions(KAFKA_CALL_TIMEOUT_S)
+        """Fence every item (:func:`~epochal.connectors.kafka.probes.fence`)."""
+        probes.fence(self, items)
 
     def prefix(self, ctx: SinkContext) -> str:
         return self.transactional_id_prefix or f"epochal-{ctx.job}-{ctx.sink_name}"
@@ -536,45 +494,13 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
         log.info("%s: produced epoch %d (%d records) from the checkpoint", self._where(), txn.epoch, txn.count)
 
     def _epoch_in_topic(self, txn: KafkaTransaction) -> bool:
-        """Whether ``txn``'s first record — the one carrying its :func:`recovery.epoch_tag`
-        header — is visible to read_committed readers: the epoch was committed. Only asked
-        when the marker group that would say so is gone (a group expires
-        ``offsets.retention.minutes`` after its last commit, 7 days by default, e.g. while
-        the job was down). Reads every partition from the epoch's first record time (its
-        records carry the time they were written) to the end."""
+        """Whether ``txn`` committed, asked of the topic itself (its tagged first record,
+        :func:`~epochal.connectors.kafka.probes.epoch_in_topic`): only when the marker
+        group that would say so is gone."""
         if not txn.records:
             return False
-        tag = recovery.epoch_tag(txn.group, txn.epoch)
-        since = min(r[3] for r in txn.records)
-        conf = {k: v for k, v in self._base.items() if k.startswith(("security.", "sasl.", "ssl.", "client."))}
-        conf.update({"bootstrap.servers": self._sink.servers, "enable.auto.commit": False,
-                     "group.id": f"{self._prefix}-scan", "isolation.level": "read_committed",
-                     "enable.partition.eof": True, "auto.offset.reset": "earliest"})
-        consumer = self._ck.Consumer(conf)
-        try:
-            meta = consumer.list_topics(self._topic, timeout=KAFKA_CALL_TIMEOUT_S).topics[self._topic]
-            wanted = [self._ck.TopicPartition(self._topic, p, since) for p in meta.partitions]
-            start = consumer.offsets_for_times(wanted, timeout=KAFKA_CALL_TIMEOUT_S)
-            todo = {tp.partition for tp in start if tp.offset >= 0}
-            consumer.assign([tp for tp in start if tp.offset >= 0])
-            deadline = time.monotonic() + KAFKA_CALL_TIMEOUT_S
-            while todo:
-                if time.monotonic() > deadline:
-                    raise SinkCommitError(f"{self._where()}: looking for epoch {txn.epoch} in topic {self._topic!r} "
-                                          f"took over {KAFKA_CALL_TIMEOUT_S:.0f} s")
-                msg = consumer.poll(0.5)
-                if msg is None:
-                    continue
-                if msg.error() is not None:
-                    if msg.error().code() == self._ck.KafkaError._PARTITION_EOF:
-                        todo.discard(msg.partition())
-                        continue
-                    raise SinkCommitError(f"{self._where()}: reading topic {self._topic!r}: {msg.error()}")
-                if (recovery.TAG_HEADER, tag) in (msg.headers() or ()):
-                    return True
-            return False
-        finally:
-            consumer.close()
+        return probes.epoch_in_topic(self._sink, self._prefix, recovery.epoch_tag(txn.group, txn.epoch),
+                                        min(r[3] for r in txn.records), f"{self._where()}: epoch {txn.epoch}")
 
     # ------------------------------------------------------------------ producing
 
