@@ -63,8 +63,8 @@ def target(request):
     return Target(request.param, request)
 
 
-def wordcount(broker, data: Input, target: Target, name: str = "life-wc") -> ep.Dataflow:
-    flow = ep.Dataflow(name, parallelism=2)
+def wordcount(broker, data: Input, target: Target, name: str = "life-wc", parallelism: int = 2) -> ep.Dataflow:
+    flow = ep.Dataflow(name, parallelism=parallelism)
     as_row = (lambda r: r) if target.kind == "kafka" else (lambda r: {"word": r[0], "n": r[1]})
     (flow.source("lines", KafkaSource(broker.servers, data.topic, stopping_offsets=data.stops,
                                       deserializer=bytes.decode))
@@ -439,3 +439,23 @@ def test_kafka_lingering_producers_are_listed_and_fencing_them_ends_their_open_t
     sink.end_lingering("linger", "out", items, promised)
     assert kafka_broker.open_transactions(topic) == {}
     assert kafka_broker.values(topic) == []  # aborted, never visible
+
+
+def test_rescale_4_to_2_after_a_crash_before_the_commit(kafka_broker, target, tmp_path):
+    """Run 1 at parallelism 4 dies between a checkpoint's completion and its commits (no
+    restart left), so that checkpoint promises epochs the target does not hold yet. Run 2
+    resumes it at parallelism 2 — not through a clean savepoint: subtasks 0 and 1 each absorb
+    an old subtask's pending transactions and commit them under the lineage and subtask
+    that wrote them — then counts the rest. The target equals the plain-Python count."""
+    data = Input(kafka_broker, partitions=2, per_partition=300)
+    config = storage(tmp_path, "ckpt")
+    with pytest.raises(ep.JobFailedError):
+        wordcount(kafka_broker, data, target, parallelism=4).run(
+            runtime="local", checkpoint=config, restart=ep.RestartStrategy(max_attempts=0),
+            faults=[CrashDuringCommit("out", subtask=3, epoch=1, how="exit")])
+    data.rest()
+    second = wordcount(kafka_broker, data, target, parallelism=2).run(runtime="local", resume=True,
+                                                                      checkpoint=config)
+    assert second.restored_from[0] is not None, "run 2 restored no checkpoint"
+    assert target.read() == running_counts(data.lines)
+    assert not target.open_transactions()
