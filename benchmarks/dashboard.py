@@ -161,7 +161,7 @@ def full_page_poll_cpu_ms(n: int = 20) -> dict:
 
 def run_once(mode: str, args, spark, rep: int) -> dict:
     work = tempfile.mkdtemp(prefix=f"epochal-bench-dashboard-{mode}-", dir=args.tmp)
-    flow = throughput.wordcount(f"bench-dashboard-{mode}", os.path.join(work, "out"), args.records, args.parallelism,
+    flow = throughput.wordcount("bench-dashboard", os.path.join(work, "out"), args.records, args.parallelism,
                                 args.splits)
     expected = (args.records // args.splits) * args.splits
     record = {"mode": mode, "repetition": rep, "lines": expected, "loadavg_1m_before": os.getloadavg()[0],
