@@ -246,19 +246,19 @@ def test_savepoint_of_a_job_with_regions_restores_every_region(tmp_path):
     n_a, n_b = 3000, 2000
     out_a, out_b = unique_dir(tmp_path, "a"), unique_dir(tmp_path, "b")
 
-    def job():
-        return two_regions("sp", out_a, out_b, n_a=n_a, n_b=n_b, rate_a=1000.0, rate_b=800.0,
+    def job(rate):
+        return two_regions("sp", out_a, out_b, n_a=n_a, n_b=n_b, rate_a=rate, rate_b=rate,
                            region_a="counts", region_b="sums")
-    handle = job().start(runtime="local", checkpoint=ep.CheckpointConfig(interval=0.1,
-                                                                         storage="file://" + unique_dir(tmp_path, "c1")))
+    handle = job(300.0).start(runtime="local", checkpoint=ep.CheckpointConfig(
+        interval=0.1, storage="file://" + unique_dir(tmp_path, "c1")))  # >= 3 s of input per region
     deadline = time.monotonic() + 60
-    while len(handle.completed_epochs) < 4 and time.monotonic() < deadline:
+    while min(len(h.completed_epochs) for h in handle.regions.values()) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
     url = handle.stop_with_savepoint("file://" + unique_dir(tmp_path, "sp"), timeout=60)
     first = handle.wait(60)
     assert first.stopped_with_savepoint == url
-    assert sum(1 for _ in output(out_a).elements()) < sum(counts_oracle(n_a).values()), "run 1 already finished"
-    second = job().run(runtime="local", restore_from=url,
+    assert sum(output(out_a).values()) < sum(counts_oracle(n_a).values()), "run 1 already finished"
+    second = job(None).run(runtime="local", restore_from=url,
                        checkpoint=ep.CheckpointConfig(interval=0.1, storage="file://" + unique_dir(tmp_path, "c2")))
     assert set(second.regions) == {"counts", "sums"}
     assert output(out_a) == counts_oracle(n_a)
@@ -308,3 +308,18 @@ def test_a_sigkill_in_one_region_on_spark_leaves_the_other_untouched(tmp_path, s
     assert len(opens(pids_a)) == 2, f"region 'counts' opened its operator again: {opens(pids_a)}"
     assert output(out_a) == counts_oracle(n_a)
     assert output(out_b) == sums_oracle(n_b)
+
+
+def test_each_regions_checkpoints_are_found_where_it_keeps_them():
+    """`epochal sinks lingering` and the driver agree on where a sink's checkpoints live."""
+    from epochal.regions.layout import storage_url_of
+
+    flow = ep.Dataflow("where", parallelism=1)
+    flow.source("a", ep.sources.CollectionSource([1]), region="x").sink("ax", FileSink("/tmp/ax"))
+    own = ep.Region("y", checkpoint=ep.CheckpointConfig(storage="s3://other/ckpt"))
+    flow.source("b", ep.sources.CollectionSource([1]), region=own).sink("by", FileSink("/tmp/by"))
+    assert storage_url_of(flow, "ax", "file:///ckpt") == "file:///ckpt/where/regions/x"
+    assert storage_url_of(flow, "by", "file:///ckpt") == "s3://other/ckpt"
+    single = ep.Dataflow("single", parallelism=1)
+    single.source("a", ep.sources.CollectionSource([1]), region="x").sink("ax", FileSink("/tmp/ax"))
+    assert storage_url_of(single, "ax", "file:///ckpt") == "file:///ckpt"  # one region: where it always was

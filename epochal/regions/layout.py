@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from epochal.errors import PipelineDefinitionError
 from epochal.regions.api import DEFAULT_REGION, Region
 
+#: the directory under a job's checkpoint root that holds its regions' roots
+REGIONS_DIR = "regions"
+
 
 @dataclass(frozen=True)
 class RegionPart:
@@ -124,6 +127,26 @@ def _merge(names: list[str], by_name: dict[str, Region], members: list[str]) -> 
             settings.setdefault(key, value)
             origin.setdefault(key, name)
     return Region("+".join(names), **settings)
+
+
+def region_storage_url(base: str, job: str, part: RegionPart, regions: int) -> str:
+    """The checkpoint storage URL region ``part`` of ``job`` runs with when the job's is
+    ``base``: ``base`` itself for a job of one region (where its checkpoints always were),
+    else the region's own ``CheckpointConfig.storage`` or ``<base>/<job>/regions/<region>``."""
+    if regions == 1:
+        own = part.region.checkpoint.storage if part.region.checkpoint is not None else None
+        return own or base
+    if part.region.checkpoint is not None and part.region.checkpoint.storage is not None:
+        return part.region.checkpoint.storage
+    return f"{base.rstrip('/')}/{job}/{REGIONS_DIR}/{part.name}"
+
+
+def storage_url_of(flow, operator: str, base: str) -> str:
+    """Where the checkpoints holding ``operator``'s state live when ``flow`` runs with
+    checkpoint storage ``base`` (its region's; :func:`region_storage_url`)."""
+    parts = layout_of(flow)
+    part = next(p for p in parts if operator in p.nodes)
+    return region_storage_url(base, flow.name, part, len(parts))
 
 
 def describe(parts: list[RegionPart], job_guarantee, job_checkpoint) -> str:

@@ -32,22 +32,15 @@ import uuid
 from epochal.backends.storage import CheckpointStorage
 from epochal.errors import ConfigError, EpochalError, JobFailedError
 from epochal.query.protocol import QueryError
-from epochal.regions.layout import RegionPart, describe
+from epochal.regions.layout import REGIONS_DIR, RegionPart, describe, region_storage_url
 from epochal.runtime.driver.result import JobResult
 
 log = logging.getLogger("epochal")
 
-#: the directory under a job's checkpoint root that holds its regions' roots
-REGIONS_DIR = "regions"
 #: the document a savepoint of a job with regions keeps at its root: ``{"job", "regions"}``
 REGIONS_DOCUMENT = "_regions"
 #: how often the supervisor looks for a region that failed for good
 SUPERVISE_EVERY = 0.2
-
-
-def region_storage_url(base: str, job: str, region: str) -> str:
-    """Where region ``region`` of ``job`` keeps its checkpoints when ``base`` is the job's storage."""
-    return f"{base.rstrip('/')}/{job}/{REGIONS_DIR}/{region}"
 
 
 def regions_with_checkpoints(storage: CheckpointStorage) -> list[str]:
@@ -109,9 +102,8 @@ def start_regions(flow, parts: list[RegionPart], start_one, *, guarantee, checkp
     try:
         for part in parts:
             region = part.region
-            config = region.checkpoint or checkpoint
-            if region.checkpoint is None or region.checkpoint.storage is None:  # under the job's root
-                config = dataclasses.replace(config, storage=region_storage_url(base, flow.name, part.name))
+            config = dataclasses.replace(region.checkpoint or checkpoint,
+                                         storage=region_storage_url(base, flow.name, part, len(parts)))
             try:
                 handles[part.name] = start_one(
                     sub_flow(flow, part), guarantee=region.guarantee or guarantee, checkpoint=config,
