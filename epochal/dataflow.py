@@ -154,6 +154,8 @@ class Dataflow:
         handle = self.start(**options)
         if handle.ui_url is not None:
             print(f"epochal: dashboard of job {self.name!r} at {handle.ui_url}", file=sys.stderr, flush=True)
+        for region, url in getattr(handle, "ui_urls", {}).items():  # a job of several regions
+            print(f"epochal: dashboard of region {region!r} of job {self.name!r} at {url}", file=sys.stderr, flush=True)
         config = options.get("metrics")
         status = getattr(config, "status", None)
         if status is None:

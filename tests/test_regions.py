@@ -323,3 +323,21 @@ def test_each_regions_checkpoints_are_found_where_it_keeps_them():
     single = ep.Dataflow("single", parallelism=1)
     single.source("a", ep.sources.CollectionSource([1]), region="x").sink("ax", FileSink("/tmp/ax"))
     assert storage_url_of(single, "ax", "file:///ckpt") == "file:///ckpt"  # one region: where it always was
+
+
+def test_the_command_line_shows_each_operators_region(tmp_path, capsys):
+    from epochal.cli import main
+
+    script = tmp_path / "shop.py"
+    script.write_text(
+        "import epochal as ep\n"
+        "flow = ep.Dataflow('shop', parallelism=1)\n"
+        "flow.source('pay', ep.sources.CollectionSource([1]), region=ep.Region('payments', guarantee='at-least-once'))"
+        ".sink('o', ep.sinks.FileSink('/tmp/o'))\n"
+        "flow.source('clicks', ep.sources.CollectionSource([1])).map('m', str).sink('p', ep.sinks.FileSink('/tmp/p'))\n")
+    assert main(["regions", f"{script}:flow", "--storage", "file:///ckpt"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "region payments: at-least-once, checkpoint interval the job's interval, checkpoints in " \
+                     "file:///ckpt/shop/regions/payments"
+    assert out[1] == "  operators: pay, o"
+    assert out[3] == "  operators: clicks, m, p"

@@ -280,6 +280,18 @@ class RegionsHandle:
             JobFailedError: a region failed for good (the others were cancelled), naming it.
             TimeoutError: still running after ``timeout``.
         """
+        if status:  # one line: each region's status side by side
+            from epochal.metrics.progress import status_line
+            from epochal.metrics.reporter import StatusLine
+
+            line = StatusLine()
+            deadline = None if timeout is None else time.monotonic() + timeout
+            try:
+                while self._supervisor.is_alive() and (deadline is None or time.monotonic() < deadline):
+                    self._supervisor.join(0.5)
+                    line.show_text(" || ".join(status_line(h.metrics()) for h in self.regions.values()))
+            finally:
+                line.end()
         self._supervisor.join(timeout)
         if self._supervisor.is_alive():
             raise TimeoutError(f"job {self.job!r} still running after {timeout} s")
