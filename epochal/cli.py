@@ -65,7 +65,35 @@ def build_parser() -> argparse.ArgumentParser:
     from epochal.query.commands import add_parser as add_query_parser
 
     add_query_parser(sub)
+    regions = sub.add_parser("regions", help="show the consistent regions of a dataflow: each region's operators, "
+                                             "guarantee, checkpoint interval and where its checkpoints go")
+    regions.add_argument("dataflow", help="where the job's Dataflow is: path/to/script.py:name or module:name")
+    regions.add_argument("--storage", default=None, help="the job's checkpoint.storage URL (to show each region's)")
     return parser
+
+
+def show_regions(args) -> int:
+    """``epochal regions script.py:flow``: the layout :func:`epochal.regions.layout_of` computes."""
+    from epochal.errors import EpochalError
+    from epochal.regions.layout import layout_of, region_storage_url
+    from epochal.state.commands import load_dataflow
+
+    try:
+        flow = load_dataflow(args.dataflow)
+        parts = layout_of(flow)
+    except EpochalError as exc:
+        print(f"epochal regions: error: {exc}", file=sys.stderr)
+        return 1
+    for part in parts:
+        r = part.region
+        guarantee = r.guarantee.value if r.guarantee is not None else "the job's guarantee"
+        interval = f"{r.checkpoint.interval} s" if r.checkpoint is not None else "the job's interval"
+        where = region_storage_url(args.storage, flow.name, part, len(parts)) if args.storage else None
+        merged = f" (merged: {', '.join(part.merged)})" if len(part.merged) > 1 else ""
+        print(f"region {part.name}{merged}: {guarantee}, checkpoint interval {interval}"
+              + (f", checkpoints in {where}" if where else ""))
+        print(f"  operators: {', '.join(part.nodes)}")
+    return 0
 
 
 def serve_ui(args, wait=None) -> int:
@@ -171,6 +199,8 @@ def main(argv=None) -> int:
         return serve_ui(args)
     if script_args:
         build_parser().error("arguments after -- are for 'epochal bench' only")
+    if args.command == "regions":
+        return show_regions(args)
     if args.command == "query":
         from epochal.query.commands import run as run_query
 

@@ -54,13 +54,19 @@ class Dataflow:
         self.parallelism = parallelism
         self.max_parallelism = max_parallelism
         self._nodes: dict[str, Node] = {}
+        #: operator → its region annotation (epochal.regions; seed 000 §3.1)
+        self._regions: dict = {}
 
     @property
     def nodes(self) -> dict[str, Node]:
         return dict(self._nodes)
 
-    def source(self, name: str, source, *, parallelism: int | None = None) -> "Stream":
-        """Add a replayable source (an :class:`epochal.sources.Source`)."""
+    def source(self, name: str, source, *, parallelism: int | None = None, region=None) -> "Stream":
+        """Add a replayable source (an :class:`epochal.sources.Source`).
+
+        ``region``: an :class:`epochal.Region` (or its name) the source — and every operator
+        connected to it — belongs to: checkpointed and restarted independently of the job's
+        other regions (:mod:`epochal.regions`)."""
         from epochal.sources.base import Source
 
         if not isinstance(source, Source):
@@ -69,6 +75,8 @@ class Dataflow:
             )
         node = self._add(Node(name, NodeKind.SOURCE, (), self.parallelism if parallelism is None else parallelism,
                               source, columnar=source.schema is not None))
+        if region is not None:
+            self._annotate_region(node.name, region)
         return Stream(self, (Input(node.name, FORWARD),))
 
     def _add(self, node: Node) -> Node:
@@ -93,6 +101,18 @@ class Dataflow:
             )
         self._nodes[node.name] = node
         return node
+
+    def _annotate_region(self, node: str, region) -> None:
+        from epochal.regions.api import annotate
+
+        annotate(self, node, region)
+
+    def regions(self):
+        """The job's regions (:func:`epochal.regions.layout_of`): one
+        :class:`~epochal.regions.RegionPart` per region, with its operators."""
+        from epochal.regions.layout import layout_of
+
+        return layout_of(self)
 
     def plan(self, **kwargs):
         """Validate the whole graph and compile it to the physical task graph."""
@@ -134,6 +154,8 @@ class Dataflow:
         handle = self.start(**options)
         if handle.ui_url is not None:
             print(f"epochal: dashboard of job {self.name!r} at {handle.ui_url}", file=sys.stderr, flush=True)
+        for region, url in getattr(handle, "ui_urls", {}).items():  # a job of several regions
+            print(f"epochal: dashboard of region {region!r} of job {self.name!r} at {url}", file=sys.stderr, flush=True)
         config = options.get("metrics")
         status = getattr(config, "status", None)
         if status is None:

@@ -52,6 +52,14 @@ class Stream:
     def flow(self):
         return self._flow
 
+    def region(self, region) -> "Stream":
+        """Place the operators producing this stream — and so every operator connected to
+        them — in ``region`` (an :class:`epochal.Region` or its name; seed 000 §3.1's
+        ``@consistent``); returns this stream. See :mod:`epochal.regions`."""
+        for port in self._ports:
+            self._flow._annotate_region(port.node, region)
+        return self
+
     def _default_parallelism(self) -> int:
         ps = {self._flow._nodes[p.node].parallelism for p in self._ports}
         return ps.pop() if len(ps) == 1 else self._flow.parallelism

@@ -130,7 +130,7 @@ def status_line(p: dict) -> str:
     def k(x):
         return f"{x / 1000:.1f}k" if x >= 1000 else f"{x:.0f}"
 
-    parts = [p["job"], p["state"]]
+    parts = [p["job"] + (f"/{p['region']}" if p.get("region") else ""), p["state"]]
     if p.get("attempt"):
         parts.append(f"attempt {p['attempt'] + 1}")
     parts.append(f"{k(p['records_in_per_s'])} rec/s in, {k(p['records_out_per_s'])} out")

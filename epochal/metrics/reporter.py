@@ -106,7 +106,9 @@ class StatusLine:
         self._width = 0
 
     def show(self, progress: dict) -> None:
-        text = status_line(progress)
+        self.show_text(status_line(progress))
+
+    def show_text(self, text: str) -> None:
         pad = max(0, self._width - len(text))
         self._width = len(text)
         self.stream.write("\r" + text + " " * pad)

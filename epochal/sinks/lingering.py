@@ -72,7 +72,8 @@ def find(flow, storage_url: str) -> list[Lingering]:
     open, promised or not."""
     found: list[Lingering] = []
     for name, sink, parallelism in _sinks(flow):
-        found += sink.lingering(flow.name, name, promised_by(storage_url, flow.name, name, parallelism))
+        found += sink.lingering(flow.name, name, promised_by(_region_url(flow, name, storage_url), flow.name, name,
+                                                             parallelism))
     return found
 
 
@@ -80,12 +81,20 @@ def end(flow, storage_url: str) -> list[Lingering]:
     """End what :func:`find` reports and no checkpoint promises; return what was ended."""
     ended: list[Lingering] = []
     for name, sink, parallelism in _sinks(flow):
-        promised = promised_by(storage_url, flow.name, name, parallelism)
+        promised = promised_by(_region_url(flow, name, storage_url), flow.name, name, parallelism)
         items = [i for i in sink.lingering(flow.name, name, promised) if not i.promised]
         if items:
             sink.end_lingering(flow.name, name, items, promised)
             ended += items
     return ended
+
+
+def _region_url(flow, sink: str, storage_url: str) -> str:
+    """The checkpoint storage of the sink's region (a job of several regions keeps each
+    region's checkpoints apart: :mod:`epochal.regions`)."""
+    from epochal.regions.layout import storage_url_of
+
+    return storage_url_of(flow, sink, storage_url)
 
 
 def _sinks(flow):

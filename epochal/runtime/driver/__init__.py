@@ -9,7 +9,9 @@
   :class:`~epochal.runtime.driver.result.JobResult`;
 * ``coordinator_server`` — the epoch coordinator's network side (one per attempt);
 * ``savepoints``, ``requests`` — savepoints asked for by the handle or by another process;
-* ``compatibility`` — a restore point checked against the dataflow before anything starts.
+* ``compatibility`` — a restore point checked against the dataflow before anything starts;
+* ``regions`` — a job of several consistent regions (:mod:`epochal.regions`): one driver per
+  region and the caller's :class:`~epochal.runtime.driver.regions.RegionsHandle`.
 
 May import: the layers below the runtime (``epochs``, ``backends``, ``metrics``,
 ``state``, ...), :mod:`epochal.runtime.transport`, :mod:`epochal.runtime.task.attempt`

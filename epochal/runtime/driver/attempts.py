@@ -185,6 +185,7 @@ class JobDriver:
         from epochal.metrics.reporter import Reporter
 
         self.backend = backend
+        self.region: str | None = None  # its region's name in a job of several (epochal.regions.run)
         self.peer_timeout = peer_timeout  # ClusterConfig.peer_timeout on a cluster, None on loopback
         self.allow_non_restored_state = allow_non_restored_state
         self.encrypted = encrypted
@@ -233,6 +234,8 @@ class JobDriver:
         server = self.server
         state = {"state": self.state, "attempt": self.attempt_index, "generation": self.generation,
                  "restarts": list(self.restarts)}
+        if self.region is not None:  # progress events name the region (epochal.regions)
+            state["region"] = self.region
         if server is None or isinstance(server, _NotStarted):
             return state, {}, None
         return state, dict(server.live), server.history

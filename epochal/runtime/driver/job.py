@@ -5,6 +5,7 @@ and the caller gets its :class:`~epochal.runtime.driver.attempts.JobHandle`.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import tempfile
 import time
@@ -19,6 +20,7 @@ from epochal.backends.storage import CheckpointStorage
 from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, MetricsConfig, RestartStrategy
 from epochal.errors import ConfigError, EpochalError
 from epochal.graph import NodeKind
+from epochal.regions.layout import layout_of
 from epochal.runtime.driver import compatibility
 from epochal.runtime.driver.attempts import JobDriver, JobHandle
 from epochal.runtime.driver.lease import JobLease
@@ -46,6 +48,15 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
         from epochal.runtime.launch.spark import start_local_session
 
         start_local_session()
+    parts = layout_of(flow)
+    if len(parts) > 1:  # one driver per region (seed 000 §3.1)
+        from epochal.runtime.driver.regions import start_regions
+
+        return start_regions(flow, parts, start_job, guarantee=guarantee, checkpoint=checkpoint, restart=restart,
+                             channels=channels, runtime=runtime, spark=spark, resume=resume, faults=faults,
+                             backend=backend, cluster=cluster, allow_non_restored_state=allow_non_restored_state,
+                             metrics=metrics, restore_from=restore_from)
+    guarantee, checkpoint, restart = _region_settings(parts[0].region, guarantee, checkpoint, restart)
     checkpoint = checkpoint or CheckpointConfig()
     if not isinstance(checkpoint, CheckpointConfig):
         raise ConfigError(f"checkpoint: expected CheckpointConfig, got {type(checkpoint).__name__}")
@@ -77,6 +88,7 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
     url = checkpoint.storage or "file://" + tempfile.mkdtemp(prefix=f"epochal-{flow.name}-")
     storage = CheckpointStorage(url, flow.name, retry_policy=RetryPolicy(deadline=storage_retry(checkpoint)),
                                 signing_key=checkpoint.signing_key)
+    _refuse_region_checkpoints(storage, url)
     point = None if restore_from is None else _check_restore_point(restore_from, storage, plan, resume,
                                                                     allow_non_restored_state)
     holds = [JobLease.acquire(storage, flow.name)]  # one driver per job and storage, before any other write
@@ -92,6 +104,27 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
     except BaseException:
         _release(holds)
         raise
+
+
+def _region_settings(region, guarantee, checkpoint, restart):
+    """A job of one region: the region's settings override the job's (its checkpoint
+    settings keep the job's storage unless they name one)."""
+    if region.checkpoint is not None:
+        storage = getattr(checkpoint, "storage", None)
+        checkpoint = region.checkpoint if region.checkpoint.storage is not None or storage is None \
+            else dataclasses.replace(region.checkpoint, storage=storage)
+    return region.guarantee or guarantee, checkpoint, region.restart or restart
+
+
+def _refuse_region_checkpoints(storage: CheckpointStorage, url: str) -> None:
+    """A job of one region must not silently start fresh beside checkpoints of its regions."""
+    from epochal.runtime.driver.regions import regions_with_checkpoints
+
+    held = regions_with_checkpoints(storage)
+    if held:
+        raise ConfigError(
+            f"checkpoint.storage: {url}/{storage.job} holds checkpoints of regions {held} of this job, which now "
+            "has one region: restore each from a savepoint, or use another storage location")
 
 
 def _release(holds) -> None:

@@ -56,6 +56,9 @@ class JobResult:
     checkpoints: dict = field(default_factory=dict)
     #: the run's lineage id (epochal.epochs.lineage): new for every run, kept by its restarts
     lineage: str = ""
+    #: a job of several regions (epochal.regions): each region's own result, by region name;
+    #: empty for a job of one region
+    regions: dict = field(default_factory=dict)
 
     @property
     def records_in(self) -> int:

@@ -160,6 +160,12 @@ def _session(spark, num_tasks: int):
     return _local_session(num_tasks)
 
 
+def session_for(spark, num_tasks: int):
+    """The session jobs of ``num_tasks`` tasks in all will share (:func:`_session`): a job of
+    several regions runs one barrier stage per region at once in it (:mod:`epochal.regions.run`)."""
+    return _session(spark, num_tasks)
+
+
 #: what protects Spark's RPC: the fix an insecure cluster is told to apply
 RPC_FIX = ("--conf spark.authenticate=true --conf spark.network.crypto.enabled=true (with "
            "spark.authenticate.secret; YARN and Kubernetes generate one per application, a standalone "

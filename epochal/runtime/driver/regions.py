@@ -1,0 +1,330 @@
+"""Running a job of several regions (:mod:`epochal.regions`): one :class:`~epochal.runtime.driver.attempts.JobDriver`
+per region (seed 000 §3.1, §4: each region has its own controller).
+
+Each region is started like a job of its own — the same checks, its own epoch sequence and
+coordinator, its guarantee, checkpoint settings, restart strategy and attempt count, its own
+lease and lineage — over the operators of the region, in one process and (on Spark) one
+session. A failed task therefore restarts only its region's tasks from that region's latest
+completed epoch; the other regions' drivers never notice. Regions share no stream
+(:mod:`epochal.regions.layout`), so no record crosses a region boundary and each region's
+output is exactly (or at least) once on its own.
+
+Storage: region ``r`` of job ``j`` keeps its checkpoints under ``<storage>/<j>/regions/<r>/``
+(unless the region's ``CheckpointConfig`` names a storage of its own). A savepoint of the job
+is one savepoint per region, ``<url>/<r>/``, listed in ``<url>/_regions``.
+
+When a region fails for good (its restart strategy spent), the job fails: the other regions
+are cancelled and :meth:`RegionsHandle.wait` raises, naming the region.
+
+The caller gets a :class:`RegionsHandle` (what :class:`~epochal.runtime.driver.attempts.JobHandle`
+is for a job of one region) and, at the end, the job's combined
+:class:`~epochal.runtime.driver.result.JobResult`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tempfile
+import threading
+import time
+import uuid
+
+from epochal.backends.storage import CheckpointStorage
+from epochal.errors import ConfigError, EpochalError, JobFailedError
+from epochal.query.protocol import QueryError
+from epochal.regions.layout import REGIONS_DIR, RegionPart, describe, region_storage_url
+from epochal.runtime.driver.result import JobResult
+
+log = logging.getLogger("epochal")
+
+#: the document a savepoint of a job with regions keeps at its root: ``{"job", "regions"}``
+REGIONS_DOCUMENT = "_regions"
+#: how often the supervisor looks for a region that failed for good
+SUPERVISE_EVERY = 0.2
+
+
+def regions_with_checkpoints(storage: CheckpointStorage) -> list[str]:
+    """The regions under the job root of ``storage`` that hold a checkpoint directory."""
+    found = storage.fs.glob(f"{storage.root}/{REGIONS_DIR}/*/*/chk-*")
+    return sorted({path.split("/")[-3] for path in found})
+
+
+def sub_flow(flow, part: RegionPart):
+    """The dataflow of one region: the same job name and limits, the region's operators."""
+    sub = type(flow)(flow.name, parallelism=flow.parallelism, max_parallelism=flow.max_parallelism)
+    sub._nodes = {name: flow._nodes[name] for name in part.nodes}
+    return sub
+
+
+def start_regions(flow, parts: list[RegionPart], start_one, *, guarantee, checkpoint, restart, channels, runtime, spark, resume,
+                  faults, backend, cluster, allow_non_restored_state, metrics, restore_from) -> RegionsHandle:
+    """Start every region of ``flow`` (see the module docstring) with ``start_one`` (the
+    driver's :func:`~epochal.runtime.driver.job.start_job` for a job of one region); all or none.
+
+    Everything checkable is checked for every region before the first one starts: its
+    settings, its plan, the storage layout, the restore point.
+
+    Raises:
+        ConfigError / PipelineDefinitionError: naming the region.
+    """
+    from epochal.config import CheckpointConfig, MetricsConfig
+
+    checkpoint = checkpoint or CheckpointConfig()
+    if not isinstance(checkpoint, CheckpointConfig):
+        raise ConfigError(f"checkpoint: expected CheckpointConfig, got {type(checkpoint).__name__}")
+    metrics = metrics or MetricsConfig()
+    for key in ("prometheus_port", "ui_port"):
+        if getattr(metrics, key, None):
+            raise ConfigError(f"metrics.{key}={getattr(metrics, key)}: job {flow.name!r} has {len(parts)} regions, "
+                              "each with its own driver and endpoint; use 0 (any free port) and read each region's "
+                              "address from handle.regions[<name>]")
+    base = checkpoint.storage or "file://" + tempfile.mkdtemp(prefix=f"epochal-{flow.name}-")
+    whole = CheckpointStorage(base, flow.name)
+    if whole.has_checkpoints():
+        raise ConfigError(
+            f"checkpoint.storage: {base}/{flow.name} holds checkpoints of this job written without regions, and it "
+            f"now has {len(parts)} ({', '.join(p.name for p in parts)}), whose checkpoints live under "
+            f"{base}/{flow.name}/{REGIONS_DIR}/<region>/: take a savepoint of the old job and start each region from "
+            "it, or use another storage location")
+    plans = {}
+    for part in parts:
+        try:
+            plans[part.name] = sub_flow(flow, part).plan()
+        except EpochalError as exc:
+            raise _in_region(exc, f"region {part.name!r}") from exc
+    log.info("job %s: %s", flow.name, describe(parts, guarantee, checkpoint))
+    if runtime == "spark":
+        from epochal.runtime.launch.spark import session_for
+
+        spark = session_for(spark, sum(len(p.tasks) for p in plans.values()))  # one session, slots for all
+    points = _restore_points(restore_from, flow.name, parts, allow_non_restored_state)
+    handles: dict = {}
+    try:
+        for part in parts:
+            region = part.region
+            config = dataclasses.replace(region.checkpoint or checkpoint,
+                                         storage=region_storage_url(base, flow.name, part, len(parts)))
+            try:
+                handles[part.name] = start_one(
+                    sub_flow(flow, part), guarantee=region.guarantee or guarantee, checkpoint=config,
+                    restart=region.restart or restart, channels=channels, runtime=runtime, spark=spark, resume=resume,
+                    faults=faults, backend=backend, cluster=cluster,
+                    allow_non_restored_state=allow_non_restored_state, metrics=metrics,
+                    restore_from=points.get(part.name))
+            except EpochalError as exc:
+                raise _in_region(exc, f"region {part.name!r} of job {flow.name!r}") from exc
+            handles[part.name]._driver.region = part.name
+    except BaseException:
+        for handle in handles.values():
+            handle.cancel()
+        for handle in handles.values():
+            try:
+                handle.wait(60)
+            except Exception:
+                pass
+        raise
+    return RegionsHandle(flow.name, parts, handles, base)
+
+
+def _in_region(exc: EpochalError, where: str) -> EpochalError:
+    """``exc`` with ``where`` (the region) in front of its message, when its type allows."""
+    try:
+        return type(exc)(f"{where}: {exc}")
+    except TypeError:
+        return exc
+
+
+def _restore_points(restore_from, job: str, parts: list[RegionPart], allow_non_restored_state: bool) -> dict[str, str]:
+    """``restore_from`` of a job with regions → the savepoint (or checkpoint root) of each region.
+
+    ``restore_from`` is a savepoint of such a job (``<url>/_regions`` lists its regions, one
+    savepoint each under ``<url>/<region>``) or a job's checkpoint root (``<url>/regions/<region>/<job>``).
+    A region the point does not hold starts empty (logged); a region the point holds that the
+    job no longer has is refused unless ``allow_non_restored_state``.
+    """
+    if restore_from is None:
+        return {}
+    if not isinstance(restore_from, str):
+        raise ConfigError(f"restore_from: expected a URL, got {type(restore_from).__name__}")
+    url = restore_from.rstrip("/")
+    root = CheckpointStorage.at_root(url)
+    doc = root.read_document(REGIONS_DOCUMENT)
+    if doc is not None:
+        held = {name: f"{url}/{name}" for name in doc.get("regions", [])}
+    else:
+        found = root.fs.glob(f"{root.root}/{REGIONS_DIR}/*/{job}/chk-*")
+        held = {name: f"{url}/{REGIONS_DIR}/{name}/{job}" for name in sorted({p.split("/")[-3] for p in found})}
+        if not held:
+            raise ConfigError(
+                f"restore_from {restore_from}: neither a savepoint of a job with regions ({REGIONS_DOCUMENT} is "
+                f"missing) nor a job's checkpoint root with regions ({REGIONS_DIR}/ is missing)")
+    names = {p.name for p in parts}
+    dropped = sorted(set(held) - names)
+    if dropped and not allow_non_restored_state:
+        raise ConfigError(
+            f"restore_from {restore_from} holds regions {dropped} that the job no longer has (it has "
+            f"{sorted(names)}): their state would be dropped; rename the regions back, or pass "
+            "allow_non_restored_state=True")
+    for name in sorted(names - set(held)):
+        log.warning("restore_from %s holds no region %r: it starts empty", restore_from, name)
+    return {name: point for name, point in held.items() if name in names}
+
+
+
+class RegionsHandle:
+    """A running job of several regions: ``regions[name]`` is each region's
+    :class:`~epochal.runtime.driver.attempts.JobHandle`; the methods act on every region.
+
+    A region that fails for good (its restart strategy spent) fails the job: a supervisor
+    thread cancels the other regions at once, and :meth:`wait` raises naming the region.
+    """
+
+    def __init__(self, job: str, parts, handles: dict, base_url: str):
+        self.job = job
+        self.parts = list(parts)
+        self.regions = dict(handles)
+        self._base = base_url
+        self.failed_region: str | None = None
+        self._supervisor = threading.Thread(target=self._supervise, name=f"epochal-regions-{job}", daemon=True)
+        self._supervisor.start()
+
+    def _supervise(self) -> None:
+        while True:
+            running = [(n, h) for n, h in self.regions.items() if h.running]
+            for name, handle in self.regions.items():
+                if not handle.running and handle._driver.error is not None and self.failed_region is None:
+                    self.failed_region = name
+                    log.error("job %s: region %r failed for good; cancelling the other regions", self.job, name)
+                    for other, h in self.regions.items():
+                        if other != name:
+                            h.cancel()
+            if not running:
+                return
+            running[0][1]._driver.thread.join(SUPERVISE_EVERY)
+
+    # ------------------------------------------------------------------ like JobHandle
+    @property
+    def running(self) -> bool:
+        return self._supervisor.is_alive()
+
+    def region_of(self, operator: str) -> str:
+        """The region operator ``operator`` runs in."""
+        for part in self.parts:
+            if operator in part.nodes:
+                return part.name
+        raise QueryError(f"job {self.job!r} has no operator {operator!r}")
+
+    def trigger_epoch(self) -> None:
+        """Ask every region for an epoch now (each region's epochs are its own)."""
+        for handle in self.regions.values():
+            handle.trigger_epoch()
+
+    def cancel(self) -> None:
+        for handle in self.regions.values():
+            handle.cancel()
+
+    def metrics(self) -> dict:
+        """``{"job", "regions": {name: progress event}}``: each region's live metrics."""
+        return {"job": self.job, "regions": {name: h.metrics() for name, h in self.regions.items()}}
+
+    @property
+    def ui_url(self) -> str | None:
+        """``None``: each region serves its own dashboard (:attr:`ui_urls`)."""
+        return None
+
+    @property
+    def ui_urls(self) -> dict:
+        return {name: h.ui_url for name, h in self.regions.items() if h.ui_url is not None}
+
+    @property
+    def prometheus_address(self):
+        return None
+
+    @property
+    def completed_epochs(self) -> list[dict]:
+        return [dict(e, region=name) for name, h in self.regions.items() for e in h.completed_epochs]
+
+    def query(self, operator: str, state: str, keys, **options):
+        """Queryable state of ``operator``, asked of its region (:meth:`JobHandle.query`)."""
+        return self.regions[self.region_of(operator)].query(operator, state, keys, **options)
+
+    def savepoint(self, url: str | None = None, timeout: float | None = None) -> str:
+        """A savepoint of every region: ``<url>/<region>/`` each, listed in ``<url>/_regions``.
+
+        Regions share no stream, so each region's savepoint is a consistent cut of that
+        region and together they restore the job (``restore_from=url``); they are taken one
+        after the other, not at one instant across regions."""
+        return self._savepoints(url, timeout, stop=False)
+
+    def stop_with_savepoint(self, url: str | None = None, timeout: float | None = None) -> str:
+        """Stop every region with a savepoint (as :meth:`savepoint`); returns its URL."""
+        return self._savepoints(url, timeout, stop=True)
+
+    def _savepoints(self, url: str | None, timeout: float | None, stop: bool) -> str:
+        url = (url or f"{self._base.rstrip('/')}/{self.job}/savepoints/sp-{uuid.uuid4().hex[:12]}").rstrip("/")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for name, handle in self.regions.items():
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if stop:
+                handle.stop_with_savepoint(f"{url}/{name}", left)
+            else:
+                handle.savepoint(f"{url}/{name}", left)
+        CheckpointStorage.at_root(url).write_document(REGIONS_DOCUMENT,
+                                                      {"job": self.job, "regions": list(self.regions)})
+        return url
+
+    def wait(self, timeout: float | None = None, status: bool = False) -> JobResult:
+        """Block until every region ended; the job's result (``regions``: each region's).
+
+        Raises:
+            JobFailedError: a region failed for good (the others were cancelled), naming it.
+            TimeoutError: still running after ``timeout``.
+        """
+        if status:  # one line: each region's status side by side
+            from epochal.metrics.progress import status_line
+            from epochal.metrics.reporter import StatusLine
+
+            line = StatusLine()
+            deadline = None if timeout is None else time.monotonic() + timeout
+            try:
+                while self._supervisor.is_alive() and (deadline is None or time.monotonic() < deadline):
+                    self._supervisor.join(0.5)
+                    line.show_text(" || ".join(status_line(h.metrics()) for h in self.regions.values()))
+            finally:
+                line.end()
+        self._supervisor.join(timeout)
+        if self._supervisor.is_alive():
+            raise TimeoutError(f"job {self.job!r} still running after {timeout} s")
+        if self.failed_region is not None:
+            error = self.regions[self.failed_region]._driver.error
+            causes = list(getattr(error, "causes", []))
+            raise JobFailedError(f"job {self.job!r}: region {self.failed_region!r} failed: {error}", causes) from error
+        return combined_result(self.job, {name: h._driver.result for name, h in self.regions.items()})
+
+
+def combined_result(job: str, results: dict[str, JobResult]) -> JobResult:
+    """The result of a job of several regions: ``regions`` holds each region's; ``attempts``
+    is the most any region needed, ``failures`` every region's (prefixed with its name),
+    epochs and metrics are every region's (epochs tagged with their ``region``)."""
+    first = next(iter(results.values()))
+    guarantees = {r.guarantee for r in results.values()}
+    return JobResult(
+        job=job, guarantee=guarantees.pop() if len(guarantees) == 1 else "mixed", runtime=first.runtime,
+        attempts=max(r.attempts for r in results.values()),
+        failures=[f"region {n!r}: {f}" for n, r in results.items() for f in r.failures],
+        completed_epochs=[dict(e, region=n) for n, r in results.items() for e in r.completed_epochs],
+        aborted_epochs=[dict(e, region=n) for n, r in results.items() for e in r.aborted_epochs],
+        task_metrics={t: m for r in results.values() for t, m in r.task_metrics.items()},
+        duration_s=max(r.duration_s for r in results.values()),
+        checkpoint_root=first.checkpoint_root.rsplit("/", 4)[0] + f"/{job}",
+        encrypted=all(r.encrypted for r in results.values()),
+        savepoints=[dict(s, region=n) for n, r in results.items() for s in r.savepoints],
+        stopped_with_savepoint=_common(r.stopped_with_savepoint for r in results.values()),
+        regions=dict(results),
+    )
+
+
+def _common(urls) -> str | None:
+    """The job's savepoint URL when every region stopped with one (``<url>/<region>``)."""
+    parents = {None if u is None else u.rstrip("/").rsplit("/", 1)[0] for u in urls}
+    return parents.pop() if len(parents) == 1 else None
