@@ -94,9 +94,13 @@ def start_regions(flow, parts: list[RegionPart], start_one, *, guarantee, checkp
             raise _in_region(exc, f"region {part.name!r}") from exc
     log.info("job %s: %s", flow.name, describe(parts, guarantee, checkpoint))
     if runtime == "spark":
-        from epochal.runtime.launch.spark import session_for
+        from epochal.runtime.launch.spark import SparkLauncher, session_for
 
-        spark = session_for(spark, sum(len(p.tasks) for p in plans.values()))  # one session, slots for all
+        total = sum(len(p.tasks) for p in plans.values())
+        spark = session_for(spark, total)  # one session for every region, with slots for all
+        # every region runs at once, one barrier stage each: the session (a cluster: its
+        # executors, within cluster.executor_wait) must offer a slot to every task of the job
+        SparkLauncher(spark, total, cluster).prepare(total)
     points = _restore_points(restore_from, flow.name, parts, allow_non_restored_state)
     handles: dict = {}
     try:
