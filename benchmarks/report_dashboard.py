@@ -29,7 +29,12 @@ def section_dashboard(doc: dict) -> str:
             f"run at its end; {_n(100 * (s['poll_core_share'] or 0), '.2f')} % of one core at this rate), and "
             f"{_n(full.get('cpu_ms'), '.1f')} ms for the largest page the driver can serve ({full.get('rows')} "
             f"checkpoint rows kept, {full.get('points_kept')} points per series, {_n(full.get('bytes'))} bytes; "
-            f"{_n(100 * (s.get('full_page_core_share') or 0), '.2f')} % of one core). *driver CPU*: CPU seconds of the "
+            f"{_n(100 * (s.get('full_page_core_share') or 0), '.2f')} % of one core)"
+            + (f"; the dashboard added {_n(s['dashboard_extra_driver_cores'], '.4f')} CPU-seconds per second to the "
+               f"driver's process, **{_n(100 * s['dashboard_cpu_share_of_job'], '.2f')} %** of the "
+               f"{_n(s['job_cores_no_ui'], '.2f')} cores the whole job used without it (the most a job saturating "
+               "its cores can lose to it)" if s.get("dashboard_cpu_share_of_job") is not None else "")
+            + ". *driver CPU*: CPU seconds of the "
             "driver's process (coordinator, reporter, dashboard server"
             + (")" if args.get("poller") == "browser" else " and the HTTP poller)") + " per second of run.")
     return _section("The dashboard's cost" + (" (a browser on the same machine)" if args.get("poller") == "browser"
