@@ -85,6 +85,31 @@ def _record_secrets(handle, path: str, generated: list) -> None:
                             "tls_keys": [m.key_pem.decode() for m in generated]}) + "\n")
 
 
+def _watch_dashboard(handle) -> dict:
+    """Poll the driver's dashboard (``/api/state``, with the token) while the job runs: what
+    a page on the driver's host would show of a job whose tasks run on the workers."""
+    import json as _json
+    import urllib.request
+
+    base, token = handle.ui_url.split("/?token=")
+    request = urllib.request.Request(base + "/api/state", headers={"X-Epochal-Token": token})
+    seen = {"polls": 0, "operators": [], "completed": 0, "rates": False}
+    while handle.running:
+        try:
+            with urllib.request.urlopen(request, timeout=10) as r:
+                doc = _json.loads(r.read())
+        except OSError:
+            if handle.running and handle._driver.state not in ("finished", "failed"):
+                raise
+            break  # the job ended: its driver closes the page's server before its thread exits
+        seen["polls"] += 1
+        seen["operators"] = sorted(n["name"] for n in doc["graph"]["nodes"])
+        seen["completed"] = max(seen["completed"], doc["counts"]["completed"])
+        seen["rates"] = seen["rates"] or any(o.get("records_in_per_s") for o in doc["operators"].values())
+        time.sleep(0.2)
+    return seen
+
+
 def run_job(kind: str, args, spark) -> dict:
     job = f"{kind}{args.suffix}"
     flow = JOBS[kind](job, f"{args.out}/{job}", args)
@@ -109,10 +134,14 @@ def run_job(kind: str, args, spark) -> dict:
                                  shared_paths=tuple(args.shared_path)),
         channels=ep.ChannelConfig(encryption={"auto": None, "on": True, "off": False}[args.encryption]),
     )
+    if args.ui:
+        options["metrics"] = ep.MetricsConfig(ui=True, log=False)
     t0 = time.time()
     entry = {"job": job, "kind": kind, "started": t0}
     try:
         handle = flow.start(**options)
+        if args.ui:
+            entry["ui"] = _watch_dashboard(handle)
         result = handle.wait()
     except Exception as exc:
         entry.update(ok=False, error=f"{type(exc).__name__}: {exc}", elapsed=time.time() - t0,
@@ -124,6 +153,7 @@ def run_job(kind: str, args, spark) -> dict:
     ckpt = sorted(e["duration_s"] for e in result.completed_epochs if e["reason"] == "periodic")
     entry.update(
         ok=True, elapsed=time.time() - t0, attempts=result.attempts, failures=result.failures,
+        operators=sorted(flow.nodes),
         restored_from=result.restored_from, encrypted=result.encrypted,
         hosts={t: m.get("host") for t, m in result.task_metrics.items()},
         records_in=result.records_in, completed=len(result.completed_epochs),
@@ -143,6 +173,7 @@ def main(argv=None) -> int:
     p.add_argument("--result", required=True)
     p.add_argument("--app", default="epochal-cluster-test")
     p.add_argument("--suffix", default="", help="appended to every job name")
+    p.add_argument("--ui", action="store_true", help="serve the dashboard and poll it while each job runs")
     p.add_argument("--lines", type=int, default=4000)
     p.add_argument("--numbers", type=int, default=300)
     p.add_argument("--rate", type=float, default=1000.0, help="source records/s per split")

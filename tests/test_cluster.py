@@ -93,7 +93,7 @@ def healthy(standalone_cluster, tmp_path_factory):
     events, secrets = str(tmp / "events"), str(tmp / "secrets.jsonl")
     proc, result, log, storage, out = _drive(
         standalone_cluster, tmp, ["wordcount", "collatz"], "--lines", str(HEALTHY["lines"]),
-        "--numbers", str(HEALTHY["numbers"]), "--event-log", events, "--secrets-out", secrets, name="healthy")
+        "--numbers", str(HEALTHY["numbers"]), "--event-log", events, "--secrets-out", secrets, "--ui", name="healthy")
     entries = _finish(proc, result, log)
     return {"entries": entries, "log": log, "storage": storage, "out": out, "events": events, "secrets": secrets}
 
@@ -108,6 +108,8 @@ def test_wordcount_and_loop_run_exactly_once_across_two_hosts(s3, healthy):
         assert entry["encrypted"], "channels must be encrypted by default on a cluster"
         epochs = cluster.completed_epochs(healthy["storage"], entry["job"])
         assert epochs, f"no completed checkpoint of {entry['job']} on S3"
+        ui = entry["ui"]  # the driver's dashboard shows the job whose tasks run on the workers
+        assert ui["polls"] and set(entry["operators"]) <= set(ui["operators"]), ui
 
 
 def test_job_secrets_never_reach_spark_logs_or_event_log(s3, healthy):
