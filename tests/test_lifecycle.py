@@ -395,10 +395,12 @@ def test_lingering_prepared_transactions_are_listed_and_ended_but_never_what_a_c
     flow = load_dataflow(f"{script}:flow")
     scope = runpy.run_path(str(script), run_name="oracle")  # the script's own word list: the oracle's input
     oracle = running_counts([" ".join(scope["WORDS"])])
-    config = storage(tmp_path, "ckpt")
+    # 0.5 s epochs, the crash at epoch 2's commit: epoch 1 may cover only the tasks' start
+    # (empty under load), epoch 2 holds half a second of the 1.5 s input (or is the final one)
+    config = storage(tmp_path, "ckpt", interval=0.5)
     with pytest.raises(ep.JobFailedError):
         flow.run(runtime="local", checkpoint=config, restart=ep.RestartStrategy(max_attempts=0),
-                 faults=[CrashDuringCommit("out", subtask=0, epoch=1, how="exit")])
+                 faults=[CrashDuringCommit("out", subtask=0, epoch=2, how="exit")])
     with postgres.connect(autocommit=False) as conn:  # a zombie's prepared epoch that no checkpoint holds
         conn.execute(f"INSERT INTO {table} VALUES ('stray', 1)")
         stray = recovery.gid(recovery.sink_hash("linger", "out", table), 1, 99, 7, "0123456789ab")
