@@ -151,6 +151,11 @@ class TtlRegistry:
                     b.map_put(scoped, kg, key, mk, new) if new is not None else b.map_delete(scoped, kg, key, mk)
 
     @property
+    def restored_meta(self) -> bool:
+        """The restored checkpoint recorded TTL for this operator."""
+        return self._had_meta
+
+    @property
     def active(self) -> bool:
         """Some declared state has a TTL."""
         return bool(self._targets)
