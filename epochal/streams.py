@@ -424,12 +424,11 @@ class KeyedStream(Stream):
         column per aggregation) — and earlier when the partials buffered since then exceed
         ``budget_bytes`` (per subtask). ``local`` (default: when every aggregation combines
         in Arrow): pre-aggregate in the producing tasks before the shuffle
-        (:mod:`epochal.columnar.build`)."""
-        if "ttl" in aggregations:
-            raise PipelineDefinitionError(f"aggregate {name!r}: ttl is not supported on the columnar aggregate's "
-                                          "keyed results yet; use records with reduce(..., ttl=...) or "
-                                          "process(...) with ctx.value_state(name, ttl=...)")
-        return _BUILDERS["columnar.aggregate"](self, name, parallelism, aggregations, local, budget_bytes)
+        (:mod:`epochal.columnar.build`). ``ttl=`` (a duration or processing-time
+        :class:`~epochal.ttl.StateTtl`): a key's accumulators expire that long after the
+        last merge that updated it, and it starts afresh (:mod:`epochal.columnar.ttl`)."""
+        ttl = aggregations.pop("ttl", None)
+        return _BUILDERS["columnar.aggregate"](self, name, parallelism, aggregations, local, budget_bytes, ttl)
 
     def process(self, name: str, function, *, parallelism: int | None = None, dead_letters: bool = False) -> Stream:
         """Run a :class:`~epochal.operators.keyed.KeyedProcessFunction` with keyed state."""
