@@ -136,7 +136,7 @@ class WindowTtl:
         """Expiry timers due at ``until`` (µs, their clock): expire the keys inactive since,
         re-register the others at their new deadline."""
         get = self.backend.get
-        for ts, kg, key in self.queue.pop_due(until):
+        for _ts, kg, key in self.queue.pop_due(until):
             stored = get(self.state, kg, key, _MISSING)
             if stored is _MISSING:
                 continue
