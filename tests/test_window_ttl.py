@@ -14,7 +14,9 @@ from epochal.backends.heap import HeapStateBackend
 from epochal.backends.rocksdb import RocksDBStateBackend
 from epochal.operators.base import OperatorContext
 from epochal.windows.functions import ReduceCombiner
+from epochal.testing import CrashAtRecord
 from epochal.windows.operator import PaneWindowOperator, SessionWindowOperator
+from pipelines import canon, output, unique_dir
 
 KGS = range(0, 8)
 SIZE, TTL = 40_000, 15_000  # µs: windows longer than the ttl (else they always fire first)
@@ -177,3 +179,62 @@ def test_window_ttl_build_errors():
                      ttl=ep.StateTtl(5, update="read_and_write")).reduce("w2", lambda a, b: a)
     with pytest.raises(ep.PipelineDefinitionError, match="window 'w3': ttl: StateTtl ttl"):
         keyed.window(ep.windows.Tumbling(5, processing_time=True), ttl=-1).reduce("w3", lambda a, b: a)
+
+
+# --------------------------------------------------------------- end to end, through a crash
+PHASE_S, SETS, WIN_S, TTL_S = 1000, 4, 1500, 200
+
+
+def _events(split: int, offset: int):
+    """Record i: event time i s, key ``k<set>-<j>``: a key set is active one phase in
+    ``SETS`` (each key every 10 s), silent for the other phases."""
+    i = offset
+    while True:
+        yield (f"k{(i // PHASE_S) % SETS}-{i % 10}", i)
+        i += 1
+
+
+def span_oracle(n: int) -> collections.Counter:
+    """Per key and active phase (a span: keys never expire inside one, always between
+    two), per window: its count, if the window ends before the span's last record + ttl."""
+    counts: collections.Counter = collections.Counter()
+    last: dict = {}
+    for i in range(n):
+        key, span, win = f"k{(i // PHASE_S) % SETS}-{i % 10}", i // PHASE_S, i // WIN_S
+        counts[(key, span, win)] += 1
+        last[(key, span)] = i
+    return canon([[k, float(w * WIN_S), c] for (k, span, w), c in counts.items()
+                  if w * WIN_S + WIN_S - 1e-6 < last[(k, span)] + TTL_S])
+
+
+@pytest.mark.slow  # 6-9 s; the rules themselves are checked above without processes
+def test_event_time_window_ttl_end_to_end_through_a_crash(tmp_path):
+    """Windows longer than the ttl: a key set's window that ends more than ttl after its
+    last record never fires. The margins (≥ 300 s of event time either way) make the
+    result independent of batching and watermark lag; a task crashes after a checkpoint."""
+    n = PHASE_S * SETS * 2
+    out, url = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "ckpt")
+    f = ep.Dataflow("window-ttl", parallelism=2)
+    (f.source("events", ep.sources.GeneratorSource(_events, num_splits=1, limit=n, records_per_second=6000.0),
+              parallelism=1)
+      .with_watermarks("wm", timestamp=lambda e: e[1], parallelism=1)
+      .map("one", lambda e: (e[0], 1), parallelism=1)
+      .key_by(lambda e: e[0])
+      .window(ep.windows.Tumbling(WIN_S), ttl=ep.StateTtl(TTL_S, time="event"))
+      .reduce("counts", lambda a, b: (a[0], a[1] + b[1]))
+      .map("fmt", lambda r: [r.key, r.start, r.value[1]])
+      .sink("out", ep.sinks.FileSink(out, format="jsonl")))
+    result = f.run(runtime="local", checkpoint=ep.CheckpointConfig(interval=0.1, storage=url),
+                   faults=[CrashAtRecord("counts", subtask=0, record=1500, how="exit", after_epoch=1)])
+    assert result.attempts == 2, f"the crash did not fire: {result.failures}"
+    want = span_oracle(n)
+    everything = canon([[k, float(w * WIN_S), c] for (k, _s, w), c in _all_windows(n).items()])
+    assert want != everything  # the ttl really drops windows here
+    assert output(out) == want
+
+
+def _all_windows(n: int) -> collections.Counter:
+    c: collections.Counter = collections.Counter()
+    for i in range(n):
+        c[(f"k{(i // PHASE_S) % SETS}-{i % 10}", i // PHASE_S, i // WIN_S)] += 1
+    return c
