@@ -15,8 +15,11 @@ Per backend (heap, RocksDB) and per variant (``ttl``: ``value_state("n", ttl=10 
   adds per record, without start-up and scheduling noise), ``--operator-records`` new keys
   in batches of 500, ``--repetitions`` times, median.
 
-    python benchmarks/ttl.py [--seconds 30] [--rate 5000] [--backends heap rocksdb] [--skip-jobs]
-                             [--smoke] [--out PATH]
+    python benchmarks/ttl.py [--seconds 30] [--none-seconds S] [--rate 5000] [--backends heap rocksdb]
+                             [--skip-jobs] [--smoke] [--out PATH]
+
+The 10-minute soak of issue 32: ``--seconds 600 --none-seconds 120`` (the no-ttl run only
+shows the growth; ``bounded`` in each soak compares the minute after 2 ttl with the last one).
 
 Writes ``benchmarks/results/ttl.json`` (``--smoke``: a few seconds per run, a temporary file).
 """
@@ -75,16 +78,18 @@ def soak(backend: str, variant: str, args) -> dict:
     handle = flow(f"ttl-soak-{backend}-{variant}", ttl, args.rate, None, args.parallelism).start(
         runtime="local", backend=backend,
         checkpoint=ep.CheckpointConfig(interval=args.interval, storage=f"file://{tmp}/ckpt"))
+    seconds = args.seconds if variant == "ttl" else (args.none_seconds or args.seconds)
     samples, t0 = [], time.monotonic()
     try:
-        while time.monotonic() - t0 < args.seconds and handle.running:
+        while time.monotonic() - t0 < seconds and handle.running:
             time.sleep(1.0)
             epochs = handle.completed_epochs
             rss = {t: (memory(p) or {}).get("rss") for t, p in task_processes().items() if t.startswith("count")}
             samples.append({"t": round(time.monotonic() - t0, 1),
                             "state_bytes": epochs[-1].get("state_bytes") if epochs else None,
                             "epoch": epochs[-1]["epoch"] if epochs else None,
-                            "task_rss": sum(v for v in rss.values() if v)})
+                            "task_rss": sum(v for v in rss.values() if v),
+                            "records_in_per_s": handle.metrics().get("records_in_per_s")})
     finally:
         handle.cancel()
         try:
@@ -98,7 +103,31 @@ def soak(backend: str, variant: str, args) -> dict:
             "state_bytes_after_1.5_ttl": {"min": min((s["state_bytes"] for s in late), default=None),
                                           "max": max((s["state_bytes"] for s in late), default=None)},
             "final_state_bytes": samples[-1]["state_bytes"] if samples else None,
-            "final_task_rss": samples[-1]["task_rss"] if samples else None}
+            "final_task_rss": samples[-1]["task_rss"] if samples else None,
+            "records_per_s": _achieved_rate(samples),
+            "bounded": bounded(samples, args.ttl)}
+
+
+def _achieved_rate(samples) -> float | None:
+    """Median records/s the sources read (the soak is rate-limited: says whether the job kept up)."""
+    rates = [s["records_in_per_s"] for s in samples if s.get("records_in_per_s")]
+    return round(harness.median(rates)) if rates else None
+
+
+def bounded(samples: list[dict], ttl_s: float) -> dict:
+    """State bytes and task RSS in the minute after the first 2 ttl periods against the last
+    minute of the run: flat means the last minute's maximum is within ``tolerance`` of the
+    first one's (an unbounded state grows with the run length instead)."""
+    t_end = samples[-1]["t"] if samples else 0.0
+    first = [s for s in samples if 2 * ttl_s <= s["t"] < 2 * ttl_s + 60]
+    last = [s for s in samples if s["t"] >= t_end - 60 and s["t"] >= 2 * ttl_s + 60]
+    out: dict = {"first_window_s": [2 * ttl_s, 2 * ttl_s + 60], "last_window_s": [max(t_end - 60, 2 * ttl_s + 60), t_end]}
+    for field in ("state_bytes", "task_rss"):
+        a = [s[field] for s in first if s[field]]
+        b = [s[field] for s in last if s[field]]
+        out[field] = {"first_max": max(a, default=None), "last_max": max(b, default=None),
+                      "last_to_first": round(max(b) / max(a), 3) if a and b else None}
+    return out
 
 
 def capacity(backend: str, variant: str, args) -> dict:
@@ -148,6 +177,8 @@ def operator(backend: str, args) -> list[dict]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=30.0)
+    p.add_argument("--none-seconds", type=float, default=None,
+                   help="soak length of the no-ttl variant (default: --seconds); it only shows the growth")
     p.add_argument("--rate", type=float, default=5000.0)
     p.add_argument("--ttl", type=float, default=TTL_S)
     p.add_argument("--interval", type=float, default=1.0)
@@ -186,7 +217,8 @@ def main(argv=None) -> int:
         print(f"capacity {c['backend']:8s} {c['variant']:5s} {c['records_per_s']:>9,} records/s")
     for s in doc["soak"]:
         print(f"soak     {s['backend']:8s} {s['variant']:5s} state bytes after 1.5 ttl "
-              f"{s['state_bytes_after_1.5_ttl']}, final {s['final_state_bytes']}, task RSS {s['final_task_rss']}")
+              f"{s['state_bytes_after_1.5_ttl']}, final {s['final_state_bytes']}, task RSS {s['final_task_rss']}, "
+              f"bounded {s['bounded']}")
     print(f"wrote {out}")
     return 1 if doc["errors"] else 0
 

@@ -391,15 +391,16 @@ class KeyedStream(Stream):
         ``.aggregate`` or ``.process``. Event-time windows need :meth:`with_watermarks`
         upstream. ``allowed_lateness`` (a duration) keeps a window's state after it fired:
         records up to that much behind the watermark update it (it fires again); later ones
-        go to the result's ``.late()`` side output. Window state has no ``ttl``: it ends
-        with its window (plus ``allowed_lateness``)."""
-        if ttl is not None:
-            raise PipelineDefinitionError("window: ttl is not supported — a window's state is deleted when the window "
-                                          "ends (after allowed_lateness); for state that outlives windows use "
-                                          "process(...) with ctx.value_state(name, ttl=...)")
+        go to the result's ``.late()`` side output. ``ttl`` (a duration or
+        :class:`~epochal.ttl.StateTtl`, processing or event time): a key's pending windows
+        are dropped unfired once the key had no record for that long (docs/ttl-broadcast.md)."""
+        if self._columnar("window"):
+            if ttl is not None:
+                raise PipelineDefinitionError("window: ttl is not supported on columnar (Arrow batch) windows yet; "
+                                              "use records (to_records()) for windows with a ttl")
         if self._columnar("window"):  # Arrow batches: vectorized windows (epochal.columnar.windows)
             return _BUILDERS["columnar.window"](self, assigner, allowed_lateness)
-        return _BUILDERS["window"](self, assigner, allowed_lateness)
+        return _BUILDERS["window"](self, assigner, allowed_lateness, ttl)
 
     def interval_join(self, other: "KeyedStream", lower, upper, *, how: str = "inner"):
         """Pair each record ``l`` of this stream with every record ``r`` of ``other`` of the
@@ -431,12 +432,11 @@ class KeyedStream(Stream):
         column per aggregation) — and earlier when the partials buffered since then exceed
         ``budget_bytes`` (per subtask). ``local`` (default: when every aggregation combines
         in Arrow): pre-aggregate in the producing tasks before the shuffle
-        (:mod:`epochal.columnar.build`)."""
-        if "ttl" in aggregations:
-            raise PipelineDefinitionError(f"aggregate {name!r}: ttl is not supported on the columnar aggregate's "
-                                          "keyed results yet; use records with reduce(..., ttl=...) or "
-                                          "process(...) with ctx.value_state(name, ttl=...)")
-        return _BUILDERS["columnar.aggregate"](self, name, parallelism, aggregations, local, budget_bytes)
+        (:mod:`epochal.columnar.build`). ``ttl=`` (a duration or processing-time
+        :class:`~epochal.ttl.StateTtl`): a key's accumulators expire that long after the
+        last merge that updated it, and it starts afresh (:mod:`epochal.columnar.ttl`)."""
+        ttl = aggregations.pop("ttl", None)
+        return _BUILDERS["columnar.aggregate"](self, name, parallelism, aggregations, local, budget_bytes, ttl)
 
     def process(self, name: str, function, *, parallelism: int | None = None, dead_letters: bool = False) -> Stream:
         """Run a :class:`~epochal.operators.keyed.KeyedProcessFunction` with keyed state."""

@@ -170,5 +170,5 @@ def test_ttl_build_errors():
         keyed.reduce("r", lambda a, b: a + b, ttl=ep.StateTtl(5, time="event"))
     with pytest.raises(ep.ConfigError, match="reduce 'r2'.*ttl"):
         keyed.reduce("r2", lambda a, b: a + b, ttl=-1)
-    with pytest.raises(ep.PipelineDefinitionError, match="window: ttl is not supported"):
-        keyed.window(ep.windows.Tumbling(5), ttl=5)
+    with pytest.raises(ep.PipelineDefinitionError, match="window 'w': ttl: StateTtl ttl"):  # more: test_window_ttl.py
+        keyed.window(ep.windows.Tumbling(5, processing_time=True), ttl=-1).reduce("w", lambda a, b: a)

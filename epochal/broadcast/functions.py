@@ -11,16 +11,18 @@
 
 ``connect_broadcast(rules)`` on a :class:`~epochal.streams.KeyedStream` takes a
 :class:`KeyedBroadcastProcessFunction`, whose ``open`` may also declare keyed state
-(``ctx.value_state`` / ``ctx.map_state``, with ``ttl=`` too) and whose ``process_element``
-sees ``ctx.key``.
+(``ctx.value_state`` / ``ctx.map_state``, with ``ttl=`` too), whose ``process_element``
+sees ``ctx.key`` and whose ``process_broadcast_element`` may change every key's state
+through ``ctx.apply_to_keyed_state(name, fn)``.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 from epochal.broadcast.state import BroadcastState
 from epochal.operators.keyed import StateContext
 from epochal.time.units import to_seconds
+from epochal.ttl.state import TtlMapState, TtlValueState
 
 __all__ = ["BroadcastContext", "BroadcastProcessFunction", "KeyedBroadcastContext", "KeyedBroadcastProcessFunction"]
 
@@ -74,14 +76,78 @@ class BroadcastContext:
 
 class KeyedBroadcastContext(StateContext):
     """A :class:`~epochal.operators.keyed.StateContext` (keyed state declarations) with the
-    broadcast state and the current key."""
+    broadcast state, the current key and :meth:`apply_to_keyed_state`."""
 
     def __init__(self, ctx, current, state: BroadcastState, ttl):
         super().__init__(ctx, current, None, ttl)
         self.operator = ctx.operator
         self.broadcast_state = state
+        self._handles: dict[str, tuple] = {}  # state name -> (handle, backend name, kind)
 
     @property
     def key(self):
         """The key of the record being processed (``None`` in ``process_broadcast_element``)."""
         return self._current.key
+
+    def value_state(self, name: str, default=None, queryable: bool = False, *, ttl=None):
+        handle = super().value_state(name, default, queryable, ttl=ttl)
+        self._handles[name] = (handle, f"{self.operator}/{name}", "value")
+        return handle
+
+    def map_state(self, name: str, queryable: bool = False, *, ttl=None):
+        handle = super().map_state(name, queryable, ttl=ttl)
+        self._handles[name] = (handle, f"{self.operator}/{name}", "map")
+        return handle
+
+    def apply_to_keyed_state(self, name: str, fn: Callable) -> list:
+        """Call ``fn(key, state)`` for every key of this subtask that holds keyed state
+        ``name`` (declared in ``open``), with ``state`` — the handle ``open`` got — bound to
+        that key: it may read, update or clear it (Flink's ``applyToKeyedState``). Keys whose
+        entries expired (``ttl=``) are skipped. Returns the outputs ``fn`` returned (an
+        iterable or ``None`` per key), for ``process_broadcast_element`` to yield.
+
+        Only in ``process_broadcast_element``: every subtask applies the element to the
+        keys it owns, so together they change every key once. The changes are keyed state
+        like any other — in the epoch of the broadcast element, snapshotted and restored
+        with it — so a replay after a failure applies them exactly once (keep ``fn``
+        deterministic, as the whole of ``process_broadcast_element``).
+
+        Raises:
+            RuntimeError: called from ``process_element`` (or ``open``).
+            ValueError: no keyed state ``name`` was declared in ``open``.
+        """
+        where = f"operator {self.operator!r}"
+        if not self.broadcast_state._writable:
+            raise RuntimeError(f"{where}: apply_to_keyed_state is only possible in process_broadcast_element")
+        entry = self._handles.get(name)
+        if entry is None:
+            raise ValueError(f"{where}: apply_to_keyed_state({name!r}): no keyed state of that name was declared in "
+                             f"open (declared: {sorted(self._handles) or 'none'})")
+        handle, scoped, kind = entry
+        backend, cur = self._ctx.keyed_backend, self._current
+        live = _liveness(handle, backend, scoped, cur)
+        saved, out = (cur.key, cur.kg), []
+        try:
+            for kg in self._ctx.key_groups:
+                keys = [k for k, _ in backend.value_items(scoped, kg)] if kind == "value" else backend.map_keys(scoped, kg)
+                for key in keys:
+                    cur.key, cur.kg = key, kg
+                    if live is not None and not live():
+                        continue
+                    produced = fn(key, handle)
+                    if produced is not None:
+                        out.extend(produced)
+        finally:
+            cur.key, cur.kg = saved
+        return out
+
+
+def _liveness(handle, backend, scoped: str, cur) -> Callable[[], bool] | None:
+    """For a TTL handle: whether the current key has a live (unexpired) entry; ``None``
+    for a handle without TTL (every stored key is live)."""
+    if isinstance(handle, TtlValueState):
+        return lambda: handle._live() is not None
+    if isinstance(handle, TtlMapState):
+        return lambda: any(stamp + handle._ttl > handle._now()
+                           for _mk, (_v, stamp) in backend.map_items(scoped, cur.kg, cur.key))
+    return None

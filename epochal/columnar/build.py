@@ -15,6 +15,7 @@ every barrier, so what it received before barrier n reaches the aggregate before
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from epochal.errors import PipelineDefinitionError
 from epochal.graph import FORWARD, Input, NodeKind
@@ -35,6 +36,8 @@ class AggregateSpec:
     #: the input batches are partials of a ``<name>.local`` node, not raw rows
     partial_input: bool = False
     budget_bytes: int = BUDGET_BYTES
+    #: processing-time StateTtl of the keys' accumulators (epochal.columnar.ttl), or None
+    ttl: Any = None
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class LocalAggregateSpec:
 
 @register_builder("columnar.aggregate")
 def build_aggregate(keyed, name: str, parallelism, aggregations: dict, local: bool | None,
-                    budget_bytes: int):
+                    budget_bytes: int, ttl=None):
     """Add the aggregate's node(s) after ``keyed`` and return the output stream."""
     from epochal.columnar.aggregates import Aggregation
 
@@ -66,6 +69,7 @@ def build_aggregate(keyed, name: str, parallelism, aggregations: dict, local: bo
     if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool) or budget_bytes < 1:
         raise PipelineDefinitionError(f"aggregate {name!r}: budget_bytes must be a positive integer, got "
                                       f"{budget_bytes!r}")
+    config = _aggregate_ttl(name, ttl)
     combinable = all(a.combinable for a in aggregations.values())
     if local and not combinable:
         user = [n for n, a in aggregations.items() if not a.combinable]
@@ -82,6 +86,24 @@ def build_aggregate(keyed, name: str, parallelism, aggregations: dict, local: bo
         partials = Stream(keyed.flow, (Input(node.name, FORWARD),))
         upstream = KeyedStream(keyed.flow, partials._repartition(keyed._ports[0].partitioning), keyed._key_fn)
     node = upstream._then(NodeKind.AGGREGATE, name, AggregateSpec(column, dict(aggregations), bool(local),
-                                                                     budget_bytes),
+                                                                     budget_bytes, config),
                           parallelism, keyed._key_fn, accepts="batches", timed=False)
     return Stream(keyed.flow, (Input(node.name, FORWARD),))
+
+
+def _aggregate_ttl(name: str, ttl):
+    """``ttl=`` of a columnar aggregate, checked at build time (:mod:`epochal.columnar.ttl`)."""
+    from epochal.errors import ConfigError
+    from epochal.ttl.expiry import EVENT, ON_READ_AND_WRITE, StateTtl
+
+    try:
+        config = StateTtl.coerce(ttl, f"aggregate {name!r}: ttl")
+    except ConfigError as exc:
+        raise PipelineDefinitionError(str(exc)) from None
+    if config is not None and config.time == EVENT:
+        raise PipelineDefinitionError(f"aggregate {name!r}: event-time ttl is not supported on the columnar aggregate "
+                                      "(it merges whole epochs, not rows in event time); use time='processing'")
+    if config is not None and config.update == ON_READ_AND_WRITE:
+        raise PipelineDefinitionError(f"aggregate {name!r}: ttl update='read_and_write' does not apply (nothing reads "
+                                      "the accumulators but the merge); use update='write'")
+    return config

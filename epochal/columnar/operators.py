@@ -18,6 +18,8 @@ import pyarrow as pa
 
 from epochal.columnar.partials import PartialBuffer, PartialPlan
 from epochal.columnar.state import keyed_state
+from epochal.columnar.ttl import AggregateTtl, drop_stamps
+from epochal.ttl.cleanup import MIN_BUDGET
 from epochal.operators.base import OperatorContext, RuntimeOperator
 
 __all__ = ["KeyedAggregateOperator", "LocalAggregateOperator", "MapBatchesOperator", "ToBatchesOperator",
@@ -125,8 +127,9 @@ class KeyedAggregateOperator(RuntimeOperator):
     output reflects exactly the input of that epoch's cut) and when the budget is reached;
     a key not updated since the last emission is not emitted.
 
-    State: the merged accumulators only. The buffer is never snapshotted: it is empty at
-    every barrier.
+    State: the merged accumulators only (and with ``ttl=`` each key's last-merge time:
+    :mod:`epochal.columnar.ttl`). The buffer is never snapshotted: it is empty at every
+    barrier.
     """
 
     def __init__(self, ctx: OperatorContext, spec):
@@ -135,9 +138,15 @@ class KeyedAggregateOperator(RuntimeOperator):
         self.buffer = PartialBuffer(self.plan, spec.budget_bytes, spec.partial_input)
         self.state = keyed_state(ctx.keyed_backend, ctx.operator, self.plan, ctx.key_groups, ctx.max_parallelism)
         self.merges = 0
+        self.ttl_config = spec.ttl
+        self.ttl: AggregateTtl | None = None
 
     def restore(self, state) -> None:
         self.state.restore()
+        if self.ttl_config is not None:
+            self.ttl = AggregateTtl(self.state, self.ctx.operator, self.ttl_config)
+        else:
+            drop_stamps(self.ctx.keyed_backend, self.ctx.operator)
 
     def process_batch(self, records: list) -> list:
         out, buffer = [], self.buffer
@@ -162,9 +171,15 @@ class KeyedAggregateOperator(RuntimeOperator):
         partials = self.buffer.drain()
         self.buffer.reject_failures(self)
         if partials is None or not partials.num_rows:
+            if self.ttl is not None:  # no input this epoch: expiry still proceeds
+                self.ttl.sweep(MIN_BUDGET, self.ttl._wall())
             return []
         try:
+            if self.ttl is not None:
+                self.ttl.before_merge(partials)
             keys, accs = self.state.merge(partials)
+            if self.ttl is not None:
+                self.ttl.after_merge(keys)
             plan = self.plan
             results = [agg.result(cols) for agg, cols in zip(plan.aggs, plan.split(accs))]
         except Exception as exc:

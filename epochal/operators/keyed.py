@@ -237,7 +237,15 @@ class KeyedProcessFunction:
         watermark reached it) or ``"processing"`` (the wall clock did, or a bounded input
         ended: then every pending timer fires, so no state waits forever). State and timers
         belong to ``key``; returns output records like :meth:`process`. Each timer fires
-        exactly once in the committed output, however often the job restores."""
+        exactly once in the committed output, however often the job restores.
+
+        Timers and ``ttl=`` (docs/ttl-broadcast.md): a key's timers are not state entries and
+        do not expire with its state — a timer fires even after every TTL state of its key
+        expired (reads then return the defaults), and firing is no access (it refreshes
+        nothing unless ``on_timer`` reads or writes). An event-time ``on_timer(t)`` sees
+        event-time TTL state as at ``t``: an entry last updated at ``s`` is live iff
+        ``s + ttl > t``, however far the watermark jumped past ``t``; its writes are stamped
+        ``t``."""
         raise NotImplementedError(f"{type(self).__name__} registered a timer but does not define on_timer")
 
 
@@ -467,9 +475,12 @@ class KeyedProcessOperator(_KeyedOperator):
         cur = self.current
         cur.key, cur.kg = key, kg
         cur.ts = ts if domain == EVENT_TIME else None
+        self.ttl.timer_time = cur.ts  # event-time TTL state as at the timer (epochal.ttl.registry)
         try:
             produced = self.function.on_timer(key, to_seconds(ts), domain)
             if produced is not None:
                 self._fired.extend([(cur.ts, v) for v in produced] if self.timed else produced)
         except Exception as exc:
             raise self.fail(f"{domain}-time timer of key {key!r} at {to_seconds(ts)}", exc) from exc
+        finally:
+            self.ttl.timer_time = None

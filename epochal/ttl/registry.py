@@ -76,14 +76,20 @@ class TtlRegistry:
         self._targets: list[TtlTarget] = []
         self._configs: dict[str, tuple] = {}
         self.sweeper: Sweeper | None = None
+        #: the time of the event-time timer firing now (µs), else None: ``on_timer(t)`` sees
+        #: event-time TTL state as at ``t``, however far the watermark jumped past it
+        self.timer_time: int | None = None
 
     # ------------------------------------------------------------------------ clocks
     def clock(self, config: StateTtl) -> Callable[[], int]:
         """The clock against which ``config``'s entries expire, in its stamps' unit
-        (:func:`units`)."""
+        (:func:`units`). Event time: the watermark — or, while an event-time timer fires,
+        the timer's time (:attr:`timer_time`), so what ``on_timer(t)`` sees does not depend
+        on how far past ``t`` the watermark moved in one step. Processing time: the wall
+        clock (also in processing-time timers, which fire at or after their time)."""
         if config.time == EVENT:
             watermark, floor = self._watermark, self.floor
-            return lambda: max(watermark(), floor)
+            return lambda: max(watermark() if self.timer_time is None else self.timer_time, floor)
         return self._wall
 
     def stamp_time(self, config: StateTtl) -> Callable[[], int]:
@@ -149,6 +155,11 @@ class TtlRegistry:
                 for mk, stored in b.map_items(scoped, kg, key):
                     new = convert(stored)
                     b.map_put(scoped, kg, key, mk, new) if new is not None else b.map_delete(scoped, kg, key, mk)
+
+    @property
+    def restored_meta(self) -> bool:
+        """The restored checkpoint recorded TTL for this operator."""
+        return self._had_meta
 
     @property
     def active(self) -> bool:

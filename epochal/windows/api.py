@@ -40,6 +40,7 @@ class WindowNode:
     combiner: Combiner
     lateness: int  # µs
     assigner: str  # repr, for messages
+    ttl: Any = None  # StateTtl of the keys' inactivity (epochal.windows.ttl), or None
 
 
 @register_builder("window")
@@ -48,7 +49,7 @@ class WindowedStream:
     :meth:`process` (each returns a :class:`WindowOutput` of
     :class:`~epochal.windows.WindowResult`)."""
 
-    def __init__(self, keyed, assigner, allowed_lateness):
+    def __init__(self, keyed, assigner, allowed_lateness, ttl=None):
         if not isinstance(assigner, (Tumbling, Sliding, Session)):
             raise PipelineDefinitionError(
                 f"window: expected Tumbling(...), Sliding(...) or Session(...) from epochal.windows, "
@@ -56,6 +57,7 @@ class WindowedStream:
         self._keyed = keyed
         self._assigner = assigner
         self._lateness = allowed_lateness
+        self._ttl = ttl
 
     def reduce(self, name: str, fn: Callable, *, parallelism: int | None = None) -> "WindowOutput":
         """One value per window: ``fn(a, b)``, associative, folds the window's values."""
@@ -91,10 +93,29 @@ class WindowedStream:
             raise PipelineDefinitionError(str(exc)) from None
         if lateness and assigner.processing_time:
             raise PipelineDefinitionError(f"{where}: allowed_lateness applies to event-time windows only")
-        payload = WindowNode(assigner.spec(), combiner, lateness, repr(assigner))
+        payload = WindowNode(assigner.spec(), combiner, lateness, repr(assigner), self._window_ttl(where, timed_in))
         node = keyed._then(NodeKind.WINDOW, name, payload, parallelism, keyed._key_fn,
                            timed=timed_in or not assigner.processing_time)
         return WindowOutput(keyed.flow, (Input(node.name, FORWARD),), node.name, assigner.processing_time)
+
+    def _window_ttl(self, where: str, timed_in: bool):
+        """``ttl=`` checked at build time (:mod:`epochal.windows.ttl`)."""
+        from epochal.errors import ConfigError
+        from epochal.ttl.expiry import EVENT, ON_READ_AND_WRITE, StateTtl
+
+        try:
+            config = StateTtl.coerce(self._ttl, f"{where}: ttl")
+        except ConfigError as exc:
+            raise PipelineDefinitionError(str(exc)) from None
+        if config is None:
+            return None
+        if config.update == ON_READ_AND_WRITE:
+            raise PipelineDefinitionError(f"{where}: ttl update='read_and_write' does not apply to windows (only a "
+                                          "key's records keep its windows alive); use update='write'")
+        if config.time == EVENT and (self._assigner.processing_time or not timed_in):
+            raise PipelineDefinitionError(f"{where}: event-time ttl needs event-time windows on an input with "
+                                          "timestamps (with_watermarks upstream); use time='processing'")
+        return config
 
 
 class WindowOutput(Stream):

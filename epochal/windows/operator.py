@@ -6,7 +6,9 @@ restored by either backend and rescaled by key group like any keyed state):
 * ``<op>/panes`` — map state: pane start (µs) → accumulator (:mod:`epochal.windows.assigners`);
   sessions: ``<op>/sessions`` — session start → ``(end, accumulator)``;
 * timers (:mod:`epochal.time.timers`): ``$timers.fire`` at each window's ``end - 1 µs``,
-  ``$timers.cleanup`` when its state may go (``end - 1 + allowed_lateness``).
+  ``$timers.cleanup`` when its state may go (``end - 1 + allowed_lateness``);
+* with ``ttl=``: the key's last activity and its expiry timer (:mod:`epochal.windows.ttl`:
+  a key inactive for ttl loses its pending windows).
 
 Event time, per record ``(ts, value)`` of key ``k`` and the operator's watermark ``wm``:
 
@@ -37,6 +39,7 @@ from epochal.time.timers import make_queue
 from epochal.time.units import MAX_TIME, MIN_TIME, now_micros
 from epochal.windows.assigners import PaneSpec, SessionSpec
 from epochal.windows.functions import Combiner, Window, WindowResult
+from epochal.windows.ttl import window_ttl
 
 __all__ = ["PaneWindowOperator", "SessionWindowOperator", "create_window_operator"]
 
@@ -50,7 +53,7 @@ class _WindowOperator(_KeyedOperator):
     """
 
     def __init__(self, ctx, key_fn, combiner: Combiner, lateness: int, processing_time: bool,
-                 timed: bool, timed_out: bool):
+                 timed: bool, timed_out: bool, ttl=None):
         super().__init__(ctx, key_fn, timed)
         self.combiner = combiner
         self.lateness = lateness
@@ -63,6 +66,7 @@ class _WindowOperator(_KeyedOperator):
         self.watermark = MIN_TIME
         if not processing_time:
             self.side_output = {"late": []}
+        self.ttl = window_ttl(ctx, self.current, ttl, lambda: self.watermark, timed, self._drop_key)
 
     # -- records -------------------------------------------------------------------------
     def process_batch(self, records: list) -> list:
@@ -95,16 +99,38 @@ class _WindowOperator(_KeyedOperator):
     def on_watermark(self, watermark: int) -> list:
         if self.processing_time:  # only the end of input: open processing-time windows fire
             return self._advance(MAX_TIME) if watermark >= MAX_TIME else []
-        return self._advance(watermark)
+        out = self._advance(watermark)
+        if self.ttl is not None and self.ttl.event:
+            self.ttl.advance(watermark)
+        return out
 
     def next_processing_time(self) -> int | None:
-        if not self.processing_time:
-            return None
-        heads = [h[0] for h in (self.fire_q.peek(), self.clean_q.peek()) if h is not None]
+        heads = [h[0] for h in (self.fire_q.peek(), self.clean_q.peek()) if h is not None] \
+            if self.processing_time else []
+        if self.ttl is not None and self.ttl.processing:
+            heads += [t for t in (self.ttl.next_time(),) if t is not None]
         return min(heads) if heads else None
 
     def on_processing_time(self, now: int) -> list:
-        return self._advance(now) if self.processing_time else []
+        out = self._advance(now) if self.processing_time else []
+        if self.ttl is not None and self.ttl.processing:
+            self.ttl.advance(now)
+        return out
+
+    def snapshot(self, epoch: int):
+        """Writes the TTL record of the key groups (:mod:`epochal.ttl.registry`) when the
+        operator has a ttl; the windows themselves are keyed state."""
+        if self.ttl is not None:
+            self.ttl.snapshot()
+        return None
+
+    def _live(self, kg, key, end: int) -> bool:
+        """The window of ``key`` ending at ``end`` may fire: the key has not expired by
+        then (:mod:`epochal.windows.ttl`); an expired key's contents are dropped here."""
+        if self.ttl is None:
+            return True
+        on_timer_clock = self.processing_time or self.ttl.event  # else: wall ttl, event windows
+        return self.ttl.live_at(kg, key, end - 1 if on_timer_clock else None)
 
     def _advance(self, watermark: int) -> list:
         self.watermark = max(self.watermark, watermark)
@@ -137,12 +163,16 @@ class _WindowOperator(_KeyedOperator):
     def _cleanup(self, kg, key, end: int) -> None:
         raise NotImplementedError
 
+    def _drop_key(self, kg, key) -> None:
+        """Delete every window of ``key`` and their timers (its ttl expired)."""
+        raise NotImplementedError
+
 
 class PaneWindowOperator(_WindowOperator):
     """Tumbling and sliding windows over panes (see :mod:`epochal.windows.assigners`)."""
 
-    def __init__(self, ctx, key_fn, spec: PaneSpec, combiner, lateness, timed, timed_out):
-        super().__init__(ctx, key_fn, combiner, lateness, spec.processing_time, timed, timed_out)
+    def __init__(self, ctx, key_fn, spec: PaneSpec, combiner, lateness, timed, timed_out, ttl=None):
+        super().__init__(ctx, key_fn, combiner, lateness, spec.processing_time, timed, timed_out, ttl)
         self.spec = spec
         self.panes = f"{ctx.operator}/panes"
 
@@ -153,6 +183,8 @@ class PaneWindowOperator(_WindowOperator):
         if last + size - 1 + lateness <= wm:  # every window holding ts expired
             self._late(record)
             return
+        if self.ttl is not None:
+            self.ttl.touch(kg, key, ts)
         pane = spec.pane_of(ts)
         acc = backend.map_get(self.panes, kg, key, pane, _MISSING)
         empty = acc is _MISSING
@@ -170,6 +202,8 @@ class PaneWindowOperator(_WindowOperator):
                     self._fire(kg, key, end, out)
 
     def _fire(self, kg, key, end: int, out: list) -> None:
+        if not self._live(kg, key, end):
+            return
         start = end - self.spec.size
         acc, n = _MISSING, 0
         for pane in self.spec.panes(start):
@@ -190,17 +224,28 @@ class PaneWindowOperator(_WindowOperator):
         for pane in self.spec.panes_sharing_cleanup(end - self.spec.size):
             self.backend.map_delete(self.panes, kg, key, pane)
 
+    def _drop_key(self, kg, key) -> None:
+        spec, lateness = self.spec, self.lateness
+        for pane, _acc in self.backend.map_items(self.panes, kg, key):
+            last = spec.last_start(pane)
+            for start in range(last, spec.first_start(pane) - 1, -spec.slide):
+                self.fire_q.remove(kg, start + spec.size - 1, key)
+            self.clean_q.remove(kg, last + spec.size - 1 + lateness, key)
+        self.backend.map_clear(self.panes, kg, key)
+
 
 class SessionWindowOperator(_WindowOperator):
     """Merging session windows of one ``gap`` (Flink's ``EventTimeSessionWindows``)."""
 
-    def __init__(self, ctx, key_fn, spec: SessionSpec, combiner, lateness, timed, timed_out):
-        super().__init__(ctx, key_fn, combiner, lateness, False, timed, timed_out)
+    def __init__(self, ctx, key_fn, spec: SessionSpec, combiner, lateness, timed, timed_out, ttl=None):
+        super().__init__(ctx, key_fn, combiner, lateness, False, timed, timed_out, ttl)
         self.gap = spec.gap
         self.sessions = f"{ctx.operator}/sessions"
 
     def _add(self, kg, key, ts, value, record, out) -> None:
         backend, wm, lateness = self.backend, self.watermark, self.lateness
+        if self.ttl is not None:
+            self.ttl.live_at(kg, key, None)  # an expired key's old sessions go before merging
         start, end = ts, ts + self.gap
         merged = []
         for s, (e, acc) in sorted(backend.map_items(self.sessions, kg, key)):
@@ -210,6 +255,8 @@ class SessionWindowOperator(_WindowOperator):
         if end - 1 + lateness <= wm:  # the session it would join (or open) expired
             self._late(record)
             return
+        if self.ttl is not None:
+            self.ttl.touch(kg, key, ts)
         combiner, acc = self.combiner, _MISSING
         for s, e, part in merged:
             acc = part if acc is _MISSING else combiner.merge(acc, part)
@@ -226,6 +273,8 @@ class SessionWindowOperator(_WindowOperator):
             self._emit(out, key, start, end, acc)
 
     def _fire(self, kg, key, end: int, out: list) -> None:
+        if not self._live(kg, key, end):
+            return
         for s, (e, acc) in self.backend.map_items(self.sessions, kg, key):
             if e == end:
                 self._emit(out, key, s, e, acc)
@@ -235,9 +284,15 @@ class SessionWindowOperator(_WindowOperator):
             if e == end:
                 self.backend.map_delete(self.sessions, kg, key, s)
 
+    def _drop_key(self, kg, key) -> None:
+        for _s, (e, _acc) in self.backend.map_items(self.sessions, kg, key):
+            self.fire_q.remove(kg, e - 1, key)
+            self.clean_q.remove(kg, e - 1 + self.lateness, key)
+        self.backend.map_clear(self.sessions, kg, key)
+
 
 def create_window_operator(ctx, node) -> _WindowOperator:
     """The runtime operator of a ``WINDOW`` node (payload: :class:`~epochal.windows.api.WindowNode`)."""
     w = node.payload
     cls = SessionWindowOperator if isinstance(w.spec, SessionSpec) else PaneWindowOperator
-    return cls(ctx, node.key_fn, w.spec, w.combiner, w.lateness, node.timed_in, node.timed)
+    return cls(ctx, node.key_fn, w.spec, w.combiner, w.lateness, node.timed_in, node.timed, w.ttl)
