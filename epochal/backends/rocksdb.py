@@ -298,8 +298,8 @@ class RocksDBStateBackend(KeyedStateBackend):
         return None
 
     # ------------------------------------------------------------------- snapshots
-    def _create_checkpoint(self, epoch: int) -> str:
-        path = os.path.join(self.directory, f"chk-{epoch}-{next(self._seq)}")
+    def _create_checkpoint(self, epoch: int, prefix: str = "chk") -> str:
+        path = os.path.join(self.directory, f"{prefix}-{epoch}-{next(self._seq)}")
         Checkpoint(self._db).create_checkpoint(path)  # flushes the memtable, hard-links SSTs
         with self._lock:
             self._checkpoints.add(path)
@@ -314,10 +314,17 @@ class RocksDBStateBackend(KeyedStateBackend):
             self._checkpoints.discard(path)
         shutil.rmtree(path, ignore_errors=True)
 
-    def pin_view(self, states) -> RocksDBView:
-        """A ``db.snapshot()`` for a read-committed query view (:mod:`epochal.backends.views`):
-        point reads of value state only; ``states`` is not needed (the snapshot pins all)."""
-        return RocksDBView(self._db.snapshot(), self._key)
+    def pin_view(self, states, whole_maps: bool = False) -> RocksDBView:
+        """A read-committed query view (:mod:`epochal.backends.views`): a ``db.snapshot()``
+        for point reads; with ``whole_maps`` also a checkpoint directory (hard links, the
+        memtable flushed — right after the barrier's own snapshot it is nearly empty),
+        opened read-only on the first whole-map read, deleted at release. ``states`` is
+        not needed (both pin every state)."""
+        snapshot = self._db.snapshot()
+        if not whole_maps:
+            return RocksDBView(snapshot, self._key)
+        path = self._create_checkpoint(0, prefix="query")
+        return RocksDBView(snapshot, self._key, lambda: self.discard_checkpoint(path), checkpoint=path)
 
     @property
     def pending_snapshots(self) -> int:
