@@ -423,7 +423,7 @@ class KeyedStream(Stream):
         return _BUILDERS["temporal_join"](self, table, how, is_delete)
 
     def aggregate(self, name: str, *, parallelism: int | None = None, local: bool | None = None,
-                  budget_bytes: int = 64 << 20, **aggregations) -> Stream:
+                  budget_bytes: int = 64 << 20, queryable: bool = False, **aggregations) -> Stream:
         """Vectorized keyed aggregation of Arrow batches (:mod:`epochal.columnar.aggregates`):
         ``key_by("word").aggregate("counts", n=count(), bytes=sum("size"))``.
 
@@ -432,12 +432,13 @@ class KeyedStream(Stream):
         column per aggregation) — and earlier when the partials buffered since then exceed
         ``budget_bytes`` (per subtask). ``local`` (default: when every aggregation combines
         in Arrow): pre-aggregate in the producing tasks before the shuffle
-        (:mod:`epochal.columnar.build`)."""
+        (:mod:`epochal.columnar.build`). ``queryable``: a running job answers lookups of each
+        key's results, as state ``"results"`` (:mod:`epochal.columnar.queries`)."""
         if "ttl" in aggregations:
             raise PipelineDefinitionError(f"aggregate {name!r}: ttl is not supported on the columnar aggregate's "
                                           "keyed results yet; use records with reduce(..., ttl=...) or "
                                           "process(...) with ctx.value_state(name, ttl=...)")
-        return _BUILDERS["columnar.aggregate"](self, name, parallelism, aggregations, local, budget_bytes)
+        return _BUILDERS["columnar.aggregate"](self, name, parallelism, aggregations, local, budget_bytes, queryable)
 
     def process(self, name: str, function, *, parallelism: int | None = None, dead_letters: bool = False) -> Stream:
         """Run a :class:`~epochal.operators.keyed.KeyedProcessFunction` with keyed state."""

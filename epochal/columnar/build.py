@@ -35,6 +35,8 @@ class AggregateSpec:
     #: the input batches are partials of a ``<name>.local`` node, not raw rows
     partial_input: bool = False
     budget_bytes: int = BUDGET_BYTES
+    #: lookups of each key's results, state "results" (epochal.columnar.queries)
+    queryable: bool = False
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class LocalAggregateSpec:
 
 @register_builder("columnar.aggregate")
 def build_aggregate(keyed, name: str, parallelism, aggregations: dict, local: bool | None,
-                    budget_bytes: int):
+                    budget_bytes: int, queryable: bool = False):
     """Add the aggregate's node(s) after ``keyed`` and return the output stream."""
     from epochal.columnar.aggregates import Aggregation
 
@@ -66,6 +68,8 @@ def build_aggregate(keyed, name: str, parallelism, aggregations: dict, local: bo
     if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool) or budget_bytes < 1:
         raise PipelineDefinitionError(f"aggregate {name!r}: budget_bytes must be a positive integer, got "
                                       f"{budget_bytes!r}")
+    if not isinstance(queryable, bool):
+        raise PipelineDefinitionError(f"aggregate {name!r}: queryable must be True or False, got {queryable!r}")
     combinable = all(a.combinable for a in aggregations.values())
     if local and not combinable:
         user = [n for n, a in aggregations.items() if not a.combinable]
@@ -82,6 +86,6 @@ def build_aggregate(keyed, name: str, parallelism, aggregations: dict, local: bo
         partials = Stream(keyed.flow, (Input(node.name, FORWARD),))
         upstream = KeyedStream(keyed.flow, partials._repartition(keyed._ports[0].partitioning), keyed._key_fn)
     node = upstream._then(NodeKind.AGGREGATE, name, AggregateSpec(column, dict(aggregations), bool(local),
-                                                                     budget_bytes),
+                                                                     budget_bytes, queryable),
                           parallelism, keyed._key_fn, accepts="batches", timed=False)
     return Stream(keyed.flow, (Input(node.name, FORWARD),))

@@ -17,8 +17,10 @@ from typing import Callable
 import pyarrow as pa
 
 from epochal.columnar.partials import PartialBuffer, PartialPlan
+from epochal.columnar.queries import AggregateResultsReader
 from epochal.columnar.state import keyed_state
 from epochal.operators.base import OperatorContext, RuntimeOperator
+from epochal.query.readers import register
 
 __all__ = ["KeyedAggregateOperator", "LocalAggregateOperator", "MapBatchesOperator", "ToBatchesOperator",
            "ToRecordsOperator", "as_batches"]
@@ -135,6 +137,8 @@ class KeyedAggregateOperator(RuntimeOperator):
         self.buffer = PartialBuffer(self.plan, spec.budget_bytes, spec.partial_input)
         self.state = keyed_state(ctx.keyed_backend, ctx.operator, self.plan, ctx.key_groups, ctx.max_parallelism)
         self.merges = 0
+        if getattr(spec, "queryable", False):  # state "results" (epochal.columnar.queries)
+            register(ctx.extras, f"{ctx.operator}/results", AggregateResultsReader(ctx.operator, self.plan))
 
     def restore(self, state) -> None:
         self.state.restore()
