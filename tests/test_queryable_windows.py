@@ -19,6 +19,10 @@ plain-Python oracle over exactly the events the sources had read at ``e``'s cut
   listed. A read of live state (records after the cut), of another epoch, or a window made
   of the wrong panes (or one that expired, rebuilt from the panes later windows keep) fails
   the comparison.
+
+A third operator, ``elements`` (``Tumbling(1 s).process(..., queryable=True)``), reads as
+each window's elements: compared with the oracle's events of the window; its live
+(read-uncommitted) answers, which have no cut, only with their key and window.
 """
 from __future__ import annotations
 
@@ -86,6 +90,8 @@ def flow_of(name: str, out: str, per_split: int) -> ep.Dataflow:
     keyed.reduce("totals", lambda acc, e: acc + e[2], initial=0, queryable=True).sink("t", ep.sinks.FileSink(out + "-t"))
     keyed.window(Sliding(SIZE_MS / 1000, SLIDE_MS / 1000)).aggregate("sums", SumCount(), queryable=True) \
          .sink("w", ep.sinks.FileSink(out + "-w"))
+    keyed.window(Tumbling(SIZE_MS / 1000)).process("elements", lambda k, w, es: [len(es)], queryable=True) \
+         .sink("e", ep.sinks.FileSink(out + "-e"))
     return flow
 
 
@@ -95,16 +101,27 @@ class Reader(threading.Thread):
         self.handle = handle
         self.totals: list[tuple[int, dict]] = []
         self.windows: list[tuple[int, dict]] = []
+        self.elements: list[tuple[int, dict]] = []
+        self.live: list[dict] = []
+        self.unknown: QueryError | None = None
         self.error: BaseException | None = None
 
     def run(self):
         keys = list(range(KEYS))
         try:
+            try:
+                self.handle.query("elements", "panes", 0, timeout=60)
+            except QueryError as exc:
+                self.unknown = exc
             while True:
                 r = self.handle.query("totals", "acc", keys, timeout=60)
                 self.totals.append((r.epoch, r.values))
                 w = self.handle.query("sums", "windows", keys, timeout=60)
                 self.windows.append((w.epoch, w.values))
+                e = self.handle.query("elements", "windows", keys, timeout=60)
+                self.elements.append((e.epoch, e.values))
+                self.live.append(self.handle.query("elements", "windows", keys, isolation="read-uncommitted",
+                                                   timeout=60).values)
         except JobEnded:
             pass
         except BaseException as exc:
@@ -148,7 +165,8 @@ def test_read_committed_windows_and_reduce_equal_the_oracle_of_their_epoch(tmp_p
     handle.wait(120)
     reader.join(60)
     assert reader.error is None, f"the reader failed: {reader.error!r}"
-    epochs = {e for e, _ in reader.totals} | {e for e, _ in reader.windows}
+    assert reader.unknown is not None and "no queryable state 'panes' (queryable: ['windows'])" in str(reader.unknown)
+    epochs = {e for e, _ in reader.totals} | {e for e, _ in reader.windows} | {e for e, _ in reader.elements}
     assert len(epochs) >= 3, f"too few epochs read: {sorted(epochs)}"
     cuts = {e: cut_events(storage, job, e) for e in epochs}
     for epoch, values in reader.totals:
@@ -172,6 +190,18 @@ def test_read_committed_windows_and_reduce_equal_the_oracle_of_their_epoch(tmp_p
                                           f"(listed {got}, oracle {oracle}, highest timestamp of the cut {high} ms)")
             listed += len(got)
     assert listed > 0
+    for epoch, values in reader.elements:  # a process window reads as its elements (sorted: splits interleave)
+        events, high = cuts[epoch]
+        for key in range(KEYS):
+            for window, elements in values[key].items():
+                assert window.end - window.start == SIZE_MS / 1000
+                lo, hi = round(window.start * 1000), round(window.end * 1000)
+                assert sorted(elements) == sorted(e for e in events if e[0] == key and lo <= e[1] < hi), (
+                    f"epoch {epoch}, key {key}: elements of {window} differ from the oracle")
+    assert any(windows for values in reader.live for windows in values.values()), "no live window read"
+    for values in reader.live:  # live: no cut to compare with, but every element belongs to its key and window
+        for key, windows in values.items():
+            assert all(e[0] == key and w.start <= e[1] / 1000 < w.end for w, es in windows.items() for e in es)
     print(f"{backend}: {len(reader.totals)} reduce and {len(reader.windows)} window reads over {len(epochs)} epochs, "
           f"{listed} windows listed")
 
@@ -216,30 +246,26 @@ def test_queryable_options_are_checked_when_the_graph_is_built():
         keyed.window(Tumbling(1, processing_time=True)).reduce("w", lambda a, b: a, queryable=1)
 
 
-def test_process_windows_read_as_their_elements_and_unknown_states_are_named(tmp_path):
-    flow = ep.Dataflow(f"q-{uuid.uuid4().hex[:8]}", parallelism=1)
-    source = ep.sources.GeneratorSource(events_from, num_splits=1, limit=100_000, records_per_second=500.0)
-    (flow.source("events", source)
-         .with_watermarks("ts", timestamp=lambda e: e[1], timestamp_unit="ms")
-         .key_by(lambda e: e[0])
-         .window(Tumbling(1)).process("elements", lambda k, w, es: [len(es)], queryable=True)
-         .sink("e", ep.sinks.FileSink(str(tmp_path / "e"))))
-    handle = flow.start(runtime="local", checkpoint=ep.CheckpointConfig(interval=0.05, storage=f"file://{tmp_path}/c"))
+def test_a_client_asks_the_directory_again_when_a_task_is_unreachable():
+    """A task that finished (end of input) or died leaves its route unreachable: the client
+    must ask the directory again — here the job has ended, so ``JobEnded`` at once, not a
+    timeout spent on the stale route."""
+    import socket
+
+    from epochal.query import QueryClient
+    from epochal.query.protocol import query_key
+    from epochal.runtime.driver.query_directory import QueryDirectory
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()
+    answers = iter([{"generation": 0, "max_parallelism": 128, "expected": {"op": 1},
+                     "operators": {"op": [("op#0", 0, 128, dead)]}}])
+    directory = QueryDirectory(query_key("t"), "127.0.0.1", lambda: next(answers, "ended"))
     try:
-        deadline = time.monotonic() + 60
-        committed = handle.query("elements", "windows", list(range(KEYS)), timeout=60)
-        while not any(committed.values.values()) and time.monotonic() < deadline:  # until an epoch holds records
-            committed = handle.query("elements", "windows", list(range(KEYS)), timeout=60)
-        live = handle.query("elements", "windows", list(range(KEYS)), isolation="read-uncommitted", timeout=60)
-        for answer in (live, committed):
-            for key, windows in answer.values.items():
-                for window, elements in windows.items():
-                    assert window.end - window.start == 1.0
-                    assert elements and all(e[0] == key and window.start <= e[1] / 1000 < window.end for e in elements)
-        assert any(committed.values.values()), "no open window read"
-        with pytest.raises(QueryError, match="no queryable state 'panes' \\(queryable: \\['windows'\\]\\)"):
-            handle.query("elements", "panes", 0, timeout=60)
+        start = time.monotonic()
+        with pytest.raises(JobEnded):
+            QueryClient(directory.address, "t").query("op", "acc", 1, timeout=20)
+        assert time.monotonic() - start < 10
     finally:
-        handle.cancel()
-        with pytest.raises(ep.JobFailedError):
-            handle.wait(60)
+        directory.close()
