@@ -235,6 +235,28 @@ def test_a_pinned_whole_map_never_sees_later_writes(make):
         backend.close()
 
 
+def test_a_rocksdb_version_shares_the_barrier_checkpoint_and_outlives_its_snapshot_job():
+    """Right after the barrier's snapshot (nothing written since) a whole-map view shares the
+    snapshot's checkpoint directory instead of making one; the directory lives until both
+    the snapshot job and the view let go. After a write, a view makes its own."""
+    backend = RocksDBStateBackend(range(0, 8))
+    try:
+        backend.map_put("op/m", 1, "a", "x", 1)
+        job = backend.snapshot(1)
+        view = backend.pin_view(["op/m"], whole_maps=True)
+        assert backend.pending_snapshots == 1 and view.checkpoint in backend._checkpoints  # shared, not a second one
+        job.run()  # the upload, then the job releases the directory: the view still holds it
+        backend.map_put("op/m", 1, "a", "y", 2)
+        assert view.map_items("op/m", 1, "a") == {"x": 1}
+        later = backend.pin_view(["op/m"], whole_maps=True)  # written since the barrier: its own checkpoint
+        assert later.checkpoint != view.checkpoint and later.map_items("op/m", 1, "a") == {"x": 1, "y": 2}
+        view.release()
+        later.release()
+        assert backend.pending_snapshots == 0
+    finally:
+        backend.close()
+
+
 def test_queryable_options_are_checked_when_the_graph_is_built():
     flow = ep.Dataflow("q-bad")
     keyed = flow.source("s", ep.sources.CollectionSource([(1, 2, 3)])).key_by(lambda e: e[0])
