@@ -4,19 +4,26 @@ load costs the job (issue 33, seed 004 §4.3.1).
 One job per backend (heap, rocksdb), local runtime by default: a source offering
 ``--rate`` records/s (two splits) feeds a keyed operator keeping one queryable balance per
 account (``--keys`` accounts, parallelism 2), epochs every ``--interval`` s. After a warm-up,
-four windows of ``--window`` seconds each, in one run:
+``--repetitions`` rounds of four windows of ``--window`` seconds each, interleaved, then one
+more query-free window::
 
-1. ``no-queries`` — the job alone;
-2. ``read-committed`` — one client thread issuing point lookups of random accounts back to
-   back (``JobHandle.query``), read from the newest completed epoch;
-3. ``read-uncommitted`` — the same through the tasks' mailboxes (live state);
-4. ``no-queries-again`` — the job alone again: the baseline is the mean of 1 and 4, so a
-   job still ramping up (or a machine whose load changes) does not pass for a query effect.
+    no-queries, read-committed, no-queries, read-uncommitted, no-queries, read-committed, ...
 
-Reported per backend and window: the keyed operator's records/s (from the tasks' cumulative
-counters in the driver's live metrics, every 0.2 s) and its ratio to the baseline; per
-query window: lookups/s and latency p50 / p99 / max (client side, ``perf_counter`` around
-each call). A multi-key lookup of every account (read-committed) is timed too.
+* ``no-queries`` — the job alone;
+* ``read-committed`` — one client thread issuing point lookups of random accounts back to
+  back (``JobHandle.query``), read from the newest completed epoch;
+* ``read-uncommitted`` — the same through the tasks' mailboxes (live state).
+
+Each query window is compared with the mean of the two query-free windows around it (the
+machine's load drifts: a side-by-side ratio, not one against a distant baseline); the
+ratios of all repetitions are reported with their median, min and max. The same ratio for
+every inner query-free window against *its* neighbours is the noise floor: a query effect
+smaller than that spread is not resolved.
+
+Reported per window: the keyed operator's records/s (from the tasks' cumulative counters
+in the driver's live metrics, every 0.2 s); per query window: lookups/s and latency p50 /
+p99 / max (client side, ``perf_counter`` around each call). A multi-key lookup of every
+account (read-committed) is timed too.
 
 Usage::
 
@@ -95,6 +102,28 @@ def measure_window(handle, seconds: float, lookups=None) -> dict:
     return out
 
 
+def side_by_side(windows: list[dict]) -> dict:
+    """Per mode, each window's records/s over the mean of its two neighbours (query-free
+    windows on both sides, by construction of the order) and the median / min / max of
+    those ratios; ``"no-queries"`` rates every inner query-free window against the
+    query-free windows two steps away (the noise floor)."""
+    out: dict = {}
+    for i in range(1, len(windows) - 1):
+        mode = windows[i]["mode"]
+        step = 2 if mode == "no-queries" else 1
+        if i - step < 0 or i + step >= len(windows):
+            continue
+        around = (windows[i - step]["records_per_s"] + windows[i + step]["records_per_s"]) / 2
+        ratio = windows[i]["records_per_s"] / around if around else None
+        windows[i]["side_by_side_ratio"] = ratio
+        if ratio is not None:
+            out.setdefault(mode, {"each": []})["each"].append(ratio)
+    for entry in out.values():
+        each = sorted(entry["each"])
+        entry.update(median=harness.percentile(each, 50), min=each[0], max=each[-1], n=len(each))
+    return out
+
+
 def run_backend(backend: str, args, tmp: str) -> dict:
     name = f"queryable-{backend}-{os.getpid()}"
     flow = ep.Dataflow(name, parallelism=2)
@@ -110,23 +139,26 @@ def run_backend(backend: str, args, tmp: str) -> dict:
     try:
         handle.query("balance", "balance", 0, timeout=120)  # the first epoch completed: queries answer
         time.sleep(args.warmup)  # warm-up window
-        windows = {"no-queries": measure_window(handle, args.window)}
-        windows["read-committed"] = measure_window(
-            handle, args.window, lambda: handle.query("balance", "balance", r.randrange(args.keys)))
-        windows["read-uncommitted"] = measure_window(
-            handle, args.window, lambda: handle.query("balance", "balance", r.randrange(args.keys),
-                                                      isolation="read-uncommitted"))
-        windows["no-queries-again"] = measure_window(handle, args.window)  # the baseline drifts: measure it twice
+        lookups = {
+            "read-committed": lambda: handle.query("balance", "balance", r.randrange(args.keys)),
+            "read-uncommitted": lambda: handle.query("balance", "balance", r.randrange(args.keys),
+                                                     isolation="read-uncommitted"),
+        }
+        order = []
+        for _ in range(args.repetitions):
+            order += ["no-queries", "read-committed", "no-queries", "read-uncommitted"]
+        order.append("no-queries")
+        windows = []
+        for mode in order:
+            windows.append({"mode": mode, **measure_window(handle, args.window, lookups.get(mode))})
         every = list(range(args.keys))
         multi = []
         for _ in range(args.multi):
             t = time.perf_counter()
             result = handle.query("balance", "balance", every)
             multi.append((time.perf_counter() - t) * 1000)
-        base = (windows["no-queries"]["records_per_s"] + windows["no-queries-again"]["records_per_s"]) / 2
-        for w in windows.values():
-            w["throughput_ratio"] = w["records_per_s"] / base if base else None
-        return {"backend": backend, "windows": windows, "last_epoch_read": result.epoch,
+        return {"backend": backend, "windows": windows, "ratios": side_by_side(windows),
+                "last_epoch_read": result.epoch,
                 "multi_key_ms": {"keys": args.keys, "p50": harness.percentile(multi, 50),
                                  "p99": harness.percentile(multi, 99)}}
     finally:
@@ -145,14 +177,17 @@ def main(argv=None) -> int:
     p.add_argument("--rate", type=float, default=100_000.0, help="records/s offered (both splits)")
     p.add_argument("--keys", type=int, default=1000)
     p.add_argument("--interval", type=float, default=0.1, help="epoch interval, seconds")
-    p.add_argument("--window", type=float, default=10.0, help="seconds per measurement window")
+    p.add_argument("--window", type=float, default=4.0, help="seconds per measurement window")
+    p.add_argument("--repetitions", type=int, default=5, help="rounds of (no queries, read-committed, no queries, "
+                                                               "read-uncommitted)")
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--multi", type=int, default=50, help="multi-key lookups of every account to time")
     p.add_argument("--smoke", action="store_true", help="tiny run: 5k records/s, 1.5 s windows")
     p.add_argument("--tmp", default=None)
     args = p.parse_args(argv)
     if args.smoke:
-        args.rate, args.window, args.warmup, args.multi, args.keys = 5000.0, 1.5, 0.5, 5, 100
+        args.rate, args.window, args.warmup, args.multi, args.keys = 5000.0, 1.0, 0.5, 5, 100
+        args.repetitions = 1
     tmp = args.tmp or tempfile.mkdtemp(prefix="epochal-queryable-")
     doc = {"benchmark": "queryable", "time": harness.now_iso(), "machine": harness.machine(),
            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "runs": [],
@@ -164,11 +199,16 @@ def main(argv=None) -> int:
             doc["errors"].append(f"{backend}: {type(exc).__name__}: {exc}")
     harness.write_json(args.out, doc)
     for run in doc["runs"]:
-        for name, w in run["windows"].items():
+        for w in run["windows"]:
             lat = w.get("latency_ms", {})
-            print(f"{run['backend']:8s} {name:17s} {w['records_per_s']:>10,.0f} rec/s ({w['throughput_ratio']:.2f}x)"
+            ratio = w.get("side_by_side_ratio")
+            print(f"{run['backend']:8s} {w['mode']:17s} {w['records_per_s']:>10,.0f} rec/s"
+                  + (f" ({ratio:.2f}x its neighbours)" if ratio is not None else " " * 22)
                   + (f"  {w['lookups_per_s']:>8,.0f} lookups/s  p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms"
                      if lat else ""))
+        for mode, r in run["ratios"].items():
+            print(f"{run['backend']:8s} {mode:17s} side-by-side ratio median {r['median']:.3f} "
+                  f"[{r['min']:.3f}, {r['max']:.3f}] over {r['n']}")
         print(f"{run['backend']:8s} multi-key ({run['multi_key_ms']['keys']} keys) p50 "
               f"{run['multi_key_ms']['p50']:.2f} ms p99 {run['multi_key_ms']['p99']:.2f} ms")
     for e in doc["errors"]:

@@ -367,21 +367,30 @@ class KeyedStream(Stream):
         self._key_fn = key_fn
 
     def reduce(self, name: str, fn: Callable, *, initial: Any = _MISSING, parallelism: int | None = None,
-               dead_letters: bool = False, ttl=None) -> Stream:
+               dead_letters: bool = False, ttl=None, queryable: bool = False) -> Stream:
         """Rolling reduce per key: ``acc = fn(acc, record)``; emits each new ``acc``.
 
         Without ``initial`` the key's first record is its first accumulator. ``ttl`` (a
         duration or :class:`~epochal.ttl.StateTtl`): a key's accumulator expires that long
         after its last update, and the key starts afresh (docs/ttl-broadcast.md).
+        ``queryable``: a running job answers lookups of each key's accumulator, as state
+        ``"acc"`` (``handle.query(name, "acc", key)``, docs/queryable-state.md).
         """
         check_callable(fn, name, "reduce")
+        from epochal.query.readers import QueryableFlag
         from epochal.ttl.expiry import EVENT, StateTtl
 
         config = StateTtl.coerce(ttl, f"reduce {name!r}")
         if config is not None and config.time == EVENT and not self._timed(name):
             raise PipelineDefinitionError(f"reduce {name!r}: event-time ttl needs event time on its input; call "
                                           "with_watermarks upstream or use time='processing'")
-        extra = (() if initial is _MISSING else (initial,)) + (() if config is None else (config,))
+        if not isinstance(queryable, bool):
+            raise PipelineDefinitionError(f"reduce {name!r}: queryable must be True or False, got {queryable!r}")
+        if queryable and config is not None:
+            raise PipelineDefinitionError(f"reduce {name!r}: queryable state with a ttl is not supported yet (a lookup "
+                                          "would not know which accumulators expired); drop one of them")
+        extra = ((() if initial is _MISSING else (initial,)) + (() if config is None else (config,))
+                 + ((QueryableFlag(),) if queryable else ()))
         node = self._then(NodeKind.REDUCE, name, fn, parallelism, self._key_fn, extra, dead_letters=dead_letters)
         return Stream(self._flow, (Input(node.name, FORWARD),))
 
@@ -423,7 +432,7 @@ class KeyedStream(Stream):
         return _BUILDERS["temporal_join"](self, table, how, is_delete)
 
     def aggregate(self, name: str, *, parallelism: int | None = None, local: bool | None = None,
-                  budget_bytes: int = 64 << 20, **aggregations) -> Stream:
+                  budget_bytes: int = 64 << 20, queryable: bool = False, **aggregations) -> Stream:
         """Vectorized keyed aggregation of Arrow batches (:mod:`epochal.columnar.aggregates`):
         ``key_by("word").aggregate("counts", n=count(), bytes=sum("size"))``.
 
@@ -434,9 +443,12 @@ class KeyedStream(Stream):
         in Arrow): pre-aggregate in the producing tasks before the shuffle
         (:mod:`epochal.columnar.build`). ``ttl=`` (a duration or processing-time
         :class:`~epochal.ttl.StateTtl`): a key's accumulators expire that long after the
-        last merge that updated it, and it starts afresh (:mod:`epochal.columnar.ttl`)."""
+        last merge that updated it, and it starts afresh (:mod:`epochal.columnar.ttl`).
+        ``queryable``: a running job answers lookups of each key's results, as state
+        ``"results"`` (:mod:`epochal.columnar.queries`)."""
         ttl = aggregations.pop("ttl", None)
-        return _BUILDERS["columnar.aggregate"](self, name, parallelism, aggregations, local, budget_bytes, ttl)
+        return _BUILDERS["columnar.aggregate"](self, name, parallelism, aggregations, local, budget_bytes, ttl,
+                                               queryable)
 
     def process(self, name: str, function, *, parallelism: int | None = None, dead_letters: bool = False) -> Stream:
         """Run a :class:`~epochal.operators.keyed.KeyedProcessFunction` with keyed state."""

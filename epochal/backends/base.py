@@ -294,10 +294,11 @@ class KeyedStateBackend(ABC):
         Task thread, after restore: state of an operator the new dataflow no longer has,
         restored with ``allow_non_restored_state``, is not carried into later snapshots."""
 
-    def pin_view(self, states):
+    def pin_view(self, states, whole_maps: bool = False):
         """A read-only :class:`~epochal.backends.views.StateView` of ``states`` as of now,
         readable from any thread while the task writes on (read-committed queries,
-        :mod:`epochal.query`). Task thread; the caller releases it."""
+        :mod:`epochal.query`). ``whole_maps``: the view must read a key's whole map
+        (``map_items``), not only point lookups. Task thread; the caller releases it."""
         raise NotImplementedError(f"{type(self).__name__} cannot pin a view for queries")
 
     def reclaim(self, state: str, kg: int) -> None:

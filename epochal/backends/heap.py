@@ -376,7 +376,7 @@ class HeapStateBackend(KeyedStateBackend):
 
         return SnapshotJob(epoch, upload, release, uses_storage=True)
 
-    def pin_view(self, states) -> HeapView:
+    def pin_view(self, states, whole_maps: bool = False) -> HeapView:
         """Freeze the buckets of ``states`` for a read-committed query view
         (:mod:`epochal.backends.views`): the same copy-on-write fence as a thread-mode
         snapshot, held until the view is released. O(buckets of ``states``)."""

@@ -10,13 +10,18 @@ it while the task thread keeps processing (:mod:`epochal.query`). :meth:`StateVi
 * heap: the bucket dicts frozen by the copy-on-write fence the snapshot uses (a pinned
   bucket is copied on its first write after the pin, once per pin; never mutated);
 * RocksDB: a ``db.snapshot()`` — point reads through it are consistent (DESIGN.md
-  "Facts": its iteration is not, so a view never iterates it).
+  "Facts": its iteration is not, so a view never iterates it); for whole-map reads also a
+  checkpoint directory of the same instant, iterated read-only, deleted at release.
 """
 from __future__ import annotations
 
 import pickle
 import threading
 from collections.abc import Callable
+
+from rocksdict import AccessType, Options, Rdict
+
+from epochal.backends.rocksdb_layout import scan
 
 _MISSING = object()
 
@@ -66,15 +71,28 @@ class HeapView(StateView):
         return {} if inner is None else dict(inner)
 
 
+class ViewReleased(LookupError):
+    """A read of a view released meanwhile (the version left the held set): ask again."""
+
+
 class RocksDBView(StateView):
     """A RocksDB snapshot read by point lookups. ``key_of(kind, state, kg, key)`` is the
-    backend's key layout (``None``: the state was never written)."""
+    backend's key layout (``None``: the state was never written).
 
-    reads_whole_maps = False  # a rocksdict snapshot iterates live data (DESIGN.md "Facts")
+    With ``checkpoint`` (a checkpoint directory of the same instant, hard-linked SSTs) a
+    whole map is read by iterating that directory, opened read-only on the first such read
+    (a rocksdict snapshot iterates live data, DESIGN.md "Facts"); :meth:`release` closes it
+    once the reads in progress end, then ``release`` (the caller's: deletes the directory)."""
 
-    def __init__(self, snapshot, key_of: Callable, release: Callable[[], None] | None = None):
+    def __init__(self, snapshot, key_of: Callable, release: Callable[[], None] | None = None,
+                 checkpoint: str | None = None):
         super().__init__(release)
         self._snapshot, self._key_of = snapshot, key_of
+        self.checkpoint = checkpoint
+        self.reads_whole_maps = checkpoint is not None
+        self._db = None  # the checkpoint, opened read-only
+        self._reads = threading.Lock()  # whole-map reads vs. closing the checkpoint
+        self._released = False
 
     def _raw(self, k: bytes | None):
         if k is None:
@@ -93,6 +111,30 @@ class RocksDBView(StateView):
         return default if raw is None else pickle.loads(raw)[1]
 
     def map_items(self, state: str, kg: int, key) -> dict:
-        raise NotImplementedError("reading a whole map state from a committed RocksDB version is not supported "
-                                  "(rocksdict snapshots iterate live data); query a value state, or use the heap "
-                                  "backend for queryable map state")
+        if self.checkpoint is None:
+            raise NotImplementedError("this RocksDB version was pinned for point reads only (no state read whole "
+                                      "maps when it was pinned)")
+        prefix = self._key_of("m", state, kg, key)
+        with self._reads:
+            if self._released:
+                raise ViewReleased("the version was released")
+            if prefix is None:
+                return {}
+            if self._db is None:
+                self._db = Rdict(self.checkpoint, Options(raw_mode=True), access_type=AccessType.read_only(False))
+            return {mk: value for _k, (_key, mk, value) in
+                    ((k, pickle.loads(raw)) for k, raw in scan(self._db, prefix, _prefix_end(prefix)))}
+
+    def release(self) -> None:
+        with self._reads:
+            self._released = True
+            db, self._db = self._db, None
+        if db is not None:
+            db.close()
+        super().release()
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The smallest key greater than every key starting with ``prefix``."""
+    stripped = prefix.rstrip(b"\xff")
+    return stripped[:-1] + bytes([stripped[-1] + 1])

@@ -38,6 +38,8 @@ class AggregateSpec:
     budget_bytes: int = BUDGET_BYTES
     #: processing-time StateTtl of the keys' accumulators (epochal.columnar.ttl), or None
     ttl: Any = None
+    #: lookups of each key's results, state "results" (epochal.columnar.queries)
+    queryable: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class LocalAggregateSpec:
 
 @register_builder("columnar.aggregate")
 def build_aggregate(keyed, name: str, parallelism, aggregations: dict, local: bool | None,
-                    budget_bytes: int, ttl=None):
+                    budget_bytes: int, ttl=None, queryable: bool = False):
     """Add the aggregate's node(s) after ``keyed`` and return the output stream."""
     from epochal.columnar.aggregates import Aggregation
 
@@ -70,6 +72,11 @@ def build_aggregate(keyed, name: str, parallelism, aggregations: dict, local: bo
         raise PipelineDefinitionError(f"aggregate {name!r}: budget_bytes must be a positive integer, got "
                                       f"{budget_bytes!r}")
     config = _aggregate_ttl(name, ttl)
+    if config is not None and queryable:
+        raise PipelineDefinitionError(f"aggregate {name!r}: queryable results with a ttl are not supported yet (a "
+                                      "query could read a key whose accumulators expired); drop one of the two")
+    if not isinstance(queryable, bool):
+        raise PipelineDefinitionError(f"aggregate {name!r}: queryable must be True or False, got {queryable!r}")
     combinable = all(a.combinable for a in aggregations.values())
     if local and not combinable:
         user = [n for n, a in aggregations.items() if not a.combinable]
@@ -86,7 +93,7 @@ def build_aggregate(keyed, name: str, parallelism, aggregations: dict, local: bo
         partials = Stream(keyed.flow, (Input(node.name, FORWARD),))
         upstream = KeyedStream(keyed.flow, partials._repartition(keyed._ports[0].partitioning), keyed._key_fn)
     node = upstream._then(NodeKind.AGGREGATE, name, AggregateSpec(column, dict(aggregations), bool(local),
-                                                                     budget_bytes, config),
+                                                                     budget_bytes, config, queryable),
                           parallelism, keyed._key_fn, accepts="batches", timed=False)
     return Stream(keyed.flow, (Input(node.name, FORWARD),))
 

@@ -17,10 +17,12 @@ from typing import Callable
 import pyarrow as pa
 
 from epochal.columnar.partials import PartialBuffer, PartialPlan
+from epochal.columnar.queries import AggregateResultsReader
 from epochal.columnar.state import keyed_state
 from epochal.columnar.ttl import AggregateTtl, drop_stamps
 from epochal.ttl.cleanup import MIN_BUDGET
 from epochal.operators.base import OperatorContext, RuntimeOperator
+from epochal.query.readers import register
 
 __all__ = ["KeyedAggregateOperator", "LocalAggregateOperator", "MapBatchesOperator", "ToBatchesOperator",
            "ToRecordsOperator", "as_batches"]
@@ -140,6 +142,8 @@ class KeyedAggregateOperator(RuntimeOperator):
         self.merges = 0
         self.ttl_config = spec.ttl
         self.ttl: AggregateTtl | None = None
+        if getattr(spec, "queryable", False):  # state "results" (epochal.columnar.queries)
+            register(ctx.extras, f"{ctx.operator}/results", AggregateResultsReader(ctx.operator, self.plan))
 
     def restore(self, state) -> None:
         self.state.restore()

@@ -82,11 +82,16 @@ class ColumnWindowedStream:
         self._lateness = allowed_lateness
 
     def aggregate(self, name: str, *, parallelism: int | None = None, budget_bytes: int = 64 << 20,
-                  **aggregations) -> "ColumnWindowOutput":
-        """One row per key and window: ``aggregate("w", n=count(), total=sum("v"))``."""
+                  queryable: bool = False, **aggregations) -> "ColumnWindowOutput":
+        """One row per key and window: ``aggregate("w", n=count(), total=sum("v"))``.
+        ``queryable=True`` is refused: windows of batches are not queryable yet."""
         from epochal.columnar.aggregates import Aggregation
 
         keyed, assigner, where = self._keyed, self._assigner, f"window {name!r}"
+        if queryable is not False:
+            raise PipelineDefinitionError(
+                f"{where}: windows of Arrow batches are not queryable yet; for queryable windows use "
+                "to_records(...), then key_by(...).window(...).aggregate(name, fn, queryable=True) (state 'windows')")
         if isinstance(assigner, Session) or not isinstance(assigner, (Tumbling, Sliding)):
             raise PipelineDefinitionError(f"{where}: on Arrow batches, windows are Tumbling(...) or Sliding(...); "
                                           f"for {type(assigner).__name__} use to_records(...) and the record path")

@@ -6,6 +6,7 @@ from epochal.ttl.expiry import StateTtl
 from epochal.operators.base import OperatorContext, RuntimeOperator
 from epochal.operators.keyed import KeyedProcessOperator, ReduceOperator, TtlReduceOperator
 from epochal.operators.sink import SinkOperator
+from epochal.query.readers import QueryableFlag
 from epochal.operators.stateless import (
     FilterOperator,
     FlatMapOperator,
@@ -36,13 +37,16 @@ def _create(node: Node, ctx: OperatorContext) -> RuntimeOperator:
         return (TimedFlatMapOperator if timed else FlatMapOperator)(ctx, node.payload)
     if kind is NodeKind.FILTER:
         return (TimedFilterOperator if timed else FilterOperator)(ctx, node.payload)
-    if kind is NodeKind.REDUCE:  # extra: (initial?, StateTtl?)
+    if kind is NodeKind.REDUCE:  # extra: (initial?, StateTtl?, QueryableFlag?)
         extra, ttl = node.extra, None
+        queryable = bool(extra) and isinstance(extra[-1], QueryableFlag)
+        if queryable:
+            extra = extra[:-1]
         if extra and isinstance(extra[-1], StateTtl):
             extra, ttl = extra[:-1], extra[-1]
         if ttl is not None:
             return TtlReduceOperator(ctx, node.key_fn, node.payload, *extra, timed=timed, ttl=ttl)
-        return ReduceOperator(ctx, node.key_fn, node.payload, *extra, timed=timed)
+        return ReduceOperator(ctx, node.key_fn, node.payload, *extra, timed=timed, queryable=queryable)
     if kind is NodeKind.PROCESS:
         return KeyedProcessOperator(ctx, node.key_fn, node.payload, timed=timed)
     if kind is NodeKind.SINK:  # batches keep event time in a column, never in pairs

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable
 
 from epochal.backends.keygroups import KeyGroupAssigner
 from epochal.operators.base import OperatorContext, RuntimeOperator
+from epochal.query.readers import MapReader, StateReader, ValueReader, register
 from epochal.time.timers import EVENT_TIME, TimerService
 from epochal.time.units import MIN_TIME, to_seconds
 from epochal.ttl.expiry import StateTtl
@@ -165,7 +166,7 @@ class StateContext:
         scoped = self._scoped(name)
         config = self._ttl_of(name, scoped, "value", ttl)
         if queryable:
-            self._register_queryable(name, scoped, "value", default, config)
+            self._register_queryable(name, ValueReader(scoped, default), config)
         if config is not None:
             return TtlValueState(self._ctx.keyed_backend, scoped, self._current, default, config, self._ttl)
         return ValueState(self._ctx.keyed_backend, scoped, self._current, default)
@@ -176,18 +177,16 @@ class StateContext:
         scoped = self._scoped(name)
         config = self._ttl_of(name, scoped, "map", ttl)
         if queryable:
-            self._register_queryable(name, scoped, "map", None, config)
+            self._register_queryable(name, MapReader(scoped), config)
         if config is not None:
             return TtlMapState(self._ctx.keyed_backend, scoped, self._current, config, self._ttl)
         return MapState(self._ctx.keyed_backend, scoped, self._current)
 
-    def _register_queryable(self, name: str, scoped: str, kind: str, default: Any, ttl) -> None:
+    def _register_queryable(self, name: str, reader: StateReader, ttl) -> None:
         if ttl is not None:
             raise ValueError(f"operator {self._ctx.operator!r}, state {name!r}: queryable state with a ttl is not "
                              "supported yet (a lookup would not know which entries expired); drop one of them")
-        registry = (self._ctx.extras or {}).get("queryable")
-        if registry is not None:  # the task serves it (epochal.query.server)
-            registry[scoped] = (kind, default)
+        register(self._ctx.extras, reader.states[0], reader)  # the task serves it (epochal.query.server)
 
 
 class KeyedProcessFunction:
@@ -279,13 +278,17 @@ class _KeyedOperator(RuntimeOperator):
 
 class ReduceOperator(_KeyedOperator):
     """Keyed rolling reduce: ``acc = fn(acc, record)`` per key (the first record is the
-    initial accumulator unless ``initial`` is given); emits the new accumulator."""
+    initial accumulator unless ``initial`` is given); emits the new accumulator.
+    ``queryable``: a running job answers lookups of the accumulator, as state ``"acc"``
+    (:mod:`epochal.query`; a key without one reads as ``None``)."""
 
-    def __init__(self, ctx, key_fn, fn, initial=_MISSING, timed: bool = False):
+    def __init__(self, ctx, key_fn, fn, initial=_MISSING, timed: bool = False, queryable: bool = False):
         super().__init__(ctx, key_fn, timed)
         self.fn = fn
         self.initial = initial
         self.state = f"{ctx.operator}/acc"
+        if queryable:
+            register(ctx.extras, self.state, ValueReader(self.state))
 
     def process_batch(self, records: list) -> list:
         timed = self.timed

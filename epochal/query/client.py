@@ -194,11 +194,11 @@ class QueryClient:
             try:
                 conn = self._conn(address, {"query": task})
                 conn.send(request)
-            except (EpochalError, OSError) as exc:
+            except (_Retry, EpochalError, OSError) as exc:  # _Retry: unreachable (a finished or lost task)
                 for _, other, _, _ in sent:  # their answers would be read by the next request
                     self._drop(other)
                 self._drop(address)
-                self._routes = None
+                self._routes = None  # ask the directory again: the job may have moved, or ended
                 if isinstance(exc, QueryError):
                     raise
                 raise _Retry(f"task {task}: {exc}") from exc

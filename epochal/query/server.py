@@ -18,6 +18,7 @@ from __future__ import annotations
 import pickle
 import threading
 
+from epochal.backends.views import ViewReleased
 from epochal.query.protocol import READ_COMMITTED, check_isolation
 from epochal.query.versions import CommittedVersions, VersionGone
 from epochal.runtime.transport import wire
@@ -30,13 +31,13 @@ UNALIGNED_REFUSAL = ("read-committed needs aligned checkpoints, and this job's a
 
 
 class QueryServer:
-    """Serves ``registry`` (``{"op/state": (kind, default)}``) of one task.
+    """Serves ``registry`` (``{"op/state": StateReader}``, :mod:`epochal.query.readers`) of one task.
 
     Args:
         key: the job's query key. host: where to bind.
         task: the task id (for messages). key_groups: the key groups the task owns.
         versions: the task's committed versions.
-        live_read: ``live_read(state, kind, default, items) -> bytes`` (pickled values),
+        live_read: ``live_read(name, items) -> bytes`` (pickled values),
             run on the task thread; raises ``TimeoutError`` if the task does not answer.
         committed_refused: if set, read-committed lookups are refused with this message.
     """
@@ -80,18 +81,18 @@ class QueryServer:
         except Exception as exc:
             return ("error", None, f"task {self.task}: malformed query {request!r:.200}: {exc}")
         name = f"{operator}/{state}"
-        declared = self.registry.get(name)
-        if declared is None:
+        reader = self.registry.get(name)
+        if reader is None:
             mine = sorted(n.split("/", 1)[1] for n in self.registry if n.startswith(operator + "/"))
             return ("error", rid, f"operator {operator!r} has no queryable state {state!r} (queryable: {mine}); "
-                                  "declare it with ctx.value_state(name, queryable=True)")
-        kind, default = declared
+                                  "declare it with ctx.value_state(name, queryable=True), reduce(..., queryable=True) "
+                                  "(state 'acc') or window(...).aggregate(..., queryable=True) (state 'windows')")
         stray = [kg for kg, _ in items if kg not in self.key_groups]
         if stray:
             return ("moved", rid, f"task {self.task} does not own key group {stray[0]}")
         if isolation != READ_COMMITTED:
             try:
-                payload = self.live_read(name, kind, default, items)
+                payload = self.live_read(name, items)
             except TimeoutError as exc:
                 return ("unavailable", rid, str(exc), [])
             self.answered += 1
@@ -102,14 +103,11 @@ class QueryServer:
             if self._closed:
                 return ("unavailable", rid, f"task {self.task} is stopping", [])
             try:
-                epoch, view, held = self.versions.acquire(epoch)
-            except VersionGone as exc:
+                epoch, version, held = self.versions.acquire(epoch)
+                mark = version.marks.get(name)
+                values = [reader.read(version.view, kg, key, mark) for kg, key in items]
+            except (VersionGone, ViewReleased) as exc:
                 return ("unavailable", rid, f"task {self.task}: {exc}", self.versions.held)
-            try:
-                if kind == "map":
-                    values = [view.map_items(name, kg, key) for kg, key in items]
-                else:
-                    values = [view.get(name, kg, key, default) for kg, key in items]
             except NotImplementedError as exc:
                 return ("error", rid, f"state {state!r} of operator {operator!r}: {exc}")
             payload = pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
@@ -126,10 +124,9 @@ class QueryServer:
             conn.close()
 
 
-def read_live(backend, state: str, kind: str, default, items: list) -> bytes:
-    """Task thread: the live values of ``items`` (``[(kg, key)]``), pickled at once."""
-    if kind == "map":
-        values = [dict(backend.map_items(state, kg, key)) for kg, key in items]
-    else:
-        values = [backend.get(state, kg, key, default) for kg, key in items]
+def read_live(backend, reader, items: list) -> bytes:
+    """Task thread: the live values of ``items`` (``[(kg, key)]``) read by ``reader``
+    (:class:`~epochal.query.readers.StateReader`), pickled at once."""
+    mark = reader.mark()
+    values = [reader.read(backend, kg, key, mark) for kg, key in items]
     return pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)

@@ -28,6 +28,17 @@ class VersionGone(LookupError):
     """The asked epoch is not (or no longer) held by this task."""
 
 
+class PinnedVersion:
+    """One pinned version: the backend's view and the readers' marks (``{name: mark}``,
+    :meth:`~epochal.query.readers.StateReader.mark`) taken at the same instant."""
+
+    def __init__(self, view, marks: dict | None = None):
+        self.view, self.marks = view, marks or {}
+
+    def release(self) -> None:
+        self.view.release()
+
+
 class CommittedVersions:
     """Pending and committed pinned views of one task, by epoch. Thread-safe."""
 

@@ -41,6 +41,7 @@ class WindowNode:
     lateness: int  # µs
     assigner: str  # repr, for messages
     ttl: Any = None  # StateTtl of the keys' inactivity (epochal.windows.ttl), or None
+    queryable: bool = False  # lookups of each key's open windows (epochal.windows.queries)
 
 
 @register_builder("window")
@@ -59,29 +60,38 @@ class WindowedStream:
         self._lateness = allowed_lateness
         self._ttl = ttl
 
-    def reduce(self, name: str, fn: Callable, *, parallelism: int | None = None) -> "WindowOutput":
-        """One value per window: ``fn(a, b)``, associative, folds the window's values."""
+    def reduce(self, name: str, fn: Callable, *, parallelism: int | None = None,
+               queryable: bool = False) -> "WindowOutput":
+        """One value per window: ``fn(a, b)``, associative, folds the window's values.
+        ``queryable``: a running job answers lookups of each key's open windows, as state
+        ``"windows"`` (:mod:`epochal.windows.queries`, docs/queryable-state.md)."""
         if not callable(fn):
             raise PipelineDefinitionError(f"window reduce {name!r}: expected a function, got {fn!r}")
-        return self._build(name, ReduceCombiner(fn), parallelism)
+        return self._build(name, ReduceCombiner(fn), parallelism, queryable)
 
-    def aggregate(self, name: str, function: AggregateFunction, *, parallelism: int | None = None) -> "WindowOutput":
-        """One accumulator per window (:class:`~epochal.windows.AggregateFunction`)."""
+    def aggregate(self, name: str, function: AggregateFunction, *, parallelism: int | None = None,
+                  queryable: bool = False) -> "WindowOutput":
+        """One accumulator per window (:class:`~epochal.windows.AggregateFunction`).
+        ``queryable``: as in :meth:`reduce` (a window reads as ``function.result(acc)``)."""
         if not isinstance(function, AggregateFunction):
             raise PipelineDefinitionError(f"window aggregate {name!r}: expected an epochal.windows.AggregateFunction "
                                           f"instance, got {type(function).__name__}")
-        return self._build(name, AggregateCombiner(function), parallelism)
+        return self._build(name, AggregateCombiner(function), parallelism, queryable)
 
-    def process(self, name: str, fn: Callable, *, parallelism: int | None = None) -> "WindowOutput":
-        """``fn(key, window, elements)`` → iterable of values, over all of a window's elements."""
+    def process(self, name: str, fn: Callable, *, parallelism: int | None = None,
+                queryable: bool = False) -> "WindowOutput":
+        """``fn(key, window, elements)`` → iterable of values, over all of a window's elements.
+        ``queryable``: as in :meth:`reduce` (a window reads as its list of elements)."""
         if not callable(fn):
             raise PipelineDefinitionError(f"window process {name!r}: expected a function, got {fn!r}")
-        return self._build(name, ProcessCombiner(fn), parallelism)
+        return self._build(name, ProcessCombiner(fn), parallelism, queryable)
 
-    def _build(self, name: str, combiner: Combiner, parallelism) -> "WindowOutput":
+    def _build(self, name: str, combiner: Combiner, parallelism, queryable: bool = False) -> "WindowOutput":
         keyed, assigner = self._keyed, self._assigner
         timed_in = keyed._timed(name)
         where = f"window {name!r}"
+        if not isinstance(queryable, bool):
+            raise PipelineDefinitionError(f"{where}: queryable must be True or False, got {queryable!r}")
         if not assigner.processing_time and not timed_in:
             raise PipelineDefinitionError(
                 f"{where} uses event time ({assigner!r}) but its input has no timestamps: call "
@@ -93,7 +103,11 @@ class WindowedStream:
             raise PipelineDefinitionError(str(exc)) from None
         if lateness and assigner.processing_time:
             raise PipelineDefinitionError(f"{where}: allowed_lateness applies to event-time windows only")
-        payload = WindowNode(assigner.spec(), combiner, lateness, repr(assigner), self._window_ttl(where, timed_in))
+        ttl = self._window_ttl(where, timed_in)
+        if ttl is not None and queryable:
+            raise PipelineDefinitionError(f"{where}: queryable windows with a ttl are not supported yet (a query could "
+                                          "read a key whose windows expired); drop one of the two")
+        payload = WindowNode(assigner.spec(), combiner, lateness, repr(assigner), ttl, queryable)
         node = keyed._then(NodeKind.WINDOW, name, payload, parallelism, keyed._key_fn,
                            timed=timed_in or not assigner.processing_time)
         return WindowOutput(keyed.flow, (Input(node.name, FORWARD),), node.name, assigner.processing_time)

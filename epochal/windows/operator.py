@@ -35,11 +35,13 @@ from __future__ import annotations
 import copy
 
 from epochal.operators.keyed import _KeyedOperator
+from epochal.query.readers import register
 from epochal.time.timers import make_queue
 from epochal.time.units import MAX_TIME, MIN_TIME, now_micros
 from epochal.windows.assigners import PaneSpec, SessionSpec
 from epochal.windows.functions import Combiner, Window, WindowResult
 from epochal.windows.ttl import window_ttl
+from epochal.windows.queries import PaneWindowsReader, SessionWindowsReader
 
 __all__ = ["PaneWindowOperator", "SessionWindowOperator", "create_window_operator"]
 
@@ -171,10 +173,13 @@ class _WindowOperator(_KeyedOperator):
 class PaneWindowOperator(_WindowOperator):
     """Tumbling and sliding windows over panes (see :mod:`epochal.windows.assigners`)."""
 
-    def __init__(self, ctx, key_fn, spec: PaneSpec, combiner, lateness, timed, timed_out, ttl=None):
+    def __init__(self, ctx, key_fn, spec: PaneSpec, combiner, lateness, timed, timed_out, ttl=None, queryable=False):
         super().__init__(ctx, key_fn, combiner, lateness, spec.processing_time, timed, timed_out, ttl)
         self.spec = spec
         self.panes = f"{ctx.operator}/panes"
+        if queryable:  # state "windows" (epochal.windows.queries)
+            register(ctx.extras, f"{ctx.operator}/windows",
+                     PaneWindowsReader(self.panes, spec, combiner, lateness, lambda: self.watermark))
 
     def _add(self, kg, key, ts, value, record, out) -> None:
         spec, wm, backend = self.spec, self.watermark, self.backend
@@ -237,10 +242,14 @@ class PaneWindowOperator(_WindowOperator):
 class SessionWindowOperator(_WindowOperator):
     """Merging session windows of one ``gap`` (Flink's ``EventTimeSessionWindows``)."""
 
-    def __init__(self, ctx, key_fn, spec: SessionSpec, combiner, lateness, timed, timed_out, ttl=None):
+    def __init__(self, ctx, key_fn, spec: SessionSpec, combiner, lateness, timed, timed_out, ttl=None,
+                 queryable=False):
         super().__init__(ctx, key_fn, combiner, lateness, False, timed, timed_out, ttl)
         self.gap = spec.gap
         self.sessions = f"{ctx.operator}/sessions"
+        if queryable:  # state "windows" (epochal.windows.queries)
+            register(ctx.extras, f"{ctx.operator}/windows",
+                     SessionWindowsReader(self.sessions, combiner, lateness, lambda: self.watermark))
 
     def _add(self, kg, key, ts, value, record, out) -> None:
         backend, wm, lateness = self.backend, self.watermark, self.lateness
@@ -295,4 +304,5 @@ def create_window_operator(ctx, node) -> _WindowOperator:
     """The runtime operator of a ``WINDOW`` node (payload: :class:`~epochal.windows.api.WindowNode`)."""
     w = node.payload
     cls = SessionWindowOperator if isinstance(w.spec, SessionSpec) else PaneWindowOperator
-    return cls(ctx, node.key_fn, w.spec, w.combiner, w.lateness, node.timed_in, node.timed, w.ttl)
+    return cls(ctx, node.key_fn, w.spec, w.combiner, w.lateness, node.timed_in, node.timed, w.ttl,
+               getattr(w, "queryable", False))

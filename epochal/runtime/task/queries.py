@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 
 from epochal.query.server import UNALIGNED_REFUSAL, QueryServer, read_live
+from epochal.query.versions import PinnedVersion
 
 
 class QuerySteps:
@@ -28,7 +29,7 @@ class QuerySteps:
         if not self.queryable or self.backend is None or self.attempt.query_key is None:
             return
         if restore is not None:
-            self.query_versions.restored(restore["epoch"], self.backend.pin_view(list(self.queryable)))
+            self.query_versions.restored(restore["epoch"], self._pin_version())
         unaligned = self.attempt.components.aligned_timeout == 0  # no epoch of this job is an aligned cut
         self.query_server = QueryServer(self.attempt.query_key, self.bind_host, self.spec.id, self.spec.key_groups,
                                         self.queryable, self.query_versions, self._read_live,
@@ -42,14 +43,22 @@ class QuerySteps:
         Not called for an unaligned snapshot (its records in flight are channel state, not
         in the keyed state): multi-key answers then use an older epoch every task holds."""
         if self.query_server is not None:
-            self.query_versions.pinned(epoch, self.backend.pin_view(list(self.queryable)))
+            self.query_versions.pinned(epoch, self._pin_version())
 
-    def _read_live(self, state: str, kind: str, default, items: list, timeout: float = 5.0) -> bytes:
+    def _pin_version(self) -> PinnedVersion:
+        """Task thread: the backend states every reader needs, pinned, with the readers'
+        marks of this instant (e.g. a window operator's watermark)."""
+        readers = self.queryable.values()
+        states = sorted({s for r in readers for s in r.states})
+        view = self.backend.pin_view(states, whole_maps=any(r.whole_maps for r in readers))
+        return PinnedVersion(view, {name: r.mark() for name, r in self.queryable.items()})
+
+    def _read_live(self, state: str, items: list, timeout: float = 5.0) -> bytes:
         """Query thread: a read-uncommitted lookup, run on the task thread via the mailbox
         (:meth:`_answer_live`); raises ``TimeoutError`` if the task does not get to it."""
         box = {"done": threading.Event()}
         with self.cv:
-            self.control.append(("query", state, kind, default, items, box))
+            self.control.append(("query", state, items, box))
             self.cv.notify_all()
         if not box["done"].wait(timeout):
             raise TimeoutError(f"task {self.spec.id} did not answer a live lookup within {timeout} s")
@@ -58,10 +67,10 @@ class QuerySteps:
         return box["payload"]
 
     def _answer_live(self, msg: tuple) -> None:
-        """Task thread: answer a ``("query", state, kind, default, items, box)`` message."""
-        box = msg[5]
+        """Task thread: answer a ``("query", state, items, box)`` message."""
+        box = msg[3]
         try:
-            box["payload"] = read_live(self.backend, msg[1], msg[2], msg[3], msg[4])
+            box["payload"] = read_live(self.backend, self.queryable[msg[1]], msg[2])
         except Exception as exc:
             box["error"] = exc
         box["done"].set()
