@@ -84,6 +84,13 @@ def require_table(catalog, identifier: tuple[str, ...], what: str):
     return table
 
 
+def close_catalog(catalog) -> None:
+    """Release a catalog's connections (a SQL catalog's engine pool); None is fine."""
+    engine = getattr(catalog, "engine", None)
+    if engine is not None and hasattr(engine, "dispose"):
+        engine.dispose()
+
+
 def retries_disabled(table) -> bool:
     return table.metadata.properties.get(RETRIES) == "0"
 

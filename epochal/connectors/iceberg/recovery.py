@@ -13,7 +13,13 @@ because a rollback of the table (``manage_snapshots().rollback_to``, to rewind i
 savepoint) moves the current snapshot back but not the properties.
 
 App ids name the run (:mod:`epochal.epochs.lineage`): ``<prefix>-<lineage>-<subtask>``, as
-the Delta sink's.
+the Delta sink's. Every run adds one such property per sink subtask, so a job rerun many
+times would grow the table's properties without bound: the commits also keep the list of
+the prefix's most recent lineages (:func:`lineages_key`, newest last) and drop the
+properties of lineages beyond the newest ``keep`` (:func:`pruned_properties`) — never those
+of the committing run or of the run it restored. A restore that needs a dropped record
+(its lineage was pruned *and* its snapshots expired) cannot tell what the table holds:
+:func:`forgotten` says so, and the writer refuses rather than guess.
 
 Everything else — deciding to commit or skip an epoch, the restore check, which staged
 files are orphans — is the same decision as the Delta sink's, with the committed epoch in
@@ -39,14 +45,15 @@ from epochal.connectors.delta.recovery import (  # re-exported: the shared decis
     name_tag,
     orphans,
     owns,
+    parse_app_id,
     parse_name,
     recovery_plan,
     reproduced,
     staged_name,
 )
 
-__all__ = ["APP_ID", "EPOCH", "EXPIRED", "Decision", "ahead_of_restore", "app_id", "committed_epochs", "decide",
-           "name_tag", "orphans", "owns", "parse_name", "property_key", "recorded_epochs", "recovery_plan",
+__all__ = ["APP_ID", "EPOCH", "EXPIRED", "forgotten", "lineages_key", "pruned_properties", "pruned_key", "Decision", "ahead_of_restore", "app_id", "committed_epochs", "decide",
+           "name_tag", "orphans", "owns", "parse_app_id", "parse_name", "property_key", "recorded_epochs", "recovery_plan",
            "reproduced", "staged_name", "summary"]
 
 APP_ID = "epochal.app-id"
@@ -122,3 +129,71 @@ def recorded_epochs(properties: Mapping[str, str]) -> dict[str, int]:
             except (TypeError, ValueError):
                 continue
     return out
+
+
+LINEAGES = "epochal.lineages"
+PRUNED = "epochal.pruned"
+
+
+def lineages_key(prefix: str) -> str:
+    """The table property listing the most recent lineages of ``prefix``, newest last."""
+    return f"{LINEAGES}.{prefix}"
+
+
+def pruned_key(prefix: str) -> str:
+    """The table property counting the lineages of ``prefix`` whose records were dropped."""
+    return f"{PRUNED}.{prefix}"
+
+
+def _recorded_lineages(properties: Mapping[str, str], prefix: str) -> dict[str, list[str]]:
+    """Lineage → the keys of its :func:`property_key` records under ``prefix`` (the legacy
+    lineage "" is left out: it is never pruned)."""
+    out: dict[str, list[str]] = {}
+    for key in properties:
+        if key.startswith(EPOCH + "."):
+            parsed = parse_app_id(prefix, key[len(EPOCH) + 1:])
+            if parsed is not None and parsed[0]:
+                out.setdefault(parsed[0], []).append(key)
+    return out
+
+
+def pruned_properties(properties: Mapping[str, str], prefix: str, lineage: str, keep: int,
+                      protect: Iterable[str] = ()) -> tuple[dict[str, str], list[str]]:
+    """The property changes an epoch commit under ``lineage`` makes besides its own record:
+    ``(properties to set, property keys to remove)``.
+
+    The lineages of ``prefix`` are ordered oldest first: lineages with records but not in the
+    list (tables written before the list existed) first, then the list, with ``lineage``
+    moved to the end. Beyond the newest ``keep``, the oldest lineages' records are dropped,
+    except ``lineage`` and ``protect`` (the run's parent: a failure restart may restore its
+    checkpoint again). Nothing changes when ``lineage`` is newest already (the common case:
+    every commit of a run after its first)."""
+    key = lineages_key(prefix)
+    listed = [x for x in properties.get(key, "").split(",") if x]
+    recorded = _recorded_lineages(properties, prefix)
+    order = sorted(x for x in recorded if x not in listed and x != lineage) + [x for x in listed if x != lineage]
+    order.append(lineage)
+    if order == listed:
+        return {}, []
+    keeping = set(protect) | {lineage}
+    drop: list[str] = []
+    for old in order:
+        if len(order) - len(drop) <= keep:
+            break
+        if old not in keeping:
+            drop.append(old)
+    changes = {key: ",".join(x for x in order if x not in drop)}
+    if drop:
+        count = properties.get(pruned_key(prefix), "0")
+        changes[pruned_key(prefix)] = str((int(count) if count.isdigit() else 0) + len(drop))
+    return changes, sorted(k for old in drop for k in recorded.get(old, []))
+
+
+def forgotten(properties: Mapping[str, str], prefix: str, app: str) -> bool:
+    """Whether the record of ``app`` may have been dropped by :func:`pruned_properties`:
+    lineages of ``prefix`` were pruned, and ``app``'s is neither listed nor recorded."""
+    parsed = parse_app_id(prefix, app)
+    if parsed is None or not parsed[0] or not properties.get(pruned_key(prefix), "0").strip("0"):
+        return False
+    listed = properties.get(lineages_key(prefix), "").split(",")
+    return parsed[0] not in listed and property_key(app) not in properties

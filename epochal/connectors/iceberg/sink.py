@@ -49,10 +49,12 @@ from typing import Any
 import pyarrow as pa
 
 from epochal.alignment.factory import SinkMode
+from epochal.connectors import leftovers
 from epochal.connectors.iceberg import client, recovery
 from epochal.connectors.staging import RowBuffer, StagedParquet, TableRows
 from epochal.errors import ConfigError
 from epochal.sinks.base import Sink, SinkCommitError, SinkContext, TwoPhaseCommitSink
+from epochal.sinks.lingering import Lingering
 
 log = logging.getLogger("epochal")
 
@@ -60,6 +62,8 @@ log = logging.getLogger("epochal")
 COMMIT_DEADLINE_S = 120.0
 #: the first backoff bound and its cap (seconds): see :func:`backoff`
 BACKOFF_BASE_S, BACKOFF_CAP_S = 0.02, 0.5
+#: runs whose epoch records the table properties keep, by default (``IcebergSink(keep_lineages=)``)
+KEEP_LINEAGES = 8
 
 
 def backoff(attempt: int, rng: random.Random = random._inst) -> float:
@@ -80,8 +84,12 @@ class IcebergSink(Sink):
         schema: a ``pyarrow.Schema``. A missing table (and namespace) is created with it
             when the job starts, with ``commit.retry.num-retries=0``; an existing table must
             have it. None: the table must exist.
-        app_id: prefix of the app ids in snapshot summaries (``f"{app_id}-{subtask}"``);
+        app_id: prefix of the app ids in snapshot summaries (``f"{app_id}-{lineage}-{subtask}"``);
             default ``f"epochal-{job}-{sink}"`` (see :class:`~epochal.sinks.DeltaSink`).
+        keep_lineages: how many runs' (lineages') epoch records the table properties keep
+            per app id prefix (one property per sink subtask and run); older runs' records are
+            dropped as newer runs commit. A restore of a checkpoint of a dropped run whose
+            snapshots were also expired is refused (it cannot be told what the table holds).
 
     Records: dicts, named tuples, or plain tuples in column order; a columnar stream writes
     its Arrow batches (cast to the table schema).
@@ -92,8 +100,13 @@ class IcebergSink(Sink):
             a different schema, a partitioned table, or retries not disabled.
     """
 
-    def __init__(self, catalog, table, *, schema: pa.Schema | None = None, app_id: str | None = None):
+    def __init__(self, catalog, table, *, schema: pa.Schema | None = None, app_id: str | None = None,
+                 keep_lineages: int = KEEP_LINEAGES):
         what = "IcebergSink"
+        if isinstance(keep_lineages, bool) or not isinstance(keep_lineages, int) or keep_lineages < 1:
+            raise ConfigError(f"{what} keep_lineages: expected a positive int (runs whose epoch records the table "
+                              f"properties keep), got {keep_lineages!r}")
+        self.keep_lineages = keep_lineages
         self.catalog_name, self.catalog_properties = client.check_catalog(catalog, what)
         self.identifier = client.check_identifier(table, what)
         if schema is not None and not isinstance(schema, pa.Schema):
@@ -139,6 +152,57 @@ class IcebergSink(Sink):
             diffs = client.schema_differences(self.schema, client.arrow_schema(table))
             if diffs:
                 raise ConfigError(f"{what}: the schema differs from the Iceberg table's: {'; '.join(diffs)}")
+
+    def lingering(self, job: str, sink: str, promised) -> list[Lingering]:
+        """Staged data files of this job's sink in the table's ``data/`` that no snapshot
+        references (:mod:`~epochal.connectors.leftovers`): of the runs the job's checkpoints
+        name and of those the snapshot summaries and table properties name; those of the
+        latest completed checkpoint's pending epochs are marked promised."""
+        return self._leftovers(job, sink, promised)[0]
+
+    def end_lingering(self, job: str, sink: str, items: list, promised) -> None:
+        """As :meth:`DeltaSink.end_lingering <epochal.connectors.delta.sink.DeltaSink.end_lingering>`."""
+        found, files, referenced = self._leftovers(job, sink, promised)
+        wanted = {item.what for item in items}
+        doomed = [item.what for item in found if not item.promised and item.what in wanted]
+        if not doomed:
+            return
+        deleted = files.delete_unreferenced(doomed, referenced)
+        log.info("sink %r (%r): deleted %d lingering staged file(s)", sink, self, deleted)
+
+    def _leftovers(self, job: str, sink: str, promised):
+        """``(lingering items, the table's files, referenced(rel path))``."""
+        what = f"sink {sink!r} ({self!r})"
+        catalog = self.catalog(what)
+        try:
+            table = client.load_table(catalog, self.identifier, what)
+            if table is None:
+                return [], None, lambda path: True
+            prefix = self.prefix(job, sink)
+            history = list(ancestry(table))
+            recorded = recovery.recorded_epochs(table.metadata.properties)
+            lineages = set(promised.lineages) | {promised.lineage}
+            lineages |= leftovers.lineages_named(prefix, [(props or {}).get(recovery.APP_ID, "") for _, props in history])
+            lineages |= leftovers.lineages_named(prefix, recorded)
+            tags = leftovers.staged_by(prefix, lineages)
+            files, directory = client.data_files(table, what)
+            listed = files.list(directory, keep=lambda name: name.startswith(tuple(f"part-{t}-" for t in tags)))
+            held = ({task.file.file_path for task in table.scan().plan_files()} if table.current_snapshot()
+                    else set())
+
+            def referenced(path: str) -> bool:
+                return client.full_path(table, path) in held
+
+            def committed(lineage: str, subtasks: set[int]) -> dict[int, int | None]:
+                apps = {j: recovery.app_id(prefix, j, lineage) for j in subtasks}
+                epochs = recovery.committed_epochs(history, apps.values(), None, recorded)
+                return {j: epochs[a] for j, a in apps.items()}
+
+            promises = leftovers.Promises.of(prefix, promised.handles, lambda h: h.files)
+            return (leftovers.lingering(sink, "iceberg", listed, tags, committed, referenced, promises),
+                    files, referenced)
+        finally:
+            client.close_catalog(catalog)
 
     def savepoint_snapshot(self, lineage: str, epoch: int) -> int | None:
         """The snapshot to roll the table back to before restoring a savepoint (or
@@ -309,7 +373,7 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
                 raise SinkCommitError(f"{self._where()}: the Iceberg table {'.'.join(self._sink.identifier)} no "
                                       f"longer has {client.RETRIES}=0; committing could duplicate an epoch")
             # Step 3
-            props, table_props = {}, {}
+            props, table_props, removals = {}, {}, []
             if txn.app_id is not None:
                 held = self._committed(table, txn.app_id)
                 if recovery.decide(txn.epoch, held) is recovery.Decision.ALREADY_COMMITTED:
@@ -318,12 +382,17 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
                     log.info("%s: epoch %d of %s is already in the Iceberg table, skipped", self._where(), txn.epoch,
                              txn.app_id)
                     return
+                if held is None:
+                    self._check_not_forgotten(table, txn)
                 props = recovery.summary(txn.app_id, txn.epoch, self.ctx.job, self.ctx.sink_name, self.ctx.generation)
                 table_props = {recovery.property_key(txn.app_id): str(txn.epoch)}
+                removals = self._prune(table, txn.app_id, table_props)
             # Step 4
             data_files = self._data_files(table, txn)
             try:
                 with table.transaction() as tx:
+                    if removals:
+                        tx.remove_properties(*removals)
                     if table_props:
                         tx.set_properties(table_props)
                     with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
@@ -356,9 +425,7 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
         part, self._part = self._part, None
         if part is not None:
             part.discard()
-        engine = getattr(getattr(self, "_catalog", None), "engine", None)
-        if engine is not None and hasattr(engine, "dispose"):
-            engine.dispose()
+        client.close_catalog(getattr(self, "_catalog", None))
         self._table = self._catalog = None
 
     def cleanup_orphans(self, restored_epoch: int) -> None:
@@ -434,6 +501,37 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
         if current is not None:
             self._known[app] = (current.snapshot_id, epochs[app])
         return epochs[app]
+
+    def _prune(self, table, app: str, changes: dict[str, str]) -> list[str]:
+        """Add to ``changes`` the recent-lineages list with ``app``'s lineage newest; return the
+        property keys of lineages beyond the sink's ``keep_lineages`` to remove
+        (:func:`~epochal.connectors.iceberg.recovery.pruned_properties`; never this run's or
+        its parent's). Nothing for a legacy app id."""
+        parsed = recovery.parse_app_id(self._prefix, app)
+        if parsed is None or not parsed[0]:
+            return []
+        protect = {self._lineage} | ({self._parent} if self._parent else set())
+        more, removals = recovery.pruned_properties(table.metadata.properties, self._prefix, parsed[0],
+                                                    self._sink.keep_lineages, protect)
+        changes.update(more)
+        if removals:
+            log.info("%s: dropping the epoch records of %d old app id(s) of %s from the Iceberg table's properties "
+                     "(keep_lineages=%d)", self._where(), len(removals), self._prefix, self._sink.keep_lineages)
+        return removals
+
+    def _check_not_forgotten(self, table, txn: IcebergTransaction) -> None:
+        """The table holds no record of ``txn``'s app id: refuse if that may be because its
+        lineage's record was pruned and its snapshots were expired (it cannot be told whether
+        the epoch was committed; committing could append it twice)."""
+        if not recovery.forgotten(table.metadata.properties, self._prefix, txn.app_id):
+            return
+        if not any(props is recovery.EXPIRED for _, props in ancestry(table)):
+            return  # the whole history is there: no record means never committed
+        raise SinkCommitError(
+            f"{self._where()}: cannot tell whether the Iceberg table {'.'.join(self._sink.identifier)} holds epoch "
+            f"{txn.epoch} of app id {txn.app_id!r}: its snapshots were expired and its record was dropped from the "
+            f"table properties after {self._sink.keep_lineages} later runs committed (IcebergSink keep_lineages). "
+            "Restore a newer checkpoint, or check the table and restore with a larger keep_lineages")
 
     def _data_files(self, table, txn: IcebergTransaction) -> list:
         from pyiceberg.io.pyarrow import parquet_file_to_data_file
