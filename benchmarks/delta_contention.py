@@ -84,7 +84,8 @@ def count_rows(uri: str, out) -> None:
     from deltalake import DeltaTable
 
     dt = DeltaTable(uri)
-    ids = ds.dataset(dt.file_uris(), format="parquet").to_table().column("id").to_pylist()
+    files = dt.file_uris()
+    ids = ds.dataset(files, format="parquet").to_table().column("id").to_pylist() if files else []
     out.put((len(ids), len(set(ids)), dt.version()))
 
 

@@ -61,16 +61,18 @@ def test_a_delta_commit_outlasts_many_lost_races_with_jittered_backoff(tmp_path,
     real = w._commit_files
 
     def contended(dt, txn, transaction):
-        if len(sleeps) < lost:
+        tries.append(txn.epoch)
+        if len(tries) <= lost:
             raise CommitFailedError("a concurrent commit won (injected)")
         return real(dt, txn, transaction)
 
+    tries: list[int] = []
     sleeps: list[float] = []
     monkeypatch.setattr(w, "_commit_files", contended)
     monkeypatch.setattr(delta_sink.time, "sleep", sleeps.append)
     w.notify_epoch_complete(1)
     assert sorted(r["word"] for r in read_delta(uri)) == ["a", "b"]
-    assert w.commit_stats[-1][0] == lost + 1 and len(sleeps) == lost
+    assert len(tries) == w.commit_stats[-1][0] == lost + 1 and len(sleeps) == lost
     bounds = [min(delta_sink.BACKOFF_CAP_S, delta_sink.BACKOFF_BASE_S * 2 ** i) for i in range(lost)]
     assert all(0.0 <= s <= b for s, b in zip(sleeps, bounds)), (sleeps, bounds)
     assert len(set(sleeps)) == lost  # jittered, not a fixed schedule

@@ -17,7 +17,8 @@ Pre-commit seal at the barrier (task thread: convert the last buffered records, 
 Commit     one ``create_write_transaction`` of the epoch's files with the application
            transaction ``(app id, version = epoch)``, unless ``transaction_version(app id)``
            already holds the epoch (:func:`~epochal.connectors.delta.recovery.decide`):
-           idempotent, and a re-commit of a restored handle checks its files still exist
+           idempotent, and a re-commit of a restored handle checks its files still exist;
+           a commit that lost to concurrent ones asks again after a jittered backoff
 Abort      delete the open transaction's files (never referenced)
 =========  ===============================================================================
 
@@ -30,6 +31,8 @@ which the writer logs when it starts; :meth:`DeltaSink.savepoint_version` tells 
 to rewind the table to first (``DeltaTable.restore``). After a restore, staged files of
 rolled-back epochs are deleted (:func:`~epochal.connectors.delta.recovery.orphans`, decided
 by name: never a file of an epoch a version may reference), by subtask 0 for the whole sink.
+Staged files a stopped job left behind are listed and deleted by ``epochal sinks lingering``
+(:meth:`DeltaSink.lingering`, :mod:`epochal.connectors.leftovers`).
 
 **Zombies.** A task of an older generation still running after a restart can only commit
 handles of completed checkpoints — the same handles the new generation re-commits. Both ask
@@ -61,8 +64,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from epochal.alignment.factory import SinkMode
-from epochal.connectors import leftovers
-from epochal.connectors.delta import client, recovery
+from epochal.connectors.delta import client, lingering, recovery
 from epochal.connectors.staging import RowBuffer, StagedParquet, TableRows
 from epochal.epochs.lineage import LINEAGE_ID
 from epochal.errors import ConfigError
@@ -184,45 +186,14 @@ class DeltaSink(Sink):
             client.check_partition_type(column, table_schema.field(column).type, what)
 
     def lingering(self, job: str, sink: str, promised) -> list[Lingering]:
-        """Staged data files of this job's sink that no table version references
-        (:mod:`~epochal.connectors.leftovers`): of the runs the job's checkpoints name and of
-        those the table's commit history names; those of the latest completed checkpoint's
-        pending epochs are marked promised."""
-        return self._leftovers(job, sink, promised)[0]
+        """Staged data files of this job's sink that no table version references, those of
+        the latest completed checkpoint's pending epochs marked promised
+        (:func:`epochal.connectors.delta.lingering.find`)."""
+        return lingering.find(self, job, sink, promised)[0]
 
     def end_lingering(self, job: str, sink: str, items: list, promised) -> None:
-        """Delete the staged files of ``items`` — each found again, never promised, never
-        referenced by the current version (a file of a foreign name is not touched)."""
-        found, files, referenced = self._leftovers(job, sink, promised)
-        wanted = {item.what for item in items}
-        doomed = [item.what for item in found if not item.promised and item.what in wanted]
-        if not doomed:
-            return
-        deleted = files.delete_unreferenced(doomed, referenced.__contains__)
-        log.info("sink %r (%r): deleted %d lingering staged file(s)", sink, self, deleted)
-
-    def _leftovers(self, job: str, sink: str, promised):
-        """``(lingering items, the table's files, paths the current version references)``."""
-        what = f"sink {sink!r} ({self!r})"
-        files = client.table_files(self.table_uri, self.storage_options)
-        dt = client.open_table(self.table_uri, self.storage_options, what)
-        if dt is None:
-            return [], files, set()
-        prefix = self.prefix(job, sink)
-        lineages = set(promised.lineages) | {promised.lineage}
-        lineages |= {c["epochal.lineage"] for c in dt.history() if isinstance(c.get("epochal.lineage"), str)
-                     and c.get("epochal.job") == job and c.get("epochal.sink") == sink}
-        tags = leftovers.staged_by(prefix, lineages)
-        listed = files.list(keep=lambda name: name.startswith(tuple(f"part-{t}-" for t in tags)),
-                            hidden=client.hidden_dir)
-        referenced = client.referenced(dt)
-
-        def committed(lineage: str, subtasks: set[int]) -> dict[int, int | None]:
-            return {j: dt.transaction_version(recovery.app_id(prefix, j, lineage)) for j in subtasks}
-
-        promises = leftovers.Promises.of(prefix, promised.handles, lambda h: [f["path"] for f in h.files])
-        return (leftovers.lingering(sink, "delta", listed, tags, committed, referenced.__contains__, promises),
-                files, referenced)
+        """Delete the staged files of ``items`` (:func:`epochal.connectors.delta.lingering.end`)."""
+        lingering.end(self, job, sink, items, promised)
 
     def savepoint_version(self, lineage: str, epoch: int) -> int:
         """The table version to rewind to before restoring a savepoint (or checkpoint) of

@@ -49,8 +49,8 @@ from typing import Any
 import pyarrow as pa
 
 from epochal.alignment.factory import SinkMode
-from epochal.connectors import leftovers
-from epochal.connectors.iceberg import client, recovery
+from epochal.connectors.iceberg import client, lingering, recovery
+from epochal.connectors.iceberg.client import ancestry, expired_before  # noqa: F401 - re-exported
 from epochal.connectors.staging import RowBuffer, StagedParquet, TableRows
 from epochal.errors import ConfigError
 from epochal.sinks.base import Sink, SinkCommitError, SinkContext, TwoPhaseCommitSink
@@ -155,54 +155,13 @@ class IcebergSink(Sink):
 
     def lingering(self, job: str, sink: str, promised) -> list[Lingering]:
         """Staged data files of this job's sink in the table's ``data/`` that no snapshot
-        references (:mod:`~epochal.connectors.leftovers`): of the runs the job's checkpoints
-        name and of those the snapshot summaries and table properties name; those of the
-        latest completed checkpoint's pending epochs are marked promised."""
-        return self._leftovers(job, sink, promised)[0]
+        references, those of the latest completed checkpoint's pending epochs marked promised
+        (:func:`epochal.connectors.iceberg.lingering.find`)."""
+        return lingering.find(self, job, sink, promised)[0]
 
     def end_lingering(self, job: str, sink: str, items: list, promised) -> None:
-        """As :meth:`DeltaSink.end_lingering <epochal.connectors.delta.sink.DeltaSink.end_lingering>`."""
-        found, files, referenced = self._leftovers(job, sink, promised)
-        wanted = {item.what for item in items}
-        doomed = [item.what for item in found if not item.promised and item.what in wanted]
-        if not doomed:
-            return
-        deleted = files.delete_unreferenced(doomed, referenced)
-        log.info("sink %r (%r): deleted %d lingering staged file(s)", sink, self, deleted)
-
-    def _leftovers(self, job: str, sink: str, promised):
-        """``(lingering items, the table's files, referenced(rel path))``."""
-        what = f"sink {sink!r} ({self!r})"
-        catalog = self.catalog(what)
-        try:
-            table = client.load_table(catalog, self.identifier, what)
-            if table is None:
-                return [], None, lambda path: True
-            prefix = self.prefix(job, sink)
-            history = list(ancestry(table))
-            recorded = recovery.recorded_epochs(table.metadata.properties)
-            lineages = set(promised.lineages) | {promised.lineage}
-            lineages |= leftovers.lineages_named(prefix, [(props or {}).get(recovery.APP_ID, "") for _, props in history])
-            lineages |= leftovers.lineages_named(prefix, recorded)
-            tags = leftovers.staged_by(prefix, lineages)
-            files, directory = client.data_files(table, what)
-            listed = files.list(directory, keep=lambda name: name.startswith(tuple(f"part-{t}-" for t in tags)))
-            held = ({task.file.file_path for task in table.scan().plan_files()} if table.current_snapshot()
-                    else set())
-
-            def referenced(path: str) -> bool:
-                return client.full_path(table, path) in held
-
-            def committed(lineage: str, subtasks: set[int]) -> dict[int, int | None]:
-                apps = {j: recovery.app_id(prefix, j, lineage) for j in subtasks}
-                epochs = recovery.committed_epochs(history, apps.values(), None, recorded)
-                return {j: epochs[a] for j, a in apps.items()}
-
-            promises = leftovers.Promises.of(prefix, promised.handles, lambda h: h.files)
-            return (leftovers.lingering(sink, "iceberg", listed, tags, committed, referenced, promises),
-                    files, referenced)
-        finally:
-            client.close_catalog(catalog)
+        """Delete the staged files of ``items`` (:func:`epochal.connectors.iceberg.lingering.end`)."""
+        lingering.end(self, job, sink, items, promised)
 
     def savepoint_snapshot(self, lineage: str, epoch: int) -> int | None:
         """The snapshot to roll the table back to before restoring a savepoint (or
@@ -245,39 +204,6 @@ class IcebergSink(Sink):
                               f"{client._short(exc)}") from None
         log.info("%s: created the Iceberg table %s", what, ".".join(self.identifier))
         return table
-
-
-def ancestry(table):
-    """``(snapshot id, summary properties)`` of the current snapshot and its ancestors, newest
-    first; then ``(parent id, recovery.EXPIRED)`` if older snapshots were expired
-    (:func:`expired_before`).
-
-    Linear: the snapshots are indexed once (pyiceberg's ``ancestors_of`` looks each parent up
-    with a scan of every snapshot: quadratic in the table's history)."""
-    current = table.current_snapshot()
-    if current is None:
-        return
-    by_id = {snapshot.snapshot_id: snapshot for snapshot in table.metadata.snapshots}
-    snapshot = current
-    while True:
-        s = snapshot.summary
-        yield snapshot.snapshot_id, (dict(s.additional_properties) if s is not None else None)
-        parent = snapshot.parent_snapshot_id
-        if parent is None:
-            if expired_before(table, snapshot):
-                yield None, recovery.EXPIRED
-            return
-        snapshot = by_id.get(parent)
-        if snapshot is None:
-            yield parent, recovery.EXPIRED
-            return
-
-
-def expired_before(table, root) -> bool:
-    """Whether snapshots older than ``root`` (an ancestor without a parent) were expired:
-    pyiceberg's ``expire_snapshots`` clears the parent id of what remains, but in a format
-    v2 table the first snapshot has sequence number 1 and every commit adds one."""
-    return table.metadata.format_version >= 2 and (root.sequence_number or 0) > 1
 
 
 @dataclass
