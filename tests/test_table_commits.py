@@ -104,10 +104,16 @@ def test_iceberg_epoch_records_stay_bounded_over_many_runs_and_recovery_survives
     (the other committed); every snapshot but the current one is expired; the resume
     commits the missing epoch once and skips the committed one (their records answer).
     A restore of the first run's checkpoint — its record dropped, its snapshots expired —
-    is refused: the table can no longer tell whether it holds that epoch."""
+    is refused: the table can no longer tell whether it holds that epoch. A run that died
+    before its first commit is resumed all the same (it was never pruned), and its resume's
+    own first commit goes in."""
     sink = IcebergSink(iceberg_catalog, "db.t", schema=SCHEMA, keep_lineages=2)
     sink.claim("job", "out", resume=False)
     runs = [Lineage(f"{i:012x}") for i in range(1, 5)]
+    never = sink.create_writer(ctx(0, 2, lineage=Lineage("0eeeeeeeeeee")))  # a run that dies before its commit
+    never.restore(None)
+    never_state = seal(never, 1, ["never-s0-e1"])
+    never.release()
     first_state = states = None
     for run in runs:
         writers = [sink.create_writer(ctx(s, 2, lineage=run)) for s in (0, 1)]
@@ -145,6 +151,14 @@ def test_iceberg_epoch_records_stay_bounded_over_many_runs_and_recovery_survives
         stale.restore(pickle.loads(pickle.dumps(first_state[0])))
     stale.release()
     assert sorted(r["word"] for r in read_iceberg(iceberg_catalog, "db.t")) == want
+    # not refused: the resume of a run that never committed, and a new run's first commit
+    late = sink.create_writer(ctx(0, 2, gen=1, lineage=Lineage("0ddddddddddd", parent="0eeeeeeeeeee", forked_at=1)))
+    late.restore(pickle.loads(pickle.dumps(never_state)))
+    seal(late, 2, ["late-s0-e2"])
+    late.notify_epoch_complete(2)
+    late.release()
+    assert sorted(r["word"] for r in read_iceberg(iceberg_catalog, "db.t")) == sorted(want + ["never-s0-e1",
+                                                                                            "late-s0-e2"])
 
 
 def test_pruning_keeps_the_newest_lineages_the_committer_and_its_parent():
@@ -156,12 +170,21 @@ def test_pruning_keeps_the_newest_lineages_the_committer_and_its_parent():
     sets, removed = recovery.pruned_properties(props, "p", "e" * 12, keep=2, protect={"b" * 12})
     # oldest first: a (unlisted), b, c, then the committer e; a and c go, b is the parent
     assert sets[recovery.lineages_key("p")] == ",".join(["b" * 12, "e" * 12])
-    assert sets[recovery.pruned_key("p")] == "2"
+    assert len(sets[recovery.pruned_key("p")]) == recovery.BLOOM_BITS // 4  # fixed size
+    assert all(recovery.maybe_pruned(sets, "p", x * 12) for x in "ac")
     assert removed == sorted(recovery.property_key(app("p", s, lin)) for lin in ("a" * 12, "c" * 12) for s in (0, 1))
     props[recovery.lineages_key("p")] = ",".join(["b" * 12, "c" * 12, "e" * 12])
     assert recovery.pruned_properties({k: v for k, v in props.items() if "a" * 12 not in k}, "p", "e" * 12,
                                       keep=8) == ({}, [])  # the committer is newest already: no change
-    assert not recovery.forgotten(props, "p", app("p", 0, "a" * 12))  # nothing was pruned yet
-    props[recovery.pruned_key("p")] = "1"
-    assert recovery.forgotten({k: v for k, v in props.items() if "a" * 12 not in k}, "p", app("p", 0, "a" * 12))
-    assert not recovery.forgotten(props, "p", app("p", 0, "e" * 12))  # listed
+    gone = {k: v for k, v in props.items() if "a" * 12 not in k}
+    assert not recovery.forgotten(gone, "p", app("p", 0, "a" * 12))  # nothing was pruned yet: never committed
+    gone[recovery.pruned_key("p")] = sets[recovery.pruned_key("p")]
+    assert recovery.forgotten(gone, "p", app("p", 0, "a" * 12))  # pruned: cannot be told
+    assert not recovery.forgotten(gone, "p", app("p", 0, "f" * 12))  # not pruned, never recorded
+    assert not recovery.forgotten(gone, "p", app("p", 0, "e" * 12))  # listed
+    many = recovery.pruned_properties({}, "p", "0" * 12, keep=1)[0]
+    for i in range(1, 101):  # 100 runs pruned one after the other: the filter stays one size
+        many = {**many, **recovery.pruned_properties(many, "p", f"{i:012x}", keep=1)[0]}
+    assert len(many[recovery.pruned_key("p")]) == recovery.BLOOM_BITS // 4
+    assert all(recovery.maybe_pruned(many, "p", f"{i:012x}") for i in range(100))
+    assert sum(recovery.maybe_pruned(many, "p", f"{i:012x}") for i in range(1000, 3000)) < 40  # few false ones

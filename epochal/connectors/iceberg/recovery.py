@@ -34,6 +34,7 @@ writer (a zombie re-committing the same handle) already added.
 """
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
@@ -52,7 +53,7 @@ from epochal.connectors.delta.recovery import (  # re-exported: the shared decis
     staged_name,
 )
 
-__all__ = ["APP_ID", "EPOCH", "EXPIRED", "forgotten", "lineages_key", "pruned_properties", "pruned_key", "Decision", "ahead_of_restore", "app_id", "committed_epochs", "decide",
+__all__ = ["APP_ID", "EPOCH", "EXPIRED", "forgotten", "lineages_key", "maybe_pruned", "pruned_properties", "pruned_key", "Decision", "ahead_of_restore", "app_id", "committed_epochs", "decide",
            "name_tag", "orphans", "owns", "parse_app_id", "parse_name", "property_key", "recorded_epochs", "recovery_plan",
            "reproduced", "staged_name", "summary"]
 
@@ -141,8 +142,42 @@ def lineages_key(prefix: str) -> str:
 
 
 def pruned_key(prefix: str) -> str:
-    """The table property counting the lineages of ``prefix`` whose records were dropped."""
+    """The table property naming the lineages of ``prefix`` whose records were dropped: a
+    Bloom filter of :data:`BLOOM_BITS` bits in hex (fixed size, however many runs were
+    pruned; it may answer "pruned" for a lineage that was not, never the other way)."""
     return f"{PRUNED}.{prefix}"
+
+
+#: bits of the pruned-lineages Bloom filter (512 hex digits; 3 hashes: about 0.3 % false
+#: "pruned" answers after 100 pruned runs)
+BLOOM_BITS = 2048
+
+
+def _bloom_positions(lineage: str) -> list[int]:
+    digest = hashlib.sha256(lineage.encode()).digest()
+    return [int.from_bytes(digest[4 * i:4 * i + 4], "big") % BLOOM_BITS for i in range(3)]
+
+
+def _bloom(text: str) -> int:
+    try:
+        return int(text, 16) if text else 0
+    except ValueError:
+        return 0
+
+
+def _bloom_with(text: str, lineages: Iterable[str]) -> str:
+    bits = _bloom(text)
+    for lineage in lineages:
+        for position in _bloom_positions(lineage):
+            bits |= 1 << position
+    return f"{bits:0{BLOOM_BITS // 4}x}"
+
+
+def maybe_pruned(properties: Mapping[str, str], prefix: str, lineage: str) -> bool:
+    """Whether ``lineage``'s records may have been dropped (the Bloom filter of
+    :func:`pruned_key`)."""
+    bits = _bloom(properties.get(pruned_key(prefix), ""))
+    return all(bits >> position & 1 for position in _bloom_positions(lineage))
 
 
 def _recorded_lineages(properties: Mapping[str, str], prefix: str) -> dict[str, list[str]]:
@@ -184,16 +219,15 @@ def pruned_properties(properties: Mapping[str, str], prefix: str, lineage: str, 
             drop.append(old)
     changes = {key: ",".join(x for x in order if x not in drop)}
     if drop:
-        count = properties.get(pruned_key(prefix), "0")
-        changes[pruned_key(prefix)] = str((int(count) if count.isdigit() else 0) + len(drop))
+        changes[pruned_key(prefix)] = _bloom_with(properties.get(pruned_key(prefix), ""), drop)
     return changes, sorted(k for old in drop for k in recorded.get(old, []))
 
 
 def forgotten(properties: Mapping[str, str], prefix: str, app: str) -> bool:
     """Whether the record of ``app`` may have been dropped by :func:`pruned_properties`:
-    lineages of ``prefix`` were pruned, and ``app``'s is neither listed nor recorded."""
+    ``app``'s lineage is neither listed nor recorded, and :func:`maybe_pruned`."""
     parsed = parse_app_id(prefix, app)
-    if parsed is None or not parsed[0] or not properties.get(pruned_key(prefix), "0").strip("0"):
+    if parsed is None or not parsed[0] or property_key(app) in properties:
         return False
     listed = properties.get(lineages_key(prefix), "").split(",")
-    return parsed[0] not in listed and property_key(app) not in properties
+    return parsed[0] not in listed and maybe_pruned(properties, prefix, parsed[0])

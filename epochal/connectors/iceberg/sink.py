@@ -446,9 +446,13 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
         return removals
 
     def _check_not_forgotten(self, table, txn: IcebergTransaction) -> None:
-        """The table holds no record of ``txn``'s app id: refuse if that may be because its
-        lineage's record was pruned and its snapshots were expired (it cannot be told whether
-        the epoch was committed; committing could append it twice)."""
+        """The table holds no record of ``txn``'s app id: for a handle of an earlier run (this
+        run's own records are never pruned while it commits), refuse if that may be because
+        its lineage's record was pruned and its snapshots were expired (it cannot be told
+        whether the epoch was committed; committing could append it twice)."""
+        parsed = recovery.parse_app_id(self._prefix, txn.app_id)
+        if parsed is None or parsed[0] == self._lineage:
+            return
         if not recovery.forgotten(table.metadata.properties, self._prefix, txn.app_id):
             return
         if not any(props is recovery.EXPIRED for _, props in ancestry(table)):
@@ -456,8 +460,8 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
         raise SinkCommitError(
             f"{self._where()}: cannot tell whether the Iceberg table {'.'.join(self._sink.identifier)} holds epoch "
             f"{txn.epoch} of app id {txn.app_id!r}: its snapshots were expired and its record was dropped from the "
-            f"table properties after {self._sink.keep_lineages} later runs committed (IcebergSink keep_lineages). "
-            "Restore a newer checkpoint, or check the table and restore with a larger keep_lineages")
+            f"table properties when more than keep_lineages={self._sink.keep_lineages} later runs committed. Restore "
+            "a newer checkpoint (to keep more runs' records from now on, raise IcebergSink(keep_lineages=...))")
 
     def _data_files(self, table, txn: IcebergTransaction) -> list:
         from pyiceberg.io.pyarrow import parquet_file_to_data_file
