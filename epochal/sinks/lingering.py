@@ -3,8 +3,10 @@
 A job that crashed, was cancelled, or was abandoned without a resume can leave two-phase-commit
 sinks' transactions open: a PostgreSQL prepared transaction holds its row locks and VACUUM's
 horizon forever; a Kafka producer's open transaction holds ``read_committed`` readers at the
-last stable offset until ``transaction.timeout.ms`` (15 minutes by default). Flink users
-know this as the lingering-transaction problem, and Flink grew a separate tool for Kafka alone.
+last stable offset until ``transaction.timeout.ms`` (15 minutes by default); a Delta or
+Iceberg sink leaves parquet files staged for epochs that no table version references
+(:mod:`epochal.connectors.leftovers`). Flink users know this as the lingering-transaction
+problem, and Flink grew a separate tool for Kafka alone.
 
 Here each sink answers two questions (:meth:`epochal.sinks.base.Sink.lingering` and
 :meth:`~epochal.sinks.base.Sink.end_lingering`), given :class:`Promised`: what the job's
