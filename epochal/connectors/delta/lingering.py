@@ -26,6 +26,8 @@ def find(sink, job: str, name: str, promised) -> tuple[list[Lingering], object, 
     lineages = set(promised.lineages) | {promised.lineage}
     lineages |= {c["epochal.lineage"] for c in dt.history() if isinstance(c.get("epochal.lineage"), str)
                  and c.get("epochal.job") == job and c.get("epochal.sink") == name}
+    promises = leftovers.Promises.of(prefix, promised.handles, lambda h: [f["path"] for f in h.files])
+    lineages |= {lineage for lineage, _, _ in promises.epochs}  # restored handles of earlier runs
     tags = leftovers.staged_by(prefix, lineages)
     listed = files.list(keep=lambda base: base.startswith(tuple(f"part-{t}-" for t in tags)),
                         hidden=client.hidden_dir)
@@ -34,7 +36,6 @@ def find(sink, job: str, name: str, promised) -> tuple[list[Lingering], object, 
     def committed(lineage: str, subtasks: set[int]) -> dict[int, int | None]:
         return {j: dt.transaction_version(recovery.app_id(prefix, j, lineage)) for j in subtasks}
 
-    promises = leftovers.Promises.of(prefix, promised.handles, lambda h: [f["path"] for f in h.files])
     return (leftovers.lingering(name, "delta", listed, tags, committed, referenced.__contains__, promises),
             files, referenced)
 

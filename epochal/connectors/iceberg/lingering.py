@@ -29,6 +29,8 @@ def find(sink, job: str, name: str, promised):
         lineages = set(promised.lineages) | {promised.lineage}
         lineages |= leftovers.lineages_named(prefix, [(props or {}).get(recovery.APP_ID, "") for _, props in history])
         lineages |= leftovers.lineages_named(prefix, recorded)
+        promises = leftovers.Promises.of(prefix, promised.handles, lambda h: h.files)
+        lineages |= {lineage for lineage, _, _ in promises.epochs}  # restored handles of earlier runs
         tags = leftovers.staged_by(prefix, lineages)
         files, directory = client.data_files(table, what)
         listed = files.list(directory, keep=lambda base: base.startswith(tuple(f"part-{t}-" for t in tags)))
@@ -42,7 +44,6 @@ def find(sink, job: str, name: str, promised):
             epochs = recovery.committed_epochs(history, apps.values(), None, recorded)
             return {j: epochs[a] for j, a in apps.items()}
 
-        promises = leftovers.Promises.of(prefix, promised.handles, lambda h: h.files)
         return leftovers.lingering(name, "iceberg", listed, tags, committed, referenced, promises), files, referenced
     finally:
         client.close_catalog(catalog)
