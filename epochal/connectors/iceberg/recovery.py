@@ -148,7 +148,7 @@ def pruned_key(prefix: str) -> str:
     return f"{PRUNED}.{prefix}"
 
 
-#: bits of the pruned-lineages Bloom filter (512 hex digits; 3 hashes: about 0.3 % false
+#: bits of the pruned-lineages Bloom filter (512 hex digits; 3 hashes: 0.2 % false
 #: "pruned" answers after 100 pruned runs)
 BLOOM_BITS = 2048
 
