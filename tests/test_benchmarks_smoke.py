@@ -261,3 +261,15 @@ def test_iceberg_contention_smoke(tmp_path):
     runs = json.loads(out.read_text())["runs"]
     assert [r["mode"] for r in runs] == ["backoff", "no-backoff"]
     assert all(r["exactly_once"] and r["commits"] == 8 and r["attempts"]["max"] >= 1 for r in runs)
+
+
+@pytest.mark.bench
+def test_delta_contention_smoke(tmp_path):
+    """benchmarks/delta_contention.py --smoke: 4 writer processes commit 2 epochs at once."""
+    out = tmp_path / "delta_contention.json"
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "delta_contention.py"), "--smoke", "--out", str(out),
+                           "--tmp", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["mode"] for r in runs] == ["backoff", "no-backoff"]
+    assert all(r["exactly_once"] and r["commits"] == 8 and r["attempts"]["max"] >= 1 for r in runs)

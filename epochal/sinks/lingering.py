@@ -3,8 +3,10 @@
 A job that crashed, was cancelled, or was abandoned without a resume can leave two-phase-commit
 sinks' transactions open: a PostgreSQL prepared transaction holds its row locks and VACUUM's
 horizon forever; a Kafka producer's open transaction holds ``read_committed`` readers at the
-last stable offset until ``transaction.timeout.ms`` (15 minutes by default). Flink users
-know this as the lingering-transaction problem, and Flink grew a separate tool for Kafka alone.
+last stable offset until ``transaction.timeout.ms`` (15 minutes by default); a Delta or
+Iceberg sink leaves parquet files staged for epochs that no table version references
+(:mod:`epochal.connectors.leftovers`). Flink users know this as the lingering-transaction
+problem, and Flink grew a separate tool for Kafka alone.
 
 Here each sink answers two questions (:meth:`epochal.sinks.base.Sink.lingering` and
 :meth:`~epochal.sinks.base.Sink.end_lingering`), given :class:`Promised`: what the job's
@@ -37,12 +39,15 @@ class Lingering:
 class Promised:
     """What the job's latest completed checkpoint says about one sink: its ``epoch`` and
     ``lineage`` (None, "": no checkpoint), the sink's ``parallelism`` then, and every pending
-    (pre-committed, maybe uncommitted) transaction handle it holds."""
+    (pre-committed, maybe uncommitted) transaction handle it holds. ``lineages``: every
+    lineage a completed checkpoint still in the storage names, the latest's included (runs
+    whose leftovers a sink may look for)."""
 
     epoch: int | None = None
     lineage: str = ""
     parallelism: int = 1
     handles: tuple = field(default_factory=tuple)
+    lineages: tuple = field(default_factory=tuple)
 
 
 def promised_by(storage_url: str, job: str, sink: str, parallelism: int) -> Promised:
@@ -55,6 +60,11 @@ def promised_by(storage_url: str, job: str, sink: str, parallelism: int) -> Prom
     storage = CheckpointStorage(storage_url, job)
     if storage.latest_completed() is None:
         return Promised(parallelism=parallelism)
+    lineages = set()
+    for epoch in storage.completed_checkpoints():
+        doc = storage.load_metadata(epoch)
+        if doc is not None:
+            lineages.add(lineage_of(doc["meta"]))
     point = open_checkpoint(storage.root_url)
     handles, width = [], 0
     for task, info in point.tasks.items():
@@ -64,7 +74,8 @@ def promised_by(storage_url: str, job: str, sink: str, parallelism: int) -> Prom
         state = point.task_state(task).get("operators", {}).get(sink)
         for _, handle in getattr(state, "pending", ()) or ():
             handles.append(handle)
-    return Promised(point.epoch, lineage_of(point.meta), width or parallelism, tuple(handles))
+    lineages.add(lineage_of(point.meta))
+    return Promised(point.epoch, lineage_of(point.meta), width or parallelism, tuple(handles), tuple(sorted(lineages)))
 
 
 def find(flow, storage_url: str) -> list[Lingering]:

@@ -16,7 +16,8 @@ newest completed checkpoint). A missing or damaged file is an error naming the f
 importable (set PYTHONPATH), and read only checkpoints you trust.
 
 ``sinks lingering`` lists what the job's sinks left open in their external systems (Kafka
-transactional ids that may hold open transactions, PostgreSQL prepared transactions) and,
+transactional ids that may hold open transactions, PostgreSQL prepared transactions, Delta
+and Iceberg data files staged for epochs no table version references) and,
 with ``--abort``, ends everything the latest completed checkpoint does not promise
 (:mod:`epochal.sinks.lingering`). The sinks' settings (servers, DSNs) come from the dataflow:
 ``--dataflow path/to/script.py:name`` (the script is run with ``__name__`` other than

@@ -157,6 +157,14 @@ def hidden_dir(name: str) -> bool:
     return name.startswith(".") or (name.startswith("_") and "=" not in name)
 
 
+def referenced(dt) -> set[str]:
+    """Relative paths of the files the table's current version references."""
+    from urllib.parse import unquote
+
+    actions = pa.table(dt.get_add_actions(flatten=False))
+    return {unquote(p) for p in actions.column("path").to_pylist()}
+
+
 def table_files(uri: str, storage_options: dict | None) -> TableFiles:
     """The files of the table at ``uri``: the local directory, or the store through
     delta-rs's own file system (same storage options as the table)."""

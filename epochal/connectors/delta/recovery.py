@@ -47,6 +47,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from epochal.epochs.lineage import LEGACY, LINEAGE_ID
+
 
 class Decision(enum.Enum):
     """What :meth:`~epochal.connectors.delta.sink.DeltaSinkWriter.commit` does with an epoch."""
@@ -59,6 +61,18 @@ def app_id(prefix: str, subtask: int, lineage: str = "") -> str:
     """The Delta application id of sink subtask ``subtask`` in ``lineage`` (""
     names the app ids of versions before lineages); its version is the epoch."""
     return f"{prefix}-{lineage}-{subtask}" if lineage else f"{prefix}-{subtask}"
+
+
+def parse_app_id(prefix: str, app: str) -> tuple[str, int] | None:
+    """``(lineage, subtask)`` of an :func:`app_id` of ``prefix`` (lineage "" for app ids of
+    versions before lineages), None for an app id of another prefix."""
+    if not app.startswith(prefix + "-"):
+        return None
+    rest = app[len(prefix) + 1:]
+    if rest.isdigit():
+        return LEGACY, int(rest)
+    lineage, _, subtask = rest.partition("-")
+    return (lineage, int(subtask)) if LINEAGE_ID.match(lineage) and subtask.isdigit() else None
 
 
 def name_tag(prefix: str, lineage: str = "") -> str:

@@ -17,7 +17,8 @@ Pre-commit seal at the barrier (task thread: convert the last buffered records, 
 Commit     one ``create_write_transaction`` of the epoch's files with the application
            transaction ``(app id, version = epoch)``, unless ``transaction_version(app id)``
            already holds the epoch (:func:`~epochal.connectors.delta.recovery.decide`):
-           idempotent, and a re-commit of a restored handle checks its files still exist
+           idempotent, and a re-commit of a restored handle checks its files still exist;
+           a commit that lost to concurrent ones asks again after a jittered backoff
 Abort      delete the open transaction's files (never referenced)
 =========  ===============================================================================
 
@@ -30,6 +31,8 @@ which the writer logs when it starts; :meth:`DeltaSink.savepoint_version` tells 
 to rewind the table to first (``DeltaTable.restore``). After a restore, staged files of
 rolled-back epochs are deleted (:func:`~epochal.connectors.delta.recovery.orphans`, decided
 by name: never a file of an epoch a version may reference), by subtask 0 for the whole sink.
+Staged files a stopped job left behind are listed and deleted by ``epochal sinks lingering``
+(:meth:`DeltaSink.lingering`, :mod:`epochal.connectors.leftovers`).
 
 **Zombies.** A task of an older generation still running after a restart can only commit
 handles of completed checkpoints — the same handles the new generation re-commits. Both ask
@@ -52,24 +55,36 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import random
+import time
 import uuid
 from dataclasses import dataclass, field
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from epochal.alignment.factory import SinkMode
-from epochal.connectors.delta import client, recovery
+from epochal.connectors.delta import client, lingering, recovery
 from epochal.connectors.staging import RowBuffer, StagedParquet, TableRows
 from epochal.epochs.lineage import LINEAGE_ID
 from epochal.errors import ConfigError
 from epochal.sinks.base import Sink, SinkCommitError, SinkContext, TwoPhaseCommitSink
+from epochal.sinks.lingering import Lingering
 
 log = logging.getLogger("epochal")
 
-#: commits of one epoch tried before giving up (each after asking Delta again)
-COMMIT_ATTEMPTS = 8
+#: how long one epoch's commit keeps trying after losing to concurrent commits
+COMMIT_DEADLINE_S = 120.0
+#: the first backoff bound and its cap (seconds): see :func:`backoff`
+BACKOFF_BASE_S, BACKOFF_CAP_S = 0.02, 0.5
+
+
+def backoff(attempt: int, rng: random.Random = random._inst) -> float:
+    """Seconds to wait before commit attempt ``attempt + 1``: uniform in ``[0, bound]`` with
+    the bound doubling from :data:`BACKOFF_BASE_S` up to :data:`BACKOFF_CAP_S` ("full
+    jitter", as :func:`epochal.connectors.iceberg.sink.backoff`): subtasks that lost to each
+    other spread out instead of colliding again."""
+    return rng.uniform(0.0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (attempt - 1)))
 
 
 class DeltaSink(Sink):
@@ -170,6 +185,16 @@ class DeltaSink(Sink):
         for column in columns:
             client.check_partition_type(column, table_schema.field(column).type, what)
 
+    def lingering(self, job: str, sink: str, promised) -> list[Lingering]:
+        """Staged data files of this job's sink that no table version references, those of
+        the latest completed checkpoint's pending epochs marked promised
+        (:func:`epochal.connectors.delta.lingering.find`)."""
+        return lingering.find(self, job, sink, promised)[0]
+
+    def end_lingering(self, job: str, sink: str, items: list, promised) -> None:
+        """Delete the staged files of ``items`` (:func:`epochal.connectors.delta.lingering.end`)."""
+        lingering.end(self, job, sink, items, promised)
+
     def savepoint_version(self, lineage: str, epoch: int) -> int:
         """The table version to rewind to before restoring a savepoint (or checkpoint) of
         epoch ``epoch`` written by lineage ``lineage`` (the ``lineage`` and ``epoch`` of its
@@ -247,6 +272,8 @@ class DeltaSinkWriter(TableRows, TwoPhaseCommitSink):
         self._parts: dict[tuple, StagedParquet] = {}  # partition values -> open data file
         self._fresh: set[int] = set()  # epochs pre-committed by this writer (their files exist)
         self._version: int | None = None  # the table version of this writer's last commit
+        #: ``(attempts, seconds)`` of each exactly-once commit this writer made (benchmarks read it)
+        self.commit_stats: list[tuple[int, float]] = []
 
     # ------------------------------------------------------------------ hooks
 
@@ -272,7 +299,10 @@ class DeltaSinkWriter(TableRows, TwoPhaseCommitSink):
         3. Otherwise ask Delta for the app id's version; skip the epoch if it holds it.
         4. A handle this writer did not pre-commit (restored, rescaled): its files must exist.
         5. Commit the files with ``Transaction(app id, epoch)``; when a concurrent commit
-           wins (``CommitFailedError``: a zombie, or other writers' commits), go to 3 again.
+           wins (``CommitFailedError``: a zombie, or other subtasks' commits beyond
+           delta-rs's own immediate retries), wait a random time up to a bound that doubles
+           each time (:func:`backoff`: full jitter, so contending subtasks spread out) and
+           go to 3 again, until :data:`COMMIT_DEADLINE_S`.
         """
         # Step 1
         if not txn.files:
@@ -284,7 +314,14 @@ class DeltaSinkWriter(TableRows, TwoPhaseCommitSink):
             return
         checked = txn.epoch in self._fresh
         failure = None
-        for _ in range(COMMIT_ATTEMPTS):
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            if attempt:
+                if time.monotonic() - started > COMMIT_DEADLINE_S:
+                    break
+                time.sleep(backoff(attempt))
+            attempt += 1
             # Step 3
             dt = self._refresh()
             held = dt.transaction_version(txn.app_id)
@@ -302,12 +339,13 @@ class DeltaSinkWriter(TableRows, TwoPhaseCommitSink):
             try:
                 self._commit_files(dt, txn, self._dl.Transaction(txn.app_id, txn.epoch))
                 self._fresh.discard(txn.epoch)
+                self.commit_stats.append((attempt, time.monotonic() - started))
                 return
             except self._dl.exceptions.CommitFailedError as exc:
                 failure = exc
             except Exception as exc:
                 raise self._commit_error(txn, exc) from exc
-        raise self._commit_error(txn, failure)
+        raise self._commit_error(txn, failure, f" after {attempt} attempts in {COMMIT_DEADLINE_S:.0f} s")
 
     def abort(self, txn: DeltaTransaction) -> None:
         parts, self._parts = self._parts, {}
@@ -391,8 +429,7 @@ class DeltaSinkWriter(TableRows, TwoPhaseCommitSink):
 
     def _referenced(self, dt) -> set[str]:
         """Relative paths of the files the current version references."""
-        actions = pa.table(dt.get_add_actions(flatten=False))
-        return {unquote(p) for p in actions.column("path").to_pylist()}
+        return client.referenced(dt)
 
     def _commit_files(self, dt, txn: DeltaTransaction, transaction) -> None:
         dl = self._dl
@@ -443,9 +480,9 @@ class DeltaSinkWriter(TableRows, TwoPhaseCommitSink):
         except Exception as exc:
             raise self._commit_error(txn, exc) from exc
 
-    def _commit_error(self, txn: DeltaTransaction, exc) -> SinkCommitError:
+    def _commit_error(self, txn: DeltaTransaction, exc, how: str = "") -> SinkCommitError:
         return SinkCommitError(f"{self._where()}: committing epoch {txn.epoch} to the Delta table "
-                               f"{self._sink.table_uri} failed: {client._short(exc)}")
+                               f"{self._sink.table_uri} failed{how}: {client._short(exc)}")
 
     # ------------------------------------------------------------------ data files
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import pyarrow as pa
 
+from epochal.connectors.iceberg.recovery import EXPIRED
 from epochal.connectors.staging import TableFiles
 from epochal.errors import ConfigError
 
@@ -82,6 +83,13 @@ def require_table(catalog, identifier: tuple[str, ...], what: str):
         raise ConfigError(f"{what}: the Iceberg catalog has no table {'.'.join(identifier)}; check the name, or "
                           "pass IcebergSink(..., schema=pyarrow.schema([...])) to create it")
     return table
+
+
+def close_catalog(catalog) -> None:
+    """Release a catalog's connections (a SQL catalog's engine pool); None is fine."""
+    engine = getattr(catalog, "engine", None)
+    if engine is not None and hasattr(engine, "dispose"):
+        engine.dispose()
 
 
 def retries_disabled(table) -> bool:
@@ -158,3 +166,36 @@ def _describe(properties: dict) -> str:
 def _short(exc: BaseException, limit: int = 300) -> str:
     text = redact(" ".join(str(exc).split()))
     return f"{type(exc).__name__}: {text[:limit]}"
+
+
+def ancestry(table):
+    """``(snapshot id, summary properties)`` of the current snapshot and its ancestors, newest
+    first; then ``(parent id, EXPIRED)`` if older snapshots were expired
+    (:func:`expired_before`).
+
+    Linear: the snapshots are indexed once (pyiceberg's ``ancestors_of`` looks each parent up
+    with a scan of every snapshot: quadratic in the table's history)."""
+    current = table.current_snapshot()
+    if current is None:
+        return
+    by_id = {snapshot.snapshot_id: snapshot for snapshot in table.metadata.snapshots}
+    snapshot = current
+    while True:
+        s = snapshot.summary
+        yield snapshot.snapshot_id, (dict(s.additional_properties) if s is not None else None)
+        parent = snapshot.parent_snapshot_id
+        if parent is None:
+            if expired_before(table, snapshot):
+                yield None, EXPIRED
+            return
+        snapshot = by_id.get(parent)
+        if snapshot is None:
+            yield parent, EXPIRED
+            return
+
+
+def expired_before(table, root) -> bool:
+    """Whether snapshots older than ``root`` (an ancestor without a parent) were expired:
+    pyiceberg's ``expire_snapshots`` clears the parent id of what remains, but in a format
+    v2 table the first snapshot has sequence number 1 and every commit adds one."""
+    return table.metadata.format_version >= 2 and (root.sequence_number or 0) > 1

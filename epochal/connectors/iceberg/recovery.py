@@ -13,7 +13,13 @@ because a rollback of the table (``manage_snapshots().rollback_to``, to rewind i
 savepoint) moves the current snapshot back but not the properties.
 
 App ids name the run (:mod:`epochal.epochs.lineage`): ``<prefix>-<lineage>-<subtask>``, as
-the Delta sink's.
+the Delta sink's. Every run adds one such property per sink subtask, so a job rerun many
+times would grow the table's properties without bound: the commits also keep the list of
+the prefix's most recent lineages (:func:`lineages_key`, newest last) and drop the
+properties of lineages beyond the newest ``keep`` (:func:`pruned_properties`) — never those
+of the committing run or of the run it restored. A restore that needs a dropped record
+(its lineage was pruned *and* its snapshots expired) cannot tell what the table holds:
+:func:`forgotten` says so, and the writer refuses rather than guess.
 
 Everything else — deciding to commit or skip an epoch, the restore check, which staged
 files are orphans — is the same decision as the Delta sink's, with the committed epoch in
@@ -28,6 +34,7 @@ writer (a zombie re-committing the same handle) already added.
 """
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
@@ -39,14 +46,15 @@ from epochal.connectors.delta.recovery import (  # re-exported: the shared decis
     name_tag,
     orphans,
     owns,
+    parse_app_id,
     parse_name,
     recovery_plan,
     reproduced,
     staged_name,
 )
 
-__all__ = ["APP_ID", "EPOCH", "EXPIRED", "Decision", "ahead_of_restore", "app_id", "committed_epochs", "decide",
-           "name_tag", "orphans", "owns", "parse_name", "property_key", "recorded_epochs", "recovery_plan",
+__all__ = ["APP_ID", "EPOCH", "EXPIRED", "forgotten", "lineages_key", "maybe_pruned", "pruned_properties", "pruned_key", "Decision", "ahead_of_restore", "app_id", "committed_epochs", "decide",
+           "name_tag", "orphans", "owns", "parse_app_id", "parse_name", "property_key", "recorded_epochs", "recovery_plan",
            "reproduced", "staged_name", "summary"]
 
 APP_ID = "epochal.app-id"
@@ -122,3 +130,104 @@ def recorded_epochs(properties: Mapping[str, str]) -> dict[str, int]:
             except (TypeError, ValueError):
                 continue
     return out
+
+
+LINEAGES = "epochal.lineages"
+PRUNED = "epochal.pruned"
+
+
+def lineages_key(prefix: str) -> str:
+    """The table property listing the most recent lineages of ``prefix``, newest last."""
+    return f"{LINEAGES}.{prefix}"
+
+
+def pruned_key(prefix: str) -> str:
+    """The table property naming the lineages of ``prefix`` whose records were dropped: a
+    Bloom filter of :data:`BLOOM_BITS` bits in hex (fixed size, however many runs were
+    pruned; it may answer "pruned" for a lineage that was not, never the other way)."""
+    return f"{PRUNED}.{prefix}"
+
+
+#: bits of the pruned-lineages Bloom filter (512 hex digits; 3 hashes: 0.2 % false
+#: "pruned" answers after 100 pruned runs)
+BLOOM_BITS = 2048
+
+
+def _bloom_positions(lineage: str) -> list[int]:
+    digest = hashlib.sha256(lineage.encode()).digest()
+    return [int.from_bytes(digest[4 * i:4 * i + 4], "big") % BLOOM_BITS for i in range(3)]
+
+
+def _bloom(text: str) -> int:
+    try:
+        return int(text, 16) if text else 0
+    except ValueError:
+        return 0
+
+
+def _bloom_with(text: str, lineages: Iterable[str]) -> str:
+    bits = _bloom(text)
+    for lineage in lineages:
+        for position in _bloom_positions(lineage):
+            bits |= 1 << position
+    return f"{bits:0{BLOOM_BITS // 4}x}"
+
+
+def maybe_pruned(properties: Mapping[str, str], prefix: str, lineage: str) -> bool:
+    """Whether ``lineage``'s records may have been dropped (the Bloom filter of
+    :func:`pruned_key`)."""
+    bits = _bloom(properties.get(pruned_key(prefix), ""))
+    return all(bits >> position & 1 for position in _bloom_positions(lineage))
+
+
+def _recorded_lineages(properties: Mapping[str, str], prefix: str) -> dict[str, list[str]]:
+    """Lineage → the keys of its :func:`property_key` records under ``prefix`` (the legacy
+    lineage "" is left out: it is never pruned)."""
+    out: dict[str, list[str]] = {}
+    for key in properties:
+        if key.startswith(EPOCH + "."):
+            parsed = parse_app_id(prefix, key[len(EPOCH) + 1:])
+            if parsed is not None and parsed[0]:
+                out.setdefault(parsed[0], []).append(key)
+    return out
+
+
+def pruned_properties(properties: Mapping[str, str], prefix: str, lineage: str, keep: int,
+                      protect: Iterable[str] = ()) -> tuple[dict[str, str], list[str]]:
+    """The property changes an epoch commit under ``lineage`` makes besides its own record:
+    ``(properties to set, property keys to remove)``.
+
+    The lineages of ``prefix`` are ordered oldest first: lineages with records but not in the
+    list (tables written before the list existed) first, then the list, with ``lineage``
+    moved to the end. Beyond the newest ``keep``, the oldest lineages' records are dropped,
+    except ``lineage`` and ``protect`` (the run's parent: a failure restart may restore its
+    checkpoint again). Nothing changes when ``lineage`` is newest already (the common case:
+    every commit of a run after its first)."""
+    key = lineages_key(prefix)
+    listed = [x for x in properties.get(key, "").split(",") if x]
+    recorded = _recorded_lineages(properties, prefix)
+    order = sorted(x for x in recorded if x not in listed and x != lineage) + [x for x in listed if x != lineage]
+    order.append(lineage)
+    if order == listed:
+        return {}, []
+    keeping = set(protect) | {lineage}
+    drop: list[str] = []
+    for old in order:
+        if len(order) - len(drop) <= keep:
+            break
+        if old not in keeping:
+            drop.append(old)
+    changes = {key: ",".join(x for x in order if x not in drop)}
+    if drop:
+        changes[pruned_key(prefix)] = _bloom_with(properties.get(pruned_key(prefix), ""), drop)
+    return changes, sorted(k for old in drop for k in recorded.get(old, []))
+
+
+def forgotten(properties: Mapping[str, str], prefix: str, app: str) -> bool:
+    """Whether the record of ``app`` may have been dropped by :func:`pruned_properties`:
+    ``app``'s lineage is neither listed nor recorded, and :func:`maybe_pruned`."""
+    parsed = parse_app_id(prefix, app)
+    if parsed is None or not parsed[0] or property_key(app) in properties:
+        return False
+    listed = properties.get(lineages_key(prefix), "").split(",")
+    return parsed[0] not in listed and maybe_pruned(properties, prefix, parsed[0])

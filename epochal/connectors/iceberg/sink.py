@@ -49,10 +49,12 @@ from typing import Any
 import pyarrow as pa
 
 from epochal.alignment.factory import SinkMode
-from epochal.connectors.iceberg import client, recovery
+from epochal.connectors.iceberg import client, lingering, recovery
+from epochal.connectors.iceberg.client import ancestry, expired_before  # noqa: F401 - re-exported
 from epochal.connectors.staging import RowBuffer, StagedParquet, TableRows
 from epochal.errors import ConfigError
 from epochal.sinks.base import Sink, SinkCommitError, SinkContext, TwoPhaseCommitSink
+from epochal.sinks.lingering import Lingering
 
 log = logging.getLogger("epochal")
 
@@ -60,6 +62,8 @@ log = logging.getLogger("epochal")
 COMMIT_DEADLINE_S = 120.0
 #: the first backoff bound and its cap (seconds): see :func:`backoff`
 BACKOFF_BASE_S, BACKOFF_CAP_S = 0.02, 0.5
+#: runs whose epoch records the table properties keep, by default (``IcebergSink(keep_lineages=)``)
+KEEP_LINEAGES = 8
 
 
 def backoff(attempt: int, rng: random.Random = random._inst) -> float:
@@ -80,8 +84,12 @@ class IcebergSink(Sink):
         schema: a ``pyarrow.Schema``. A missing table (and namespace) is created with it
             when the job starts, with ``commit.retry.num-retries=0``; an existing table must
             have it. None: the table must exist.
-        app_id: prefix of the app ids in snapshot summaries (``f"{app_id}-{subtask}"``);
+        app_id: prefix of the app ids in snapshot summaries (``f"{app_id}-{lineage}-{subtask}"``);
             default ``f"epochal-{job}-{sink}"`` (see :class:`~epochal.sinks.DeltaSink`).
+        keep_lineages: how many runs' (lineages') epoch records the table properties keep
+            per app id prefix (one property per sink subtask and run); older runs' records are
+            dropped as newer runs commit. A restore of a checkpoint of a dropped run whose
+            snapshots were also expired is refused (it cannot be told what the table holds).
 
     Records: dicts, named tuples, or plain tuples in column order; a columnar stream writes
     its Arrow batches (cast to the table schema).
@@ -92,8 +100,13 @@ class IcebergSink(Sink):
             a different schema, a partitioned table, or retries not disabled.
     """
 
-    def __init__(self, catalog, table, *, schema: pa.Schema | None = None, app_id: str | None = None):
+    def __init__(self, catalog, table, *, schema: pa.Schema | None = None, app_id: str | None = None,
+                 keep_lineages: int = KEEP_LINEAGES):
         what = "IcebergSink"
+        if isinstance(keep_lineages, bool) or not isinstance(keep_lineages, int) or keep_lineages < 1:
+            raise ConfigError(f"{what} keep_lineages: expected a positive int (runs whose epoch records the table "
+                              f"properties keep), got {keep_lineages!r}")
+        self.keep_lineages = keep_lineages
         self.catalog_name, self.catalog_properties = client.check_catalog(catalog, what)
         self.identifier = client.check_identifier(table, what)
         if schema is not None and not isinstance(schema, pa.Schema):
@@ -140,6 +153,16 @@ class IcebergSink(Sink):
             if diffs:
                 raise ConfigError(f"{what}: the schema differs from the Iceberg table's: {'; '.join(diffs)}")
 
+    def lingering(self, job: str, sink: str, promised) -> list[Lingering]:
+        """Staged data files of this job's sink in the table's ``data/`` that no snapshot
+        references, those of the latest completed checkpoint's pending epochs marked promised
+        (:func:`epochal.connectors.iceberg.lingering.find`)."""
+        return lingering.find(self, job, sink, promised)[0]
+
+    def end_lingering(self, job: str, sink: str, items: list, promised) -> None:
+        """Delete the staged files of ``items`` (:func:`epochal.connectors.iceberg.lingering.end`)."""
+        lingering.end(self, job, sink, items, promised)
+
     def savepoint_snapshot(self, lineage: str, epoch: int) -> int | None:
         """The snapshot to roll the table back to before restoring a savepoint (or
         checkpoint) of epoch ``epoch`` written by lineage ``lineage`` (its ``_metadata``'s
@@ -181,39 +204,6 @@ class IcebergSink(Sink):
                               f"{client._short(exc)}") from None
         log.info("%s: created the Iceberg table %s", what, ".".join(self.identifier))
         return table
-
-
-def ancestry(table):
-    """``(snapshot id, summary properties)`` of the current snapshot and its ancestors, newest
-    first; then ``(parent id, recovery.EXPIRED)`` if older snapshots were expired
-    (:func:`expired_before`).
-
-    Linear: the snapshots are indexed once (pyiceberg's ``ancestors_of`` looks each parent up
-    with a scan of every snapshot: quadratic in the table's history)."""
-    current = table.current_snapshot()
-    if current is None:
-        return
-    by_id = {snapshot.snapshot_id: snapshot for snapshot in table.metadata.snapshots}
-    snapshot = current
-    while True:
-        s = snapshot.summary
-        yield snapshot.snapshot_id, (dict(s.additional_properties) if s is not None else None)
-        parent = snapshot.parent_snapshot_id
-        if parent is None:
-            if expired_before(table, snapshot):
-                yield None, recovery.EXPIRED
-            return
-        snapshot = by_id.get(parent)
-        if snapshot is None:
-            yield parent, recovery.EXPIRED
-            return
-
-
-def expired_before(table, root) -> bool:
-    """Whether snapshots older than ``root`` (an ancestor without a parent) were expired:
-    pyiceberg's ``expire_snapshots`` clears the parent id of what remains, but in a format
-    v2 table the first snapshot has sequence number 1 and every commit adds one."""
-    return table.metadata.format_version >= 2 and (root.sequence_number or 0) > 1
 
 
 @dataclass
@@ -309,7 +299,7 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
                 raise SinkCommitError(f"{self._where()}: the Iceberg table {'.'.join(self._sink.identifier)} no "
                                       f"longer has {client.RETRIES}=0; committing could duplicate an epoch")
             # Step 3
-            props, table_props = {}, {}
+            props, table_props, removals = {}, {}, []
             if txn.app_id is not None:
                 held = self._committed(table, txn.app_id)
                 if recovery.decide(txn.epoch, held) is recovery.Decision.ALREADY_COMMITTED:
@@ -318,12 +308,17 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
                     log.info("%s: epoch %d of %s is already in the Iceberg table, skipped", self._where(), txn.epoch,
                              txn.app_id)
                     return
+                if held is None:
+                    self._check_not_forgotten(table, txn)
                 props = recovery.summary(txn.app_id, txn.epoch, self.ctx.job, self.ctx.sink_name, self.ctx.generation)
                 table_props = {recovery.property_key(txn.app_id): str(txn.epoch)}
+                removals = self._prune(table, txn.app_id, table_props)
             # Step 4
             data_files = self._data_files(table, txn)
             try:
                 with table.transaction() as tx:
+                    if removals:
+                        tx.remove_properties(*removals)
                     if table_props:
                         tx.set_properties(table_props)
                     with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
@@ -356,9 +351,7 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
         part, self._part = self._part, None
         if part is not None:
             part.discard()
-        engine = getattr(getattr(self, "_catalog", None), "engine", None)
-        if engine is not None and hasattr(engine, "dispose"):
-            engine.dispose()
+        client.close_catalog(getattr(self, "_catalog", None))
         self._table = self._catalog = None
 
     def cleanup_orphans(self, restored_epoch: int) -> None:
@@ -434,6 +427,41 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
         if current is not None:
             self._known[app] = (current.snapshot_id, epochs[app])
         return epochs[app]
+
+    def _prune(self, table, app: str, changes: dict[str, str]) -> list[str]:
+        """Add to ``changes`` the recent-lineages list with ``app``'s lineage newest; return the
+        property keys of lineages beyond the sink's ``keep_lineages`` to remove
+        (:func:`~epochal.connectors.iceberg.recovery.pruned_properties`; never this run's or
+        its parent's). Nothing for a legacy app id."""
+        parsed = recovery.parse_app_id(self._prefix, app)
+        if parsed is None or not parsed[0]:
+            return []
+        protect = {self._lineage} | ({self._parent} if self._parent else set())
+        more, removals = recovery.pruned_properties(table.metadata.properties, self._prefix, parsed[0],
+                                                    self._sink.keep_lineages, protect)
+        changes.update(more)
+        if removals:
+            log.info("%s: dropping the epoch records of %d old app id(s) of %s from the Iceberg table's properties "
+                     "(keep_lineages=%d)", self._where(), len(removals), self._prefix, self._sink.keep_lineages)
+        return removals
+
+    def _check_not_forgotten(self, table, txn: IcebergTransaction) -> None:
+        """The table holds no record of ``txn``'s app id: for a handle of an earlier run (this
+        run's own records are never pruned while it commits), refuse if that may be because
+        its lineage's record was pruned and its snapshots were expired (it cannot be told
+        whether the epoch was committed; committing could append it twice)."""
+        parsed = recovery.parse_app_id(self._prefix, txn.app_id)
+        if parsed is None or parsed[0] == self._lineage:
+            return
+        if not recovery.forgotten(table.metadata.properties, self._prefix, txn.app_id):
+            return
+        if not any(props is recovery.EXPIRED for _, props in ancestry(table)):
+            return  # the whole history is there: no record means never committed
+        raise SinkCommitError(
+            f"{self._where()}: cannot tell whether the Iceberg table {'.'.join(self._sink.identifier)} holds epoch "
+            f"{txn.epoch} of app id {txn.app_id!r}: its snapshots were expired and its record was dropped from the "
+            f"table properties when more than keep_lineages={self._sink.keep_lineages} later runs committed. Restore "
+            "a newer checkpoint (to keep more runs' records from now on, raise IcebergSink(keep_lineages=...))")
 
     def _data_files(self, table, txn: IcebergTransaction) -> list:
         from pyiceberg.io.pyarrow import parquet_file_to_data_file
