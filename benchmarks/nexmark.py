@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 import nexmark_queries as nq  # noqa: E402
 
-QUERIES = ("q1", "q2", "q3", "q7", "q8")
+QUERIES = ("q1", "q2", "q3", "q4", "q5", "q7", "q8")
 
 
 def _ship_queries() -> None:
@@ -111,7 +111,7 @@ def write_parquet(n: int, work: str, files: int = 8) -> str:
         pq.write_table(pa.Table.from_pylist(rows, schema=schema), os.path.join(d, f"part-{k:04d}.parquet"))
     t_far = nq.T0_MS + n * 1000 // nq.EVENTS_PER_S + nq.SENTINEL_MS
     sentinel = [{"kind": 0, "id": -1, "name": "", "city": "", "state": "", "t": t_far},
-                {"kind": 1, "id": -1, "seller": -2, "category": 0, "reserve": 0, "t": t_far},
+                {"kind": 1, "id": -1, "seller": -2, "category": 0, "reserve": 0, "expires": t_far + 60_000, "t": t_far},
                 {"kind": 2, "auction": -1, "bidder": -1, "price": 0, "t": t_far}]
     pq.write_table(pa.Table.from_pylist(sentinel, schema=schema), os.path.join(d, "part-9999-sentinel.parquet"))
     return d
@@ -153,8 +153,8 @@ def run_spark(spark, query: str, n: int, work: str, tag: str) -> dict:
 
 
 def _sentinel(query: str, row: tuple, n: int) -> bool:
-    if query in ("q7", "q8"):
-        start = row[0] if query == "q7" else row[2]
+    if query in ("q4", "q5", "q7", "q8"):
+        start = {"q4": row[1], "q5": row[0], "q7": row[0], "q8": row[2]}[query]
         return start > nq.T0_MS + n * 1000 // nq.EVENTS_PER_S + nq.SENTINEL_MS // 2
     return -1 in row
 
