@@ -141,15 +141,17 @@ def run_spark(spark, query: str, n: int, work: str, tag: str) -> dict:
     files = len(os.listdir(indir))
     events = spark.readStream.schema(nq.SPARK_SCHEMA).option("maxFilesPerTrigger", files - 1).parquet(indir)
     frame = nq.spark_query(query, events)
-    t0 = time.monotonic()
+    cpu0, t0 = harness.tree_cpu_seconds(), time.monotonic()
     q = (frame.writeStream.format("json").outputMode("append").option("path", out)
          .option("checkpointLocation", ck).trigger(availableNow=True).start())
     q.awaitTermination()
     seconds = time.monotonic() - t0
+    cpu1 = harness.tree_cpu_seconds()
     if q.exception() is not None:
         raise RuntimeError(str(q.exception()))
     rows = collections.Counter({r: c for r, c in _rows(out).items() if not _sentinel(query, r, n)})
-    return {"seconds": seconds, "rows": rows, "batches": len(q.recentProgress)}
+    return {"seconds": seconds, "rows": rows, "batches": len(q.recentProgress),
+            "cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0}
 
 
 def _sentinel(query: str, row: tuple, n: int) -> bool:
@@ -209,8 +211,9 @@ def main(argv=None) -> int:
                     full = run(args.events, "capacity")
                     rec.update({"events": args.events, "seconds": full["seconds"],
                                 "events_per_s": args.events / full["seconds"], "output_rows": sum(full["rows"].values())})
-                    if "cpu_s" in full:
+                    if full.get("cpu_s"):  # this process tree's CPU seconds (Spark: the JVM's too)
                         rec["cpu_s"] = full["cpu_s"]
+                        rec["events_per_cpu_s"] = args.events / full["cpu_s"]
                 except Exception as exc:  # noqa: BLE001 — report, go on with the others
                     rec["error"] = f"{type(exc).__name__}: {exc}"[:2000]
                     doc["errors"].append(f"{query} {engine}: {rec['error']}")

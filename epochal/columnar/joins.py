@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from epochal.columnar.keys import ColumnKey, KeyGroups
-from epochal.columnar.time import ColumnTime, event_time_of
+from epochal.columnar.time import event_time_of
 from epochal.coprocess.operator import _InputClocks
 from epochal.errors import PipelineDefinitionError
 from epochal.graph import FORWARD, Input, NodeKind
@@ -80,11 +80,18 @@ class ColumnJoinSpec:
     def windowed(self) -> bool:
         return self.panes is not None
 
+    @property
+    def windows(self) -> PaneSpec:
+        """The window join's windows (an interval join has none)."""
+        if self.panes is None:
+            raise ValueError("an interval join has no windows")
+        return self.panes
+
     def expiry(self, side: int, t: np.ndarray) -> np.ndarray:
         """The watermark from which a ``side`` row at ``t`` can meet no further row
         (:func:`epochal.joins.interval.expiry`; a window row: its window's ``end - 1``)."""
         if self.windowed:
-            return t + (self.panes.size - 1)  # t is the window start here
+            return t + (self.windows.size - 1)  # t is the window start here
         return t + self.upper if side == 0 else t - self.lower
 
 
@@ -199,7 +206,9 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
         kgs = np.asarray(self.groups[side].of(batch), np.int32)
         late = us <= np.maximum(self.input_time[side], self.floors[kgs])
         if late.any():
-            self.side_output[f"late_{_SIDES[side]}"].append(batch.filter(pa.array(late)))
+            ports = self.side_output  # (dead letters may be added to it)
+            assert ports is not None
+            ports[f"late_{_SIDES[side]}"].append(batch.filter(pa.array(late)))
             keep = ~late
             if not keep.any():
                 return None
@@ -213,9 +222,9 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
 
     def _add(self, side: int, rows: pa.Table) -> list:
         self.dirty.update(np.unique(_column(rows, KG).to_numpy()).tolist())
+        out: list = []
         if self.spec.windowed:
             rows = self._windows_of(rows)
-            out = []
         else:
             rows, out = self._probe(side, rows)
         buffer = self.buffers[side]
@@ -228,7 +237,7 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
 
     def _windows_of(self, rows: pa.Table) -> pa.Table:
         """One row per (row, window holding it), the window's start in ``WSTART``."""
-        p = self.spec.panes
+        p = self.spec.windows
         t = _column(rows, T).to_numpy()
         last = t - (t - p.offset) % p.slide
         k = -(-p.size // p.slide)  # windows per row, at most
@@ -318,7 +327,8 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
 
     def _fire(self, wm: int) -> list:
         """Window join: join the due windows' rows of both sides on (key, window start)."""
-        due, tables = [], []
+        due: list[pa.Table | None] = []
+        tables: list[pa.Table | None] = []
         for side in (0, 1):
             table = self.buffers[side]
             if table is None or not table.num_rows or self._held(side, wm):
@@ -336,7 +346,8 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
         if left is None and right is None:
             return []
         if left is None or right is None:
-            alone, side = (left, 0) if right is None else (right, 1)
+            alone, side = (right, 1) if left is None else (left, 0)
+            assert alone is not None
             if not self.spec.outer[side]:
                 return []
             pos, none = pa.array(np.arange(alone.num_rows)), pa.nulls(alone.num_rows, pa.int64())
@@ -390,7 +401,7 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
             if starts is None:
                 starts = _column(windows, WSTART)
             start = starts.combine_chunks() if isinstance(starts, pa.ChunkedArray) else starts
-            end = pa.array(start.to_numpy() + spec.panes.size, pa.int64())
+            end = pa.array(start.to_numpy() + spec.windows.size, pa.int64())
             names += ["window_start", "window_end"]
             arrays += [start.cast(_UTC), end.cast(_UTC)]
         return pa.RecordBatch.from_arrays(arrays, names=names)
