@@ -5,6 +5,7 @@ and the build-time errors naming the record-path equivalent of what is not vecto
 from __future__ import annotations
 
 import collections
+import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -76,6 +77,37 @@ def test_joins_of_batches_equal_nested_loops_through_a_crash(tmp_path, join, bac
     assert sum(expected.values()) > 500
     assert _pairs(out) == expected
     _late(late, late_rows)
+
+
+def _interval_join(out: str, parallelism: int) -> ep.Dataflow:
+    flow = ep.Dataflow("columnar-rescale", parallelism=2)
+    left, right = batch_sides(flow, rate=750.0)  # 4 s of input: the stop comes well before its half
+    joined = left.interval_join(right, -0.3, "200ms", how="full").apply("join", parallelism=parallelism)
+    joined.sink("out", FileSink(out, format="parquet"))
+    return flow
+
+
+@pytest.mark.slow
+def test_full_interval_join_of_batches_rescales_2_to_3_through_a_savepoint(tmp_path):
+    out, url = unique_dir(tmp_path, "out"), str(tmp_path / "sp")
+    handle = _interval_join(out, 2).start(runtime="local", channels=ep.ChannelConfig(batch_size=jd.BATCH),
+                                          checkpoint=ep.CheckpointConfig(
+                                              interval=0.1, storage="file://" + unique_dir(tmp_path, "ck1")))
+    deadline = time.monotonic() + 60
+    while len(handle.completed_epochs) < 2:
+        assert time.monotonic() < deadline and handle.running, "no 2 epochs within 60 s"
+        time.sleep(0.01)
+    assert handle.stop_with_savepoint(url, timeout=60) == url
+    handle.wait(30)
+    expected = jd.interval_oracle(*jd.split_rows()[:2], -0.3, 0.2, "full")
+    first = _pairs(out)
+    assert 0 < sum(first.values()) < sum(expected.values()) // 2, "not stopped midway"
+    result = _interval_join(out, 3).run(runtime="local", restore_from=url,
+                                        channels=ep.ChannelConfig(batch_size=jd.BATCH),
+                                        checkpoint=ep.CheckpointConfig(
+                                            interval=0.1, storage="file://" + unique_dir(tmp_path, "ck2")))
+    assert result.restored_from[0] == ep.state.open_checkpoint(url).epoch
+    assert _pairs(out) == expected
 
 
 def test_what_is_not_vectorized_fails_at_build_time_naming_the_record_path():
