@@ -136,7 +136,7 @@ def _late(op) -> list:
     return found
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(script=steps, how=st.sampled_from(sorted(HOWS)), bounds=st.sampled_from([(-5, 3), (0, 0), (-10, -2), (2, 8)]),
        backend=st.sampled_from(["heap", "rocksdb"]))
 def test_interval_join_of_batches_equals_the_record_path(script, how, bounds, backend):
@@ -146,7 +146,7 @@ def test_interval_join_of_batches_equals_the_record_path(script, how, bounds, ba
     _run(spec, interval.IntervalSpec(bounds[0], bounds[1], *outer), script, backend)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(script=steps, how=st.sampled_from(sorted(HOWS)), panes=st.sampled_from([(10, 10), (12, 4), (10, 4)]),
        backend=st.sampled_from(["heap", "rocksdb"]))
 def test_window_join_of_batches_equals_the_record_path(script, how, panes, backend):
