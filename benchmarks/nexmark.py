@@ -4,8 +4,8 @@
     python benchmarks/nexmark.py --events 200000 --check-events 5000 --queries q1,q3
     python benchmarks/nexmark.py --smoke              # tiny, local; JSON to --out
 
-For each query (benchmarks/nexmark_queries.py: q1, q2, q3, q7, q8) and each engine, the
-same generated events (a deterministic function of the event number):
+For each query (benchmarks/nexmark_queries.py: q1, q2, q3, q4, q5, q7, q8) and each engine
+(epochal's record path, its columnar path, Spark SS), the same generated events (a deterministic function of the event number):
 
 1. **check**: a small run (``--check-events``) whose output is compared with the
    plain-Python oracle as a multiset — a query counts only if its check passed;
@@ -14,7 +14,8 @@ same generated events (a deterministic function of the event number):
    exactly-once, 1 s epochs, the ``FileSink`` (JSON lines), local processes, reading the
    events from JSON-lines files written beforehand (one per source subtask, not timed);
    the time is the job's ``duration_s`` (driver: start → final commit, task start-up
-   included). Spark: the events were written to Parquet beforehand (not timed); ``trigger(availableNow=True)``
+   included); ``cpu_s`` is the CPU time of this process tree over the run (tasks, driver,
+   and for Spark its JVM), ``events_per_cpu_s`` the events per CPU-second. Spark: the events were written to Parquet beforehand (not timed); ``trigger(availableNow=True)``
    reads them all, ``local[2]``, 2 shuffle partitions, the JSON file sink (exactly-once);
    the time is ``start()`` → ``awaitTermination()`` (the session exists already). A last
    file holds sentinel events far past the input so that Spark's watermark passes the last
