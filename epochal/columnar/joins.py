@@ -62,6 +62,7 @@ T, KG, ID, MATCHED, WSTART = "\x00t", "\x00kg", "\x00id", "\x00matched", "\x00w"
 HIDDEN = (T, KG, ID, MATCHED, WSTART)
 _UTC = pa.timestamp("us", tz="UTC")
 _SIDES = ("left", "right")
+MAX_CHUNKS = 64  # a buffer's chunks (one per batch added) before they are combined into one
 
 
 @dataclass(frozen=True)
@@ -227,9 +228,12 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
             rows = self._windows_of(rows)
         else:
             rows, out = self._probe(side, rows)
-        buffer = self.buffers[side]
-        self.buffers[side] = rows if buffer is None else pa.concat_tables([buffer, rows], promote_options="default")
         self.due[side] = min(self.due[side], int(self.spec.expiry(side, self._times(rows)).min()))
+        buffer = self.buffers[side]
+        if buffer is not None:
+            buffer = pa.concat_tables([buffer, rows], promote_options="default")
+            rows = buffer.combine_chunks() if buffer.column(0).num_chunks > MAX_CHUNKS else buffer
+        self.buffers[side] = rows
         return out
 
     def _times(self, table: pa.Table) -> np.ndarray:
