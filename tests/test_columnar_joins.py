@@ -1,10 +1,13 @@
 """The vectorized joins (epochal/columnar/joins.py) end to end on the local runtime, against
 the plain-Python nested loops of tests/joindata.py: the rows of tests/test_joins.py (out
 of order, unambiguously late rows) as Arrow batches, a crash of a join subtask mid-run,
-and the build-time errors naming the record-path equivalent of what is not vectorized."""
+a SIGKILL on Spark, a rescale 2 → 3 through a savepoint (those three slow), and the
+build-time errors naming the record-path equivalent of what is not vectorized."""
 from __future__ import annotations
 
 import collections
+import os
+import signal
 import time
 
 import pyarrow as pa
@@ -107,6 +110,48 @@ def test_full_interval_join_of_batches_rescales_2_to_3_through_a_savepoint(tmp_p
                                         checkpoint=ep.CheckpointConfig(
                                             interval=0.1, storage="file://" + unique_dir(tmp_path, "ck2")))
     assert result.restored_from[0] == ep.state.open_checkpoint(url).epoch
+    assert _pairs(out) == expected
+
+
+class PassRecordingPid:
+    """``map_batches`` after the join (chained into its task): passes batches on; the first
+    call in a process records its pid in ``pid_dir`` (for a kill from outside)."""
+
+    def __init__(self, pid_dir: str):
+        self.pid_dir, self.recorded = pid_dir, False
+
+    def __call__(self, batch):
+        if not self.recorded:
+            self.recorded = True
+            open(os.path.join(self.pid_dir, str(os.getpid())), "w").close()
+        return batch
+
+
+@pytest.mark.slow
+def test_left_window_join_of_batches_on_spark_survives_a_sigkill_of_a_join_process(tmp_path, spark):
+    """A SIGKILL (os.kill from the test) of a process running the join, once a checkpoint
+    completed and while the source still has most of its rows to send."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    flow = ep.Dataflow("columnar-join-sigkill", parallelism=2)
+    left, right = batch_sides(flow, rate=600.0)  # 3000 rows: ~5 s of input
+    joined = (left.window_join(right, Tumbling("0.5s"), how="left").apply("join")
+              .map_batches("pid", PassRecordingPid(str(pids))))
+    out = unique_dir(tmp_path, "out")
+    joined.sink("out", FileSink(out, format="parquet"))
+    handle = flow.start(spark=spark, channels=ep.ChannelConfig(batch_size=jd.BATCH),
+                        checkpoint=ep.CheckpointConfig(interval=0.2, storage="file://" + unique_dir(tmp_path, "ck")))
+    deadline = time.monotonic() + 120
+    while not (handle.completed_epochs and os.listdir(pids)):
+        assert time.monotonic() < deadline and handle.running, "no checkpoint (or no join output) within 120 s"
+        time.sleep(0.01)
+    committed_before = len(read_committed(out, format="parquet"))
+    victim = int(sorted(os.listdir(pids))[0])
+    os.kill(victim, signal.SIGKILL)
+    result = handle.wait(300)
+    assert result.runtime == "spark" and result.attempts >= 2, f"the SIGKILL of {victim} caused no restart"
+    expected = jd.tumbling_oracle(*jd.split_rows()[:2], 0.5, "left")
+    assert committed_before < sum(expected.values()) // 2, "the kill came after most of the output was committed"
     assert _pairs(out) == expected
 
 
