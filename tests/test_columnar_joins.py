@@ -1,8 +1,8 @@
 """The vectorized joins (epochal/columnar/joins.py) end to end on the local runtime, against
 the plain-Python nested loops of tests/joindata.py: the rows of tests/test_joins.py (out
 of order, unambiguously late rows) as Arrow batches, a crash of a join subtask mid-run,
-a SIGKILL on Spark, a rescale 2 → 3 through a savepoint (those three slow), and the
-build-time errors naming the record-path equivalent of what is not vectorized."""
+a SIGKILL on Spark, a rescale 2 → 3 through a savepoint (slow, as the RocksDB crash case),
+and the build-time errors naming the record-path equivalent of what is not vectorized."""
 from __future__ import annotations
 
 import collections
