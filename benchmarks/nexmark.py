@@ -4,8 +4,8 @@
     python benchmarks/nexmark.py --events 200000 --check-events 5000 --queries q1,q3
     python benchmarks/nexmark.py --smoke              # tiny, local; JSON to --out
 
-For each query (benchmarks/nexmark_queries.py: q1, q2, q3, q7, q8) and each engine, the
-same generated events (a deterministic function of the event number):
+For each query (benchmarks/nexmark_queries.py: q1, q2, q3, q4, q5, q7, q8) and each engine
+(epochal's record path, its columnar path, Spark SS), the same generated events (a deterministic function of the event number):
 
 1. **check**: a small run (``--check-events``) whose output is compared with the
    plain-Python oracle as a multiset — a query counts only if its check passed;
@@ -14,7 +14,8 @@ same generated events (a deterministic function of the event number):
    exactly-once, 1 s epochs, the ``FileSink`` (JSON lines), local processes, reading the
    events from JSON-lines files written beforehand (one per source subtask, not timed);
    the time is the job's ``duration_s`` (driver: start → final commit, task start-up
-   included). Spark: the events were written to Parquet beforehand (not timed); ``trigger(availableNow=True)``
+   included); ``cpu_s`` is the CPU time of this process tree over the run (tasks, driver,
+   and for Spark its JVM), ``events_per_cpu_s`` the events per CPU-second. Spark: the events were written to Parquet beforehand (not timed); ``trigger(availableNow=True)``
    reads them all, ``local[2]``, 2 shuffle partitions, the JSON file sink (exactly-once);
    the time is ``start()`` → ``awaitTermination()`` (the session exists already). A last
    file holds sentinel events far past the input so that Spark's watermark passes the last
@@ -40,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 import nexmark_queries as nq  # noqa: E402
 
-QUERIES = ("q1", "q2", "q3", "q7", "q8")
+QUERIES = ("q1", "q2", "q3", "q4", "q5", "q7", "q8")
 
 
 def _ship_queries() -> None:
@@ -92,6 +93,9 @@ def run_epochal_columnar(query: str, n: int, work: str, parallelism: int, tag: s
         raise RuntimeError(rec.get("error"))
     rows = collections.Counter(tuple(r.values()) if isinstance(r, dict) else tuple(r)
                                for r in ep.sinks.read_committed(out))
+    late = len(ep.sinks.read_committed(out + "-late", format="parquet")) if os.path.isdir(out + "-late") else 0
+    if late:  # rows a window dropped as late: the output misses them
+        raise AssertionError(f"columnar {query}: {late} late rows dropped by a window")
     return {"seconds": result.duration_s, "cpu_s": rec.get("cpu_s"), "rows": rows, "attempts": result.attempts}
 
 
@@ -111,7 +115,7 @@ def write_parquet(n: int, work: str, files: int = 8) -> str:
         pq.write_table(pa.Table.from_pylist(rows, schema=schema), os.path.join(d, f"part-{k:04d}.parquet"))
     t_far = nq.T0_MS + n * 1000 // nq.EVENTS_PER_S + nq.SENTINEL_MS
     sentinel = [{"kind": 0, "id": -1, "name": "", "city": "", "state": "", "t": t_far},
-                {"kind": 1, "id": -1, "seller": -2, "category": 0, "reserve": 0, "t": t_far},
+                {"kind": 1, "id": -1, "seller": -2, "category": 0, "reserve": 0, "expires": t_far + 60_000, "t": t_far},
                 {"kind": 2, "auction": -1, "bidder": -1, "price": 0, "t": t_far}]
     pq.write_table(pa.Table.from_pylist(sentinel, schema=schema), os.path.join(d, "part-9999-sentinel.parquet"))
     return d
@@ -141,20 +145,22 @@ def run_spark(spark, query: str, n: int, work: str, tag: str) -> dict:
     files = len(os.listdir(indir))
     events = spark.readStream.schema(nq.SPARK_SCHEMA).option("maxFilesPerTrigger", files - 1).parquet(indir)
     frame = nq.spark_query(query, events)
-    t0 = time.monotonic()
+    cpu0, t0 = harness.tree_cpu_seconds(), time.monotonic()
     q = (frame.writeStream.format("json").outputMode("append").option("path", out)
          .option("checkpointLocation", ck).trigger(availableNow=True).start())
     q.awaitTermination()
     seconds = time.monotonic() - t0
+    cpu1 = harness.tree_cpu_seconds()
     if q.exception() is not None:
         raise RuntimeError(str(q.exception()))
     rows = collections.Counter({r: c for r, c in _rows(out).items() if not _sentinel(query, r, n)})
-    return {"seconds": seconds, "rows": rows, "batches": len(q.recentProgress)}
+    return {"seconds": seconds, "rows": rows, "batches": len(q.recentProgress),
+            "cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0}
 
 
 def _sentinel(query: str, row: tuple, n: int) -> bool:
-    if query in ("q7", "q8"):
-        start = row[0] if query == "q7" else row[2]
+    if query in ("q4", "q5", "q7", "q8"):
+        start = row[{"q4": 1, "q5": 0, "q7": 0, "q8": 2}[query]]
         return start > nq.T0_MS + n * 1000 // nq.EVENTS_PER_S + nq.SENTINEL_MS // 2
     return -1 in row
 
@@ -209,8 +215,9 @@ def main(argv=None) -> int:
                     full = run(args.events, "capacity")
                     rec.update({"events": args.events, "seconds": full["seconds"],
                                 "events_per_s": args.events / full["seconds"], "output_rows": sum(full["rows"].values())})
-                    if "cpu_s" in full:
+                    if full.get("cpu_s"):  # this process tree's CPU seconds (Spark: the JVM's too)
                         rec["cpu_s"] = full["cpu_s"]
+                        rec["events_per_cpu_s"] = args.events / full["cpu_s"]
                 except Exception as exc:  # noqa: BLE001 — report, go on with the others
                     rec["error"] = f"{type(exc).__name__}: {exc}"[:2000]
                     doc["errors"].append(f"{query} {engine}: {rec['error']}")

@@ -20,6 +20,14 @@ Queries (output rows are tuples; the oracles give them as multisets):
 * q2 selection: ``(auction, price)`` of bids with ``auction % 123 == 0``;
 * q3 local item suggestion: persons in OR/ID/CA joined with their auctions of category 10,
   ``(name, city, state, auction id)`` — an unbounded keyed join (a KeyedCoProcessFunction);
+* q4 average closing price per category: an auction's closing price is its highest bid
+  between its start and its expiry (none: no price); per category and 10 s tumbling window
+  of the closing (expiry) time ``(category, window start, auctions, total)`` — the average
+  is ``total / auctions`` (integers, so every engine's output compares exactly; Nexmark's
+  q4 keeps a running average per category instead of windows);
+* q5 hot items: per sliding window of 10 s every 2 s, the auction with the most bids,
+  ``(window start, auction, bids)`` — ties go to the highest auction id (Nexmark returns
+  every tied auction; one row per window is what Spark's ``max(struct(count, auction))`` gives);
 * q7 highest bid: per 10 s tumbling window, ``(window start, max price)``;
 * q8 monitor new users: persons and auctions (by seller) in the same 10 s tumbling window
   — a window join, ``(person id, name, window start, auction id)`` (one row per pair; the
@@ -81,6 +89,18 @@ def oracle(query: str, n: int, seed: int = 7) -> collections.Counter:
     if query == "q3":
         return collections.Counter((persons[a[2]][2], persons[a[2]][3], persons[a[2]][4], a[1]) for a in auctions
                                    if a[3] == 10 and persons[a[2]][4] in ("OR", "ID", "CA"))
+    if query == "q4":
+        return _q4_oracle(auctions, bids)
+    if query == "q5":
+        counts = collections.Counter()
+        for b in bids:
+            last = b[4] - b[4] % Q5_SLIDE_MS
+            for start in range(last, b[4] - Q5_SIZE_MS, -Q5_SLIDE_MS):
+                counts[(start, b[1])] += 1
+        top: dict = {}
+        for (start, auction), n in counts.items():
+            top[start] = max(top.get(start, (0, 0)), (n, auction))
+        return collections.Counter((start, auction, n) for start, (n, auction) in top.items())
     if query == "q7":
         best = {}
         for b in bids:
@@ -93,7 +113,96 @@ def oracle(query: str, n: int, seed: int = 7) -> collections.Counter:
     raise ValueError(query)
 
 
+Q5_SIZE_MS, Q5_SLIDE_MS = 10_000, 2_000
+Q4_MAX_OPEN_MS = 30_000  # an auction expires at most this long after it starts (the generator's)
+
+
+def _q4_oracle(auctions: list, bids: list) -> collections.Counter:
+    by_auction = collections.defaultdict(list)
+    for b in bids:
+        by_auction[b[1]].append(b)
+    totals: dict = {}
+    for a in auctions:
+        prices = [b[3] for b in by_auction[a[1]] if a[6] <= b[4] <= a[5]]
+        if prices:
+            key = (a[3], a[5] - a[5] % WINDOW_MS)
+            n, total = totals.get(key, (0, 0))
+            totals[key] = (n + 1, total + max(prices))
+    return collections.Counter((c, w, n, total) for (c, w), (n, total) in totals.items())
+
+
 # ------------------------------------------------------------------------- epochal
+def q4_function():
+    import epochal as ep
+
+    class Q4(ep.KeyedCoProcessFunction):
+        """Auctions (input 1) and bids by auction (input 2): the highest bid between the
+        auction's start and expiry; at the expiry (an event-time timer) the closing price
+        comes out, stamped with the expiry time. A bid before its auction waits until the
+        watermark passes its time (by then its auction, which starts no later, arrived)."""
+
+        stamps_output = True
+
+        def open(self, ctx):
+            self.ctx = ctx
+            self.auction = ctx.value_state("auction")  # (category, expires, start)
+            self.best = ctx.value_state("best")
+            self.pending = ctx.value_state("pending")
+
+        def process1(self, aid, a):
+            self.auction.update((a[3], a[5], a[6]))
+            waiting = self.pending.value()
+            if waiting:
+                prices = [b[3] for b in waiting if a[6] <= b[4] <= a[5]]
+                if prices:
+                    self.best.update(max(prices))
+                self.pending.clear()
+            self.ctx.timers.register_event_time(a[5] / 1000)
+            return None
+
+        def process2(self, aid, b):
+            a = self.auction.value()
+            if a is None:
+                self.pending.update((self.pending.value() or []) + [b])
+                self.ctx.timers.register_event_time(b[4] / 1000)
+            elif a[2] <= b[4] <= a[1]:
+                best = self.best.value()
+                if best is None or b[3] > best:
+                    self.best.update(b[3])
+            return None
+
+        def on_timer(self, aid, timestamp, domain):
+            now = round(timestamp * 1000)
+            waiting = self.pending.value()
+            if waiting:
+                left = [b for b in waiting if b[4] > now]
+                if left:
+                    self.pending.update(left)
+                else:
+                    self.pending.clear()
+            a = self.auction.value()
+            if a is None or now < a[1]:
+                return None
+            best = self.best.value()
+            self.auction.clear()
+            self.best.clear()
+            return [(a[1] * 1000, (a[0], 1, best))] if best is not None else None
+
+    return Q4()
+
+
+def _q5_count(a, b):
+    return (a[0], a[1] + b[1])
+
+
+def _q5_top(a, b):
+    return a if (a[2], a[1]) >= (b[2], b[1]) else b
+
+
+def _q4_sum(a, b):
+    return (a[0], a[1] + b[1], a[2] + b[2])
+
+
 def q3_function():
     import epochal as ep
 
@@ -146,11 +255,11 @@ def epochal_flow(query: str, indir: str, out: str, parallelism: int = 2):
     """The Dataflow of ``query`` over the event files in ``indir`` (:func:`write_jsonl`),
     written to ``out`` (FileSink). Records are JSON arrays (lists) indexed like the tuples."""
     import epochal as ep
-    from epochal.windows import Tumbling
+    from epochal.windows import Sliding, Tumbling
 
     flow = ep.Dataflow(f"nexmark-{query}", parallelism=parallelism)
     events = flow.source("events", ep.sources.DirectorySource(indir, pattern="*.jsonl", format="jsonl"))
-    if query in ("q7", "q8"):
+    if query in ("q4", "q5", "q7", "q8"):
         events = events.with_watermarks("event-time", timestamp=lambda e: e[-1], timestamp_unit="ms",
                                         max_out_of_orderness="1s")
     if query == "q1":
@@ -162,6 +271,19 @@ def epochal_flow(query: str, indir: str, out: str, parallelism: int = 2):
         auctions = events.filter("auctions", lambda e: e[0] == 1 and e[3] == 10)
         result = (persons.key_by(lambda p: p[1]).connect(auctions.key_by(lambda a: a[2]))
                   .process("q3", q3_function()))
+    elif query == "q4":
+        auctions = events.filter("auctions", lambda e: e[0] == 1).key_by(lambda a: a[1])
+        bids = events.filter("bids", lambda e: e[0] == 2).key_by(lambda b: b[1])
+        result = (auctions.connect(bids).process("q4-closing", q4_function())
+                  .key_by(lambda c: c[0]).window(Tumbling(WINDOW_MS / 1000)).reduce("q4", _q4_sum)
+                  .map("q4-row", lambda w: (w.key, round(w.start * 1000), w.value[1], w.value[2])))
+    elif query == "q5":
+        result = (events.filter("bids", lambda e: e[0] == 2).map("q5-one", lambda b: (b[1], 1))
+                  .key_by(lambda b: b[0]).window(Sliding(Q5_SIZE_MS / 1000, Q5_SLIDE_MS / 1000))
+                  .reduce("q5-counts", _q5_count)
+                  .map("q5-count", lambda w: (round(w.start * 1000), w.key, w.value[1]))
+                  .key_by(lambda c: c[0]).window(Tumbling(Q5_SLIDE_MS / 1000)).reduce("q5", _q5_top)
+                  .map("q5-row", lambda w: w.value))
     elif query == "q7":
         result = (events.filter("bids", lambda e: e[0] == 2).key_by(lambda b: 0)
                   .window(Tumbling(WINDOW_MS / 1000)).reduce("q7", _max_price)
@@ -178,8 +300,11 @@ def epochal_flow(query: str, indir: str, out: str, parallelism: int = 2):
 
 
 # ------------------------------------------------------------------------- epochal, columnar
-#: the queries epochal runs on Arrow batches too (stateless: vectorized filter / project)
-COLUMNAR = ("q1", "q2")
+#: the queries epochal runs on Arrow batches too: vectorized filters and projections (q1,
+#: q2), joins (q3: an interval join; q8: a window join; q4: an interval join, then windows),
+#: window aggregates (q4, q5, q7)
+COLUMNAR = ("q1", "q2", "q3", "q4", "q5", "q7", "q8")
+DAY = "86400s"
 
 
 def _q2_mask(batch):
@@ -190,22 +315,102 @@ def _q2_mask(batch):
     return pc.and_(pc.equal(batch["kind"], 2), pc.equal(rest, 0))
 
 
+def _millis(column: str):
+    """``fn(batch)``: a ``timestamp[us]`` column as epoch milliseconds (int64)."""
+    def millis(batch):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        return pc.divide(batch[column].cast(pa.int64()), 1000)
+    return millis
+
+
+def _q5_score(batch):
+    """``bids * 2**32 + auction``: the maximum is the most bids, ties to the highest auction."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.add(pc.multiply(batch["n"].cast(pa.int64()), 1 << 32), batch["auction"])
+
+
+def _q5_decode(batch):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    top = batch["top"]
+    return pa.record_batch({"start": batch["w"],
+                            "auction": pc.bit_wise_and(top, (1 << 32) - 1),
+                            "n": pc.shift_right(top, 32)})
+
+
 def epochal_columnar_flow(query: str, parquet_dir: str, out: str, parallelism: int = 2):
-    """``query`` (q1, q2) on Arrow batches read from the same Parquet files Spark reads
-    (without the sentinel file), written as Parquet by the FileSink."""
+    """``query`` on Arrow batches read from the same Parquet files Spark reads (without the
+    sentinel file), written as Parquet by the FileSink."""
     import pyarrow.compute as pc
 
     import epochal as ep
+    from epochal.columnar import count, max as amax, sum as asum
     from epochal.columnar.sources import ArrowFileSource
+    from epochal.windows import Sliding, Tumbling
 
     flow = ep.Dataflow(f"nexmark-{query}-columnar", parallelism=parallelism)
-    events = flow.source("events", ArrowFileSource(parquet_dir, pattern="part-0*.parquet", format="parquet"))
+    # q4 re-derives event time from the expiry after its join, with a bound of the longest
+    # auction: a source at parallelism 1 reads the files in time order, so the join's output
+    # is that far out of order at most (two source subtasks reading files 125 s of event
+    # time apart, at 1M events, would make it more; its late rows are counted and fail the run)
+    events = flow.source("events", ArrowFileSource(parquet_dir, pattern="part-0*.parquet", format="parquet"),
+                         parallelism=1 if query == "q4" else None)
+    if query in ("q3", "q4", "q5", "q7", "q8"):
+        events = events.with_watermarks("event-time", timestamp="t", timestamp_unit="ms", max_out_of_orderness="1s")
+    window = Tumbling(WINDOW_MS / 1000)
     if query == "q1":
         result = (events.filter("bids", pc.field("kind") == 2)
                   .with_column("euros", "price", lambda b: pc.divide(pc.multiply(b["price"], 908), 1000))
                   .select("q1", "auction", "bidder", "price", "t"))
     elif query == "q2":
         result = events.filter("q2-filter", _q2_mask).select("q2", "auction", "price")
+    elif query == "q3":  # an auction with its seller, who joined before it (the generator's sellers are persons so far)
+        persons = (events.filter("persons", (pc.field("kind") == 0) & pc.field("state").isin(["OR", "ID", "CA"]))
+                   .select("person-columns", "id", "name", "city", "state", "t"))
+        auctions = (events.filter("auctions", (pc.field("kind") == 1) & (pc.field("category") == 10))
+                    .select("auction-columns", "id", "seller", "t"))
+        result = (auctions.key_by("seller").interval_join(persons.key_by("id"), "-" + DAY, 0).apply("q3")
+                  .select("q3-row", "name", "city", "state", "id"))
+    elif query == "q4":
+        auctions = (events.filter("auctions", pc.field("kind") == 1)
+                    .select("auction-columns", "id", "category", "expires", "t"))
+        bids = events.filter("bids", pc.field("kind") == 2).select("bid-columns", "auction", "price", "t")
+        closing = (auctions.key_by("id").interval_join(bids.key_by("auction"), 0, f"{Q4_MAX_OPEN_MS}ms").apply("q4-join")
+                   .filter("q4-open", pc.field("t_right") <= pc.field("expires"))
+                   .with_watermarks("q4-expiry", timestamp="expires", timestamp_unit="ms",
+                                    max_out_of_orderness=f"{Q4_MAX_OPEN_MS + 5000}ms")
+                   .key_by("id").window(window).aggregate("q4-closing", price=amax("price"),
+                                                          category=amax("category")))
+        closing.late().sink("late", ep.sinks.FileSink(out + "-late", format="parquet"))
+        result = (closing.with_watermarks("q4-closed", timestamp="window_start")
+                  .key_by("category").window(window).aggregate("q4", n=count(), total=asum("price"))
+                  .with_column("q4-start", "start", _millis("window_start"))
+                  .select("q4-row", "category", "start", "n", "total"))
+    elif query == "q5":
+        counts = (events.filter("bids", pc.field("kind") == 2).select("bid-columns", "auction", "t")
+                  .key_by("auction").window(Sliding(Q5_SIZE_MS / 1000, Q5_SLIDE_MS / 1000))
+                  .aggregate("q5-counts", n=count())
+                  .with_column("q5-score", "score", _q5_score)
+                  .with_column("q5-window", "w", _millis("window_start"))
+                  .select("q5-columns", "w", "score", "window_end"))
+        result = (counts.with_watermarks("q5-time", timestamp="window_end").key_by("w")
+                  .window(Tumbling(Q5_SLIDE_MS / 1000)).aggregate("q5", top=amax("score"))
+                  .map_batches("q5-row", _q5_decode))
+    elif query == "q7":
+        result = (events.filter("bids", pc.field("kind") == 2).select("bid-columns", "kind", "price", "t")
+                  .key_by("kind").window(window).aggregate("q7", price=amax("price"))
+                  .with_column("q7-start", "start", _millis("window_start")).select("q7-row", "start", "price"))
+    elif query == "q8":
+        persons = events.filter("persons", pc.field("kind") == 0).select("person-columns", "id", "name", "t")
+        auctions = events.filter("auctions", pc.field("kind") == 1).select("auction-columns", "id", "seller", "t")
+        result = (persons.key_by("id").window_join(auctions.key_by("seller"), window).apply("q8")
+                  .with_column("q8-start", "start", _millis("window_start"))
+                  .select("q8-row", "id", "name", "start", "id_right"))
     else:
         raise ValueError(f"{query} has no columnar version")
     result.sink("out", ep.sinks.FileSink(out, format="parquet"))
@@ -214,14 +419,14 @@ def epochal_columnar_flow(query: str, parquet_dir: str, out: str, parallelism: i
 
 # ------------------------------------------------------------------------- Spark SS
 SPARK_SCHEMA = ("kind INT, id LONG, name STRING, city STRING, state STRING, seller LONG, category INT, "
-                "reserve LONG, auction LONG, bidder LONG, price LONG, t LONG")
+                "reserve LONG, expires LONG, auction LONG, bidder LONG, price LONG, t LONG")
 
 
 def spark_row(e: tuple) -> dict:
     if e[0] == 0:
         return {"kind": 0, "id": e[1], "name": e[2], "city": e[3], "state": e[4], "t": e[5]}
     if e[0] == 1:
-        return {"kind": 1, "id": e[1], "seller": e[2], "category": e[3], "reserve": e[4], "t": e[6]}
+        return {"kind": 1, "id": e[1], "seller": e[2], "category": e[3], "reserve": e[4], "expires": e[5], "t": e[6]}
     return {"kind": 2, "auction": e[1], "bidder": e[2], "price": e[3], "t": e[4]}
 
 
@@ -242,6 +447,27 @@ def spark_query(query: str, events):
         p = persons.where("state in ('OR', 'ID', 'CA')")
         a = auctions.where("category = 10")
         return p.join(a, F.expr("pid = seller")).select("name", "city", "state", "aid")
+    if query == "q4":  # the auctions' event time is their expiry: the closing windows need it watermarked
+        a = (events.where("kind = 1").select(F.col("id").alias("aid"), "category", F.col("t").alias("at"),
+                                             F.expr("timestamp_millis(expires)").alias("ets"))
+             .withWatermark("ets", f"{Q4_MAX_OPEN_MS // 1000 + 1} seconds"))
+        b = (bids.select("auction", "price", F.col("t").alias("bt"), ts.alias("bts"))
+             .withWatermark("bts", "1 second"))
+        closing = (a.join(b, F.expr(f"aid = auction AND bt >= at AND bts <= ets AND "
+                                    f"bts >= ets - interval {Q4_MAX_OPEN_MS // 1000} seconds"))
+                   .groupBy(F.window("ets", f"{WINDOW_MS // 1000} seconds"), "aid", "category")
+                   .agg(F.max("price").alias("price")))
+        return (closing.groupBy(F.window(F.window_time("window"), f"{WINDOW_MS // 1000} seconds").alias("w"),
+                                "category")
+                .agg(F.count("*").alias("n"), F.sum("price").alias("total"))
+                .select("category", F.expr("unix_millis(w.start)").alias("start"), "n", "total"))
+    if query == "q5":
+        counts = (bids.withColumn("ts", ts).withWatermark("ts", "1 second")
+                  .groupBy(F.window("ts", f"{Q5_SIZE_MS // 1000} seconds", f"{Q5_SLIDE_MS // 1000} seconds"),
+                           "auction").count())
+        return (counts.groupBy(F.window(F.window_time("window"), f"{Q5_SLIDE_MS // 1000} seconds").alias("w"))
+                .agg(F.max(F.struct("count", "auction")).alias("top"))
+                .select(F.expr(f"unix_millis(w.end) - {Q5_SIZE_MS}").alias("start"), "top.auction", "top.count"))
     if query == "q7":
         return (bids.withColumn("ts", ts).withWatermark("ts", "1 second")
                 .groupBy(F.window("ts", f"{WINDOW_MS // 1000} seconds")).agg(F.max("price").alias("price"))

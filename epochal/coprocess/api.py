@@ -30,7 +30,7 @@ def _check_pair(first: Stream, second, what: str) -> None:
             raise PipelineDefinitionError(
                 f"{what}: two-input operators and joins work on records, and "
                 f"{', '.join(repr(p.node) for p in stream._ports)} carries Arrow batches — convert it with "
-                "to_records(name) first (the record-path equivalent; there is no vectorized join yet)")
+                "to_records(name) first (the record-path equivalent; interval_join and window_join of batches are vectorized)")
     if isinstance(first, KeyedStream) != isinstance(second, KeyedStream):
         raise PipelineDefinitionError(
             f"{what}: connect a keyed stream with a keyed one (a.key_by(f).connect(b.key_by(g))) or an unkeyed "

@@ -63,18 +63,32 @@ class _Join:
     def _function(self, fn):
         raise NotImplementedError
 
-    def apply(self, name: str, fn: Callable = pair, *, parallelism: int | None = None) -> "JoinOutput":
+    def apply(self, name: str, fn: Callable = pair, *, parallelism: int | None = None,
+              right_suffix: str = "_right") -> "JoinOutput":
         """Emit ``fn(left, right)`` for each joined pair (``None`` for the missing side of an
-        outer row); returns the joined stream, whose :meth:`JoinOutput.late` holds the late rows."""
+        outer row); returns the joined stream, whose :meth:`JoinOutput.late` holds the late rows.
+        On two streams of Arrow batches the vectorized join (:mod:`epochal.columnar.joins`)
+        emits joined rows instead (no ``fn``; ``right_suffix`` renames the right input's
+        columns the left one has too)."""
         if not callable(fn):
             raise PipelineDefinitionError(f"{self.kind} {name!r}: expected a function (left, right) -> output, "
                                           f"got {fn!r}")
-        for s in (self._left, self._right):
-            if s._columnar(name):
+        columnar = [s._columnar(name) for s in (self._left, self._right)]
+        if all(columnar) and self.kind in ("interval_join", "window_join"):
+            from epochal.columnar.joins import build_column_join
+
+            return build_column_join(self, name, fn, parallelism, right_suffix)
+        for s, batches in zip((self._left, self._right), columnar):
+            if batches:
+                nodes = ", ".join(repr(p.node) for p in s._ports)
+                if all(columnar):
+                    problem, fix = f"the {self.kind} of Arrow batches is not vectorized", "convert both inputs"
+                else:
+                    problem = "the other input carries records"
+                    fix = "convert the other input with to_batches(name, schema) for the vectorized join, or convert it"
                 raise PipelineDefinitionError(
-                    f"{self.kind} {name!r}: joins work on records and {', '.join(repr(p.node) for p in s._ports)} "
-                    "carries Arrow batches — convert it with to_records(name) first (the record-path join; there "
-                    "is no vectorized join yet)")
+                    f"{self.kind} {name!r}: {nodes} carries Arrow batches and {problem} — {fix} with "
+                    f"to_records(name) (the record-path {self.kind})")
             if not s._timed(name):
                 raise PipelineDefinitionError(
                     f"{self.kind} {name!r} joins in event time but {', '.join(repr(p.node) for p in s._ports)} has no "

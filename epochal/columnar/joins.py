@@ -1,0 +1,482 @@
+"""Vectorized joins of two keyed streams of Arrow batches, in event time:
+``a.key_by("k").interval_join(b.key_by("k"), lower, upper, how=...).apply(name)`` and
+``a.key_by("k").window_join(b.key_by("k"), Tumbling(...) | Sliding(...), how=...).apply(name)``
+when both inputs carry batches (:mod:`epochal.columnar`) and event time
+(``with_watermarks(name, timestamp="column")`` upstream).
+
+Semantics are the record path's (:mod:`epochal.joins.interval`, :mod:`epochal.joins.windowed`);
+what is vectorized is how rows meet:
+
+* **interval join** — a left row ``l`` and a right row ``r`` of one key match when
+  ``l.t + lower <= r.t <= l.t + upper``. Each on-time batch is hash-joined on the key with
+  the other side's buffer (one Arrow ``join``), the time condition is one numpy mask, the
+  pairs come out at once; the batch's rows are appended to its side's buffer. When the
+  watermark passes a row's expiry (``l.t + upper`` / ``r.t - lower``) it is dropped, and
+  an outer side's row that never matched comes out with nulls for the other side.
+* **window join** (tumbling, sliding) — each on-time row is kept once per window holding it;
+  when the watermark reaches ``end - 1`` the due rows of both sides are joined on
+  ``(key, window start)`` in one Arrow join (inner, left/right/full outer: a row without a
+  partner in its key's window comes out with nulls) and dropped.
+
+A row at or behind the watermark of its own input is late: it goes to ``.late("left")`` /
+``.late("right")`` unchanged, as on the record path.
+
+**Output batches**: the left input's columns, then the right input's without its key column
+(a name the left side has too gets ``right_suffix``, ``"_right"`` by default); the key
+column holds the key of either side (outer rows). The window join adds ``window_start`` and
+``window_end`` (``timestamp[us, UTC]``). The output carries no event time: call
+``with_watermarks`` on it to window it again.
+
+**State and exactly-once**: the buffers are keyed state — before each barrier the rows of
+every key group that changed in the epoch are written as ``"<op>/rows"`` → ``{kg: (left
+table, right table)}`` (both backends; rescaled by key group), and ``"<op>/floor"`` → the
+operator's watermark per key group. A restored operator's watermark starts over; a row at
+or behind its key group's ``floor`` is late, as it would have been in the run that took the
+snapshot, so no window fires twice and no expired row joins again.
+
+Not vectorized (a build-time error names the record-path equivalent, ``to_records``):
+session windows, the temporal join, ``connect``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from epochal.columnar.keys import ColumnKey, KeyGroups
+from epochal.columnar.time import event_time_of
+from epochal.coprocess.operator import _InputClocks
+from epochal.errors import PipelineDefinitionError
+from epochal.graph import FORWARD, Input, NodeKind
+from epochal.joins.functions import pair
+from epochal.operators.base import OperatorContext, RuntimeOperator
+from epochal.streams import Stream
+from epochal.time.units import MAX_TIME, MIN_TIME
+from epochal.windows.assigners import PaneSpec, SessionSpec
+
+__all__ = ["ColumnJoinOperator", "ColumnJoinOutput", "ColumnJoinSpec", "build_column_join"]
+
+T, KG, ID, MATCHED, WSTART = "\x00t", "\x00kg", "\x00id", "\x00matched", "\x00w"
+HIDDEN = (T, KG, ID, MATCHED, WSTART)
+_UTC = pa.timestamp("us", tz="UTC")
+_SIDES = ("left", "right")
+MAX_CHUNKS = 64  # a buffer's chunks (one per batch added) before they are combined into one
+
+
+@dataclass(frozen=True)
+class ColumnJoinSpec:
+    """The payload of a columnar join node (a ``KEYED_CO_PROCESS`` node carrying batches)."""
+
+    keys: tuple  # (left key column, right key column)
+    times: tuple  # (left ColumnTime, right ColumnTime)
+    outer: tuple  # (outer left?, outer right?)
+    lower: int = 0  # interval join bounds (µs)
+    upper: int = 0
+    panes: PaneSpec | None = None  # window join
+    right_suffix: str = "_right"
+
+    @property
+    def windowed(self) -> bool:
+        return self.panes is not None
+
+    @property
+    def windows(self) -> PaneSpec:
+        """The window join's windows (an interval join has none)."""
+        if self.panes is None:
+            raise ValueError("an interval join has no windows")
+        return self.panes
+
+    def expiry(self, side: int, t: np.ndarray) -> np.ndarray:
+        """The watermark from which a ``side`` row at ``t`` can meet no further row
+        (:func:`epochal.joins.interval.expiry`; a window row: its window's ``end - 1``)."""
+        if self.windowed:
+            return t + (self.windows.size - 1)  # t is the window start here
+        return t + self.upper if side == 0 else t - self.lower
+
+
+def _column(table, name: str):
+    c = table.column(name)
+    return c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
+
+
+class ColumnJoinOperator(_InputClocks, RuntimeOperator):
+    """The interval and window joins of Arrow batches (module docstring)."""
+
+    def __init__(self, ctx: OperatorContext, spec: ColumnJoinSpec, first_inputs: int):
+        super().__init__(ctx)
+        self.spec, self.first_inputs = spec, first_inputs
+        self.groups = (KeyGroups(spec.keys[0], ctx.max_parallelism), KeyGroups(spec.keys[1], ctx.max_parallelism))
+        self.backend = ctx.keyed_backend
+        self.rows_state, self.floor_state = f"{ctx.operator}/rows", f"{ctx.operator}/floor"
+        self.buffers: list[pa.Table | None] = [None, None]
+        self.schemas: list[pa.Schema | None] = [None, None]  # the inputs' visible columns
+        self.next_id = 0
+        self.due = [np.iinfo(np.int64).max] * 2  # lowest expiry per side
+        self.dirty: set[int] = set()
+        self.watermark = MIN_TIME
+        self.floors = np.full(ctx.max_parallelism, MIN_TIME, np.int64)
+        self.floor_written = MIN_TIME
+        self.side_output = {"late_left": [], "late_right": []}
+
+    def select_input(self, index: int) -> None:
+        self.side = 0 if index < self.first_inputs else 1
+
+    # -- state -----------------------------------------------------------------------------
+    def restore(self, state) -> None:
+        parts: list[list[pa.Table]] = [[], []]
+        for kg in self.ctx.key_groups:
+            entry = self.backend.get(self.rows_state, kg, kg)
+            if entry is not None:
+                for side in (0, 1):
+                    parts[side].append(entry[side])
+            floor = self.backend.get(self.floor_state, kg, kg)
+            if floor is not None:
+                self.floors[kg] = floor
+        for side in (0, 1):
+            tables = [t for t in parts[side] if t is not None]
+            if not tables:
+                continue
+            self.schemas[side] = _visible(tables[0].schema)
+            table = pa.concat_tables(tables)
+            if table.num_rows:
+                ids = pa.array(np.arange(self.next_id, self.next_id + table.num_rows, dtype=np.int64))
+                self.next_id += table.num_rows
+                table = table.set_column(table.schema.get_field_index(ID), ID, ids)
+                self.buffers[side] = table
+                self.due[side] = int(self.spec.expiry(side, self._times(table)).min())
+
+    def prepare_snapshot_pre_barrier(self, epoch: int) -> list:
+        """Write the buffered rows of the key groups changed in this epoch, and the
+        watermark as every key group's floor."""
+        if self.dirty:
+            kgs = sorted(self.dirty)
+            split = [self._split(self.buffers[side], kgs) for side in (0, 1)]
+            for i, kg in enumerate(kgs):
+                left, right = split[0][i], split[1][i]
+                if not (left is not None and left.num_rows) and not (right is not None and right.num_rows):
+                    self.backend.delete(self.rows_state, kg, kg)
+                else:
+                    self.backend.put(self.rows_state, kg, kg, (left, right))
+            self.dirty.clear()
+        if self.watermark > self.floor_written:
+            for kg in self.ctx.key_groups:
+                if self.watermark > self.floors[kg]:
+                    self.backend.put(self.floor_state, kg, kg, self.watermark)
+            self.floor_written = self.watermark
+        return []
+
+    def _split(self, table: pa.Table | None, kgs: list) -> list:
+        """``table``'s rows of each key group in ``kgs`` (empty tables keep the schema;
+        ``None`` for no table)."""
+        if table is None:
+            return [None] * len(kgs)
+        column = _column(table, KG).to_numpy()
+        order = np.argsort(column, kind="stable")
+        sorted_kgs = column[order]
+        out = []
+        for kg in kgs:
+            s, e = np.searchsorted(sorted_kgs, kg, "left"), np.searchsorted(sorted_kgs, kg, "right")
+            out.append(table.take(pa.array(order[s:e])))
+        return out
+
+    # -- input -----------------------------------------------------------------------------
+    def process_batch(self, records: list) -> list:
+        out = []
+        for batch in records:
+            if not batch.num_rows:
+                continue
+            try:
+                rows = self._on_time(self.side, batch)
+                if rows is not None:
+                    out += self._add(self.side, rows)
+            except Exception as exc:
+                self.reject(f"<RecordBatch of {batch.num_rows} rows, columns {batch.schema.names}>", exc)
+        return out
+
+    def _on_time(self, side: int, batch: pa.RecordBatch) -> pa.Table | None:
+        """The batch's on-time rows with their time and key group; the late ones go to
+        ``late_<side>``."""
+        us, valid = self.spec.times[side].micros(batch)
+        if valid is not None and not valid.all():
+            raise ValueError(f"event-time column {self.spec.times[side].column!r} has no usable timestamp in row "
+                             f"{int((~valid).argmax())}")
+        if self.schemas[side] is None:
+            self.schemas[side] = batch.schema
+        kgs = np.asarray(self.groups[side].of(batch), np.int32)
+        late = us <= np.maximum(self.input_time[side], self.floors[kgs])
+        if late.any():
+            ports = self.side_output  # (dead letters may be added to it)
+            assert ports is not None
+            ports[f"late_{_SIDES[side]}"].append(batch.filter(pa.array(late)))
+            keep = ~late
+            if not keep.any():
+                return None
+            batch, us, kgs = batch.filter(pa.array(keep)), us[keep], kgs[keep]
+        table = pa.Table.from_batches([batch])
+        n = table.num_rows
+        table = table.append_column(T, pa.array(us, pa.int64())).append_column(KG, pa.array(kgs, pa.int32()))
+        table = table.append_column(ID, pa.array(np.arange(self.next_id, self.next_id + n, dtype=np.int64)))
+        self.next_id += n
+        return table
+
+    def _add(self, side: int, rows: pa.Table) -> list:
+        self.dirty.update(np.unique(_column(rows, KG).to_numpy()).tolist())
+        out: list = []
+        if self.spec.windowed:
+            rows = self._windows_of(rows)
+        else:
+            rows, out = self._probe(side, rows)
+        self.due[side] = min(self.due[side], int(self.spec.expiry(side, self._times(rows)).min()))
+        buffer = self.buffers[side]
+        if buffer is not None:
+            buffer = pa.concat_tables([buffer, rows], promote_options="default")
+            rows = buffer.combine_chunks() if buffer.column(0).num_chunks > MAX_CHUNKS else buffer
+        self.buffers[side] = rows
+        return out
+
+    def _times(self, table: pa.Table) -> np.ndarray:
+        return _column(table, WSTART if self.spec.windowed else T).to_numpy()
+
+    def _windows_of(self, rows: pa.Table) -> pa.Table:
+        """One row per (row, window holding it), the window's start in ``WSTART``."""
+        p = self.spec.windows
+        t = _column(rows, T).to_numpy()
+        last = t - (t - p.offset) % p.slide
+        k = -(-p.size // p.slide)  # windows per row, at most
+        index = np.repeat(np.arange(len(t)), k)
+        starts = np.repeat(last, k) - np.tile(np.arange(k, dtype=np.int64), len(t)) * p.slide
+        holds = starts > np.repeat(t, k) - p.size
+        index, starts = index[holds], starts[holds]
+        if k > 1:
+            rows = rows.take(pa.array(index))
+        return rows.append_column(WSTART, pa.array(starts, pa.int64()))
+
+    def _probe(self, side: int, rows: pa.Table) -> tuple[pa.Table, list]:
+        """Interval join: ``rows`` (one side) against the other side's buffer; returns the
+        rows with their ``MATCHED`` flags, and the pairs."""
+        other = self.buffers[1 - side]
+        spec = self.spec
+        matched = np.zeros(rows.num_rows, bool)
+        out = []
+        if other is not None and other.num_rows:
+            mine = _ids(rows, spec.keys[side], "k", "t0", "i0")
+            theirs = _ids(other, spec.keys[1 - side], "k", "t1", "i1")
+            j = mine.join(theirs, "k", join_type="inner")
+            if j.num_rows:
+                t0, t1 = _column(j, "t0").to_numpy(), _column(j, "t1").to_numpy()
+                lt, rt = (t0, t1) if side == 0 else (t1, t0)
+                hit = (lt + spec.lower <= rt) & (rt <= lt + spec.upper)
+                if hit.any():
+                    i0, i1 = _column(j, "i0").to_numpy()[hit], _column(j, "i1").to_numpy()[hit]
+                    base = int(_column(rows, ID)[0].as_py())
+                    p0 = i0 - base
+                    p1 = np.searchsorted(_column(other, ID).to_numpy(), i1)
+                    matched[np.unique(p0)] = True
+                    if spec.outer[1 - side]:
+                        flags = _column(other, MATCHED).to_numpy(zero_copy_only=False).copy()
+                        flags[p1] = True
+                        self.buffers[1 - side] = other.set_column(other.schema.get_field_index(MATCHED), MATCHED,
+                                                                  pa.array(flags))
+                        other = self.buffers[1 - side]
+                    positions = (p0, p1) if side == 0 else (p1, p0)
+                    tables = (rows, other) if side == 0 else (other, rows)
+                    out.append(self._assemble(tables, positions))
+        return rows.append_column(MATCHED, pa.array(matched)), out
+
+    # -- time ------------------------------------------------------------------------------
+    def on_watermark(self, watermark: int) -> list:
+        if watermark <= self.watermark:
+            return []
+        self.watermark = watermark
+        if watermark < min(self.due):
+            return []
+        return self._fire(watermark) if self.spec.windowed else self._expire(watermark)
+
+    def _expire(self, wm: int) -> list:
+        """Interval join: drop the rows whose expiry passed; outer sides' unmatched ones
+        come out with nulls."""
+        out = []
+        for side in (0, 1):
+            table = self.buffers[side]
+            if table is None or self.due[side] > wm or self._held(side, wm):
+                continue
+            expiry = self.spec.expiry(side, self._times(table))
+            gone = expiry <= wm
+            if self.spec.outer[side]:
+                alone = gone & ~_column(table, MATCHED).to_numpy(zero_copy_only=False)
+                if alone.any():
+                    pos = np.flatnonzero(alone)
+                    none = pa.nulls(len(pos), pa.int64())
+                    positions = (pa.array(pos), none) if side == 0 else (none, pa.array(pos))
+                    tables = (table, self.buffers[1]) if side == 0 else (self.buffers[0], table)
+                    out.append(self._assemble(tables, positions))
+            self._drop(side, table, gone, expiry)
+        return out
+
+    def _held(self, side: int, wm: int) -> bool:
+        """Whether ``side``'s outer rows wait: the other input's columns are not known yet
+        (no batch of it arrived), so an outer row could not carry them as nulls. They wait
+        until one arrives (no row still to come can match them: their time has passed) or
+        the input ends — then, the other input having had no rows at all, they come out
+        with their own columns only."""
+        return self.spec.outer[side] and self.schemas[1 - side] is None and wm < MAX_TIME
+
+    def _drop(self, side: int, table: pa.Table, gone: np.ndarray, expiry: np.ndarray) -> None:
+        self.dirty.update(np.unique(_column(table, KG).to_numpy()[gone]).tolist())
+        keep = ~gone
+        self.buffers[side] = table.filter(pa.array(keep))
+        self.due[side] = int(expiry[keep].min()) if keep.any() else np.iinfo(np.int64).max
+
+    def _fire(self, wm: int) -> list:
+        """Window join: join the due windows' rows of both sides on (key, window start)."""
+        due: list[pa.Table | None] = []
+        tables: list[pa.Table | None] = []
+        for side in (0, 1):
+            table = self.buffers[side]
+            if table is None or not table.num_rows or self._held(side, wm):
+                due.append(None)
+                tables.append(table)
+                continue
+            expiry = self.spec.expiry(side, self._times(table))
+            gone = expiry <= wm
+            due.append(table.filter(pa.array(gone)) if gone.any() else None)
+            tables.append(due[-1])
+            if gone.any():
+                self._drop(side, table, gone, expiry)
+        left, right = due
+        outer_left, outer_right = self.spec.outer
+        if left is None and right is None:
+            return []
+        if left is None or right is None:
+            alone, side = (right, 1) if left is None else (left, 0)
+            assert alone is not None
+            if not self.spec.outer[side]:
+                return []
+            pos, none = pa.array(np.arange(alone.num_rows)), pa.nulls(alone.num_rows, pa.int64())
+            return [self._assemble((alone, None) if side == 0 else (None, alone),
+                                   (pos, none) if side == 0 else (none, pos), windows=alone)]
+        how = {(False, False): "inner", (True, False): "left outer", (False, True): "right outer",
+               (True, True): "full outer"}[(outer_left, outer_right)]
+        a = _ids(left, self.spec.keys[0], "k", "w", "i0", time=WSTART, positions=True)
+        b = _ids(right, self.spec.keys[1], "k", "w", "i1", time=WSTART, positions=True)
+        j = a.join(b, ["k", "w"], join_type=how)
+        if not j.num_rows:
+            return []
+        w = _column(j, "w")
+        return [self._assemble((left, right), (_column(j, "i0"), _column(j, "i1")), starts=w)]
+
+    # -- output ----------------------------------------------------------------------------
+    def _assemble(self, tables, positions, windows: pa.Table | None = None, starts=None) -> pa.RecordBatch:
+        """Joined rows: row ``positions[0][i]`` of ``tables[0]`` beside row
+        ``positions[1][i]`` of ``tables[1]`` (a null position: the side is missing)."""
+        spec = self.spec
+        names, arrays = [], []
+        taken = []
+        for side in (0, 1):
+            schema = self.schemas[side]
+            table, pos = tables[side], positions[side]
+            n = len(pos)
+            columns = {}
+            for field in (schema or []):
+                if table is None or isinstance(pos, pa.NullArray) or (isinstance(pos, pa.Array) and pos.null_count == n):
+                    columns[field.name] = pa.nulls(n, field.type)
+                else:
+                    columns[field.name] = _column(table, field.name).take(pa.array(pos) if isinstance(pos, np.ndarray)
+                                                                           else pos)
+            taken.append(columns)
+        left, right = taken
+        key_l, key_r = spec.keys
+        if key_l in left and key_r in right:
+            kr = right[key_r]
+            if kr.type != left[key_l].type:
+                kr = kr.cast(left[key_l].type)
+            left[key_l] = pc.coalesce(left[key_l], kr)
+        for name, array in left.items():
+            names.append(name)
+            arrays.append(array)
+        for name, array in right.items():
+            if name == key_r:
+                continue
+            names.append(name + spec.right_suffix if name in left else name)
+            arrays.append(array)
+        if spec.windowed:
+            if starts is None:
+                starts = _column(windows, WSTART)
+            start = starts.combine_chunks() if isinstance(starts, pa.ChunkedArray) else starts
+            end = pa.array(start.to_numpy() + spec.windows.size, pa.int64())
+            names += ["window_start", "window_end"]
+            arrays += [start.cast(_UTC), end.cast(_UTC)]
+        return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def _ids(table: pa.Table, key: str, k: str, t: str, i: str, *, time: str = T, positions: bool = False) -> pa.Table:
+    """The join columns of ``table``: its key as ``k``, its time (or window start) as ``t``,
+    its row id (or, ``positions``, its row number) as ``i``."""
+    ids = pa.array(np.arange(table.num_rows, dtype=np.int64)) if positions else _column(table, ID)
+    return pa.table({k: _column(table, key), t: _column(table, time), i: ids})
+
+
+def _visible(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([f for f in schema if f.name not in HIDDEN])
+
+
+# ------------------------------------------------------------------------------ building
+def build_column_join(join, name: str, fn, parallelism, right_suffix: str):
+    """The node of ``join`` (an :class:`~epochal.joins.api.IntervalJoin` or
+    :class:`~epochal.joins.api.WindowJoin` over two streams of batches); returns its output.
+
+    Raises:
+        PipelineDefinitionError: a function other than the default pair, a key that is not a
+            column, no event time, or a variant with no vectorized version (it names the
+            record-path equivalent).
+    """
+    where = f"{join.kind} {name!r}"
+    record_path = ("convert both inputs with to_records(name) and use the record-path " + join.kind)
+    if fn is not pair:
+        raise PipelineDefinitionError(
+            f"{where}: on Arrow batches the join emits joined rows (the left columns, then the right ones) — drop "
+            f"the function and follow it with map_batches(...), or {record_path} with your function")
+    if not isinstance(right_suffix, str) or not right_suffix:
+        raise PipelineDefinitionError(f"{where}: right_suffix must be a non-empty string, got {right_suffix!r}")
+    left, right = join._left, join._right
+    keys = []
+    for s in (left, right):
+        if not isinstance(s._key_fn, ColumnKey):
+            raise PipelineDefinitionError(f"{where}: key both streams of batches by a column (key_by('column'))")
+        keys.append(s._key_fn.column)
+        if not s._timed(name):
+            raise PipelineDefinitionError(
+                f"{where} joins in event time but {', '.join(repr(p.node) for p in s._ports)} has no event time: "
+                "call .with_watermarks(name, timestamp='column') on both inputs before key_by")
+    times = (event_time_of(left, f"{where} (left input)"), event_time_of(right, f"{where} (right input)"))
+    how = join._how
+    outer = (how in ("left", "full"), how in ("right", "full"))
+    if join.kind == "interval_join":
+        spec = ColumnJoinSpec(tuple(keys), times, outer, lower=join._spec.lower, upper=join._spec.upper,
+                              right_suffix=right_suffix)
+    elif join.kind == "window_join" and not isinstance(join._spec, SessionSpec):
+        spec = ColumnJoinSpec(tuple(keys), times, outer, panes=join._spec, right_suffix=right_suffix)
+    else:
+        what = "session windows" if join.kind == "window_join" else "this join"
+        raise PipelineDefinitionError(f"{where}: {what} on Arrow batches are not vectorized — {record_path}")
+    both = Stream(left.flow, left._ports + right._ports)
+    node = both._then(NodeKind.KEYED_CO_PROCESS, name, spec, parallelism, (left._key_fn, right._key_fn),
+                      (len(left._ports),), timed=False, accepts="batches")
+    return ColumnJoinOutput(left.flow, (Input(node.name, FORWARD),), node.name)
+
+
+class ColumnJoinOutput(Stream):
+    """The joined batches; :meth:`late` holds each input's late rows."""
+
+    def __init__(self, flow, ports, operator: str):
+        super().__init__(flow, ports)
+        self._operator = operator
+
+    def late(self, side: str = "left") -> Stream:
+        """The rows of input ``side`` (``"left"`` or ``"right"``) that arrived at or behind
+        its watermark, unchanged (batches). Read them, or they are only counted."""
+        if side not in _SIDES:
+            raise PipelineDefinitionError(f"join {self._operator!r}: late(side) takes 'left' or 'right', got {side!r}")
+        return Stream(self._flow, (Input(self._operator, FORWARD, port=f"late_{side}"),))
