@@ -9,8 +9,10 @@ Start      a handle for the epoch; on its first record a free producer of the su
            small pool begins a Kafka transaction, and records stream into it (invisible to
            read_committed readers). With no free producer (earlier epochs still await
            completion) the epoch is only kept in the handle and produced at commit.
-write      serialize; append ``(key, value, headers, timestamp)`` to the handle — the
-           **write-ahead log**, part of the checkpoint — and produce into the transaction
+write      serialize a batch; produce it into the transaction and append the very bytes
+           produced, ``(key, value, headers, timestamp)``, to the handle's **write-ahead
+           log** (:mod:`~epochal.connectors.kafka.wal`): in memory, part of the checkpoint,
+           up to ``wal_budget`` bytes per writer; spilled to a local file beyond it
 Pre-commit seal at the barrier (task thread, O(1)); durability step (uploader thread): flush
            the producer, so the commit later is short. The epoch's records are durable in
            the checkpoint itself (the handle), whatever happens to the Kafka transaction.
@@ -25,8 +27,9 @@ Abort      ``abort_transaction`` of the open transaction (at a clean end: it is 
 librdkafka cannot resume another producer's open transaction after a crash (Flink does it by
 reflection on the Java client), hence the write-ahead log: a crash between checkpoint
 completion and the commit loses nothing, the next generation produces the epoch from the
-restored handle. Its cost is the epoch's serialized records written once more, into the
-checkpoint (``benchmarks/kafka.py`` measures it).
+restored handle (and its spill file). Its cost is the epoch's serialized records written
+once more, into the checkpoint or the spill file (``benchmarks/kafka.py`` measures it); it
+is released (memory given back, file deleted) once Kafka holds the epoch.
 
 **Fencing.** Transactional ids are ``<prefix>-<subtask>-g<generation>-<slot>``: fresh per
 generation, never reused. Before a new writer commits anything it fences
@@ -43,6 +46,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -50,7 +55,7 @@ from typing import Any
 
 from epochal.alignment.factory import SinkMode
 from epochal.config import parse_duration
-from epochal.connectors.kafka import probes, recovery
+from epochal.connectors.kafka import probes, recovery, wal
 from epochal.connectors.kafka.client import (
     check_servers,
     check_topic,
@@ -70,6 +75,8 @@ log = logging.getLogger("epochal")
 KAFKA_CALL_TIMEOUT_S = 60.0
 #: the default ``transaction.timeout.ms``: Kafka brokers' default ``transaction.max.timeout.ms``
 DEFAULT_TRANSACTION_TIMEOUT_MS = 900_000
+#: the default ``wal_budget``: bytes of not yet committed epochs a writer keeps in memory
+DEFAULT_WAL_BUDGET = 64 * 1024 * 1024
 
 _RESERVED = ("transactional.id", "enable.idempotence", "transaction.timeout.ms")
 
@@ -98,6 +105,11 @@ class KafkaSink(Sink):
             (``transaction.max.timeout.ms``, 15 min by default).
         transactional_id_prefix: default ``f"epochal-{job}-{sink}"``; two jobs writing one
             topic under one job and sink name need different prefixes.
+        wal_budget: bytes (int, or ``"64MB"``) of keys and values of epochs not yet
+            committed that a writer keeps in memory — and in its checkpoints — as the
+            write-ahead log; records beyond it spill to a file under ``wal_dir`` (exactly-once).
+        wal_dir: where spill files go; default ``<tmp>/epochal-kafka-wal``. A task restarted
+            on another host needs it to be a path every host shares.
 
     Raises:
         ConfigError: for an invalid argument, when the sink is built.
@@ -106,7 +118,8 @@ class KafkaSink(Sink):
     def __init__(self, bootstrap_servers, topic: str, *, serializer: Callable[[Any], Any] | None = None,
                  key: Callable[[Any], Any] | None = None, config: Mapping | None = None, producers: int = 2,
                  transaction_timeout: float | str = DEFAULT_TRANSACTION_TIMEOUT_MS / 1000,
-                 transactional_id_prefix: str | None = None):
+                 transactional_id_prefix: str | None = None, wal_budget: int | str = DEFAULT_WAL_BUDGET,
+                 wal_dir: str | None = None):
         what = "KafkaSink"
         self.servers = check_servers(bootstrap_servers, what)
         self.topic = check_topic(topic, what)
@@ -121,6 +134,11 @@ class KafkaSink(Sink):
         self.producers = producers
         self.transaction_timeout = parse_duration(transaction_timeout, "KafkaSink transaction_timeout")
         self.transactional_id_prefix = transactional_id_prefix
+        self.wal_budget = wal.parse_bytes(wal_budget, f"{what} wal_budget")
+        if wal_dir is not None and (not isinstance(wal_dir, (str, os.PathLike)) or not str(wal_dir)):
+            raise ConfigError(f"{what} wal_dir: expected a directory path, got {wal_dir!r}")
+        self.wal_dir = str(wal_dir) if wal_dir is not None else os.path.join(tempfile.gettempdir(),
+                                                                              "epochal-kafka-wal")
         self.config = client_config(self.servers, config, what, reserved=_RESERVED)
 
     def __repr__(self) -> str:
@@ -161,9 +179,11 @@ class KafkaSink(Sink):
 class KafkaTransaction:
     """Picklable handle of one epoch: its records (the write-ahead log) and who wrote it.
 
-    ``records`` holds ``(key, value, headers, timestamp_ms)``; empty in at-least-once mode,
-    where nothing is replayed from a handle. ``subtask`` names the marker group the epoch
-    commits to — the writing subtask's, kept through a rescale.
+    ``wal`` holds ``(key, value, headers, timestamp_ms)`` as produced
+    (:class:`~epochal.connectors.kafka.wal.WalSegment`); None in at-least-once mode, where
+    nothing is replayed from a handle. ``records`` is where handles pickled before the
+    segment kept them. ``subtask`` names the marker group the epoch commits to — the
+    writing subtask's, kept through a rescale.
     """
 
     epoch: int
@@ -173,6 +193,19 @@ class KafkaTransaction:
     slot: int | None = None  # the streaming producer, None: produced at commit (or not begun)
     count: int = 0
     lineage: str = ""  # the run that wrote it (epochal.epochs.lineage); "" before lineages
+    wal: wal.WalSegment | None = None
+
+    def rows(self):
+        """Every record of the epoch, in the order produced (memory, then the spill file)."""
+        segment = getattr(self, "wal", None)
+        return iter(segment) if segment is not None else iter(self.records)
+
+    @property
+    def first_ts(self) -> int | None:
+        segment = getattr(self, "wal", None)
+        if segment is not None:
+            return segment.first_ts
+        return min((r[3] for r in self.records), default=None)
 
     @property
     def group(self) -> tuple[str, int]:
@@ -216,28 +249,35 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
         self._fenced: set[str] = set()  # transactional ids this writer fenced
         self._sealed = 0  # the highest epoch pre_commit sealed
         self._missing: set[tuple] = set()  # settled groups Kafka held no marker for
+        self._budget = wal.Budget(sink.wal_budget)  # the write-ahead log this writer holds in memory
 
     # ------------------------------------------------------------------ hooks
 
     def begin_transaction(self, epoch: int) -> KafkaTransaction:
         self._start()
-        return KafkaTransaction(epoch, self.ctx.subtask, self.ctx.generation, lineage=self._lineage)
+        return KafkaTransaction(epoch, self.ctx.subtask, self.ctx.generation, lineage=self._lineage,
+                                wal=wal.WalSegment() if self._transactional else None)
 
     def write_to(self, txn: KafkaTransaction, record: Any) -> None:
         self.write_many_to(txn, [record])
 
     def write_many_to(self, txn: KafkaTransaction, records: list) -> None:
+        """Serialize the batch, produce it (one C call per record, nothing else per record
+        on the fast path), then append the produced rows to the write-ahead log at once."""
         if not records:
             return
         producer = self._producer_for(txn)
-        keep = txn.records.append if self._transactional else None
         serialize, key_fn, topic = self._serialize, self._key, self._topic
         now = int(time.time() * 1000)
+        rows = []
+        nbytes = 0
         for record in records:
             try:
                 value = serialize(record)
-                if value is not None and not isinstance(value, bytes):
-                    raise TypeError(f"the serializer returned {type(value).__name__}, not bytes")
+                if value is not None:
+                    if type(value) is not bytes:
+                        raise TypeError(f"the serializer returned {type(value).__name__}, not bytes")
+                    nbytes += len(value)
                 if key_fn is not None:
                     key, headers = to_key(key_fn(record)), None
                 elif type(record) is KafkaRecord:
@@ -246,13 +286,28 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
                     key = headers = None
             except Exception as exc:
                 raise SinkWriteError(self.ctx.sink_name, record, f"{type(exc).__name__}: {exc}") from exc
-            if keep is not None and not txn.count:  # the epoch's first record names it (recovery.epoch_tag)
-                headers = list(headers or ()) + [(recovery.TAG_HEADER, recovery.epoch_tag(txn.group, txn.epoch))]
-            if producer is not None:
-                self._produce(producer, topic, key, value, headers, now, record)
-            if keep is not None:
-                keep((key, value, headers, now))
-            txn.count += 1
+            if key is not None:
+                nbytes += len(key)
+            rows.append((key, value, headers, now))
+        segment = txn.wal
+        if segment is not None and not txn.count:  # the epoch's first record names it (recovery.epoch_tag)
+            key, value, headers, ts = rows[0]
+            headers = list(headers or ()) + [(recovery.TAG_HEADER, recovery.epoch_tag(txn.group, txn.epoch))]
+            rows[0] = (key, value, headers, ts)
+        if producer is not None:
+            produce = producer.produce
+            for i, (key, value, headers, ts) in enumerate(rows):
+                try:
+                    produce(topic, value, key, headers=headers, timestamp=ts)
+                except (BufferError, self._ck.KafkaException):
+                    self._produce(producer, topic, key, value, headers, ts, records[i])
+        if segment is not None:
+            segment.append_many(rows, nbytes, self._budget, functools.partial(self._spill_path, txn))
+        txn.count += len(rows)
+
+    def _spill_path(self, txn: KafkaTransaction) -> str:
+        return os.path.join(self._sink.wal_dir, self._prefix,
+                            f"{txn.lineage or 'legacy'}-{txn.subtask}-g{txn.generation}-e{txn.epoch}.wal")
 
     def pre_commit(self, txn: KafkaTransaction):
         """Seal: nothing to detach (the next epoch gets another producer or none); remember
@@ -263,9 +318,12 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
         self._sealed = max(self._sealed, txn.epoch)
         if not txn.count:
             return None
+        segment = txn.wal
+        if segment is not None:
+            segment.seal()
         producer = self._plain if not self._transactional else (
             self._slots[txn.slot] if txn.slot is not None else None)
-        if producer is None:
+        if producer is None and (segment is None or segment.path is None):
             return None
         return functools.partial(self._flush, producer, txn)
 
@@ -293,13 +351,23 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
             producer = self._slots[slot]
             self._kafka_call(f"commit epoch {txn.epoch}", self._commit_with_marker, producer, txn.epoch)
             del self._live[slot]
+            self._release_wal(txn)
             return
         # Step 2
         if txn.count:
             self._replay_epoch(txn)
+            self._release_wal(txn)
         # Step 3
         elif time.monotonic() - self._last_marker > MARKER_REFRESH_S:
             self._kafka_call("refresh the marker", self._marker_only, self._markers.get(self._own, 0))
+
+    def _release_wal(self, txn: KafkaTransaction) -> None:
+        """Kafka holds the epoch (or it was discarded): drop its write-ahead log — the memory
+        it counted against this writer's budget, its spill file."""
+        segment = getattr(txn, "wal", None)
+        if segment is not None:
+            mine = txn.generation == self.ctx.generation and txn.group == self._own
+            segment.release(self._budget if mine else None)
 
     def abort(self, txn: KafkaTransaction) -> None:
         slot = txn.slot
@@ -307,6 +375,7 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
             self._kafka_call(f"abort epoch {txn.epoch}", self._slots[slot].abort_transaction, KAFKA_CALL_TIMEOUT_S)
             del self._live[slot]
             self._slots[slot] = None  # an aborted id is never written again (recovery module docstring)
+        self._release_wal(txn)
 
     def release_clients(self) -> None:
         """Abort the transaction of the epoch still open (sealed ones stay: a completed
@@ -330,9 +399,13 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
         self._replay = self._plain = None
 
     def cleanup_orphans(self, restored_epoch: int) -> None:
-        """Nothing is staged outside Kafka; :meth:`_start` fenced every earlier producer,
-        which aborted their open transactions."""
+        """:meth:`_start` fenced every earlier producer, which aborted their open
+        transactions; delete this subtask's spill files of this lineage's earlier
+        generations for epochs after ``restored_epoch`` (no checkpoint holds them)."""
         self._start()
+        if self._transactional:
+            wal.remove_orphans(os.path.join(self._sink.wal_dir, self._prefix), self._lineage or "legacy",
+                               self.ctx.subtask, self.ctx.generation, restored_epoch)
 
     # ------------------------------------------------------------------ start: fence, register
 
@@ -486,8 +559,12 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
 
         def produce_and_commit():
             producer.begin_transaction()
-            for key, value, headers, ts in txn.records:
-                self._produce(producer, self._topic, key, value, headers, ts, None)
+            try:
+                for key, value, headers, ts in txn.rows():
+                    self._produce(producer, self._topic, key, value, headers, ts, None)
+            except wal.WalMissingError as exc:
+                raise SinkCommitError(f"{self._where()}: cannot produce epoch {txn.epoch} of subtask {g[1]} "
+                                      f"again: {exc}") from exc
             self._commit_with_marker(producer, txn.epoch, g)
 
         self._kafka_call(f"produce epoch {txn.epoch} of subtask {g[1]} from the checkpoint", produce_and_commit)
@@ -497,10 +574,11 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
         """Whether ``txn`` committed, asked of the topic itself (its tagged first record,
         :func:`~epochal.connectors.kafka.probes.epoch_in_topic`): only when the marker
         group that would say so is gone."""
-        if not txn.records:
+        first_ts = txn.first_ts
+        if first_ts is None:
             return False
         return probes.epoch_in_topic(self._sink, self._prefix, recovery.epoch_tag(txn.group, txn.epoch),
-                                        min(r[3] for r in txn.records), f"{self._where()}: epoch {txn.epoch}")
+                                        first_ts, f"{self._where()}: epoch {txn.epoch}")
 
     # ------------------------------------------------------------------ producing
 
@@ -538,7 +616,12 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
                 raise SinkCommitError(f"{self._where()}: producing to topic {topic!r} failed: {text}") from exc
 
     def _flush(self, producer, txn: KafkaTransaction) -> None:
-        """The durability step (uploader thread): every record of ``txn`` reached the broker."""
+        """The durability step (uploader thread): the epoch's spill file is on disk, and
+        every record of ``txn`` reached the broker."""
+        if txn.wal is not None:
+            txn.wal.sync()
+        if producer is None:
+            return
         left = producer.flush(KAFKA_CALL_TIMEOUT_S)
         if left:
             raise SinkCommitError(f"{self._where()}: {left} record(s) of epoch {txn.epoch} not delivered to topic "
