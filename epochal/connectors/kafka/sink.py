@@ -13,14 +13,20 @@ write      serialize a batch; produce it into the transaction and append the ver
            produced, ``(key, value, headers, timestamp)``, to the handle's **write-ahead
            log** (:mod:`~epochal.connectors.kafka.wal`): in memory, part of the checkpoint,
            up to ``wal_budget`` bytes per writer; spilled to a local file beyond it
-Pre-commit seal at the barrier (task thread, O(1)); durability step (uploader thread): flush
-           the producer, so the commit later is short. The epoch's records are durable in
-           the checkpoint itself (the handle), whatever happens to the Kafka transaction.
+Pre-commit seal at the barrier (task thread, O(1)): attach the commits still in flight
+           (below) to the handle; durability step (uploader thread): fsync the epoch's
+           spill file, if any, and flush the producer, so the commit later is short. The
+           epoch's records are durable in the checkpoint itself (the handle), whatever
+           happens to the Kafka transaction.
 Commit     ``send_offsets_to_transaction`` of the **marker** (offset = epoch for the group
            ``<prefix>-<subtask>-epochs``) + ``commit_transaction``: records and marker become
-           visible atomically. Idempotent: a writer that did not produce the transaction
-           itself (after a restart, a rescale) asks Kafka for the marker and, if the epoch is
-           missing, produces the handle's records again in a fresh transaction with the marker
+           visible atomically — on the writer's commit thread
+           (:mod:`~epochal.connectors.kafka.committer`), in epoch order, while the task
+           thread goes on with the next epoch; a commit still in flight at the next barrier
+           travels in that epoch's handle (``carried``). Idempotent: a writer that did not
+           produce the transaction itself (after a restart, a rescale) asks Kafka for the
+           marker and, if the epoch is missing, produces the handle's records again in a
+           fresh transaction with the marker
 Abort      ``abort_transaction`` of the open transaction (at a clean end: it is empty)
 =========  ===============================================================================
 
@@ -55,7 +61,7 @@ from typing import Any
 
 from epochal.alignment.factory import SinkMode
 from epochal.config import parse_duration
-from epochal.connectors.kafka import probes, recovery, wal
+from epochal.connectors.kafka import committer, probes, recovery, wal
 from epochal.connectors.kafka.client import (
     check_servers,
     check_topic,
@@ -97,8 +103,9 @@ class KafkaSink(Sink):
         config: more librdkafka producer settings (security, compression, ...). epochal sets
             ``transactional.id`` and ``enable.idempotence`` itself.
         producers: producers per subtask that stream epochs into their own transactions
-            while earlier epochs await completion (an epoch without a free one is produced
-            at its commit instead). 2 covers one pending epoch plus the open one.
+            while earlier epochs await completion and commit (an epoch without a free one is
+            produced at its commit instead, which delays it). 3 covers the open epoch, one
+            awaiting completion and one committing.
         transaction_timeout: Kafka's ``transaction.timeout.ms`` (a duration): how long a
             transaction may stay open before the broker aborts it. It must cover an epoch
             plus its checkpoint (checked when the job starts); the broker must allow it
@@ -116,7 +123,7 @@ class KafkaSink(Sink):
     """
 
     def __init__(self, bootstrap_servers, topic: str, *, serializer: Callable[[Any], Any] | None = None,
-                 key: Callable[[Any], Any] | None = None, config: Mapping | None = None, producers: int = 2,
+                 key: Callable[[Any], Any] | None = None, config: Mapping | None = None, producers: int = 3,
                  transaction_timeout: float | str = DEFAULT_TRANSACTION_TIMEOUT_MS / 1000,
                  transactional_id_prefix: str | None = None, wal_budget: int | str = DEFAULT_WAL_BUDGET,
                  wal_dir: str | None = None):
@@ -194,6 +201,7 @@ class KafkaTransaction:
     count: int = 0
     lineage: str = ""  # the run that wrote it (epochal.epochs.lineage); "" before lineages
     wal: wal.WalSegment | None = None
+    carried: tuple = ()  # handles of earlier epochs whose commit was in flight at this one's seal
 
     def rows(self):
         """Every record of the epoch, in the order produced (memory, then the spill file)."""
@@ -250,6 +258,7 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
         self._sealed = 0  # the highest epoch pre_commit sealed
         self._missing: set[tuple] = set()  # settled groups Kafka held no marker for
         self._budget = wal.Budget(sink.wal_budget)  # the write-ahead log this writer holds in memory
+        self._committer = committer.Committer(f"kafka-commit-{ctx.sink_name}-{ctx.subtask}")
 
     # ------------------------------------------------------------------ hooks
 
@@ -266,6 +275,7 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
         on the fast path), then append the produced rows to the write-ahead log at once."""
         if not records:
             return
+        self._raise_if_commit_failed()
         producer = self._producer_for(txn)
         serialize, key_fn, topic = self._serialize, self._key, self._topic
         now = int(time.time() * 1000)
@@ -311,11 +321,16 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
 
     def pre_commit(self, txn: KafkaTransaction):
         """Seal: nothing to detach (the next epoch gets another producer or none); remember
-        the highest sealed epoch (:meth:`release_clients` leaves those transactions). The
-        durability step flushes the epoch's producer, on the uploader thread: the records
-        are durable in the checkpoint anyway (the handle), flushing here only keeps the
-        commit short. At-least-once: the flush is what makes the barrier safe."""
+        the highest sealed epoch (:meth:`release_clients` leaves those transactions); attach
+        the commits in flight (``carried``: the checkpoint of this epoch must still promise
+        them). The durability step (uploader thread) fsyncs the epoch's spill file, if it
+        has one, and flushes the epoch's producer: the records are durable in the
+        checkpoint anyway (the handle), flushing here only keeps the commit short.
+        At-least-once: the flush is what makes the barrier safe."""
         self._sealed = max(self._sealed, txn.epoch)
+        if self._transactional:
+            self._raise_if_commit_failed()
+            txn.carried = self._committer.in_flight()
         if not txn.count:
             return None
         segment = txn.wal
@@ -328,22 +343,38 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
         return functools.partial(self._flush, producer, txn)
 
     def commit(self, txn: KafkaTransaction) -> None:
-        """At-least-once: raise if a record was not delivered. Exactly-once:
-
-        1. An epoch this writer streamed itself: commit its transaction with the marker.
-        2. Otherwise (restored, rescaled, or produced-at-commit): ask Kafka for the marker of
-           the epoch's subtask; skip the epoch if Kafka holds it (idempotence), else produce
-           its records from the handle in a fresh transaction of the replay slot, with the
-           marker, and commit.
-        3. An empty epoch commits nothing, but refreshes the marker now and then, so the
-           broker never expires the group (``offsets.retention.minutes``).
-        """
+        """At-least-once: raise if a record was not delivered. Exactly-once: hand the commit
+        to the commit thread (:meth:`_commit_now` runs there, in submission order) and
+        return; a restored handle's carried epochs go first."""
         if not self._transactional:
             if self._failed:
                 raise SinkCommitError(f"{self._where()}: a record of epoch {txn.epoch} was not delivered to "
                                       f"topic {self._topic!r}: {self._failed}")
             return
         self._start()
+        self._raise_if_commit_failed()
+        if txn.generation != self.ctx.generation or txn.group != self._own:
+            self._submit_carried(txn)  # own carried epochs were submitted before
+        self._committer.submit(txn, functools.partial(self._commit_now, txn))
+
+    def _submit_carried(self, txn: KafkaTransaction) -> None:
+        for earlier in getattr(txn, "carried", ()):  # handles pickled before the commit thread have none
+            self._submit_carried(earlier)
+            self._committer.submit(earlier, functools.partial(self._commit_now, earlier))
+
+    def _commit_now(self, txn: KafkaTransaction) -> None:
+        """The commit of ``txn`` (commit thread; idempotent):
+
+        1. An epoch this writer streamed itself: commit its transaction with the marker.
+        2. Otherwise (restored, rescaled, carried, or produced-at-commit): ask Kafka for the
+           marker of the epoch's subtask; skip the epoch if Kafka holds it (idempotence),
+           else produce its records from the handle in a fresh transaction of the replay
+           slot, with the marker, and commit.
+        3. An empty epoch commits nothing, but refreshes the marker now and then, so the
+           broker never expires the group (``offsets.retention.minutes``).
+
+        Then the epoch's write-ahead log and carried handles are dropped: Kafka holds it.
+        """
         # Step 1
         slot = txn.slot
         if (txn.generation == self.ctx.generation and txn.group == self._own and slot is not None
@@ -351,15 +382,37 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
             producer = self._slots[slot]
             self._kafka_call(f"commit epoch {txn.epoch}", self._commit_with_marker, producer, txn.epoch)
             del self._live[slot]
-            self._release_wal(txn)
-            return
         # Step 2
-        if txn.count:
+        elif txn.count:
             self._replay_epoch(txn)
-            self._release_wal(txn)
         # Step 3
         elif time.monotonic() - self._last_marker > MARKER_REFRESH_S:
             self._kafka_call("refresh the marker", self._marker_only, self._markers.get(self._own, 0))
+        self._release_wal(txn)
+        txn.carried = ()
+
+    def wait_for_commits(self, timeout: float | None = None) -> None:
+        """Return once every commit handed over so far is in Kafka (exactly-once); raise
+        SinkCommitError if one failed or ``timeout`` s (default ``COMMIT_DRAIN_S``) passed.
+        Called at a clean end and after a restore; callers driving a writer by hand call
+        it after ``notify_epoch_complete`` to see the epoch in Kafka."""
+        if not self._transactional:
+            return
+        timeout = COMMIT_DRAIN_S if timeout is None else timeout
+        done = self._committer.drain(timeout)
+        self._raise_if_commit_failed()
+        if not done:
+            raise SinkCommitError(f"{self._where()}: commits of epochs {[h.epoch for h in self._committer.in_flight()]} "
+                                  f"did not finish within {timeout:.0f} s")
+
+    def _raise_if_commit_failed(self) -> None:
+        """Task thread: a commit failed on the commit thread — fail the writer here."""
+        try:
+            self._committer.raise_if_failed()
+        except SinkCommitError:
+            raise
+        except Exception as exc:
+            raise SinkCommitError(f"{self._where()}: a commit failed: {type(exc).__name__}: {exc}") from exc
 
     def _release_wal(self, txn: KafkaTransaction) -> None:
         """Kafka holds the epoch (or it was discarded): drop its write-ahead log — the memory
@@ -370,6 +423,9 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
             segment.release(self._budget if mine else None)
 
     def abort(self, txn: KafkaTransaction) -> None:
+        """At a clean end: wait for the commits in flight (the job's output is complete only
+        then), then abort the open epoch's transaction."""
+        self.wait_for_commits()
         slot = txn.slot
         if self._transactional and slot is not None and self._live.get(slot) == txn.epoch:
             self._kafka_call(f"abort epoch {txn.epoch}", self._slots[slot].abort_transaction, KAFKA_CALL_TIMEOUT_S)
@@ -380,7 +436,10 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
     def release_clients(self) -> None:
         """Abort the transaction of the epoch still open (sealed ones stay: a completed
         checkpoint may promise them, and the next generation fences or commits them), close
-        the marker consumers and drop every producer."""
+        the marker consumers and drop every producer. The commit thread runs no further
+        commit after a short wait (a checkpoint still promises those left in flight)."""
+        self._committer.drain(RELEASE_DRAIN_S)
+        self._committer.stop(RELEASE_DRAIN_S)
         for slot, epoch in list(self._live.items()):
             producer = self._slots[slot]
             if epoch > self._sealed and producer is not None:
@@ -404,6 +463,7 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
         generations for epochs after ``restored_epoch`` (no checkpoint holds them)."""
         self._start()
         if self._transactional:
+            self.wait_for_commits()  # a restored writer starts once Kafka holds every restored epoch
             wal.remove_orphans(os.path.join(self._sink.wal_dir, self._prefix), self._lineage or "legacy",
                                self.ctx.subtask, self.ctx.generation, restored_epoch)
 
@@ -642,6 +702,10 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
                                   f"{describe_error(exc)}") from exc
 
 
+#: seconds a clean end waits for the commits in flight
+COMMIT_DRAIN_S = 120.0
+#: seconds releasing the clients waits for the commits in flight (then leaves them to the next generation)
+RELEASE_DRAIN_S = 10.0
 #: seconds between marker refreshes of a subtask that commits nothing (Kafka expires the
 #: offsets of an empty group after ``offsets.retention.minutes``, 7 days by default)
 MARKER_REFRESH_S = 3600.0
