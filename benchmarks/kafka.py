@@ -1,33 +1,39 @@
-"""Kafka to Kafka: throughput and end-to-end latency of the Kafka connectors.
+"""Kafka to Kafka: end-to-end latency and capacity of the Kafka connectors, side by side
+with confluent-kafka alone (issue 34), on the broker the tests start.
 
-Throughput: a topic of ``--records`` records (``--partitions`` partitions, 100-byte values,
-1,000 keys) is read by ``KafkaSource`` (bounded at the end offsets), counted per key in
-keyed state and written by ``KafkaSink`` to another topic, for each mode:
+The pipeline is the same everywhere: records pass through unchanged (value, key), from a
+``--partitions``-partition topic to another. Modes:
 
-* ``exactly-once``: 1 s checkpoints (``--interval``), one Kafka transaction per epoch and
-  sink subtask, the epoch's records kept in the checkpoint (write-ahead log);
-* ``at-least-once``: the same checkpoints, an idempotent producer flushed at each barrier;
-* ``no-checkpoint``: exactly-once with no periodic epochs (only the final one);
-* ``raw-client``: no engine — one Python process, a read_committed consumer feeding a plain
-  producer (what confluent-kafka alone does on this machine).
+* ``exactly-once``: KafkaSource → map → KafkaSink, epochs of E ms (``checkpoint.interval``),
+  read back ``read_committed``;
+* ``at-least-once``: the same job, the sink's idempotent producer flushed at each barrier;
+* ``client``: confluent-kafka alone in one process, a consumer feeding an idempotent producer;
+* ``client-transactional``: confluent-kafka alone, consume → produce in transactions that
+  commit the consumed offsets with the records every E ms: the hand-written exactly-once loop.
 
-Steady rate = output records / (last − first record at the sink), from the timestamps the
-sink gives each record when it writes it; every mode is read back with read_committed and
-must hold every input record once (exactly-once) or at least once. Modes are interleaved
-across repetitions. Latency: a producer thread writes ``--latency-rate`` records/s for
-``--latency-seconds``, the job runs unbounded, and a read_committed consumer timestamps
-each output record: latency = seen − produced.
+**Latency** (``--rates`` × ``--epochs``): a producer process writes R records/s for
+``--latency-seconds`` into the input topic, each value carrying its produce time; a
+``read_committed`` reader process stamps every output record: latency = seen − produced,
+p50/p99/p999 over all records; every record must be seen exactly once. Start-up is excluded:
+the load starts once a warm-up record came through (:mod:`kafka_latency`).
 
-    python benchmarks/kafka.py [--runtime spark|local] [--records 600000] [--repetitions 3] [--smoke]
+**Capacity**: a topic of ``--records`` records (100-byte values, 1,000 keys) is read from
+its start (bounded at its end offsets); steady rate = output records / (last − first
+record's write time) — the writers' timestamps. Exactly-once runs report the checkpoint
+size per epoch: the sink's write-ahead log is most of it (``--wal-budget`` spills it).
+
+    python benchmarks/kafka.py [--runtime spark|local] [--rates 10000,100000] [--epochs 10,20,50,100]
+                               [--records 600000] [--repetitions 3] [--smoke]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
+import queue
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -35,6 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import harness  # noqa: E402
+import kafka_latency  # noqa: E402
 from kafka_broker import start_broker  # noqa: E402
 
 import epochal as ep  # noqa: E402
@@ -43,20 +50,9 @@ from epochal.sources import KafkaSource  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "kafka.json"
 PAYLOAD = b"x" * 100
-MODES = ["exactly-once", "at-least-once", "no-checkpoint", "raw-client"]
-
-
-class Count(ep.KeyedProcessFunction):
-    def open(self, ctx):
-        self.n = ctx.value_state("n", default=0)
-
-    def process(self, key, record):
-        self.n.update(self.n.value() + 1)
-        yield (key, record.value, record.timestamp)
-
-
-def serialize(out) -> bytes:
-    return out[1]
+ENGINE_MODES = ("exactly-once", "at-least-once")
+LATENCY_MODES = ["exactly-once", "at-least-once", "client", "client-transactional"]
+MODES = ["exactly-once", "at-least-once", "client", "client-transactional"]
 
 
 def fill(broker, topic: str, records: int, partitions: int) -> None:
@@ -101,16 +97,16 @@ def steady_rate(stamps: list[int]) -> float | None:
 
 
 def run_engine(broker, mode: str, args, src: str, spark) -> dict:
+    """Capacity of the engine: the pass-through job over the full topic ``src``."""
     out = broker.create_topic(None, args.partitions)
     flow = ep.Dataflow(f"kafka-bench-{uuid.uuid4().hex[:6]}", parallelism=args.parallelism)
+    sink_options = {"wal_budget": args.wal_budget} if args.wal_budget is not None else {}
     (flow.source("in", KafkaSource(broker.servers, src, stopping_offsets="latest"))
-         .key_by(lambda r: r.key)
-         .process("count", Count())
-         .sink("out", KafkaSink(broker.servers, out, serializer=serialize, key=lambda o: o[0])))
-    interval = None if mode == "no-checkpoint" else args.interval
-    rec = {"mode": mode, "records": args.records}
-    options = {"guarantee": "at-least-once" if mode == "at-least-once" else "exactly-once",
-               "checkpoint": ep.CheckpointConfig(interval=interval,
+         .map("pass", lambda r: r)
+         .sink("out", KafkaSink(broker.servers, out, **sink_options)))
+    rec: dict = {}
+    options = {"guarantee": mode,
+               "checkpoint": ep.CheckpointConfig(interval=args.interval,
                                                  storage="file://" + tempfile.mkdtemp(dir=args.tmp)),
                "runtime": args.runtime}
     if spark is not None:
@@ -119,26 +115,38 @@ def run_engine(broker, mode: str, args, src: str, spark) -> dict:
     if result is None:
         return rec
     stamps = output_stamps(broker, out)
+    sizes = [e.get("bytes", 0) for e in result.completed_epochs]
     rec.update(output_records=len(stamps), records_per_s=steady_rate(stamps), attempts=result.attempts,
                epochs=len(result.completed_epochs),
-               checkpoint_bytes_p50=harness.median([e.get("bytes", 0) for e in result.completed_epochs]),
+               checkpoint_bytes_p50=harness.median(sizes), checkpoint_mb_max=max(sizes, default=0) / 1e6,
                checkpoint_s_p50=harness.median([e["duration_s"] for e in result.completed_epochs]))
     if mode == "at-least-once" and len(stamps) < args.records or mode != "at-least-once" and len(stamps) != args.records:
         rec["error"] = f"{mode}: {len(stamps)} output records for {args.records} input records"
     return rec
 
 
-def run_raw(broker, args, src: str) -> dict:
-    """confluent-kafka alone: read_committed consumer → plain producer, one process."""
+def run_raw(broker, args, src: str, mode: str) -> dict:
+    """Capacity of confluent-kafka alone, one process: read_committed consumer → producer
+    (``client``: idempotent; ``client-transactional``: offsets and records committed in a
+    transaction every ``--interval`` s)."""
     from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
     out = broker.create_topic(None, args.partitions)
     ends = broker.end_offsets(src)
-    c = Consumer({"bootstrap.servers": broker.servers, "group.id": uuid.uuid4().hex,
+    group = uuid.uuid4().hex
+    c = Consumer({"bootstrap.servers": broker.servers, "group.id": group, "enable.auto.commit": False,
                   "isolation.level": "read_committed", "enable.partition.eof": True})
-    p = Producer({"bootstrap.servers": broker.servers, "linger.ms": 5, "enable.idempotence": True})
+    transactional = mode == "client-transactional"
+    conf = {"bootstrap.servers": broker.servers, "linger.ms": 5, "enable.idempotence": True}
+    if transactional:
+        conf["transactional.id"] = f"bench-{group}"
+    p = Producer(conf)
     c.assign([TopicPartition(src, q, 0) for q in ends])
-    done, n, t0 = set(), 0, time.monotonic()
+    if transactional:
+        p.init_transactions(30)
+        p.begin_transaction()
+    done, t0 = set(), time.monotonic()
+    last = t0
     while len(done) < len(ends):
         for msg in c.consume(10000, 1.0):
             if msg.error():
@@ -151,87 +159,123 @@ def run_raw(broker, args, src: str) -> dict:
                     break
                 except BufferError:
                     p.poll(0.05)
-            n += 1
+        if transactional and time.monotonic() - last >= args.interval:
+            p.send_offsets_to_transaction(c.position(c.assignment()), c.consumer_group_metadata(), 30)
+            p.commit_transaction(30)
+            p.begin_transaction()
+            last = time.monotonic()
+    if transactional:
+        p.send_offsets_to_transaction(c.position(c.assignment()), c.consumer_group_metadata(), 30)
+        p.commit_transaction(30)
     p.flush(120)
     c.close()
     stamps = output_stamps(broker, out)
-    return {"mode": "raw-client", "records": args.records, "output_records": len(stamps),
-            "records_per_s": steady_rate(stamps), "wall_s": time.monotonic() - t0}
+    rec = {"output_records": len(stamps), "records_per_s": steady_rate(stamps), "wall_s": time.monotonic() - t0}
+    if len(stamps) != args.records:
+        rec["error"] = f"{mode}: {len(stamps)} output records for {args.records} input records"
+    return rec
 
 
-def run_latency(broker, args, guarantee: str, interval: float, spark) -> dict:
-    src = broker.create_topic(None, args.partitions)
-    out = broker.create_topic(None, args.partitions)
+def latency_job(broker, args, guarantee: str, epoch_s: float, src: str, out: str, spark):
+    """Start KafkaSource → map → KafkaSink (records pass through: value, key) unbounded."""
     flow = ep.Dataflow(f"kafka-lat-{uuid.uuid4().hex[:6]}", parallelism=args.parallelism)
+    sink_options = {"wal_budget": args.wal_budget} if args.wal_budget is not None else {}
     (flow.source("in", KafkaSource(broker.servers, src))
-         .key_by(lambda r: r.key).process("count", Count())
-         .sink("out", KafkaSink(broker.servers, out, serializer=lambda o: str(o[2]).encode(), key=lambda o: o[0])))
+         .map("pass", lambda r: r)
+         .sink("out", KafkaSink(broker.servers, out, **sink_options)))
     options = {"guarantee": guarantee, "runtime": args.runtime,
-               "checkpoint": ep.CheckpointConfig(interval=interval, storage="file://" + tempfile.mkdtemp(dir=args.tmp))}
+               "checkpoint": ep.CheckpointConfig(interval=epoch_s, storage="file://" + tempfile.mkdtemp(dir=args.tmp))}
     if spark is not None:
         options["spark"] = spark
-    handle = flow.start(**options)
-    total = int(args.latency_rate * args.latency_seconds)
-    latencies, stop = [], threading.Event()
+    return flow.start(**options)
 
-    def read():
-        from confluent_kafka import Consumer, TopicPartition
 
-        c = Consumer({"bootstrap.servers": broker.servers, "group.id": uuid.uuid4().hex,
-                      "isolation.level": "read_committed"})
-        c.assign([TopicPartition(out, q, 0) for q in range(args.partitions)])
-        while not stop.is_set() and len(latencies) < total:
-            for msg in c.consume(1000, 0.005):
-                if not msg.error():
-                    latencies.append(time.time() - int(msg.value()) / 1000.0)
-        c.close()
-
-    reader = threading.Thread(target=read, daemon=True)
+def run_latency(broker, args, mode: str, rate: float, epoch_s: float | None, spark) -> dict:
+    """One latency run: ``mode`` (exactly-once / at-least-once: the engine with epochs of
+    ``epoch_s``; client / client-transactional: confluent-kafka alone, committing every
+    ``epoch_s``) under ``rate`` records/s for ``--latency-seconds``; every record must be
+    seen exactly once by the read_committed reader."""
+    ctx = mp.get_context("spawn")
+    src = broker.create_topic(None, args.partitions)
+    out = broker.create_topic(None, args.partitions)
+    total = int(rate * args.latency_seconds)
+    seen, go, stop, results = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Queue()
+    reader = ctx.Process(target=kafka_latency.read, args=(broker.servers, out, args.partitions, total, seen, results,
+                                                          args.latency_seconds + 60), daemon=True)
+    loader = ctx.Process(target=kafka_latency.load, args=(broker.servers, src, rate, args.latency_seconds,
+                                                          args.partitions, go), daemon=True)
     reader.start()
-    time.sleep(3.0)  # let the job start (not a protocol step: the producer waits for a running job)
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": broker.servers, "linger.ms": 1})
-    t0 = time.monotonic()
-    for i in range(total):
-        due = t0 + i / args.latency_rate
-        while (wait := due - time.monotonic()) > 0:
-            time.sleep(min(0.001, wait))
-        producer.produce(src, PAYLOAD, f"k{i % 1000}".encode(), partition=i % args.partitions)
-        if i % 100 == 0:
-            producer.poll(0)
-    producer.flush(60)
-    reader.join(60 + args.latency_seconds)
-    stop.set()
-    handle.cancel()
+    loader.start()
+    rec = {"mode": mode, "rate": rate, "epoch_ms": None if epoch_s is None else round(epoch_s * 1000),
+           "records": total, "loadavg_before": list(os.getloadavg())}
+    handle = piper = None
     try:
-        handle.wait(60)
-    except Exception:  # noqa: BLE001 — a cancelled job raises JobFailedError("cancelled")
-        pass
-    rec = {"guarantee": guarantee, "interval_s": interval, "rate": args.latency_rate, "records": total,
-           "seen": len(latencies),
-           "latency_s": {q: harness.percentile(latencies, v) for q, v in (("p50", 50), ("p99", 99), ("p999", 99.9))}}
-    if len(latencies) < total:
-        rec["error"] = f"latency {guarantee} {interval}: saw {len(latencies)} of {total} records"
-    return rec
+        if mode in ENGINE_MODES:
+            handle = latency_job(broker, args, mode, epoch_s, src, out, spark)
+        else:
+            piper = ctx.Process(target=kafka_latency.pipe, args=(
+                broker.servers, src, out, args.partitions,
+                None if mode == "client" else epoch_s * 1000, stop), daemon=True)
+            piper.start()
+        if not kafka_latency.warm(broker.servers, src, args.partitions, seen, 120):
+            rec["error"] = f"latency {mode} {rate}/s {rec['epoch_ms']} ms: the pipeline never started"
+            return rec
+        cpu0 = harness.tree_cpu_seconds()
+        go.set()
+        try:
+            rec.update(results.get(timeout=args.latency_seconds + 120))
+        except queue.Empty:
+            rec["error"] = f"latency {mode} {rate}/s {rec['epoch_ms']} ms: the reader did not finish"
+            return rec
+        cpu1 = harness.tree_cpu_seconds()
+        rec["cpu_s"] = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
+        rec["loadavg_after"] = list(os.getloadavg())
+        if rec["seen"] != total or rec["duplicates"]:
+            rec["error"] = (f"latency {mode} {rate}/s {rec['epoch_ms']} ms: {rec['seen']} of {total} records seen, "
+                            f"{rec['duplicates']} duplicates")
+        return rec
+    finally:
+        stop.set()
+        go.set()
+        if handle is not None:
+            handle.cancel()
+            try:
+                handle.wait(60)
+            except Exception:  # noqa: BLE001 — a cancelled job raises JobFailedError("cancelled")
+                pass
+        for proc in (piper, loader, reader):
+            if proc is not None:
+                proc.join(30)
+                if proc.is_alive():
+                    proc.kill()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runtime", default="spark", choices=["spark", "local"])
     parser.add_argument("--records", type=int, default=600_000)
-    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--parallelism", type=int, default=2)
-    parser.add_argument("--interval", type=float, default=1.0)
-    parser.add_argument("--repetitions", type=int, default=3)
-    parser.add_argument("--latency-rate", type=float, default=10_000)
+    parser.add_argument("--interval", type=float, default=1.0, help="capacity runs: checkpoint interval (s)")
+    parser.add_argument("--repetitions", type=int, default=3, help="capacity runs")
+    parser.add_argument("--rates", default="10000,100000", help="latency runs: records/s, comma-separated")
+    parser.add_argument("--epochs", default="10,20,50,100", help="latency runs: epoch lengths (ms)")
+    parser.add_argument("--latency-modes", default=",".join(LATENCY_MODES))
     parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--wal-budget", default=None, help="KafkaSink wal_budget (bytes or '64MB')")
+    parser.add_argument("--capacity-modes", default=",".join(MODES))
+    parser.add_argument("--skip-capacity", action="store_true")
+    parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny run that only checks the script works")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--tmp", default=None)
     args = parser.parse_args()
     if args.smoke:
-        args.records, args.repetitions, args.latency_rate, args.latency_seconds = 20_000, 1, 500, 2.0
+        args.records, args.repetitions, args.latency_seconds = 20_000, 1, 2.0
+        args.rates, args.epochs = "500", "50"
+    rates = [float(x) for x in args.rates.split(",") if x]
+    epochs = [int(x) for x in args.epochs.split(",") if x]
+    modes = [m for m in args.latency_modes.split(",") if m]
     args.tmp = args.tmp or tempfile.mkdtemp(prefix="epochal-kafka-bench-")
     info = harness.machine()
     doc = harness.new_doc("kafka", args, info)
@@ -243,30 +287,47 @@ def main() -> int:
             from epochal.runtime.launch.spark import _local_session
 
             spark = _local_session(2 * args.parallelism + 2)
-        src = broker.create_topic(None, args.partitions)
-        fill(broker, src, args.records, args.partitions)
-        for rep in range(args.repetitions):
-            for mode in harness.rotated(MODES, rep):
-                rec = run_raw(broker, args, src) if mode == "raw-client" else run_engine(broker, mode, args, src, spark)
-                rec.update(repetition=rep, loadavg_before=list(os.getloadavg()))
-                doc["runs"].append(rec)
-                print(json.dumps({k: rec.get(k) for k in ("mode", "repetition", "records_per_s", "error")}),
-                      flush=True)
-                if rec.get("error"):
-                    doc["errors"].append(rec["error"])
-        for guarantee, interval in (("exactly-once", 1.0), ("exactly-once", 0.1), ("at-least-once", 1.0)):
-            rec = run_latency(broker, args, guarantee, interval, spark)
-            rec["loadavg_before"] = list(os.getloadavg())
-            doc["latency"].append(rec)
-            print(json.dumps(rec), flush=True)
-            if rec.get("error"):
-                doc["errors"].append(rec["error"])
+        if not args.skip_latency:
+            for rate in rates:
+                for mode in modes:
+                    for epoch_ms in ([None] if mode == "client" else epochs):
+                        rec = run_latency(broker, args, mode, rate, None if epoch_ms is None else epoch_ms / 1000, spark)
+                        doc["latency"].append(rec)
+                        print(json.dumps({k: rec.get(k) for k in ("mode", "rate", "epoch_ms", "latency_ms", "seen",
+                                                                  "duplicates", "loadavg_before", "error")}),
+                              flush=True)
+                        if rec.get("error"):
+                            doc["errors"].append(rec["error"])
+        if not args.skip_capacity:
+            src = broker.create_topic(None, args.partitions)
+            fill(broker, src, args.records, args.partitions)
+            for rep in range(args.repetitions):
+                for mode in harness.rotated([m for m in args.capacity_modes.split(",") if m], rep):
+                    rec = {"mode": mode, "records": args.records, "loadavg_before": list(os.getloadavg())}
+                    if mode in ENGINE_MODES:
+                        rec.update(run_engine(broker, mode, args, src, spark))
+                    else:
+                        rec.update(run_raw(broker, args, src, mode))
+                    rec["repetition"] = rep
+                    doc["runs"].append(rec)
+                    print(json.dumps({k: rec.get(k) for k in ("mode", "repetition", "records_per_s",
+                                                              "checkpoint_bytes_p50", "loadavg_before", "error")}),
+                          flush=True)
+                    if rec.get("error"):
+                        doc["errors"].append(rec["error"])
     finally:
         broker.stop()
-    doc["modes"] = harness.compare(doc["runs"], "records_per_s", "mode", "exactly-once", MODES)
-    return harness.write_and_report(args.out, doc, info, [
-        f"{mode:15s} {harness.fmt(m['records_per_s']['median'])} rec/s  "
-        f"vs EO {[round(x, 2) for x in m['vs_exactly_once_per_repetition']]}" for mode, m in doc["modes"].items()])
+    lines = []
+    if doc["runs"]:
+        doc["modes"] = harness.compare(doc["runs"], "records_per_s", "mode", "client",
+                                       sorted({r["mode"] for r in doc["runs"]}, key=MODES.index))
+        lines += [f"capacity {mode:22s} {harness.fmt(m['records_per_s']['median'])} rec/s  vs client "
+                  f"{[round(x, 2) for x in m['vs_client_per_repetition']]}" for mode, m in doc["modes"].items()]
+    lines += [f"latency {r['mode']:22s} {r['rate']:>8,.0f}/s {str(r['epoch_ms']):>4s} ms  "
+              f"p50/p99/p999 {(r.get('latency_ms') or {}).get('p50')}/{(r.get('latency_ms') or {}).get('p99')}/"
+              f"{(r.get('latency_ms') or {}).get('p999')} ms  load {r['loadavg_before'][0]:.1f}"
+              for r in doc["latency"]]
+    return harness.write_and_report(args.out, doc, info, lines)
 
 
 if __name__ == "__main__":

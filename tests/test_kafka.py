@@ -332,6 +332,7 @@ def test_a_restored_writer_fences_the_zombie_and_publishes_each_epoch_once(kafka
     state = zombie.snapshot(2)
     zombie.durability_job(2)()
     zombie.notify_epoch_complete(1)
+    zombie.wait_for_commits()  # the commit thread commits; the test looks once it did
     assert sorted(kafka_broker.values(topic)) == [b"a1", b"b1"]
     assert kafka_broker.open_transactions(topic), "epoch 2's transaction should be open"
 
@@ -341,6 +342,7 @@ def test_a_restored_writer_fences_the_zombie_and_publishes_each_epoch_once(kafka
     assert kafka_broker.open_transactions(topic) == {}, "the zombie's open transaction was not aborted"
     with pytest.raises(Exception, match="fenced|FENCED"):
         zombie.notify_epoch_complete(2)
+        zombie.wait_for_commits()
     again = sink.create_writer(_ctx(2))
     again.restore(state)  # a second recovery from the same checkpoint is a no-op
     assert sorted(kafka_broker.values(topic)) == [b"a1", b"a2", b"b1", b"b2", b"c2"]
@@ -359,6 +361,7 @@ def test_an_epoch_produced_at_commit_when_no_producer_is_free(kafka_broker):
     assert [h.slot for _, h in state.pending] == [0, None]
     w.durability_job(2)()
     w.notify_epoch_complete(2)
+    w.wait_for_commits()
     assert sorted(kafka_broker.values(topic)) == [b"e1", b"e2a", b"e2b"]
 
 

@@ -9,24 +9,33 @@ Start      a handle for the epoch; on its first record a free producer of the su
            small pool begins a Kafka transaction, and records stream into it (invisible to
            read_committed readers). With no free producer (earlier epochs still await
            completion) the epoch is only kept in the handle and produced at commit.
-write      serialize; append ``(key, value, headers, timestamp)`` to the handle — the
-           **write-ahead log**, part of the checkpoint — and produce into the transaction
-Pre-commit seal at the barrier (task thread, O(1)); durability step (uploader thread): flush
-           the producer, so the commit later is short. The epoch's records are durable in
-           the checkpoint itself (the handle), whatever happens to the Kafka transaction.
+write      serialize a batch; produce it into the transaction and append the very bytes
+           produced, ``(key, value, headers, timestamp)``, to the handle's **write-ahead
+           log** (:mod:`~epochal.connectors.kafka.wal`): in memory, part of the checkpoint,
+           up to ``wal_budget`` bytes per writer; spilled to a local file beyond it
+Pre-commit seal at the barrier (task thread, O(1)): attach the commits still in flight
+           (below) to the handle; durability step (uploader thread): fsync the epoch's
+           spill file, if any, and flush the producer, so the commit later is short. The
+           epoch's records are durable in the checkpoint itself (the handle), whatever
+           happens to the Kafka transaction.
 Commit     ``send_offsets_to_transaction`` of the **marker** (offset = epoch for the group
            ``<prefix>-<subtask>-epochs``) + ``commit_transaction``: records and marker become
-           visible atomically. Idempotent: a writer that did not produce the transaction
-           itself (after a restart, a rescale) asks Kafka for the marker and, if the epoch is
-           missing, produces the handle's records again in a fresh transaction with the marker
+           visible atomically — on the writer's commit thread
+           (:mod:`~epochal.connectors.kafka.committer`), in epoch order, while the task
+           thread goes on with the next epoch; a commit still in flight at the next barrier
+           travels in that epoch's handle (``carried``). Idempotent: a writer that did not
+           produce the transaction itself (after a restart, a rescale) asks Kafka for the
+           marker and, if the epoch is missing, produces the handle's records again in a
+           fresh transaction with the marker
 Abort      ``abort_transaction`` of the open transaction (at a clean end: it is empty)
 =========  ===============================================================================
 
 librdkafka cannot resume another producer's open transaction after a crash (Flink does it by
 reflection on the Java client), hence the write-ahead log: a crash between checkpoint
 completion and the commit loses nothing, the next generation produces the epoch from the
-restored handle. Its cost is the epoch's serialized records written once more, into the
-checkpoint (``benchmarks/kafka.py`` measures it).
+restored handle (and its spill file). Its cost is the epoch's serialized records written
+once more, into the checkpoint or the spill file (``benchmarks/kafka.py`` measures it); it
+is released (memory given back, file deleted) once Kafka holds the epoch.
 
 **Fencing.** Transactional ids are ``<prefix>-<subtask>-g<generation>-<slot>``: fresh per
 generation, never reused. Before a new writer commits anything it fences
@@ -43,6 +52,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -50,7 +61,7 @@ from typing import Any
 
 from epochal.alignment.factory import SinkMode
 from epochal.config import parse_duration
-from epochal.connectors.kafka import probes, recovery
+from epochal.connectors.kafka import committer, probes, recovery, wal
 from epochal.connectors.kafka.client import (
     check_servers,
     check_topic,
@@ -70,6 +81,8 @@ log = logging.getLogger("epochal")
 KAFKA_CALL_TIMEOUT_S = 60.0
 #: the default ``transaction.timeout.ms``: Kafka brokers' default ``transaction.max.timeout.ms``
 DEFAULT_TRANSACTION_TIMEOUT_MS = 900_000
+#: the default ``wal_budget``: bytes of not yet committed epochs a writer keeps in memory
+DEFAULT_WAL_BUDGET = 64 * 1024 * 1024
 
 _RESERVED = ("transactional.id", "enable.idempotence", "transaction.timeout.ms")
 
@@ -90,23 +103,34 @@ class KafkaSink(Sink):
         config: more librdkafka producer settings (security, compression, ...). epochal sets
             ``transactional.id`` and ``enable.idempotence`` itself.
         producers: producers per subtask that stream epochs into their own transactions
-            while earlier epochs await completion (an epoch without a free one is produced
-            at its commit instead). 2 covers one pending epoch plus the open one.
+            while earlier epochs await completion and commit (an epoch without a free one is
+            produced at its commit instead, which delays it). 3 covers the open epoch, one
+            awaiting completion and one committing.
         transaction_timeout: Kafka's ``transaction.timeout.ms`` (a duration): how long a
             transaction may stay open before the broker aborts it. It must cover an epoch
             plus its checkpoint (checked when the job starts); the broker must allow it
             (``transaction.max.timeout.ms``, 15 min by default).
         transactional_id_prefix: default ``f"epochal-{job}-{sink}"``; two jobs writing one
             topic under one job and sink name need different prefixes.
+        wal_budget: bytes (int, or ``"64MB"``) of keys and values of epochs not yet
+            committed that a writer keeps in memory — and in its checkpoints — as the
+            write-ahead log; records beyond it spill to a file under ``wal_dir`` (exactly-once).
+            ``None``: no budget — the whole log stays in memory and in checkpoints, nothing
+            spills (what a cluster without a shared ``wal_dir`` needs).
+        wal_dir: where spill files go; default ``<tmp>/epochal-kafka-wal``. A task restarted
+            on another host needs it to be a path every host shares: on a cluster it is one
+            of the sink's :meth:`locations`, so a job whose ``wal_dir`` is not under
+            ``ClusterConfig.shared_paths`` is refused at start, naming it.
 
     Raises:
         ConfigError: for an invalid argument, when the sink is built.
     """
 
     def __init__(self, bootstrap_servers, topic: str, *, serializer: Callable[[Any], Any] | None = None,
-                 key: Callable[[Any], Any] | None = None, config: Mapping | None = None, producers: int = 2,
+                 key: Callable[[Any], Any] | None = None, config: Mapping | None = None, producers: int = 3,
                  transaction_timeout: float | str = DEFAULT_TRANSACTION_TIMEOUT_MS / 1000,
-                 transactional_id_prefix: str | None = None):
+                 transactional_id_prefix: str | None = None, wal_budget: int | str | None = DEFAULT_WAL_BUDGET,
+                 wal_dir: str | None = None):
         what = "KafkaSink"
         self.servers = check_servers(bootstrap_servers, what)
         self.topic = check_topic(topic, what)
@@ -121,6 +145,11 @@ class KafkaSink(Sink):
         self.producers = producers
         self.transaction_timeout = parse_duration(transaction_timeout, "KafkaSink transaction_timeout")
         self.transactional_id_prefix = transactional_id_prefix
+        self.wal_budget = None if wal_budget is None else wal.parse_bytes(wal_budget, f"{what} wal_budget")
+        if wal_dir is not None and (not isinstance(wal_dir, (str, os.PathLike)) or not str(wal_dir)):
+            raise ConfigError(f"{what} wal_dir: expected a directory path, got {wal_dir!r}")
+        self.wal_dir = str(wal_dir) if wal_dir is not None else os.path.join(tempfile.gettempdir(),
+                                                                              "epochal-kafka-wal")
         self.config = client_config(self.servers, config, what, reserved=_RESERVED)
 
     def __repr__(self) -> str:
@@ -128,6 +157,11 @@ class KafkaSink(Sink):
 
     def create_writer(self, ctx: SinkContext) -> KafkaSinkWriter:
         return KafkaSinkWriter(self, ctx)
+
+    def locations(self) -> tuple[str, ...]:
+        """The spill directory of the write-ahead log, when records may spill (a finite
+        ``wal_budget``): a replay after a restart on another host must find its files."""
+        return () if self.wal_budget is None else ("file://" + os.path.abspath(self.wal_dir),)
 
     def claim(self, job: str, sink: str, resume: bool) -> None:
         """On the driver: the brokers answer and the topic exists (else ConfigError naming both)."""
@@ -161,9 +195,11 @@ class KafkaSink(Sink):
 class KafkaTransaction:
     """Picklable handle of one epoch: its records (the write-ahead log) and who wrote it.
 
-    ``records`` holds ``(key, value, headers, timestamp_ms)``; empty in at-least-once mode,
-    where nothing is replayed from a handle. ``subtask`` names the marker group the epoch
-    commits to — the writing subtask's, kept through a rescale.
+    ``wal`` holds ``(key, value, headers, timestamp_ms)`` as produced
+    (:class:`~epochal.connectors.kafka.wal.WalSegment`); None in at-least-once mode, where
+    nothing is replayed from a handle. ``records`` is where handles pickled before the
+    segment kept them. ``subtask`` names the marker group the epoch commits to — the
+    writing subtask's, kept through a rescale.
     """
 
     epoch: int
@@ -173,6 +209,20 @@ class KafkaTransaction:
     slot: int | None = None  # the streaming producer, None: produced at commit (or not begun)
     count: int = 0
     lineage: str = ""  # the run that wrote it (epochal.epochs.lineage); "" before lineages
+    wal: wal.WalSegment | None = None
+    carried: tuple = ()  # handles of earlier epochs whose commit was in flight at this one's seal
+
+    def rows(self):
+        """Every record of the epoch, in the order produced (memory, then the spill file)."""
+        segment = getattr(self, "wal", None)
+        return iter(segment) if segment is not None else iter(self.records)
+
+    @property
+    def first_ts(self) -> int | None:
+        segment = getattr(self, "wal", None)
+        if segment is not None:
+            return segment.first_ts
+        return min((r[3] for r in self.records), default=None)
 
     @property
     def group(self) -> tuple[str, int]:
@@ -216,28 +266,37 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
         self._fenced: set[str] = set()  # transactional ids this writer fenced
         self._sealed = 0  # the highest epoch pre_commit sealed
         self._missing: set[tuple] = set()  # settled groups Kafka held no marker for
+        self._budget = wal.Budget(sink.wal_budget)  # the write-ahead log this writer holds in memory
+        self._committer = committer.Committer(f"kafka-commit-{ctx.sink_name}-{ctx.subtask}")
 
     # ------------------------------------------------------------------ hooks
 
     def begin_transaction(self, epoch: int) -> KafkaTransaction:
         self._start()
-        return KafkaTransaction(epoch, self.ctx.subtask, self.ctx.generation, lineage=self._lineage)
+        return KafkaTransaction(epoch, self.ctx.subtask, self.ctx.generation, lineage=self._lineage,
+                                wal=wal.WalSegment() if self._transactional else None)
 
     def write_to(self, txn: KafkaTransaction, record: Any) -> None:
         self.write_many_to(txn, [record])
 
     def write_many_to(self, txn: KafkaTransaction, records: list) -> None:
+        """Serialize the batch, produce it (one C call per record, nothing else per record
+        on the fast path), then append the produced rows to the write-ahead log at once."""
         if not records:
             return
+        self._raise_if_commit_failed()
         producer = self._producer_for(txn)
-        keep = txn.records.append if self._transactional else None
         serialize, key_fn, topic = self._serialize, self._key, self._topic
         now = int(time.time() * 1000)
+        rows = []
+        nbytes = 0
         for record in records:
             try:
                 value = serialize(record)
-                if value is not None and not isinstance(value, bytes):
-                    raise TypeError(f"the serializer returned {type(value).__name__}, not bytes")
+                if value is not None:
+                    if type(value) is not bytes:
+                        raise TypeError(f"the serializer returned {type(value).__name__}, not bytes")
+                    nbytes += len(value)
                 if key_fn is not None:
                     key, headers = to_key(key_fn(record)), None
                 elif type(record) is KafkaRecord:
@@ -246,46 +305,85 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
                     key = headers = None
             except Exception as exc:
                 raise SinkWriteError(self.ctx.sink_name, record, f"{type(exc).__name__}: {exc}") from exc
-            if keep is not None and not txn.count:  # the epoch's first record names it (recovery.epoch_tag)
-                headers = list(headers or ()) + [(recovery.TAG_HEADER, recovery.epoch_tag(txn.group, txn.epoch))]
-            if producer is not None:
-                self._produce(producer, topic, key, value, headers, now, record)
-            if keep is not None:
-                keep((key, value, headers, now))
-            txn.count += 1
+            if key is not None:
+                nbytes += len(key)
+            rows.append((key, value, headers, now))
+        segment = txn.wal
+        if segment is not None and not txn.count:  # the epoch's first record names it (recovery.epoch_tag)
+            key, value, headers, ts = rows[0]
+            headers = list(headers or ()) + [(recovery.TAG_HEADER, recovery.epoch_tag(txn.group, txn.epoch))]
+            rows[0] = (key, value, headers, ts)
+        if producer is not None:
+            produce = producer.produce
+            for i, (key, value, headers, ts) in enumerate(rows):
+                try:
+                    produce(topic, value, key, headers=headers, timestamp=ts)
+                except (BufferError, self._ck.KafkaException):
+                    self._produce(producer, topic, key, value, headers, ts, records[i])
+        if segment is not None:
+            segment.append_many(rows, nbytes, self._budget, functools.partial(self._spill_path, txn))
+        txn.count += len(rows)
+
+    def _spill_path(self, txn: KafkaTransaction) -> str:
+        return os.path.join(self._sink.wal_dir, self._prefix,
+                            f"{txn.lineage or 'legacy'}-{txn.subtask}-g{txn.generation}-e{txn.epoch}.wal")
 
     def pre_commit(self, txn: KafkaTransaction):
         """Seal: nothing to detach (the next epoch gets another producer or none); remember
-        the highest sealed epoch (:meth:`release_clients` leaves those transactions). The
-        durability step flushes the epoch's producer, on the uploader thread: the records
-        are durable in the checkpoint anyway (the handle), flushing here only keeps the
-        commit short. At-least-once: the flush is what makes the barrier safe."""
+        the highest sealed epoch (:meth:`release_clients` leaves those transactions); attach
+        the commits in flight (``carried``: the checkpoint of this epoch must still promise
+        them). The durability step (uploader thread) fsyncs the epoch's spill file, if it
+        has one, and flushes the epoch's producer: the records are durable in the
+        checkpoint anyway (the handle), flushing here only keeps the commit short.
+        At-least-once: the flush is what makes the barrier safe."""
         self._sealed = max(self._sealed, txn.epoch)
+        if self._transactional:
+            self._raise_if_commit_failed()
+            txn.carried = self._committer.in_flight()
         if not txn.count:
             return None
+        segment = txn.wal
+        if segment is not None:
+            segment.seal()
         producer = self._plain if not self._transactional else (
             self._slots[txn.slot] if txn.slot is not None else None)
-        if producer is None:
+        if producer is None and (segment is None or segment.path is None):
             return None
         return functools.partial(self._flush, producer, txn)
 
     def commit(self, txn: KafkaTransaction) -> None:
-        """At-least-once: raise if a record was not delivered. Exactly-once:
-
-        1. An epoch this writer streamed itself: commit its transaction with the marker.
-        2. Otherwise (restored, rescaled, or produced-at-commit): ask Kafka for the marker of
-           the epoch's subtask; skip the epoch if Kafka holds it (idempotence), else produce
-           its records from the handle in a fresh transaction of the replay slot, with the
-           marker, and commit.
-        3. An empty epoch commits nothing, but refreshes the marker now and then, so the
-           broker never expires the group (``offsets.retention.minutes``).
-        """
+        """At-least-once: raise if a record was not delivered. Exactly-once: hand the commit
+        to the commit thread (:meth:`_commit_now` runs there, in submission order) and
+        return; a restored handle's carried epochs go first."""
         if not self._transactional:
             if self._failed:
                 raise SinkCommitError(f"{self._where()}: a record of epoch {txn.epoch} was not delivered to "
                                       f"topic {self._topic!r}: {self._failed}")
             return
         self._start()
+        self._raise_if_commit_failed()
+        if txn.generation != self.ctx.generation or txn.group != self._own:
+            self._submit_carried(txn)  # own carried epochs were submitted before
+        self._committer.submit(txn, functools.partial(self._commit_now, txn))
+
+    def _submit_carried(self, txn: KafkaTransaction) -> None:
+        for earlier in getattr(txn, "carried", ()):  # handles pickled before the commit thread have none
+            self._submit_carried(earlier)
+            self._committer.submit(earlier, functools.partial(self._commit_now, earlier))
+
+    def _commit_now(self, txn: KafkaTransaction) -> None:
+        """The commit of ``txn`` (commit thread; idempotent):
+
+        1. An epoch this writer streamed itself: commit its transaction with the marker.
+        2. Otherwise (restored, rescaled, carried, or produced-at-commit): ask Kafka for the
+           marker of the epoch's subtask; skip the epoch if Kafka holds it (idempotence),
+           else produce its records from the handle in a fresh transaction of the replay
+           slot, with the marker, and commit.
+        3. An empty epoch commits nothing, but refreshes the marker now and then, so the
+           broker never expires the group (``offsets.retention.minutes``).
+
+        Then the epoch's write-ahead log and carried handles are dropped: Kafka holds it.
+        """
         # Step 1
         slot = txn.slot
         if (txn.generation == self.ctx.generation and txn.group == self._own and slot is not None
@@ -293,25 +391,64 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
             producer = self._slots[slot]
             self._kafka_call(f"commit epoch {txn.epoch}", self._commit_with_marker, producer, txn.epoch)
             del self._live[slot]
-            return
         # Step 2
-        if txn.count:
+        elif txn.count:
             self._replay_epoch(txn)
         # Step 3
         elif time.monotonic() - self._last_marker > MARKER_REFRESH_S:
             self._kafka_call("refresh the marker", self._marker_only, self._markers.get(self._own, 0))
+        self._release_wal(txn)
+        txn.carried = ()
+
+    def wait_for_commits(self, timeout: float | None = None) -> None:
+        """Return once every commit handed over so far is in Kafka (exactly-once); raise
+        SinkCommitError if one failed or ``timeout`` s (default ``COMMIT_DRAIN_S``) passed.
+        Called at a clean end and after a restore; callers driving a writer by hand call
+        it after ``notify_epoch_complete`` to see the epoch in Kafka."""
+        if not self._transactional:
+            return
+        timeout = COMMIT_DRAIN_S if timeout is None else timeout
+        done = self._committer.drain(timeout)
+        self._raise_if_commit_failed()
+        if not done:
+            raise SinkCommitError(f"{self._where()}: commits of epochs {[h.epoch for h in self._committer.in_flight()]} "
+                                  f"did not finish within {timeout:.0f} s")
+
+    def _raise_if_commit_failed(self) -> None:
+        """Task thread: a commit failed on the commit thread — fail the writer here."""
+        try:
+            self._committer.raise_if_failed()
+        except SinkCommitError:
+            raise
+        except Exception as exc:
+            raise SinkCommitError(f"{self._where()}: a commit failed: {type(exc).__name__}: {exc}") from exc
+
+    def _release_wal(self, txn: KafkaTransaction) -> None:
+        """Kafka holds the epoch (or it was discarded): drop its write-ahead log — the memory
+        it counted against this writer's budget, its spill file."""
+        segment = getattr(txn, "wal", None)
+        if segment is not None:
+            mine = txn.generation == self.ctx.generation and txn.group == self._own
+            segment.release(self._budget if mine else None)
 
     def abort(self, txn: KafkaTransaction) -> None:
+        """At a clean end: wait for the commits in flight (the job's output is complete only
+        then), then abort the open epoch's transaction."""
+        self.wait_for_commits()
         slot = txn.slot
         if self._transactional and slot is not None and self._live.get(slot) == txn.epoch:
             self._kafka_call(f"abort epoch {txn.epoch}", self._slots[slot].abort_transaction, KAFKA_CALL_TIMEOUT_S)
             del self._live[slot]
             self._slots[slot] = None  # an aborted id is never written again (recovery module docstring)
+        self._release_wal(txn)
 
     def release_clients(self) -> None:
         """Abort the transaction of the epoch still open (sealed ones stay: a completed
         checkpoint may promise them, and the next generation fences or commits them), close
-        the marker consumers and drop every producer."""
+        the marker consumers and drop every producer. The commit thread runs no further
+        commit after a short wait (a checkpoint still promises those left in flight)."""
+        self._committer.drain(RELEASE_DRAIN_S)
+        self._committer.stop(RELEASE_DRAIN_S)
         for slot, epoch in list(self._live.items()):
             producer = self._slots[slot]
             if epoch > self._sealed and producer is not None:
@@ -330,9 +467,14 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
         self._replay = self._plain = None
 
     def cleanup_orphans(self, restored_epoch: int) -> None:
-        """Nothing is staged outside Kafka; :meth:`_start` fenced every earlier producer,
-        which aborted their open transactions."""
+        """:meth:`_start` fenced every earlier producer, which aborted their open
+        transactions; delete this subtask's spill files of this lineage's earlier
+        generations for epochs after ``restored_epoch`` (no checkpoint holds them)."""
         self._start()
+        if self._transactional:
+            self.wait_for_commits()  # a restored writer starts once Kafka holds every restored epoch
+            wal.remove_orphans(os.path.join(self._sink.wal_dir, self._prefix), self._lineage or "legacy",
+                               self.ctx.subtask, self.ctx.generation, restored_epoch)
 
     # ------------------------------------------------------------------ start: fence, register
 
@@ -486,8 +628,12 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
 
         def produce_and_commit():
             producer.begin_transaction()
-            for key, value, headers, ts in txn.records:
-                self._produce(producer, self._topic, key, value, headers, ts, None)
+            try:
+                for key, value, headers, ts in txn.rows():
+                    self._produce(producer, self._topic, key, value, headers, ts, None)
+            except wal.WalMissingError as exc:
+                raise SinkCommitError(f"{self._where()}: cannot produce epoch {txn.epoch} of subtask {g[1]} "
+                                      f"again: {exc}") from exc
             self._commit_with_marker(producer, txn.epoch, g)
 
         self._kafka_call(f"produce epoch {txn.epoch} of subtask {g[1]} from the checkpoint", produce_and_commit)
@@ -497,10 +643,11 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
         """Whether ``txn`` committed, asked of the topic itself (its tagged first record,
         :func:`~epochal.connectors.kafka.probes.epoch_in_topic`): only when the marker
         group that would say so is gone."""
-        if not txn.records:
+        first_ts = txn.first_ts
+        if first_ts is None:
             return False
         return probes.epoch_in_topic(self._sink, self._prefix, recovery.epoch_tag(txn.group, txn.epoch),
-                                        min(r[3] for r in txn.records), f"{self._where()}: epoch {txn.epoch}")
+                                        first_ts, f"{self._where()}: epoch {txn.epoch}")
 
     # ------------------------------------------------------------------ producing
 
@@ -538,7 +685,12 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
                 raise SinkCommitError(f"{self._where()}: producing to topic {topic!r} failed: {text}") from exc
 
     def _flush(self, producer, txn: KafkaTransaction) -> None:
-        """The durability step (uploader thread): every record of ``txn`` reached the broker."""
+        """The durability step (uploader thread): the epoch's spill file is on disk, and
+        every record of ``txn`` reached the broker."""
+        if txn.wal is not None:
+            txn.wal.sync()
+        if producer is None:
+            return
         left = producer.flush(KAFKA_CALL_TIMEOUT_S)
         if left:
             raise SinkCommitError(f"{self._where()}: {left} record(s) of epoch {txn.epoch} not delivered to topic "
@@ -559,6 +711,10 @@ class KafkaSinkWriter(TwoPhaseCommitSink):
                                   f"{describe_error(exc)}") from exc
 
 
+#: seconds a clean end waits for the commits in flight
+COMMIT_DRAIN_S = 120.0
+#: seconds releasing the clients waits for the commits in flight (then leaves them to the next generation)
+RELEASE_DRAIN_S = 10.0
 #: seconds between marker refreshes of a subtask that commits nothing (Kafka expires the
 #: offsets of an empty group after ``offsets.retention.minutes``, 7 days by default)
 MARKER_REFRESH_S = 3600.0

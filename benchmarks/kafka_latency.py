@@ -1,0 +1,142 @@
+"""Processes of the Kafka latency runs (``benchmarks/kafka.py``): a paced producer, a
+``read_committed`` reader that stamps each output record, and confluent-kafka alone as the
+pipeline (plain consume → produce, and consume → produce in transactions committed every
+N ms). Each runs in its own process, as a user's producer and consumer would.
+
+Input values are ``b"<seq>:<produce time, µs since the epoch>"``; every pipeline copies the
+value unchanged, so the reader computes latency = seen − produced for each record and
+checks that every sequence number arrives exactly once. Values starting with ``w:`` are
+warm-up records: the measured load starts only after the reader saw one through the
+pipeline (start-up excluded, a condition, not a sleep).
+"""
+from __future__ import annotations
+
+import time
+import uuid
+
+PARTITION_KEYS = 1000
+
+
+def load(servers: str, topic: str, rate: float, seconds: float, partitions: int, go) -> None:
+    """Produce ``rate`` records/s for ``seconds`` once ``go`` is set, paced in 1 ms ticks
+    (every record due by now is produced at each tick; its value carries its due time's
+    actual produce time)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": servers, "linger.ms": 1, "queue.buffering.max.messages": 1_000_000})
+    go.wait()
+    total = int(rate * seconds)
+    t0 = time.monotonic()
+    i = 0
+    while i < total:
+        due = min(total, int((time.monotonic() - t0) * rate) + 1)
+        while i < due:
+            now_us = time.time_ns() // 1000
+            try:
+                producer.produce(topic, b"%d:%d" % (i, now_us), b"k%d" % (i % PARTITION_KEYS),
+                                 partition=i % partitions)
+            except BufferError:
+                producer.poll(0.001)
+                continue
+            i += 1
+        producer.poll(0)
+        time.sleep(0.001)
+    producer.flush(60)
+
+
+def warm(servers: str, topic: str, partitions: int, seen, timeout: float) -> bool:
+    """Produce a warm-up record every 50 ms (to every partition) until ``seen`` is set."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": servers, "linger.ms": 0})
+    deadline = time.monotonic() + timeout
+    while not seen.is_set() and time.monotonic() < deadline:
+        for p in range(partitions):
+            producer.produce(topic, b"w:%d" % (time.time_ns() // 1000), b"w", partition=p)
+        producer.flush(5)
+        seen.wait(0.05)
+    return seen.is_set()
+
+
+def read(servers: str, topic: str, partitions: int, total: int, seen, results, timeout: float) -> None:
+    """Read ``topic`` read_committed from its start until every one of ``total`` sequence
+    numbers arrived (or ``timeout`` s after the first warm-up record); put the summary on
+    ``results``: latencies (ms) p50/p99/p999/max, records seen, duplicates, missing."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": servers, "group.id": uuid.uuid4().hex, "isolation.level": "read_committed",
+                  "fetch.wait.max.ms": 1, "fetch.min.bytes": 1})
+    c.assign([TopicPartition(topic, q, 0) for q in range(partitions)])
+    got = bytearray(total)
+    lat: list[float] = []
+    dupes = 0
+    deadline = time.monotonic() + 600
+    while len(lat) < total and time.monotonic() < deadline:
+        for msg in c.consume(10000, 0.002):
+            if msg.error():
+                continue
+            now_us = time.time_ns() // 1000
+            seq, _, stamp = msg.value().partition(b":")
+            if seq == b"w":
+                if not seen.is_set():
+                    seen.set()
+                    deadline = time.monotonic() + timeout
+                continue
+            i = int(seq)
+            if got[i]:
+                dupes += 1
+                continue
+            got[i] = 1
+            lat.append((now_us - int(stamp)) / 1000.0)
+    c.close()
+    lat.sort()
+
+    def pct(q):
+        return lat[max(0, min(len(lat) - 1, int(q / 100.0 * len(lat) + 0.999999) - 1))] if lat else None
+
+    results.put({"seen": len(lat), "duplicates": dupes, "missing": total - len(lat),
+                 "latency_ms": {"p50": pct(50), "p99": pct(99), "p999": pct(99.9), "max": lat[-1] if lat else None}})
+
+
+def pipe(servers: str, src: str, out: str, partitions: int, commit_ms: float | None, stop) -> None:
+    """confluent-kafka alone, one process: consume ``src`` → produce ``out`` (value and key
+    as they are). ``commit_ms`` None: a plain idempotent producer (at-least-once). Else a
+    transactional producer committing the consumed offsets with the records every
+    ``commit_ms`` ms (``send_offsets_to_transaction``): the hand-written exactly-once loop."""
+    from confluent_kafka import Consumer, Producer
+
+    group = uuid.uuid4().hex
+    c = Consumer({"bootstrap.servers": servers, "group.id": group, "enable.auto.commit": False,
+                  "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+                  "fetch.wait.max.ms": 1})
+    conf = {"bootstrap.servers": servers, "linger.ms": 1, "enable.idempotence": True}
+    if commit_ms is not None:
+        conf["transactional.id"] = f"bench-{group}"
+    p = Producer(conf)
+    c.subscribe([src])
+    if commit_ms is not None:
+        p.init_transactions(30)
+        p.begin_transaction()
+    last = time.monotonic()
+    while not stop.is_set():
+        for msg in c.consume(10000, 0.001):
+            if msg.error():
+                continue
+            while True:
+                try:
+                    p.produce(out, msg.value(), msg.key())
+                    break
+                except BufferError:
+                    p.poll(0.001)
+        p.poll(0)
+        if commit_ms is not None and (time.monotonic() - last) * 1000 >= commit_ms:
+            offsets = c.position(c.assignment())
+            if offsets:
+                p.send_offsets_to_transaction(offsets, c.consumer_group_metadata(), 30)
+            p.commit_transaction(30)
+            p.begin_transaction()
+            last = time.monotonic()
+    if commit_ms is not None:
+        p.commit_transaction(30)
+    p.flush(30)
+    c.close()

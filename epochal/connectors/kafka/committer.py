@@ -1,0 +1,92 @@
+"""The Kafka sink's commit thread: epoch commits off the task thread, in epoch order,
+pipelined with the next epoch's records.
+
+A Kafka commit is two or three round trips (``send_offsets_to_transaction`` of the
+marker, ``commit_transaction``; for an epoch produced at its commit, the whole epoch). On
+the task thread they stall every record behind them, for every epoch: with 10 ms epochs a
+subtask would spend much of its time waiting for the broker. :class:`Committer` runs them
+on one thread of the writer, one after the other, in the order the task thread submitted
+them (epoch order: the markers they commit must grow).
+
+Exactly-once holds because a submitted commit is not forgotten before it finished: the
+writer attaches every commit still :meth:`in_flight` to the next epoch it seals, so the
+checkpoint of that epoch carries them, and a restored writer commits the carried epochs
+first (idempotently: the marker says which Kafka holds). The first failed commit stops
+the thread — a later epoch's marker must never cover an epoch that did not commit — and
+:meth:`raise_if_failed` raises it on the task thread, which fails the writer.
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+
+class Committer:
+    """One thread running submitted commits in order (thread-safe; see the module docstring)."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._queue: deque[tuple[Any, Callable[[], None]]] = deque()
+        self._busy: Any = None  # the handle being committed
+        self._cond = threading.Condition()
+        self._failed: BaseException | None = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def submit(self, handle: Any, commit: Callable[[], None]) -> None:
+        """Queue ``commit`` (of ``handle``) after every commit submitted before it."""
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._queue.append((handle, commit))
+            self._cond.notify_all()
+
+    def in_flight(self) -> tuple:
+        """The handles submitted and not yet committed (oldest first), including a failed one."""
+        with self._cond:
+            busy = () if self._busy is None else (self._busy,)
+            return busy + tuple(h for h, _ in self._queue)
+
+    def raise_if_failed(self) -> None:
+        if self._failed is not None:
+            raise self._failed
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every submitted commit ran, or one failed (:meth:`raise_if_failed`
+        tells). False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._failed is not None or (not self._queue and self._busy is None),
+                                       timeout)
+
+    def stop(self, timeout: float) -> None:
+        """Run no further commits (the one running finishes); wait up to ``timeout`` for it.
+        Idempotent. What was queued stays in flight: a checkpoint still carries it."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopping or (self._queue and self._failed is None))
+                if self._stopping or self._failed is not None:
+                    return
+                handle, commit = self._queue[0]
+                self._busy = handle
+                self._queue.popleft()
+            try:
+                commit()
+            except BaseException as exc:  # noqa: BLE001 — handed to the task thread
+                with self._cond:
+                    self._failed = exc
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._busy = None
+                self._cond.notify_all()

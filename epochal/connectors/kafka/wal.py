@@ -1,0 +1,181 @@
+"""The Kafka sink's write-ahead log: an epoch's records as they were produced, kept in
+memory up to a byte budget per writer and spilled to a local file beyond it.
+
+librdkafka cannot resume another producer's transaction after a crash, so every epoch's
+records must survive until its Kafka commit (:mod:`~epochal.connectors.kafka.sink`). A
+:class:`WalSegment` is part of the epoch's picklable handle, hence of the checkpoint:
+
+* records in memory (``records``, ``(key, value, headers, timestamp_ms)``: the very bytes
+  objects handed to the producer, no copy) travel in the checkpoint itself;
+* once the writer holds more than its budget (:class:`Budget`, all epochs not yet
+  committed), later records of the epoch go to the segment's **spill file**
+  (``<wal_dir>/<prefix>/<lineage>-<subtask>-g<generation>-e<epoch>.wal``, chunks of pickled
+  record lists); the checkpoint holds only its path and size. The file is closed at the
+  barrier (task thread), fsynced by the epoch's durability step (uploader thread), read
+  back only when the epoch must be produced again, and deleted once Kafka holds the epoch.
+
+A spill file lives on the task's host: a restart on another host finds it only if
+``wal_dir`` is a path every host shares (the sink refuses to replay a missing file, naming
+it, rather than losing its records silently).
+"""
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Iterator
+import re
+from dataclasses import dataclass, field
+
+from epochal.errors import ConfigError
+
+#: bytes of bookkeeping counted per record held in memory (the tuple and list slot)
+RECORD_OVERHEAD = 100
+
+
+_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+
+
+def parse_bytes(value, key: str) -> int:
+    """``value`` (an int >= 0, or ``"64MB"``, ``"512KiB"``, ...) as bytes; ConfigError naming ``key``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
+        if m and m.group(2).lower() in _UNITS:
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    raise ConfigError(f"{key}: expected a byte count (an int >= 0, or a string such as '64MB'), got {value!r}")
+
+
+class WalMissingError(OSError):
+    """A spill file that a replay needs is gone (another host, or deleted by hand)."""
+
+
+class Budget:
+    """The bytes one writer holds in memory for epochs not yet committed (one per writer,
+    task thread only)."""
+
+    def __init__(self, limit: int | None):
+        self.limit = limit  # None: no budget, nothing spills (the whole log in checkpoints)
+        self.held = 0
+        self.peak = 0
+
+    def take(self, n: int) -> None:
+        self.held += n
+        self.peak = max(self.peak, self.held)
+
+    def give_back(self, n: int) -> None:
+        self.held = max(0, self.held - n)
+
+
+@dataclass
+class WalSegment:
+    """One epoch's write-ahead log (picklable: it travels in the checkpoint)."""
+
+    records: list = field(default_factory=list)  # in memory, oldest first
+    mem_bytes: int = 0  # what ``records`` counts against the budget
+    path: str | None = None  # the spill file, once the budget was exceeded
+    spilled: int = 0  # records in the spill file
+    spilled_bytes: int = 0
+    first_ts: int | None = None  # the first record's timestamp (recovery looks for it from there)
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_file"}
+
+    def __len__(self) -> int:
+        return len(self.records) + self.spilled
+
+    def append_many(self, rows: list, nbytes: int, budget: Budget, spill_path) -> None:
+        """Keep ``rows`` (``nbytes`` of keys and values) in memory while the writer's
+        ``budget`` allows, else append them to the spill file (``spill_path()`` names it on
+        first use). Task thread, while the epoch is open."""
+        if not rows:
+            return
+        if self.first_ts is None:
+            self.first_ts = rows[0][3]
+        cost = nbytes + RECORD_OVERHEAD * len(rows)
+        if self.path is None and (budget.limit is None or budget.held + cost <= budget.limit):
+            self.records.extend(rows)
+            self.mem_bytes += cost
+            budget.take(cost)
+            return
+        f = getattr(self, "_file", None)
+        if f is None:
+            if self.path is None:
+                self.path = spill_path()
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            f = self._file = open(self.path, "ab")  # noqa: SIM115 — closed by seal()
+        pickle.dump(rows, f, protocol=pickle.HIGHEST_PROTOCOL)
+        self.spilled += len(rows)
+        self.spilled_bytes += nbytes
+
+    def seal(self) -> None:
+        """At the barrier (task thread): close the spill file; nothing is appended after."""
+        f = getattr(self, "_file", None)
+        if f is not None:
+            f.close()
+            self._file = None
+
+    def sync(self) -> None:
+        """The durability step's part (uploader thread): the spill file is on disk."""
+        if self.path is None:
+            return
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def __iter__(self) -> Iterator[tuple]:
+        """Every record, in the order written: memory first, then the spill file."""
+        yield from self.records
+        if self.path is None or not self.spilled:
+            return
+        try:
+            f = open(self.path, "rb")  # noqa: SIM115
+        except FileNotFoundError:
+            raise WalMissingError(f"the write-ahead log spill file {self.path!r} ({self.spilled} records) is "
+                                  "missing: was the task restarted on another host? (KafkaSink wal_dir must "
+                                  "be a path every host shares)") from None
+        n = 0
+        with f:
+            while n < self.spilled:
+                rows = pickle.load(f)
+                n += len(rows)
+                yield from rows
+        if n != self.spilled:
+            raise WalMissingError(f"the write-ahead log spill file {self.path!r} holds {n} records, "
+                                  f"{self.spilled} expected")
+
+    def release(self, budget: Budget | None) -> None:
+        """The epoch is in Kafka (or discarded): give its memory back, delete its spill file."""
+        self.seal()
+        if budget is not None:
+            budget.give_back(self.mem_bytes)
+        self.records = []
+        self.mem_bytes = 0
+        if self.path is not None:
+            try:
+                os.remove(self.path)
+            except FileNotFoundError:
+                pass
+
+
+def remove_orphans(folder: str, lineage: str, subtask: int, generation: int, restored_epoch: int) -> int:
+    """Delete spill files of ``lineage`` and ``subtask`` written by generations before
+    ``generation`` for epochs after ``restored_epoch``: rolled back, no checkpoint holds
+    them. Returns how many were deleted. Idempotent."""
+    pattern = re.compile(rf"{re.escape(lineage)}-{subtask}-g(\d+)-e(\d+)\.wal")
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return 0
+    removed = 0
+    for name in names:
+        m = pattern.fullmatch(name)
+        if m and int(m.group(1)) < generation and int(m.group(2)) > restored_epoch:
+            try:
+                os.remove(os.path.join(folder, name))
+                removed += 1
+            except FileNotFoundError:
+                pass
+    return removed
