@@ -341,3 +341,24 @@ def test_the_command_line_shows_each_operators_region(tmp_path, capsys):
                      "file:///ckpt/shop/regions/payments"
     assert out[1] == "  operators: pay, o"
     assert out[3] == "  operators: clicks, m, p"
+
+
+def test_a_sources_epoch_requests_trigger_only_its_own_regions_epochs(tmp_path):
+    """Operator-driven triggers (seed 000 §3.1) per region: with no periodic epochs anywhere,
+    region 'files' reads 5 files with an epoch requested after each, region 'other' requests
+    none — 'files' completes epochs its source asked for, 'other' only its final one."""
+    data = tmp_path / "in"
+    data.mkdir()
+    for i in range(5):
+        (data / f"f{i}.txt").write_text("".join(f"{i}-{j}\n" for j in range(20)))
+    out_f, out_o = unique_dir(tmp_path, "f"), unique_dir(tmp_path, "o")
+    flow = ep.Dataflow("driven", parallelism=1)
+    flow.source("files", ep.sources.DirectorySource(str(data), epoch_per_file=True), region="files") \
+        .sink("out-f", FileSink(out_f))
+    flow.source("numbers", ep.sources.CollectionSource(list(range(100))), region="other").sink("out-o", FileSink(out_o))
+    result = flow.run(runtime="local", checkpoint=ep.CheckpointConfig(interval=None))
+    files, other = result.regions["files"], result.regions["other"]
+    # requests arriving while an epoch is in flight are folded into it (a hint, not a promise)
+    assert "source-request" in [e["reason"] for e in files.completed_epochs], files.completed_epochs
+    assert [e["reason"] for e in other.completed_epochs] == ["final"], other.completed_epochs
+    assert sum(output(out_f).values()) == 100 and sum(output(out_o).values()) == 100
