@@ -362,3 +362,20 @@ def test_a_sources_epoch_requests_trigger_only_its_own_regions_epochs(tmp_path):
     assert "source-request" in [e["reason"] for e in files.completed_epochs], files.completed_epochs
     assert [e["reason"] for e in other.completed_epochs] == ["final"], other.completed_epochs
     assert sum(output(out_f).values()) == 100 and sum(output(out_o).values()) == 100
+
+
+def test_epochal_ui_points_at_each_regions_checkpoints(tmp_path, capsys):
+    from epochal.cli import main
+
+    url = "file://" + unique_dir(tmp_path, "ckpt")
+    flow = ep.Dataflow("uijob", parallelism=1)
+    flow.source("a", ep.sources.CollectionSource([1, 2]), region="x").sink("o", FileSink(unique_dir(tmp_path, "o")))
+    flow.source("b", ep.sources.CollectionSource([3]), region="y").sink("p", FileSink(unique_dir(tmp_path, "p")))
+    flow.run(runtime="local", checkpoint=ep.CheckpointConfig(storage=url))
+    assert main(["ui", url, "uijob"]) == 1
+    assert "runs in regions ['x', 'y']" in capsys.readouterr().err
+    from epochal.cli import build_parser, serve_ui
+
+    served: list = []
+    args = build_parser().parse_args(["ui", f"{url}/uijob/regions/x", "uijob"])
+    assert serve_ui(args, wait=lambda: served.append(1)) == 0 and served

@@ -82,6 +82,14 @@ def serve(url: str, job: str, host: str = "127.0.0.1", port: int = 0, token: str
     """Serve the read-only dashboard of ``job`` under ``url`` (see the module docstring)."""
     view = StorageView(url, job)
     if not view.storage.has_checkpoints():
+        from epochal.regions.layout import REGIONS_DIR
+
+        storage = view.storage
+        regions = sorted({p.split("/")[-3] for p in storage.fs.glob(f"{storage.root}/{REGIONS_DIR}/*/{job}/chk-*")})
+        if regions:  # a job of several regions keeps each region's checkpoints apart (epochal.regions)
+            raise EpochalError(
+                f"job {job!r} runs in regions {regions}, each with its own checkpoints: serve one with "
+                f"epochal ui {url.rstrip('/')}/{job}/{REGIONS_DIR}/<region> {job}")
         raise EpochalError(f"no checkpoints of job {job!r} under {view.storage.root_url}: check the storage URL and "
                            "the job (dataflow) name")
     return DashboardServer(view.view, None, host=host, port=port, token=token, name=job)
