@@ -253,7 +253,10 @@ S3_FAULTS = {
 }
 
 
-@pytest.mark.parametrize("fault", list(S3_FAULTS))
+# a raise in the count task restores from S3 as the process exit does (the storage does not
+# know why the attempt ended): under -m slow; test_recovery.py raises on local storage
+@pytest.mark.parametrize("fault", [pytest.param(f, marks=pytest.mark.slow) if f == "reduce-raises-after-epoch-2"
+                                   else f for f in S3_FAULTS])
 def test_recovery_from_s3_checkpoints_equals_golden(tmp_path, s3_env, golden, fault):
     out = unique_dir(tmp_path, "out")
     result = _run(s3_wordcount(out), s3_env.fresh_url("e2e"), faults=S3_FAULTS[fault])
