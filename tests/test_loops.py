@@ -312,6 +312,7 @@ def test_collatz_recovers_on_spark(tmp_path, spark, golden_collatz):
     assert output(out) == golden_collatz
 
 
+@pytest.mark.bench  # a benchmark's smoke run is opt-in (-m bench), as every other one
 def test_loops_benchmark_smoke(tmp_path):
     import json
     import subprocess
