@@ -132,6 +132,8 @@ def test_join_of_two_sources_recovers_local(tmp_path, golden_join, faults, guara
         assert contains_all(got, golden_join)
 
 
+@pytest.mark.slow  # the join on Spark: test_join_recovers_on_spark_rocksdb; a process exit on Spark:
+#                   test_wordcount_recovers_on_spark[split-process-exits]
 @pytest.mark.spark
 def test_join_recovers_on_spark(tmp_path, spark, golden_join):
     out = unique_dir(tmp_path, "out")
@@ -178,6 +180,8 @@ def test_wordcount_recovers_local_rocksdb_incremental(tmp_path, golden_wordcount
     assert output(out) == golden_wordcount
 
 
+@pytest.mark.slow  # RocksDB on Spark: test_join_recovers_on_spark_rocksdb; incremental snapshots after
+#                   the same fault: test_wordcount_recovers_local_rocksdb_incremental[process-dies-during-upload]
 @pytest.mark.spark
 def test_wordcount_recovers_on_spark_rocksdb_incremental(tmp_path, spark, golden_wordcount):
     out = unique_dir(tmp_path, "out")
