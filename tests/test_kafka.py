@@ -221,6 +221,8 @@ def test_at_least_once_contains_every_record(kafka_broker, tmp_path):
     assert not no_count_lost(committed_counts(kafka_broker, out), running_counts(data.lines))
 
 
+@pytest.mark.slow  # Kafka on Spark: test_lifecycle.py's three external SIGKILLs on Spark; the commit crash:
+#                   test_keyed_count_..._under_a_crash[crash-between-completion-and-commit] (same task code)
 def test_on_spark_with_a_crash_between_completion_and_commit(kafka_broker, tmp_path, spark):
     data = Input(kafka_broker, per_partition=400)
     out = kafka_broker.create_topic(None, 2)
