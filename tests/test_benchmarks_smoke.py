@@ -253,6 +253,8 @@ def test_queryable_smoke(tmp_path):
         assert set(run["ratios"]) == {"read-committed", "read-uncommitted", "no-queries"}
         assert run["last_epoch_read"] >= 1
 
+
+@pytest.mark.bench
 def test_iceberg_contention_smoke(tmp_path):
     """benchmarks/iceberg_contention.py --smoke: 4 writer processes commit 2 epochs at once."""
     out = tmp_path / "iceberg_contention.json"

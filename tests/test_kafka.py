@@ -159,10 +159,13 @@ def test_keyed_count_topic_to_topic_exactly_once_under_a_crash(kafka_broker, tmp
                        faults=[FAULTS[fault]])
     assert result.attempts == 2, f"the fault did not fire: {result.failures}"
     assert "disconnected without finishing" in result.failures[0]
+    if fault == "crash-between-completion-and-commit":  # it fires once epoch 2 completed
+        assert result.restored_from[1] is not None
     assert committed_counts(kafka_broker, out) == running_counts(data.lines)
     assert kafka_broker.open_transactions(out) == {}
 
 
+@pytest.mark.slow  # the same fault at parallelism 2: test_keyed_count_..._under_a_crash[crash-between-completion-and-commit]
 def test_a_crash_between_completion_and_commit_produces_the_epoch_from_the_checkpoint(kafka_broker, tmp_path):
     """The hard case, watched closely: the sink subtask dies after checkpoint n completed
     and before it committed n's Kafka transaction, whose producer is gone with the process.
@@ -218,6 +221,8 @@ def test_at_least_once_contains_every_record(kafka_broker, tmp_path):
     assert not no_count_lost(committed_counts(kafka_broker, out), running_counts(data.lines))
 
 
+@pytest.mark.slow  # Kafka on Spark: test_lifecycle.py's three external SIGKILLs on Spark; the commit crash:
+#                   test_keyed_count_..._under_a_crash[crash-between-completion-and-commit] (same task code)
 def test_on_spark_with_a_crash_between_completion_and_commit(kafka_broker, tmp_path, spark):
     data = Input(kafka_broker, per_partition=400)
     out = kafka_broker.create_topic(None, 2)

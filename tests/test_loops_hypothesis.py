@@ -1,9 +1,11 @@
 """Hypothesis: random loop-containing topologies × random fault points.
 
-Each example runs the drawn topology failure-free (its golden run) and again with one
-fault injected while records circulate — inside the body, in the head while it logs, or
-in the head's snapshot upload — and checks exactly-once → equal output, at-least-once →
-superset. Keyed state inside the loop (visit counters) makes lost or replayed-twice
+Each example runs the drawn topology with one fault injected while records circulate —
+inside the body, in the head while it logs, or in the head's snapshot upload — and
+compares it with the topology's plain-Python oracle (its golden output): exactly-once →
+equal output, at-least-once → superset. (A failure-free engine run per example, checked
+against the oracle first, doubled the test's time and asserted nothing more on the
+faulty run.) Keyed state inside the loop (visit counters) makes lost or replayed-twice
 state visible in the output.
 """
 from __future__ import annotations
@@ -52,10 +54,7 @@ def _run(flow, tmp_path, guarantee, faults=()):
 @given(data=st.data(), topo=topologies, guarantee=st.sampled_from(["exactly-once", "at-least-once"]))
 def test_random_loops_survive_random_faults(tmp_path, data, topo, guarantee):
     fault = data.draw(fault_points(topo))
-    golden_out = unique_dir(tmp_path, "golden")
-    _run(random_loop("rl", golden_out, topo), tmp_path, "exactly-once")
-    golden = output(golden_out)
-    assert golden == random_loop_oracle(topo)  # the engine's golden run against plain Python
+    golden = random_loop_oracle(topo)  # plain Python: what a failure-free run commits
 
     out = unique_dir(tmp_path, "out")
     result = _run(random_loop("rl", out, topo), tmp_path, guarantee, faults=[fault])

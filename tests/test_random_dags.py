@@ -1,4 +1,5 @@
-"""Property tests: random small topologies under random faults, compared with golden runs.
+"""Property tests: random small topologies under random faults, compared with the plain-Python
+oracle of each topology (its golden output).
 
 Hypothesis draws a dataflow — one or two throttled generator sources, then 2–5 steps out
 of map / flat_map / filter / keyed count (reduce) / keyed process (value or map state) /
@@ -11,12 +12,15 @@ It then draws faults aimed at that graph (crash at a record, during alignment, d
 snapshot upload, during the sink's asynchronous durability step, during a sink commit) and
 checks:
 
-* exactly-once: the faulty run's committed output equals the golden run's as a multiset;
-* at-least-once (some examples): the faulty output contains every golden record at least
-  as often as the golden run has it.
+* exactly-once: the faulty run's committed output equals the oracle's as a multiset;
+* at-least-once (some examples): the faulty output contains every oracle record at least
+  as often as the oracle has it.
 
 A fault whose condition never occurs (e.g. a record index past the operator's input) does
-not fire; the run must still equal the golden run.
+not fire: that run is failure-free and must equal the oracle too. (A failure-free engine
+run per example, compared with the oracle before the faulty run, took a third of the
+test's time and asserted nothing the faulty run does not: equal to the oracle, no
+attempt beyond one per fault generation.)
 """
 from __future__ import annotations
 
@@ -384,20 +388,15 @@ def test_random_dag_with_faults_equals_golden(tmp_path, data):
     faults = data.draw(faults_for(spec), label="faults")
     also_at_least_once = data.draw(st.integers(0, 2), label="also at-least-once") == 0
 
-    golden_result, golden = _run(spec, tmp_path, "exactly-once")
-    _describe(golden_result, "golden")
+    golden = oracle(spec)  # plain Python: the engine's output must equal it, faults or not
     event(f"golden records: {'<100' if sum(golden.values()) < 100 else '>=100'}")
-    expected = oracle(spec)
-    if golden != expected:  # the engine against plain Python: catches bugs shared by both runs
-        raise AssertionError(f"golden run differs from the oracle: {sum((expected - golden).values())} missing, "
-                             f"{sum((golden - expected).values())} extra")
 
     result, got = _run(spec, tmp_path, "exactly-once", faults)
     _describe(result, "exactly-once", faults)
     if got != golden:
         missing, extra = golden - got, got - golden
         raise AssertionError(
-            f"exactly-once output differs from golden: {sum(missing.values())} missing "
+            f"exactly-once output differs from the oracle: {sum(missing.values())} missing "
             f"(e.g. {list(missing)[:5]}), {sum(extra.values())} extra (e.g. {list(extra)[:5]})")
 
     if also_at_least_once:

@@ -43,7 +43,7 @@ from epochal.sinks.files import FileSinkWriter
 from epochal.sources.log import read_committed_log
 from epochal.testing import CrashDuringDurability, FaultInjector
 
-from pipelines import canon, output, unique_dir, wordcount
+from pipelines import canon, output, unique_dir, wordcount, wordcount_oracle
 
 TX = SinkMode.TRANSACTIONAL
 WAIT = 30.0  # generous bound on waiting for an event that must happen (never a pass condition)
@@ -238,11 +238,10 @@ def _run(flow, tmp_path, faults=(), **ckpt):
 
 
 @pytest.fixture(scope="module")
-def golden_wordcount(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("golden")
-    out = str(tmp / "out")
-    _run(wordcount("wc", out), tmp)
-    return output(out)
+def golden_wordcount():
+    """The committed output of ``wordcount("wc", ...)``, computed in plain Python (no engine
+    run: tests/test_recovery.py checks that a failure-free run equals it)."""
+    return wordcount_oracle(4000)
 
 
 def test_process_crash_during_durability_equals_golden(tmp_path, golden_wordcount):

@@ -11,7 +11,7 @@
 * Iceberg **rescale 4 → 2** of a job stopped with every epoch committed: the absorbed
   subtasks' committed epochs are found (not appended again).
 
-The Iceberg variants of the first two and the expiry test are marked ``slow`` (each runs
+The Iceberg variants of the first two, the expiry and the rescale tests are marked ``slow`` (each runs
 two or three jobs whose task processes import pyiceberg); all were shown failing on the code
 before lineages (refused at start, a restart loop, duplicates).
 """
@@ -194,6 +194,7 @@ def test_iceberg_snapshots_expired_while_the_job_is_down_then_a_resume_adds_no_d
     assert counts(read_iceberg(iceberg_catalog, "db.counts")) == oracle(source.lines())
 
 
+@pytest.mark.slow  # its writer-level twin: test_iceberg.py::test_rescale_4_to_2_and_expired_snapshots_...
 def test_iceberg_rescale_4_to_2_finds_the_absorbed_subtasks_commits(tmp_path, iceberg_catalog):
     """Parallelism 4, cancelled right after all four sink subtasks committed epoch m; resumed
     with parallelism 2. New subtask 0 re-checks the restored handles of old subtasks 0 and 2

@@ -125,6 +125,8 @@ def test_crash_while_replaying_channel_state_then_recovery_again(tmp_path):
     assert canon(read_committed(out)) == oracle()
 
 
+@pytest.mark.slow  # both runtimes run the same task code (runtime/launch/worker.py run_task): unaligned
+#                   recovery is the local tests' above; recovery on Spark is test_recovery.py's
 @pytest.mark.spark
 def test_unaligned_word_count_recovers_on_spark(tmp_path, spark):
     out = unique_dir(tmp_path, "out")

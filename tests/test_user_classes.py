@@ -1,7 +1,7 @@
 """Classes defined in the user's script (``__main__``) on every path (issue "No silent data
 loss", item 3): records crossing channels, keyed state on heap (forked snapshots included)
 and RocksDB, a loop's in-transit log, unaligned channel state and a sink's transaction
-handle — each checkpointed and restored after a crash, locally and on Spark.
+handle — each checkpointed and restored after a crash, locally and on Spark (-m slow).
 
 On the old main the first record of such a class to cross a channel failed with a
 ``PicklingError`` (no operator named) and, kept as state, every checkpoint was declined.
@@ -111,8 +111,13 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
+# On Spark (a cold Spark session in the script's own process: the file's slowest case by far) under
+# -m slow: the tasks of both runtimes unpickle the same plan blob (runtime/launch/worker.py), and
+# Spark's workers unpickling by-value classes and functions stay in the default run
+# (test_cold_start.py, every Spark test of a test module's classes).
 @pytest.mark.parametrize("runtime, backend", [("local", "heap"), ("local", "heap-fork"), ("local", "rocksdb"),
-                                              pytest.param("spark", "heap", marks=pytest.mark.spark)])
+                                              pytest.param("spark", "heap",
+                                                           marks=[pytest.mark.spark, pytest.mark.slow])])
 def test_main_script_classes_cross_channels_state_loops_and_sinks(tmp_path, runtime, backend):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
