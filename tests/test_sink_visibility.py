@@ -36,8 +36,9 @@ def _square(r):
 
 def _flow(out, fmt="parquet"):
     flow = ep.Dataflow("vis", parallelism=2)
+    # 1.5 s of input: the faults (armed once an epoch completed) land mid-run on a loaded machine
     src = flow.source("numbers", ep.sources.GeneratorSource(_numbers, num_splits=2, limit=1500,
-                                                           records_per_second=2000))
+                                                           records_per_second=1000))
     src.rebalance().map("square", _square).sink("out", FileSink(out, format=fmt, max_records_per_file=100))
     return flow
 
@@ -90,7 +91,7 @@ def test_concurrent_reader_sees_only_committed_golden_records(tmp_path):
     reader.start()
     try:
         result = _run(_flow(out), tmp_path, [
-            CrashAtRecord("square", record=300, subtask=0, after_epoch=2),
+            CrashAtRecord("square", record=300, subtask=0, after_epoch=1),
             CrashDuringCommit("out", epoch=1, subtask=1, generation=1, how="exit", after_epoch=1),
         ], runtime="local")
     finally:
