@@ -56,7 +56,8 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
                              channels=channels, runtime=runtime, spark=spark, resume=resume, faults=faults,
                              backend=backend, cluster=cluster, allow_non_restored_state=allow_non_restored_state,
                              metrics=metrics, restore_from=restore_from)
-    guarantee, checkpoint, restart = _region_settings(parts[0].region, guarantee, checkpoint, restart)
+    if parts:  # (an empty graph has none: flow.plan() below names the problem)
+        guarantee, checkpoint, restart = _region_settings(parts[0].region, guarantee, checkpoint, restart)
     checkpoint = checkpoint or CheckpointConfig()
     if not isinstance(checkpoint, CheckpointConfig):
         raise ConfigError(f"checkpoint: expected CheckpointConfig, got {type(checkpoint).__name__}")
