@@ -359,10 +359,10 @@ class _AskingReader(ep.sources.SourceReader):
         self.offset, self.waiting = offset, False
 
     def poll(self, max_records):
-        if self.offset >= 3:
-            return ep.sources.Poll([], finished=True)
         if self.waiting and time.monotonic() < self.waiting:  # (gives up after 30 s: a failure, not a hang)
             return ep.sources.Poll([], idle=True, request_epoch=True)
+        if self.offset >= 3:  # the third record's epoch completed too
+            return ep.sources.Poll([], finished=True)
         self.waiting = time.monotonic() + 30
         self.offset += 1
         return ep.sources.Poll([self.offset], request_epoch=True)
