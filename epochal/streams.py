@@ -298,7 +298,8 @@ class Stream:
                 f"after {replaced[0].node!r}: a {partitioning.kind.value} partitioning follows a {first} one "
                 f"(e.g. .{_API[first]}().{_API[partitioning.kind.value]}(...)); the second would silently replace "
                 "the first — keep only the one you mean")
-        return tuple(Input(p.node, partitioning) for p in self._ports)
+        # a side output (late records, dead letters) stays the port it is: only the routing changes
+        return tuple(Input(p.node, partitioning, p.feedback, p.port) for p in self._ports)
 
     def union(self, *others: "Stream") -> "Stream":
         """Merge this stream with others (no operator: the next operator reads all inputs)."""

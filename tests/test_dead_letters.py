@@ -80,3 +80,23 @@ def test_without_dead_letters_a_poison_record_fails_the_job_naming_it(tmp_path):
     with pytest.raises(ep.JobFailedError, match="parse.*'2,x'"):
         flow.run(runtime="local", restart=ep.RestartStrategy(max_attempts=3),
                  checkpoint=ep.CheckpointConfig(storage="file://" + unique_dir(tmp_path, "c")))
+
+
+@pytest.mark.parametrize("route", ["rebalance", "key_by", "broadcast"])
+def test_a_repartitioned_side_output_stays_that_output(tmp_path, route):
+    """``.dead_letters().rebalance()`` (or ``key_by``, ``broadcast``) routes the dead letters,
+    not the operator's main output (the port was dropped by repartitioning once, silently
+    sending the good records to the dead-letter sink)."""
+    out, dlq = unique_dir(tmp_path, "out"), unique_dir(tmp_path, "dlq")
+    flow = ep.Dataflow("dlq-route", parallelism=2)
+    parsed = flow.source("lines", ep.sources.CollectionSource(["1,1", "2,x", "3,3", "4,y"])) \
+        .map("parse", parse, dead_letters=True)
+    parsed.sink("out", FileSink(out))
+    letters = parsed.dead_letters()
+    routed = {"rebalance": letters.rebalance, "broadcast": letters.broadcast,
+              "key_by": lambda: letters.key_by(lambda d: d.record)}[route]()
+    routed.map("what", lambda d: d.record).sink("dlq", FileSink(dlq))
+    flow.run(runtime="local", checkpoint=ep.CheckpointConfig(storage="file://" + unique_dir(tmp_path, "c")))
+    assert collections.Counter(tuple(r) for r in read_committed(out)) == collections.Counter([(1, 1), (3, 3)])
+    copies = 2 if route == "broadcast" else 1  # broadcast: every subtask of "what" gets each letter
+    assert collections.Counter(read_committed(dlq)) == collections.Counter(["2,x", "4,y"] * copies)
