@@ -36,6 +36,10 @@ class Input:
     #: which output of ``node`` this edge reads: ``"main"``, or a side output such as a
     #: window's ``"late"`` records. Side outputs are never chained (always channels).
     port: str = "main"
+    #: an autonomous channel (``Stream.autonomous``, seed 000 §3.2): it joins no region —
+    #: its two ends may be in different regions, which it never merges or coordinates
+    #: (:mod:`epochal.regions.relay`)
+    autonomous: bool = False
 
 
 class NodeKind(enum.Enum):

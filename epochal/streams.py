@@ -60,6 +60,42 @@ class Stream:
             self._flow._annotate_region(port.node, region)
         return self
 
+    def autonomous(self, name: str | None = None) -> "Stream":
+        """This stream as an **autonomous channel** (seed 000 §3.2): the operators reading the
+        returned stream may be in another region than the ones producing it, and the two
+        regions stay independent — no barrier crosses, neither waits for the other, each
+        checkpoints and restarts on its own. Records cross at most once into a region that
+        restarts behind the channel and may cross twice out of one that restarts before it
+        (:mod:`epochal.regions.relay`). ``name``: the channel's operator (a pass-through in
+        the reading region; default ``"<producer>.autonomous"``).
+
+        Raises:
+            PipelineDefinitionError: the stream carries event time (watermarks do not cross an
+                autonomous channel: call ``with_watermarks`` after it) or is already
+                partitioned (call ``key_by`` / ``rebalance`` / ``broadcast`` after it).
+        """
+        import dataclasses
+
+        from epochal.regions.relay import pass_through
+
+        producers = ", ".join(repr(p.node) for p in self._ports)
+        name = name if name is not None else ".".join(p.node for p in self._ports) + ".autonomous"
+        if self._timed(name):
+            raise PipelineDefinitionError(
+                f"autonomous channel {name!r} after {producers}: the stream carries event time, and watermarks do not "
+                "cross an autonomous channel (the regions are not coordinated): call with_watermarks(...) after "
+                "autonomous()")
+        partitioned = [p for p in self._ports if p.partitioning.kind is not PartitionKind.FORWARD or p.feedback]
+        if partitioned:
+            raise PipelineDefinitionError(
+                f"autonomous channel {name!r} after {producers}: the stream is already partitioned "
+                f"({partitioned[0].partitioning.kind.value}); call key_by / rebalance / broadcast after autonomous()")
+        crossing = Stream(self._flow, tuple(dataclasses.replace(p, autonomous=True) for p in self._ports))
+        columnar = self._columnar(name)
+        node = crossing._then(NodeKind.MAP_BATCHES if columnar else NodeKind.MAP, name, pass_through, None,
+                              accepts="any")
+        return Stream(self._flow, (Input(node.name, FORWARD),))
+
     def _default_parallelism(self) -> int:
         ps = {self._flow._nodes[p.node].parallelism for p in self._ports}
         return ps.pop() if len(ps) == 1 else self._flow.parallelism

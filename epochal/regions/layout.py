@@ -2,18 +2,23 @@
 
 Seed 000: "the compiler automatically identifies the consistent region by computing the
 reachability graph of the annotated operator", and "when ... their reachability graphs have
-a common operator, the compiler merges the two consistent regions into one". epochal has
-no autonomous operators yet, so every operator of a region's weakly connected component
-belongs to it: a stream between two regions would put one operator in both reachability
-graphs, merging them. Hence:
+a common operator, the compiler merges the two consistent regions into one". Every
+operator of a region's weakly connected component belongs to it: a stream between two
+regions would put one operator in both reachability graphs, merging them — unless the
+stream is an **autonomous channel** (``Stream.autonomous()``, seed 000 §3.2's autonomous
+input port), which belongs to no region and never merges the two it connects. Hence:
 
-* the regions of a job are unions of the connected components of its graph (feedback
-  edges included: a loop is never split);
+* the regions of a job are unions of the connected components of its graph without its
+  autonomous channels (feedback edges included: a loop is never split);
 * a component holding annotations of several regions merges them (named ``"a+b"``), and
   their settings must agree (a setting given by one region only is the merged region's);
 * the components that hold no annotation form the :data:`~epochal.regions.api.DEFAULT_REGION`,
   which runs with the job's own settings — so a job without annotations is one region and
-  runs exactly as a job always did.
+  runs exactly as a job always did; a component without annotations that an autonomous
+  channel reaches or leaves is a region of its own, named after its first operator, with
+  the job's settings;
+* an autonomous channel whose two ends are in one region anyway is refused (it would not
+  be autonomous).
 
 The result is deterministic (ordered by each region's first operator), so every process
 computes the same layout.
@@ -68,9 +73,11 @@ def layout_of(flow) -> list[RegionPart]:
                 ra, rb = rb, ra
             parent[rb] = ra
 
+    crossings = [(inp.node, name) for name, node in nodes.items() for inp in node.inputs if inp.autonomous]
     for name, node in nodes.items():
         for inp in node.inputs:
-            union(name, inp.node)
+            if not inp.autonomous:
+                union(name, inp.node)
     by_name: dict[str, Region] = {}
     for op, region in flow._regions.items():
         other = by_name.setdefault(region.name, region)
@@ -93,8 +100,16 @@ def layout_of(flow) -> list[RegionPart]:
         annotated.setdefault(find(op), set()).add(region.name)
     parts: list[RegionPart] = []
     default_nodes: list[str] = []
+    on_channel = {find(n) for edge in crossings for n in edge}
     for root, members in groups.items():
         names = annotated.get(root)
+        if not names and root in on_channel:  # its own region behind / before an autonomous channel
+            if members[0] in by_name:
+                raise PipelineDefinitionError(
+                    f"operator {members[0]!r} starts a region of its own (an autonomous channel reaches it) named after "
+                    f"it, and a region {members[0]!r} exists too: annotate one of them with another Region name")
+            parts.append(RegionPart(Region(members[0]), tuple(members), ()))
+            continue
         if not names:
             default_nodes.extend(members)
             continue
@@ -107,6 +122,13 @@ def layout_of(flow) -> list[RegionPart]:
         default_nodes.sort(key=order.__getitem__)
         parts.append(RegionPart(default, tuple(default_nodes), (DEFAULT_REGION,)))
     parts.sort(key=lambda p: order[p.nodes[0]])
+    where = {n: part.name for part in parts for n in part.nodes}
+    for producer, consumer in crossings:
+        if where[producer] == where[consumer]:
+            raise PipelineDefinitionError(
+                f"the autonomous channel from {producer!r} into {consumer!r} has both ends in region "
+                f"{where[consumer]!r} (other streams connect them, or they share a region annotation): an autonomous "
+                "channel connects two regions; drop autonomous() or put its ends in different regions")
     return parts
 
 

@@ -49,11 +49,57 @@ def regions_with_checkpoints(storage: CheckpointStorage) -> list[str]:
     return sorted({path.split("/")[-3] for path in found})
 
 
-def sub_flow(flow, part: RegionPart):
-    """The dataflow of one region: the same job name and limits, the region's operators."""
+def sub_flow(flow, part: RegionPart, relay=None):
+    """The dataflow of one region: the same job name and limits, the region's operators.
+
+    An autonomous channel (:mod:`epochal.regions.relay`) leaving the region ends in a
+    relay sink ``"<channel>.out"``; one entering it starts at a relay source
+    ``"<channel>.in"`` with the producer's parallelism, routed to its consumer as the
+    channel was (``<channel>`` is ``"<producer>-<consumer>"``); ``relay``: the job's hub.
+    """
+    from epochal.graph import FORWARD, Input, Node, NodeKind
+    from epochal.regions.relay import RelaySink, RelaySource
+
     sub = type(flow)(flow.name, parallelism=flow.parallelism, max_parallelism=flow.max_parallelism)
-    sub._nodes = {name: flow._nodes[name] for name in part.nodes}
+    inside = set(part.nodes)
+    nodes: dict = {}
+    for name in part.nodes:
+        node = flow._nodes[name]
+        inputs = []
+        for inp in node.inputs:
+            if not (inp.autonomous and inp.node not in inside):
+                inputs.append(inp)
+                continue
+            producer = flow._nodes[inp.node]
+            channel = channel_name(inp, name)
+            nodes[f"{channel}.in"] = Node(f"{channel}.in", NodeKind.SOURCE, (), producer.parallelism,
+                                         RelaySource(relay.endpoint(channel), producer.parallelism),
+                                         columnar=node.columnar)
+            inputs.append(dataclasses.replace(inp, node=f"{channel}.in", port="main", autonomous=False))
+        nodes[name] = dataclasses.replace(node, inputs=tuple(inputs)) if inputs != list(node.inputs) else node
+    for consumer in flow._nodes.values():
+        if consumer.name in inside:
+            continue
+        for inp in consumer.inputs:
+            if inp.autonomous and inp.node in inside:
+                producer, channel = flow._nodes[inp.node], channel_name(inp, consumer.name)
+                nodes[f"{channel}.out"] = Node(f"{channel}.out", NodeKind.SINK, (Input(inp.node, FORWARD, port=inp.port),),
+                                              producer.parallelism, RelaySink(relay.endpoint(channel)),
+                                              columnar=consumer.columnar)
+    sub._nodes = nodes
     return sub
+
+
+def channel_name(inp, consumer: str) -> str:
+    """The name of the autonomous channel ``inp`` into ``consumer``."""
+    return f"{inp.node}-{consumer}" + ("" if inp.port == "main" else f".{inp.port}")
+
+
+def crosses(flow, part: RegionPart) -> bool:
+    """Whether an autonomous channel enters or leaves ``part``."""
+    inside = set(part.nodes)
+    return any(inp.autonomous and ((n.name in inside) != (inp.node in inside))
+               for n in flow._nodes.values() for inp in n.inputs)
 
 
 def start_regions(flow, parts: list[RegionPart], start_one, *, guarantee, checkpoint, restart, channels, runtime, spark, resume,
@@ -89,10 +135,11 @@ def start_regions(flow, parts: list[RegionPart], start_one, *, guarantee, checkp
     plans = {}
     for part in parts:
         try:
-            plans[part.name] = sub_flow(flow, part).plan()
+            plans[part.name] = sub_flow(flow, part, _UNBOUND).plan()
         except EpochalError as exc:
             raise _in_region(exc, f"region {part.name!r}") from exc
     log.info("job %s: %s", flow.name, describe(parts, guarantee, checkpoint))
+    host, advertised, is_cluster = "127.0.0.1", None, False
     if runtime == "spark":
         from epochal.runtime.launch.spark import SparkLauncher, session_for
 
@@ -100,7 +147,54 @@ def start_regions(flow, parts: list[RegionPart], start_one, *, guarantee, checkp
         spark = session_for(spark, total)  # one session for every region, with slots for all
         # every region runs at once, one barrier stage each: the session (a cluster: its
         # executors, within cluster.executor_wait) must offer a slot to every task of the job
-        SparkLauncher(spark, total, cluster).prepare(total)
+        launcher = SparkLauncher(spark, total, cluster)
+        launcher.prepare(total)
+        host, advertised, is_cluster = launcher.bind_host, getattr(launcher, "advertised_host", None), launcher.is_cluster
+    relay = None
+    if any(crosses(flow, part) for part in parts):
+        relay = _relay_hub(flow.name, host, advertised, is_cluster, channels)
+    try:
+        return _start_all(flow, parts, start_one, relay, guarantee=guarantee, checkpoint=checkpoint, base=base,
+                          restart=restart, channels=channels, runtime=runtime, spark=spark, resume=resume,
+                          faults=faults, backend=backend, cluster=cluster,
+                          allow_non_restored_state=allow_non_restored_state, metrics=metrics,
+                          restore_from=restore_from)
+    except BaseException:
+        if relay is not None:
+            relay.close()
+        raise
+
+
+class _Unbound:
+    """The hub of autonomous channels while plans are only checked (nothing is shipped)."""
+
+    @staticmethod
+    def endpoint(channel: str):
+        from epochal.regions.relay import RelayEndpoint
+
+        return RelayEndpoint(("127.0.0.1", 0), b"", channel)
+
+
+_UNBOUND = _Unbound()
+
+
+def _relay_hub(job: str, host: str, advertised: str | None, is_cluster: bool, channels):
+    """The job's :class:`~epochal.regions.relay.RelayHub`: bound where the coordinators
+    bind, in TLS pinned to its own certificate when the job is encrypted (on a cluster, by
+    default), as every other channel of the job."""
+    from epochal.regions.relay import RelayHub
+
+    tls = None
+    if is_cluster if channels is None or channels.encryption is None else channels.encryption:
+        from epochal.runtime.transport.tls import TLSMaterial
+
+        tls = TLSMaterial.generate(f"{job} autonomous channels")
+    return RelayHub(host, advertised, tls)
+
+
+def _start_all(flow, parts, start_one, relay, *, guarantee, checkpoint, base, restart, channels, runtime, spark, resume,
+               faults, backend, cluster, allow_non_restored_state, metrics, restore_from) -> RegionsHandle:
+    """Start every region (all or none), each with its channels bound to ``relay``."""
     points = _restore_points(restore_from, flow.name, parts, allow_non_restored_state)
     handles: dict = {}
     try:
@@ -110,7 +204,7 @@ def start_regions(flow, parts: list[RegionPart], start_one, *, guarantee, checkp
                                          storage=region_storage_url(base, flow.name, part, len(parts)))
             try:
                 handles[part.name] = start_one(
-                    sub_flow(flow, part), guarantee=region.guarantee or guarantee, checkpoint=config,
+                    sub_flow(flow, part, relay), guarantee=region.guarantee or guarantee, checkpoint=config,
                     restart=region.restart or restart, channels=channels, runtime=runtime, spark=spark, resume=resume,
                     faults=faults, backend=backend, cluster=cluster,
                     allow_non_restored_state=allow_non_restored_state, metrics=metrics,
@@ -127,7 +221,7 @@ def start_regions(flow, parts: list[RegionPart], start_one, *, guarantee, checkp
             except Exception:
                 pass
         raise
-    return RegionsHandle(flow.name, parts, handles, base)
+    return RegionsHandle(flow.name, parts, handles, base, relay)
 
 
 def _in_region(exc: EpochalError, where: str) -> EpochalError:
@@ -183,8 +277,10 @@ class RegionsHandle:
     thread cancels the other regions at once, and :meth:`wait` raises naming the region.
     """
 
-    def __init__(self, job: str, parts, handles: dict, base_url: str):
+    def __init__(self, job: str, parts, handles: dict, base_url: str, relay=None):
         self.job = job
+        #: the job's hub of autonomous channels (:class:`~epochal.regions.relay.RelayHub`), or None
+        self.relay = relay
         self.parts = list(parts)
         self.regions = dict(handles)
         self._base = base_url
@@ -203,6 +299,8 @@ class RegionsHandle:
                         if other != name:
                             h.cancel()
             if not running:
+                if self.relay is not None:
+                    self.relay.close()
                 return
             running[0][1]._driver.thread.join(SUPERVISE_EVERY)
 

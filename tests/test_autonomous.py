@@ -1,0 +1,212 @@
+"""Autonomous channels between regions (seed 000 §3.2, Figure 1(c); epochal.regions.relay):
+an operator of region "main" reads one consistent input (orders) and one autonomous input
+(clicks, produced by region "side"). Checked against plain-Python oracles: main's own input
+stays exact whatever fails; clicks cross at least once when only "side" fails (it replays)
+and at most once when "main" fails (the channel is not replayed); a failure on either side
+never restarts the other."""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import threading
+import time
+
+import cloudpickle
+import pytest
+
+import epochal as ep
+from epochal.errors import PipelineDefinitionError
+from epochal.sinks import FileSink
+from epochal.testing import CrashAtRecord
+from pipelines import output, unique_dir
+import test_regions
+from test_regions import Count, Opened, opens
+
+cloudpickle.register_pickle_by_value(test_regions)  # its classes are unpickled in the tasks
+
+ORDERS, CLICKS = [f"o{i}" for i in range(7)], [f"c{i}" for i in range(5)]
+
+
+def order(split: int, offset: int):
+    i = offset
+    while True:
+        yield ORDERS[(split * 3 + i) % len(ORDERS)]
+        i += 1
+
+
+def click(split: int, offset: int):
+    i = offset
+    while True:
+        yield CLICKS[(split + i * 2) % len(CLICKS)]
+        i += 1
+
+
+def figure_1c(name: str, out: str, *, n_orders: int, n_clicks: int, rate: float, main, side,
+              pids_main: str | None = None, pids_side: str | None = None) -> ep.Dataflow:
+    """Region ``main``: orders and the clicks channel → a running count per key → ``out``.
+    Region ``side``: clicks → ``tag`` → the autonomous channel into main."""
+    flow = ep.Dataflow(name, parallelism=2)
+    orders = flow.source("orders", ep.sources.GeneratorSource(order, num_splits=2, limit=n_orders // 2,
+                                                              records_per_second=rate), region=main)
+    clicks = flow.source("clicks", ep.sources.GeneratorSource(click, num_splits=2, limit=n_clicks // 2,
+                                                              records_per_second=rate), region=side)
+    tagged = clicks.key_by(lambda c: c).process("tag", Pass(pids_side))
+    (orders.union(tagged.autonomous("clicks-in"))
+     .key_by(lambda k: k).process("count", Count(pids_main)).sink("out", FileSink(out)))
+    return flow
+
+
+class Pass(ep.KeyedProcessFunction):
+    """Passes records on; marks its processes (``test_regions.Opened``)."""
+
+    def __init__(self, pid_dir: str | None = None):
+        self.opened = Opened(pid_dir)
+
+    def open(self, ctx):
+        self.opened.mark()
+
+    def process(self, key, record):
+        yield record
+
+
+def oracle(gen, n: int) -> collections.Counter:
+    return collections.Counter(k for s in range(2) for k, _ in zip(gen(s, 0), range(n // 2)))
+
+
+def counted(out: str, keys) -> tuple[collections.Counter, dict]:
+    """The count outputs ``[key, n]`` of ``keys`` and each key's highest ``n``."""
+    got = collections.Counter(t for t in output(out) if json.loads(t)[0] in keys)
+    final: dict = {}
+    for text in got:
+        k, n = json.loads(text)
+        final[k] = max(final.get(k, 0), n)
+    return got, final
+
+
+def exact(got: collections.Counter, truth: collections.Counter) -> bool:
+    return got == collections.Counter(json.dumps([k, i]) for k, c in truth.items() for i in range(1, c + 1))
+
+
+# ------------------------------------------------------------------ layout (build time)
+def test_an_autonomous_channel_keeps_two_regions_apart():
+    flow = figure_1c("layout", "/tmp/never", n_orders=10, n_clicks=10, rate=1.0, main="main", side="side")
+    parts = {p.name: p.nodes for p in flow.regions()}
+    assert parts == {"main": ("orders", "clicks-in", "count", "out"), "side": ("clicks", "tag")}
+    # unannotated components on either side of a channel are regions of their own
+    plain = ep.Dataflow("plain", parallelism=1)
+    s = plain.source("s", ep.sources.CollectionSource([1])).map("m", str)
+    s.autonomous().map("n", str).sink("o", FileSink("/tmp/o"))
+    assert {p.name: p.nodes for p in plain.regions()} == {"s": ("s", "m"), "m.autonomous": ("m.autonomous", "n", "o")}
+
+
+def test_autonomous_channel_errors_name_the_operators():
+    flow = ep.Dataflow("errs", parallelism=1)
+    s = flow.source("s", ep.sources.CollectionSource([(1, 2)]))
+    with pytest.raises(PipelineDefinitionError, match="'s.autonomous' after 'wm'.*event time.*with_watermarks"):
+        s.with_watermarks("wm", timestamp=lambda r: r[0]).autonomous("s.autonomous")
+    with pytest.raises(PipelineDefinitionError, match="already partitioned \\(hash\\).*key_by.*after autonomous"):
+        s.key_by(lambda r: r[0]).autonomous()
+    loop = ep.Dataflow("same", parallelism=1)
+    a = loop.source("a", ep.sources.CollectionSource([1]))
+    a.union(a.autonomous("x")).map("both", str).sink("o", FileSink("/tmp/o"))  # both ends in one region
+    with pytest.raises(PipelineDefinitionError, match="autonomous channel from 'a' into 'x' has both ends in region"):
+        loop.regions()
+
+
+# ------------------------------------------------------------------ local runtime, injected crashes
+def test_the_producing_region_fails_clicks_cross_at_least_once_and_main_is_untouched(tmp_path):
+    n = 6000
+    out = unique_dir(tmp_path, "out")
+    pids_main = tmp_path / "pm"
+    pids_main.mkdir()
+    result = figure_1c("producer-fails", out, n_orders=n, n_clicks=n, rate=1500.0, pids_main=str(pids_main),
+                       main=ep.Region("main", checkpoint=ep.CheckpointConfig(interval=0.05)),
+                       side=ep.Region("side", checkpoint=ep.CheckpointConfig(interval=0.3))).run(
+        runtime="local", checkpoint=ep.CheckpointConfig(storage="file://" + unique_dir(tmp_path, "c")),
+        faults=[CrashAtRecord("tag", subtask=0, record=900, how="exit", after_epoch=1)])
+    main, side = result.regions["main"], result.regions["side"]
+    assert side.attempts == 2, f"the crash in region 'side' did not fire: {side.failures}"
+    assert main.attempts == 1 and not main.failures, f"region 'main' was restarted: {main.failures}"
+    assert len(opens(pids_main)) == 2, "region 'main' opened its operator again"
+    got, _ = counted(out, ORDERS)
+    assert exact(got, oracle(order, n)), "main's own input is not exact"
+    _, final = counted(out, CLICKS)
+    truth = oracle(click, n)
+    assert all(final.get(k, 0) >= c for k, c in truth.items()), (final, truth)  # none lost
+    assert sum(final.values()) > sum(truth.values()), "side replayed nothing: the crash landed before any handover"
+
+
+def test_the_consuming_region_fails_clicks_cross_at_most_once_and_side_is_untouched(tmp_path):
+    n = 6000
+    out = unique_dir(tmp_path, "out")
+    pids_side = tmp_path / "ps"
+    pids_side.mkdir()
+    result = figure_1c("consumer-fails", out, n_orders=n, n_clicks=n, rate=1500.0, pids_side=str(pids_side),
+                       main=ep.Region("main", checkpoint=ep.CheckpointConfig(interval=0.3)),
+                       side=ep.Region("side", checkpoint=ep.CheckpointConfig(interval=0.05))).run(
+        runtime="local", checkpoint=ep.CheckpointConfig(storage="file://" + unique_dir(tmp_path, "c")),
+        faults=[CrashAtRecord("count", subtask=0, record=1500, how="exit", after_epoch=1)])
+    main, side = result.regions["main"], result.regions["side"]
+    assert main.attempts == 2, f"the crash in region 'main' did not fire: {main.failures}"
+    assert side.attempts == 1 and not side.failures, f"region 'side' was restarted: {side.failures}"
+    assert len(opens(pids_side)) == 2, "region 'side' opened its operator again"
+    got, _ = counted(out, ORDERS)
+    assert exact(got, oracle(order, n)), "main's own input is not exact after main's restart"
+    got, final = counted(out, CLICKS)
+    truth = oracle(click, n)
+    assert all(final.get(k, 0) <= c for k, c in truth.items()), (final, truth)  # none twice
+    assert exact(got, collections.Counter(final)), "main's count of the clicks it took is not exact"
+
+
+# ------------------------------------------------------------------ Spark, SIGKILLs from outside
+@pytest.mark.spark
+def test_side_sigkilled_repeatedly_on_spark_main_stays_exact(tmp_path, spark):
+    """The producing region's task processes are SIGKILLed from outside, twice, while both
+    regions run: 'side' restarts each time, 'main' never (its processes opened once), main's
+    own input is exact and no click is lost."""
+    n = 8000
+    out = unique_dir(tmp_path, "out")
+    pids_main, pids_side = tmp_path / "pm", tmp_path / "ps"
+    pids_main.mkdir()
+    pids_side.mkdir()
+    flow = figure_1c("spark-autonomous", out, n_orders=n, n_clicks=n, rate=800.0, pids_main=str(pids_main),
+                     pids_side=str(pids_side),
+                     main=ep.Region("main", checkpoint=ep.CheckpointConfig(interval=0.1)),
+                     side=ep.Region("side", checkpoint=ep.CheckpointConfig(interval=0.2)))
+    handle = flow.start(spark=spark, checkpoint=ep.CheckpointConfig(storage="file://" + unique_dir(tmp_path, "c")))
+    killed: list[int] = []
+
+    def kill_twice():
+        side, main = handle.regions["side"], handle.regions["main"]
+        for round_ in range(2):
+            deadline = time.monotonic() + 120
+            while len(opens(pids_side)) < 2 * (round_ + 1) or not side.completed_epochs:
+                if time.monotonic() > deadline or not side.running:
+                    return
+                time.sleep(0.01)
+            time.sleep(0.3)  # let the restarted side hand over records again
+            for name in reversed(opens(pids_side)):
+                pid = int(name.split("-")[0])
+                if pid in killed or not (side.running and main.running):
+                    continue
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    break
+                except ProcessLookupError:
+                    continue
+
+    killer = threading.Thread(target=kill_twice)
+    killer.start()
+    result = handle.wait(300)
+    killer.join()
+    main, side = result.regions["main"], result.regions["side"]
+    assert len(killed) == 2 and side.attempts >= 3, f"SIGKILLs {killed} did not restart 'side' twice: {side.failures}"
+    assert main.attempts == 1 and not main.failures, f"region 'main' was restarted: {main.failures}"
+    assert len(opens(pids_main)) == 2, f"region 'main' opened its operator again: {opens(pids_main)}"
+    got, _ = counted(out, ORDERS)
+    assert exact(got, oracle(order, n))
+    _, final = counted(out, CLICKS)
+    assert all(final.get(k, 0) >= c for k, c in oracle(click, n).items()), final
