@@ -47,7 +47,7 @@ def test_latency_smoke(tmp_path):
     subprocess.run([sys.executable, str(script), "--smoke", "--runtime", "local", "--out", str(out)],
                    check=True, timeout=240, capture_output=True)
     runs = json.loads(out.read_text())["runs"]
-    assert {r["guarantee"] for r in runs} == {"exactly-once", "at-least-once"}
+    assert runs and all(r["sink"] == "file" for r in runs)  # --smoke: the exactly-once file sink
     assert all(r["records"] == r["expected"] and r["latency_s"]["p50"] is not None for r in runs)
 
 
