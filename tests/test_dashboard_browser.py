@@ -153,3 +153,35 @@ def test_stop_with_savepoint_from_the_page_on_spark(tmp_path, browser):
     assert point.kind == "savepoint" and point.epoch == result.savepoints[-1]["epoch"]
     committed = pipelines.output(out)
     assert 0 < sum(committed.values()) and pipelines.contains_all(pipelines.wordcount_oracle(40_000), committed)
+
+
+def test_a_regions_dashboard_links_every_region(tmp_path, browser):
+    """A job of two regions: each region's page names its region and shows both side by side;
+    following the other region's link opens that region's page."""
+    import epochal as ep
+    from epochal.sinks import FileSink
+    from pipelines import unique_dir
+
+    flow = ep.Dataflow("browser-regions", parallelism=1)
+    for name in ("left", "right"):
+        flow.source(name, ep.sources.GeneratorSource(lambda split, offset: iter(range(offset, 10**9)), num_splits=1,
+                                                     records_per_second=200.0), region=name) \
+            .sink(f"{name}-out", FileSink(unique_dir(tmp_path, name)))
+    handle = flow.start(runtime="local", checkpoint=ep.CheckpointConfig(interval=0.2), metrics=ep.MetricsConfig(ui=True))
+    try:
+        page = browser.new_page()
+        page.goto(handle.ui_urls["left"])
+        page.wait_for_function("document.querySelectorAll('#regions .region').length === 2", timeout=30_000)
+        page.wait_for_function("document.querySelector('#regions').textContent.includes('epoch')", timeout=30_000)
+        assert page.text_content("#job") == "browser-regions / region left"
+        assert page.text_content("#regions .current").startswith("left: running")
+        _shot(page, tmp_path, "regions")
+        page.click("#regions a.region")
+        page.wait_for_function("document.querySelector('#job').textContent.endsWith('region right')", timeout=30_000)
+        page.close()
+    finally:
+        handle.cancel()
+        try:
+            handle.wait(60)
+        except ep.JobFailedError:
+            pass  # cancelled

@@ -405,3 +405,35 @@ def test_epochal_ui_points_at_each_regions_checkpoints(tmp_path, capsys):
     served: list = []
     args = build_parser().parse_args(["ui", f"{url}/uijob/regions/x", "uijob"])
     assert serve_ui(args, wait=lambda: served.append(1)) == 0 and served
+
+
+def test_each_regions_dashboard_lists_every_region_side_by_side(tmp_path):
+    """With ``metrics.ui``, every region serves its own dashboard, and each one's state names
+    its region and lists every region of the job (state, attempt, epochs) with a link."""
+    import urllib.parse
+    import urllib.request
+
+    flow = two_regions("ui-regions", unique_dir(tmp_path, "a"), unique_dir(tmp_path, "b"), n_a=10**6, n_b=10**6,
+                       rate_a=500.0, rate_b=500.0, region_a="counts", region_b="sums")
+    handle = flow.start(runtime="local", checkpoint=ep.CheckpointConfig(interval=0.1),
+                        metrics=ep.MetricsConfig(ui=True))
+    try:
+        deadline = time.monotonic() + 60
+        while min(len(h.completed_epochs) for h in handle.regions.values()) < 1:
+            assert time.monotonic() < deadline and handle.running
+            time.sleep(0.05)
+        urls = handle.ui_urls
+        assert set(urls) == {"counts", "sums"} and urls["counts"] != urls["sums"]
+        page = urllib.parse.urlsplit(urls["sums"])
+        token = urllib.parse.parse_qs(page.query)["token"][0]
+        with urllib.request.urlopen(f"{page.scheme}://{page.netloc}/api/state?token={token}", timeout=10) as r:
+            state = json.load(r)
+        assert state["region"] == "sums"
+        lines = {line["name"]: line for line in state["regions"]}
+        assert set(lines) == {"counts", "sums"}
+        assert lines["counts"]["url"] == urls["counts"] and lines["counts"]["state"] == "running"
+        assert lines["counts"]["completed_epochs"] >= 1 and lines["counts"]["last_epoch"] is not None
+    finally:
+        handle.cancel()
+        with pytest.raises(JobFailedError, match="cancelled"):
+            handle.wait(60)

@@ -83,7 +83,9 @@ class DashboardModel:
             ``guarantee``, ``checkpoint_root``, ``generation``, ``history`` (the current
             attempt's EpochHistory or ``None``), ``highest_triggered``, ``timeline`` (the
             attempts so far, as ``JobResult.attempt_timeline``), ``restarts`` and
-            ``savepoints`` (written ones); missing keys count as unknown.
+            ``savepoints`` (written ones), and in a job of several regions ``region`` (this
+            page's) and ``regions`` (every region's line: name, state, attempt, completed
+            epochs, latest epoch, dashboard URL); missing keys count as unknown.
         latest_progress: returns the newest progress event (or ``None``).
     """
 
@@ -190,6 +192,7 @@ class DashboardModel:
         now = time.time()
         return {
             "job": self.job, "time": now, "state": state.get("state", progress.get("state")),
+            "region": state.get("region"), "regions": list(state.get("regions", ())),
             "runtime": state.get("runtime"), "guarantee": state.get("guarantee"),
             "checkpoint_root": state.get("checkpoint_root"), "generation": state.get("generation"),
             "actions": bool(state.get("actions", True)),

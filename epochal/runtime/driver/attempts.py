@@ -186,6 +186,9 @@ class JobDriver:
 
         self.backend = backend
         self.region: str | None = None  # its region's name in a job of several (epochal.regions.run)
+        #: in a job of several regions: returns every region's line for the dashboard
+        #: (RegionsHandle.dashboard_regions), so each region's page links the others
+        self.siblings = None
         self.peer_timeout = peer_timeout  # ClusterConfig.peer_timeout on a cluster, None on loopback
         self.allow_non_restored_state = allow_non_restored_state
         self.encrypted = encrypted
@@ -249,7 +252,8 @@ class JobDriver:
                 "history": server.history if started else None,
                 "highest_triggered": server.highest_triggered if server is not None else None,
                 "timeline": list(self.timeline), "restarts": list(self.restarts),
-                "savepoints": list(self.savepoints.written)}
+                "savepoints": list(self.savepoints.written),
+                "region": self.region, "regions": self.siblings() if self.siblings is not None else []}
 
     def _savepoint_for_page(self, stop: bool, timeout: float) -> str:
         """The dashboard's actions: a savepoint at the default location (then stop)."""

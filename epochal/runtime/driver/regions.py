@@ -285,6 +285,8 @@ class RegionsHandle:
         self.regions = dict(handles)
         self._base = base_url
         self.failed_region: str | None = None
+        for handle in self.regions.values():  # each region's dashboard lists (and links) every region
+            handle._driver.siblings = self.dashboard_regions
         self._supervisor = threading.Thread(target=self._supervise, name=f"epochal-regions-{job}", daemon=True)
         self._supervisor.start()
 
@@ -303,6 +305,17 @@ class RegionsHandle:
                     self.relay.close()
                 return
             running[0][1]._driver.thread.join(SUPERVISE_EVERY)
+
+    def dashboard_regions(self) -> list[dict]:
+        """One line per region, side by side on every region's dashboard: its name, state,
+        attempt, completed epochs, latest completed epoch and dashboard URL (with its token)."""
+        lines = []
+        for name, handle in self.regions.items():
+            driver, done = handle._driver, handle.completed_epochs
+            lines.append({"name": name, "state": driver.state, "attempt": driver.attempt_index,
+                          "restarts": len(driver.restarts), "completed_epochs": len(done),
+                          "last_epoch": done[-1]["epoch"] if done else None, "url": handle.ui_url})
+        return lines
 
     # ------------------------------------------------------------------ like JobHandle
     @property

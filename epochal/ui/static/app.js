@@ -250,8 +250,23 @@
       return tr;
     }));
   }
+  function drawRegions(s) {  // a job of several regions: every region side by side, linked
+    const nav = $("regions");
+    nav.hidden = !(s.regions && s.regions.length);
+    if (nav.hidden) return;
+    nav.replaceChildren(...s.regions.map((r) => {
+      const link = r.url && r.name !== s.region;
+      const a = document.createElement(link ? "a" : "span");
+      a.className = "region " + (r.state || "") + (r.name === s.region ? " current" : "");
+      if (link) a.href = r.url;
+      a.textContent = `${r.name}: ${r.state} · attempt ${r.attempt + 1} · ` +
+        (r.last_epoch != null ? `epoch ${r.last_epoch} (${r.completed_epochs} done)` : "no checkpoint yet");
+      return a;
+    }));
+  }
   function drawHeader(s) {
-    $("job").textContent = s.job;
+    $("job").textContent = s.region ? `${s.job} / region ${s.region}` : s.job;
+    drawRegions(s);
     const st = $("state");
     st.textContent = s.state;
     st.className = "state " + s.state;
