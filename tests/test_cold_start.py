@@ -42,8 +42,7 @@ def test_jobs_of_one_process_reuse_the_session_and_its_forked_workers(spark, tmp
     assert len(pids1) == 2, pids1  # both subtasks read a split: every worker of the first job is seen
     assert pids2 <= pids1, "the second job's tasks ran in new Python workers"
     assert all(DAEMON_MODULE in r["parent"] for r in rows1 + rows2), {r["parent"] for r in rows1}
-    # the second job does not wait for a JVM or for workers: every task connects at once
-    assert second.attempt_timeline[0]["connected_s"] - second.attempt_timeline[0]["launched_s"] < 5.0
+    # (how fast the second job connects is benchmarks/coldstart.py's to measure, not a timed assertion's)
 
 
 def test_an_existing_session_is_not_started_again(spark):
