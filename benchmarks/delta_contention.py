@@ -46,14 +46,14 @@ def writer_process(uri: str, subtask: int, subtasks: int, epochs: int, rows: int
     """One sink subtask: ``epochs`` epochs of ``rows`` rows; puts ``(subtask, stats, error)``."""
     try:
         from epochal.alignment.factory import SinkMode
-        from epochal.connectors.delta import sink as delta_sink
+        from epochal.connectors import commit_retry
         from epochal.epochs.lineage import Lineage
         from epochal.sinks import DeltaSink, SinkContext
 
         if mode == "no-backoff":
-            delta_sink.backoff = lambda attempt, rng=None: 0.0
+            commit_retry.backoff = lambda attempt, rng=None: 0.0
         elif cap is not None:
-            delta_sink.BACKOFF_CAP_S = cap
+            commit_retry.BACKOFF_CAP_S = cap
         ctx = SinkContext("out", subtask=subtask, parallelism=subtasks, job="bench", generation=0,
                           mode=SinkMode.TRANSACTIONAL, lineage=Lineage("0123456789ab"))
         w = DeltaSink(uri, schema=SCHEMA).create_writer(ctx)

@@ -44,14 +44,14 @@ def writer_process(catalog: dict, subtask: int, subtasks: int, epochs: int, rows
     ``cap``: another backoff cap (seconds) than the sink's."""
     try:
         from epochal.alignment.factory import SinkMode
-        from epochal.connectors.iceberg import sink as iceberg_sink
+        from epochal.connectors import commit_retry
         from epochal.epochs.lineage import Lineage
         from epochal.sinks import IcebergSink, SinkContext
 
         if mode == "no-backoff":
-            iceberg_sink.backoff = lambda attempt, rng=None: 0.0
+            commit_retry.backoff = lambda attempt, rng=None: 0.0
         elif cap is not None:
-            iceberg_sink.BACKOFF_CAP_S = cap
+            commit_retry.BACKOFF_CAP_S = cap
         ctx = SinkContext("out", subtask=subtask, parallelism=subtasks, job="bench", generation=0,
                           mode=SinkMode.TRANSACTIONAL, lineage=Lineage("0123456789ab"))
         w = IcebergSink(catalog, "db.t", schema=SCHEMA).create_writer(ctx)
