@@ -309,6 +309,27 @@ def test_each_regions_checkpoints_are_found_where_it_keeps_them():
     assert storage_url_of(single, "ax", "file:///ckpt") == "file:///ckpt"  # one region: where it always was
 
 
+def test_the_regions_holding_checkpoints_are_found_under_a_job_root():
+    """Engine-free: ``regions/<region>/<job>/chk-*`` directories name the regions with
+    checkpoints (a region with only documents, or another job's, does not count); a job of
+    one region refuses to start beside them."""
+    from epochal.backends.storage import CheckpointStorage
+    from epochal.regions.layout import regions_with_checkpoints
+    from epochal.runtime.driver.job import _refuse_region_checkpoints
+
+    storage = CheckpointStorage(f"memory://held-{uuid.uuid4().hex}", "shop")
+    assert regions_with_checkpoints(storage) == []
+    _refuse_region_checkpoints(storage, "memory://x")  # nothing held: no error
+    storage.write_document("regions/pay/shop/chk-3/part", {})
+    storage.write_document("regions/ship/shop/chk-1/part", {})
+    storage.write_document("regions/stock/shop/_generation", {})  # no checkpoint directory
+    storage.write_document("regions/old/other/chk-2/part", {})  # another job's
+    assert regions_with_checkpoints(storage) == ["old", "pay", "ship"]  # any job below the regions
+    assert regions_with_checkpoints(storage, "shop") == ["pay", "ship"]
+    with pytest.raises(ConfigError, match=r"holds checkpoints of regions \['old', 'pay', 'ship'\]"):
+        _refuse_region_checkpoints(storage, "memory://x")
+
+
 def test_the_command_line_shows_each_operators_region(tmp_path, capsys):
     from epochal.cli import main
 

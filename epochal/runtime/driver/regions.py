@@ -43,12 +43,6 @@ REGIONS_DOCUMENT = "_regions"
 SUPERVISE_EVERY = 0.2
 
 
-def regions_with_checkpoints(storage: CheckpointStorage) -> list[str]:
-    """The regions under the job root of ``storage`` that hold a checkpoint directory."""
-    found = storage.fs.glob(f"{storage.root}/{REGIONS_DIR}/*/*/chk-*")
-    return sorted({path.split("/")[-3] for path in found})
-
-
 def sub_flow(flow, part: RegionPart):
     """The dataflow of one region: the same job name and limits, the region's operators."""
     sub = type(flow)(flow.name, parallelism=flow.parallelism, max_parallelism=flow.max_parallelism)
