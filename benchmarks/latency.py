@@ -89,9 +89,12 @@ class Poller(threading.Thread):
 
 
 class FileReader(Poller):
-    def __init__(self, path: str, poll: float):
+    """Polls a FileSink directory; with ``keep_rows`` also keeps every committed row in
+    ``rows`` (for an oracle check)."""
+
+    def __init__(self, path: str, poll: float, keep_rows: bool = False):
         super().__init__(poll)
-        self.path, self.files = path, set()
+        self.path, self.files, self.keep_rows, self.rows = path, set(), keep_rows, []
 
     def scan(self):
         if not os.path.isdir(self.path):
@@ -104,7 +107,10 @@ class FileReader(Poller):
             epoch = int(m.group(1)) if m else None
             with open(os.path.join(self.path, name)) as f:
                 for line in f:
-                    self.seen.append((now, json.loads(line)["t"], epoch))
+                    row = json.loads(line)
+                    if self.keep_rows:
+                        self.rows.append(row)
+                    self.seen.append((now, row["t"], epoch))
             self.files.add(name)
 
 

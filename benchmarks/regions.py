@@ -36,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
+from latency import FileReader  # noqa: E402
 
 import epochal as ep  # noqa: E402
 from epochal.sinks import FileSink  # noqa: E402
@@ -98,36 +99,6 @@ class Count(ep.KeyedProcessFunction):
         yield {"k": key, "n": self.n.value(), "t": record["t"]}
 
 
-class Reader(threading.Thread):
-    """Polls a FileSink directory every 2 ms: ``seen`` = (first seen, due time) per record,
-    ``rows`` every committed row (for the oracle check)."""
-
-    def __init__(self, path: str):
-        super().__init__(daemon=True)
-        self.path, self.files, self.seen, self.rows = path, set(), [], []
-        self.stop = threading.Event()
-
-    def run(self):
-        while not self.stop.is_set():
-            self.scan()
-            time.sleep(0.002)
-        self.scan()
-
-    def scan(self):
-        if not os.path.isdir(self.path):
-            return
-        for name in sorted(os.listdir(self.path)):
-            if name.startswith(("_", ".")) or name in self.files:
-                continue
-            now = time.time()
-            with open(os.path.join(self.path, name)) as f:
-                for line in f:
-                    row = json.loads(line)
-                    self.rows.append(row)
-                    self.seen.append((now, row["t"]))
-            self.files.add(name)
-
-
 def oracle(limit: int) -> collections.Counter:
     """Plain Python: the rows a running count per key emits for ``limit`` records (split 0)."""
     per_key = collections.Counter((0 * 7919 + j) % KEYS for j in range(limit))
@@ -149,8 +120,8 @@ def build(mode: str, tmp: str, t0: float, args) -> tuple[ep.Dataflow, dict]:
 
 
 def latency(seen: list, since: float) -> dict:
-    lat = [s - t for s, t in seen if t >= since]
-    stamps = sorted(s for s, t in seen if t >= since)
+    lat = [s - t for s, t, _epoch in seen if t >= since]
+    stamps = sorted(s for s, t, _epoch in seen if t >= since)
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
     return {"records": len(lat), "p50_s": harness.percentile(lat, 50), "p99_s": harness.percentile(lat, 99),
             "max_s": max(lat, default=None), "longest_gap_s": max(gaps, default=None)}
@@ -184,7 +155,7 @@ def one_run(mode: str, args, spark) -> dict:
     tmp = tempfile.mkdtemp(prefix="epochal-regions-")
     t0 = time.time() + args.warmup
     flow, dirs = build(mode, tmp, t0, args)
-    readers = {p: Reader(out) for p, (out, _pids) in dirs.items()}
+    readers = {p: FileReader(out, 0.002, keep_rows=True) for p, (out, _pids) in dirs.items()}
     for r in readers.values():
         r.start()
     rec: dict = {"mode": mode, "loadavg_at_start": os.getloadavg()[0]}

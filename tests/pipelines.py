@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import collections
 import json
+import os
+import signal
+import threading
+import time
 import uuid
 
 import epochal as ep
@@ -525,3 +529,32 @@ def cancel_after_epoch(handle, holds, timeout: float = 120.0) -> dict | None:
         with pytest.raises(ep.JobFailedError, match="cancelled"):
             handle.wait(60)
     return held
+
+
+class PidFileKiller(threading.Thread):
+    """SIGKILLs one task process from outside the engine (not an :mod:`epochal.testing`
+    hook). The processes to choose from left a file in ``pid_dir`` named by their process id
+    (``<pid>`` or ``<pid>-<suffix>``). Started at once: waits until ``ready()`` (e.g. a
+    checkpoint completed; at most ``timeout`` seconds), then kills the first process, in
+    file-name order, that is still alive while ``running()`` holds. ``killed`` holds the
+    pid it killed — empty if it killed none, which the test asserts against."""
+
+    def __init__(self, pid_dir, ready, running=lambda: True, timeout: float = 120.0):
+        super().__init__(daemon=True)
+        self.pid_dir, self.ready, self.running, self.timeout = pid_dir, ready, running, timeout
+        self.killed: list[int] = []
+        self.start()
+
+    def run(self):
+        deadline = time.monotonic() + self.timeout
+        while not self.ready() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for name in sorted(os.listdir(self.pid_dir)):
+            if self.running():
+                pid = int(name.split("-")[0])
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    self.killed.append(pid)
+                    return
+                except ProcessLookupError:
+                    continue

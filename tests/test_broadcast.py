@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import collections
 import os
-import signal
-import threading
 import time
 
 import pytest
@@ -21,7 +19,7 @@ from epochal.broadcast.state import BroadcastSnapshot, BroadcastState
 from epochal.sinks.files import read_committed
 from epochal.sources.base import Poll, Source, SourceReader
 from epochal.testing import CrashAtRecord
-from pipelines import canon, output, unique_dir
+from pipelines import PidFileKiller, canon, output, unique_dir
 
 
 # ------------------------------------------------------------------------ the input
@@ -158,26 +156,10 @@ def test_rule_changes_under_sigkill_on_spark(tmp_path, spark):
     out, url = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "ckpt")
     handle = flow("bc-kill", out, n, keyed=True, rate=1500.0, pid_dir=str(pids)).start(
         spark=spark, checkpoint=ep.CheckpointConfig(interval=0.1, storage=url))
-    killed = []
-
-    def kill():
-        deadline = time.monotonic() + 120
-        while not handle.completed_epochs and time.monotonic() < deadline:
-            time.sleep(0.01)
-        for name in sorted(os.listdir(pids)):
-            if handle.running:
-                try:
-                    os.kill(int(name), signal.SIGKILL)
-                    killed.append(int(name))
-                    return
-                except ProcessLookupError:
-                    continue
-
-    killer = threading.Thread(target=kill)
-    killer.start()
+    killer = PidFileKiller(pids, ready=lambda: handle.completed_epochs, running=lambda: handle.running)
     result = handle.wait(300)
     killer.join()
-    assert killed and result.attempts >= 2, f"the SIGKILL of {killed} caused no restart"
+    assert killer.killed and result.attempts >= 2, f"the SIGKILL of {killer.killed} caused no restart"
     assert output(out) == oracle(n)
 
 

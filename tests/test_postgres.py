@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import collections
 import os
-import signal
-import threading
-import time
 
 import pytest
 
@@ -18,7 +15,7 @@ from epochal.errors import ConfigError
 from epochal.sinks import PostgresSink, SinkCommitError, SinkContext, SinkWriteError
 from epochal.testing import CrashAtRecord, CrashDuringCommit, CrashDuringDurability
 
-from pipelines import line, lines_from, no_count_lost
+from pipelines import PidFileKiller, line, lines_from, no_count_lost
 
 pytest_plugins = ["postgres_server"]
 
@@ -102,25 +99,10 @@ def test_sigkill_of_the_sink_task_process_from_outside(postgres, table, tmp_path
     pids.mkdir()
     handle = wordcount(PostgresSink(postgres.dsn, table), pid_dir=str(pids), rate=300.0).start(
         runtime="local", checkpoint=checkpoint(tmp_path))
-    killed = []
-
-    def kill():
-        deadline = time.monotonic() + 60
-        while not handle.completed_epochs and time.monotonic() < deadline:
-            time.sleep(0.01)
-        for name in sorted(os.listdir(pids)):
-            try:
-                os.kill(int(name), signal.SIGKILL)
-                killed.append(int(name))
-                return
-            except ProcessLookupError:
-                continue
-
-    killer = threading.Thread(target=kill)
-    killer.start()
+    killer = PidFileKiller(pids, ready=lambda: handle.completed_epochs, timeout=60)
     result = handle.wait(180)
     killer.join()
-    assert killed and result.attempts >= 2, f"the SIGKILL of {killed} caused no restart"
+    assert killer.killed and result.attempts >= 2, f"the SIGKILL of {killer.killed} caused no restart"
     assert rows(postgres, table) == oracle()
     assert postgres.prepared() == []
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import signal
-import threading
 import time
 import uuid
 
@@ -19,7 +17,7 @@ from epochal.errors import ConfigError, JobFailedError, PipelineDefinitionError
 from epochal.sinks import FileSink
 from epochal.testing import CrashAtRecord
 from epochal.windows import Tumbling
-from pipelines import output, unique_dir
+from pipelines import PidFileKiller, output, unique_dir
 
 WORDS = ["ant", "bee", "cat", "dog", "eel", "fox", "gnu"]
 
@@ -282,28 +280,14 @@ def test_a_sigkill_in_one_region_on_spark_leaves_the_other_untouched(tmp_path, s
                        region_b=ep.Region("sums", checkpoint=ep.CheckpointConfig(interval=0.3)),
                        pids_a=str(pids_a), pids_b=str(pids_b))
     handle = flow.start(spark=spark, checkpoint=ep.CheckpointConfig(storage="file://" + unique_dir(tmp_path, "c")))
-    killed: list[int] = []
-
-    def kill():
-        sums, counts = handle.regions["sums"], handle.regions["counts"]
-        deadline = time.monotonic() + 120
-        while not sums.completed_epochs and time.monotonic() < deadline:
-            time.sleep(0.01)
-        for name in opens(pids_b):
-            if sums.running and counts.running:
-                try:
-                    os.kill(int(name.split("-")[0]), signal.SIGKILL)
-                    killed.append(int(name.split("-")[0]))
-                    return
-                except ProcessLookupError:
-                    continue
-
-    killer = threading.Thread(target=kill)
-    killer.start()
+    sums, counts = handle.regions["sums"], handle.regions["counts"]
+    killer = PidFileKiller(pids_b, ready=lambda: sums.completed_epochs,
+                           running=lambda: sums.running and counts.running)
     result = handle.wait(300)
     killer.join()
     a, b = result.regions["counts"], result.regions["sums"]
-    assert killed and b.attempts >= 2, f"the SIGKILL of {killed} did not restart region 'sums': {b.failures}"
+    assert killer.killed and b.attempts >= 2, \
+        f"the SIGKILL of {killer.killed} did not restart region 'sums': {b.failures}"
     assert a.attempts == 1 and not a.failures, f"region 'counts' was restarted: {a.failures}"
     assert len(opens(pids_a)) == 2, f"region 'counts' opened its operator again: {opens(pids_a)}"
     assert output(out_a) == counts_oracle(n_a)
@@ -323,6 +307,27 @@ def test_each_regions_checkpoints_are_found_where_it_keeps_them():
     single = ep.Dataflow("single", parallelism=1)
     single.source("a", ep.sources.CollectionSource([1]), region="x").sink("ax", FileSink("/tmp/ax"))
     assert storage_url_of(single, "ax", "file:///ckpt") == "file:///ckpt"  # one region: where it always was
+
+
+def test_the_regions_holding_checkpoints_are_found_under_a_job_root():
+    """Engine-free: ``regions/<region>/<job>/chk-*`` directories name the regions with
+    checkpoints (a region with only documents, or another job's, does not count); a job of
+    one region refuses to start beside them."""
+    from epochal.backends.storage import CheckpointStorage
+    from epochal.regions.layout import regions_with_checkpoints
+    from epochal.runtime.driver.job import _refuse_region_checkpoints
+
+    storage = CheckpointStorage(f"memory://held-{uuid.uuid4().hex}", "shop")
+    assert regions_with_checkpoints(storage) == []
+    _refuse_region_checkpoints(storage, "memory://x")  # nothing held: no error
+    storage.write_document("regions/pay/shop/chk-3/part", {})
+    storage.write_document("regions/ship/shop/chk-1/part", {})
+    storage.write_document("regions/stock/shop/_generation", {})  # no checkpoint directory
+    storage.write_document("regions/old/other/chk-2/part", {})  # another job's
+    assert regions_with_checkpoints(storage) == ["old", "pay", "ship"]  # any job below the regions
+    assert regions_with_checkpoints(storage, "shop") == ["pay", "ship"]
+    with pytest.raises(ConfigError, match=r"holds checkpoints of regions \['old', 'pay', 'ship'\]"):
+        _refuse_region_checkpoints(storage, "memory://x")
 
 
 def test_the_command_line_shows_each_operators_region(tmp_path, capsys):

@@ -49,7 +49,7 @@ def seal(w, epoch: int, words: list[str]):
 def test_a_delta_commit_outlasts_many_lost_races_with_jittered_backoff(tmp_path, monkeypatch):
     from deltalake.exceptions import CommitFailedError
 
-    from epochal.connectors.delta import sink as delta_sink
+    from epochal.connectors import commit_retry
 
     uri = str(tmp_path / "t")
     sink = DeltaSink(uri, schema=SCHEMA)
@@ -69,14 +69,14 @@ def test_a_delta_commit_outlasts_many_lost_races_with_jittered_backoff(tmp_path,
     tries: list[int] = []
     sleeps: list[float] = []
     monkeypatch.setattr(w, "_commit_files", contended)
-    monkeypatch.setattr(delta_sink.time, "sleep", sleeps.append)
+    monkeypatch.setattr(commit_retry.time, "sleep", sleeps.append)
     w.notify_epoch_complete(1)
     assert sorted(r["word"] for r in read_delta(uri)) == ["a", "b"]
     assert len(tries) == w.commit_stats[-1][0] == lost + 1 and len(sleeps) == lost
-    bounds = [min(delta_sink.BACKOFF_CAP_S, delta_sink.BACKOFF_BASE_S * 2 ** i) for i in range(lost)]
+    bounds = [min(commit_retry.BACKOFF_CAP_S, commit_retry.BACKOFF_BASE_S * 2 ** i) for i in range(lost)]
     assert all(0.0 <= s <= b for s, b in zip(sleeps, bounds)), (sleeps, bounds)
     assert len(set(sleeps)) == lost  # jittered, not a fixed schedule
-    assert bounds[-1] == delta_sink.BACKOFF_CAP_S and sleeps[-1] > bounds[0]  # the bound grew
+    assert bounds[-1] == commit_retry.BACKOFF_CAP_S and sleeps[-1] > bounds[0]  # the bound grew
 
 
 # --------------------------------------------------------------------------- Iceberg: bounded records

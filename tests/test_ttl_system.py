@@ -5,9 +5,6 @@ reader never returning an expired entry."""
 from __future__ import annotations
 
 import collections
-import os
-import signal
-import threading
 import time
 
 import pytest
@@ -18,7 +15,7 @@ from epochal.backends.formats import decode_snapshot
 from epochal.state.location import open_checkpoint
 from epochal.state.reader import _portable
 from epochal.testing import CrashAtRecord
-from pipelines import canon, output, unique_dir
+from pipelines import PidFileKiller, canon, output, unique_dir
 from ttl_pipelines import PHASE, REUSE, sessions, sessions_oracle
 
 
@@ -62,26 +59,10 @@ def test_event_time_ttl_under_sigkill_on_spark(tmp_path, spark):
     out, url = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "ckpt")
     handle = sessions("ttl-kill", out, n, rate=4_000.0, pid_dir=str(pids)).start(
         spark=spark, checkpoint=ep.CheckpointConfig(interval=0.2, storage=url))
-    killed = []
-
-    def kill():
-        deadline = time.monotonic() + 120
-        while not handle.completed_epochs and time.monotonic() < deadline:
-            time.sleep(0.01)
-        for name in sorted(os.listdir(pids)):
-            if handle.running:
-                try:
-                    os.kill(int(name), signal.SIGKILL)
-                    killed.append(int(name))
-                    return
-                except ProcessLookupError:
-                    continue
-
-    killer = threading.Thread(target=kill)
-    killer.start()
+    killer = PidFileKiller(pids, ready=lambda: handle.completed_epochs, running=lambda: handle.running)
     result = handle.wait(300)
     killer.join()
-    assert killed and result.attempts >= 2, f"the SIGKILL of {killed} caused no restart"
+    assert killer.killed and result.attempts >= 2, f"the SIGKILL of {killer.killed} caused no restart"
     assert result.runtime == "spark"
     assert output(out) == oracle(n)
 

@@ -28,26 +28,16 @@ the newest completed checkpoint whose every state file is present and matches it
 checksum; a corrupted or partly deleted newer checkpoint is skipped with a WARNING on the
 ``epochal`` logger.
 
-Storage faults: every file-system call (write, rename, read, listing, delete, existence)
-goes through :meth:`CheckpointStorage.call`, which retries transient errors — throttling,
-timeouts, broken connections, the storage being down — with exponential backoff for up to
-the storage's :class:`~epochal.backends.retry.RetryPolicy` (``CheckpointConfig.storage_retry``)
-and raises permanent ones (a missing file, denied access, a full disk) at once
-(:mod:`epochal.backends.retry`). A write that still fails leaves no file under its final
-name (the temporary file is removed) and raises :class:`CheckpointStorageError`: the task
-declines its snapshot, the coordinator declines the epoch.
+Storage faults and object-store settings: every file goes through the retried calls of
+:class:`~epochal.backends.documents.DocumentStore` (see :mod:`epochal.backends.documents`); a
+write that still fails leaves no file under its final name and raises
+:class:`CheckpointStorageError`: the task declines its snapshot, the coordinator declines
+the epoch.
 
 Signed checkpoints: with a ``signing_key`` (``CheckpointConfig.signing_key``) the
 ``_metadata`` written by :meth:`CheckpointStorage.write_metadata` carries an HMAC-SHA256 of
 its contents (:mod:`epochal.backends.signing`), and :meth:`latest_restorable` skips a
 checkpoint whose signature is missing or wrong like a damaged one.
-
-Object stores: file-system options (endpoint, credentials) come from ``storage_options``
-or, when not given, from the driver's standard configuration — for ``s3://`` botocore
-reads ``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``), ``AWS_ACCESS_KEY_ID``,
-``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION`` and ``~/.aws``; fsspec reads
-``FSSPEC_S3_<OPTION>``. Task processes construct their own storage from the URL alone,
-so use the environment (which they inherit) for settings they need too.
 
     >>> s = CheckpointStorage("memory://doc-example", "wordcount")
     >>> h = s.write_state(1, "count-0", b"state")
@@ -66,44 +56,30 @@ import shutil
 import uuid
 from collections.abc import Mapping
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
-
 from epochal.backends import retention, retry, signing, verification
 from epochal.backends.layout import (CHK_DIR, FILE_NAME, HASH_CHUNK, INLINE_PATH, METADATA_FILE, SHARED_DIR,
                                      SHARED_EPOCH,
                                      StateHandle, chk_name, encode_document, metadata_document, mismatch,
                                      parse_metadata, referenced_bytes, state_handles)
+from epochal.backends.documents import DocumentStore, makedirs_durable
 from epochal.durable import fsync_dir
-from epochal.errors import CheckpointStorageError, ConfigError
+from epochal.errors import CheckpointStorageError
 
 __all__ = ["METADATA_FILE", "CheckpointStorage", "StateHandle", "referenced_bytes", "state_handles"]
 
 
-def _makedirs_durable(directory: str) -> None:
-    """``os.makedirs`` whose new directories' entries are durable (each new directory's
-    parent is fsynced), so a checkpoint directory cannot vanish with its files."""
-    if os.path.isdir(directory):
-        return
-    parent = os.path.dirname(directory)
-    if parent and parent != directory:
-        _makedirs_durable(parent)
-    try:
-        os.mkdir(directory)
-    except FileExistsError:
-        return
-    fsync_dir(None, parent or ".")
-
-
-class CheckpointStorage:
-    """The checkpoints of job ``job`` under fsspec URL ``url``.
+class CheckpointStorage(DocumentStore):
+    """The checkpoints of job ``job`` under fsspec URL ``url`` (its files and documents:
+    :class:`~epochal.backends.documents.DocumentStore`).
 
     Args:
         url: checkpoint root (``file:///...``, a plain path, ``memory://...``, ``s3://...``).
         job: job name; its checkpoints live under ``<url>/<job>/``.
         storage_options: keyword arguments for the fsspec file system (e.g. for s3fs
             ``{"endpoint_url": ..., "key": ..., "secret": ...}``); ``None`` uses the
-            environment's configuration (see the module docstring).
+            environment's configuration (see :mod:`epochal.backends.documents`).
+        retry_policy: see :class:`~epochal.backends.documents.DocumentStore`.
+        signing_key: signs ``_metadata`` (``CheckpointConfig.signing_key``).
 
     Thread-safety: methods may be called from several threads (task uploaders write state
     files concurrently; the coordinator writes metadata and applies retention); distinct
@@ -115,14 +91,8 @@ class CheckpointStorage:
 
     def __init__(self, url: str, job: str, storage_options: Mapping | None = None,
                  retry_policy: retry.RetryPolicy | None = None, signing_key: bytes | None = None):
-        if not isinstance(job, str) or not FILE_NAME.match(job):
-            raise ConfigError(
-                f"job name {job!r} cannot name a checkpoint directory: use letters, digits "
-                "and . _ = + - (not starting with . _ + = or -)"
-            )
-        base = self._open(url, storage_options, retry_policy, signing_key)
-        self.job = job
-        self.root = f"{base.rstrip('/')}/{job}"
+        super().__init__(url, job, storage_options, retry_policy)
+        self._init_checkpoints(signing_key)
 
     @classmethod
     def at_root(cls, url: str, storage_options: Mapping | None = None, retry_policy: retry.RetryPolicy | None = None,
@@ -135,97 +105,19 @@ class CheckpointStorage:
             CheckpointStorageError: the file system cannot be opened.
         """
         self = cls.__new__(cls)
-        base = self._open(url, storage_options, retry_policy, signing_key).rstrip("/")
-        self.root = base or "/"
-        self.job = base.rsplit("/", 1)[-1]
+        self._open_root(url, storage_options, retry_policy)
+        self._init_checkpoints(signing_key)
         return self
 
-    def _open(self, url: str, storage_options: Mapping | None, retry_policy: retry.RetryPolicy | None,
-              signing_key: bytes | None) -> str:
-        """Set up the file system of ``url``; return its path in that file system."""
-        if storage_options is not None and not isinstance(storage_options, Mapping):
-            raise ConfigError(
-                f"checkpoint storage options: expected a dict of file-system arguments, "
-                f"got {type(storage_options).__name__}"
-            )
-        try:
-            self.fs, base = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
-        except Exception as e:  # unknown protocol, missing driver (s3fs), bad URL or option
-            raise CheckpointStorageError(
-                f"checkpoint storage {url!r} cannot be opened: {type(e).__name__}: {e}"
-            ) from e
-        self.url = url
-        self.storage_options = dict(storage_options or {})
-        self._local = isinstance(self.fs, LocalFileSystem)
+    def _init_checkpoints(self, signing_key: bytes | None) -> None:
         # epoch -> reason, found by latest_restorable(); retain() does not count these
         self.unrestorable: dict[int, str] = {}
-        #: how long a file-system call retries transient errors (CheckpointConfig.storage_retry)
-        self.retry = retry_policy or retry.RetryPolicy()
-        self._stopped = False  # stop_retrying() was called: calls give up instead of waiting
         #: signs _metadata and checks it before a restore (CheckpointConfig.signing_key)
         self.signing_key = signing_key
         # (newest completed epoch, shared files kept) of retain()'s last collection of shared
         # files: what shared_deleted() answers from (bounded by the retained checkpoints'
         # files, never by the number of files ever deleted)
         self.shared_gc: tuple[int, frozenset] | None = None
-        return base
-
-    @property
-    def root_url(self) -> str:
-        """The job root as a URL (``file:///...``, ``s3://...``)."""
-        return self.display(self.root)
-
-    def file_url(self, rel: str) -> str:
-        """The URL of ``rel`` (a path relative to the job root), for messages."""
-        return self.display(f"{self.root}/{rel}")
-
-    def __repr__(self) -> str:
-        return f"CheckpointStorage({self.display(self.root)!r})"
-
-    # ------------------------------------------------------------------ helpers
-    def display(self, path: str) -> str:
-        """``path`` (in ``self.fs``) as a URL, for messages."""
-        try:
-            return self.fs.unstrip_protocol(path)
-        except Exception:
-            return path
-
-    @contextlib.contextmanager
-    def io_errors(self, action: str, path: str):
-        """Turn a file-system error inside the block into :class:`CheckpointStorageError`
-        naming ``action`` and the URL of ``path``."""
-        try:
-            yield
-        except CheckpointStorageError:
-            raise
-        except Exception as e:  # OSError and the fsspec drivers' own errors
-            raise CheckpointStorageError(
-                f"cannot {action} {self.display(path)}: {type(e).__name__}: {e}"
-            ) from e
-
-    def call(self, action: str, path: str, fn, policy: retry.RetryPolicy | None = None):
-        """``fn()``, a file-system call acting on ``path``, retried through transient errors
-        (:mod:`epochal.backends.retry`) under ``policy`` (default: :attr:`retry`); any error
-        left is raised as :class:`CheckpointStorageError` naming ``action`` and the URL.
-        Thread-safe. Let ``fn`` handle the errors that are answers (``FileNotFoundError``
-        for "absent"): everything it raises counts as a failure of the call."""
-        with self.io_errors(action, path):
-            return retry.call(fn, policy or self.retry, f"{action} {self.display(path)}",
-                              should_stop=lambda: self._stopped)
-
-    def stop_retrying(self) -> None:
-        """From now on a failing call gives up instead of retrying (the attempt using this
-        storage is over: a reused worker process must not keep writing for it)."""
-        self._stopped = True
-
-    def _cat(self, path: str, action: str = "read") -> bytes | None:
-        """The bytes of ``path``, ``None`` when it does not exist."""
-        def read():
-            try:
-                return self.fs.cat_file(path)
-            except FileNotFoundError:
-                return None
-        return self.call(action, path, read)
 
     def epoch_dir(self, epoch: int) -> str:
         """Path (in ``self.fs``) of epoch ``epoch``'s checkpoint directory."""
@@ -233,93 +125,10 @@ class CheckpointStorage:
             raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
         return f"{self.root}/{chk_name(epoch)}"
 
-    def _put(self, path: str, data: bytes) -> None:
-        """Publish ``data`` at ``path`` atomically (see module docstring), retried as a whole."""
-        self.call("write", path, lambda: self._put_once(path, data))
-
-    def _put_once(self, path: str, data: bytes) -> None:
-        if not self._local:
-            self.fs.pipe_file(path, data)
-            return
-        directory, name = os.path.split(path)
-        _makedirs_durable(directory)
-        tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
-        try:  # a full disk fails here and leaves nothing behind
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            fsync_dir(None, directory)  # the rename is durable only with its directory
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-
     def all_epochs(self) -> list[int]:
         """Every ``chk-*`` epoch present, complete or not (ascending): ids a driver must never
         reuse, since a zombie task of an older attempt may still write there."""
         return self._list_epochs()
-
-    def next_generation(self, at_least: int = 0) -> int:
-        """Claim the next attempt generation of this job (0 for its first attempt ever, and
-        never less than ``at_least``).
-
-        Persisted in ``<root>/_generation`` so generations keep increasing across drivers
-        (``resume=True``): names derived from them (sink staging files, producer epochs)
-        never collide with those of a previous driver's zombie tasks. Only the job's single
-        driver calls this; importing a savepoint claims the savepoint's generation, so the
-        restored job's generations continue above the old job's.
-        """
-        path = f"{self.root}/_generation"
-        raw = self._cat(path)
-        current = -1 if raw is None else int(raw.decode().strip() or -1)
-        claimed = max(current + 1, at_least)
-        self._put(path, str(claimed).encode())
-        return claimed
-
-    def write_document(self, rel: str, doc: dict) -> None:
-        """Publish the small JSON document ``doc`` at ``rel`` (relative to the job root;
-        plain names separated by ``/``) atomically: a savepoint's marker, a savepoint record.
-
-        Raises:
-            ValueError: ``rel`` is not a relative path of plain names.
-            CheckpointStorageError: the write failed.
-        """
-        if not isinstance(rel, str) or not all(FILE_NAME.match(p.removeprefix("_")) for p in rel.split("/")) \
-                or rel.rsplit("/", 1)[-1] == METADATA_FILE:
-            raise ValueError(f"document path {rel!r} is invalid: plain names separated by /, not {METADATA_FILE}")
-        self._put(f"{self.root}/{rel}", encode_document(doc))
-
-    def read_document(self, rel: str) -> dict | None:
-        """The JSON document at ``rel`` (see :meth:`write_document`), ``None`` if absent.
-
-        Raises:
-            CheckpointStorageError: it is unreadable or not a JSON object (naming the file).
-        """
-        path = f"{self.root}/{rel}"
-        raw = self._cat(path)
-        if raw is None:
-            return None
-        try:
-            doc = json.loads(raw)
-        except ValueError as e:
-            raise CheckpointStorageError(f"{self.display(path)} is corrupt: not valid JSON ({e})") from None
-        if not isinstance(doc, dict):
-            raise CheckpointStorageError(f"{self.display(path)} is corrupt: not a JSON object")
-        return doc
-
-    def delete_document(self, rel: str) -> None:
-        """Delete the document at ``rel`` (see :meth:`write_document`); absent is fine."""
-        path = f"{self.root}/{rel}"
-
-        def rm():
-            try:
-                self.fs.rm(path)
-            except FileNotFoundError:
-                pass
-
-        self.call("delete", path, rm)
 
     def _list_epochs(self) -> list[int]:
         """Epochs with a ``chk-*`` directory (complete or not), ascending."""
@@ -406,7 +215,7 @@ class CheckpointStorage:
                 source = local_path
 
                 def stage():
-                    _makedirs_durable(directory)
+                    makedirs_durable(directory)
                     try:
                         os.replace(source, tmp)
                     except OSError:  # another device: copy (a partial copy is removed)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from epochal.coprocess.functions import CoContext, CoProcessFunction, KeyedCoProcessFunction
 from epochal.operators.base import OperatorContext, RuntimeOperator
 from epochal.operators.keyed import _CurrentKey, _KeyedOperator
-from epochal.time.timers import EVENT_TIME, TimerService
+from epochal.operators.timer_firing import TimerFiring
 from epochal.time.units import MIN_TIME, to_seconds
 from epochal.time.watermarks import WatermarkTracker
 
@@ -52,7 +52,7 @@ class _InputClocks:
             self.input_time[side] = max(self.input_time[side], change.watermark)
 
 
-class KeyedCoProcessOperator(_InputClocks, _KeyedOperator):
+class KeyedCoProcessOperator(_InputClocks, TimerFiring, _KeyedOperator):
     """Runs a :class:`KeyedCoProcessFunction`: per batch the side's key function and
     ``process1``/``process2``; timers and state per key, shared by both sides."""
 
@@ -63,11 +63,10 @@ class KeyedCoProcessOperator(_InputClocks, _KeyedOperator):
         self._methods = (function.process1, function.process2)
         self._process = function.process1
         self.stamps = bool(function.stamps_output)
-        self.timers = TimerService(ctx.keyed_backend, ctx.operator, self.current, ctx.key_groups)
+        self._open_timers(ctx)
         ports = _side_ports(function, f"operator {ctx.operator!r}")
         if ports:
             self.side_output = dict(self.side_output or {}, **ports)
-        self._fired: list = []
         function.open(CoContext(ctx, self.current, self.timers, self.side_output or {}, timed, tuple(ports), self))
 
     def select_input(self, index: int) -> None:
@@ -112,33 +111,6 @@ class KeyedCoProcessOperator(_InputClocks, _KeyedOperator):
             except Exception as exc:
                 self.reject(value, exc)
         return out
-
-    def on_watermark(self, watermark: int) -> list:
-        self.timers.advance_watermark(watermark, self._fire)
-        fired, self._fired = self._fired, []
-        return fired
-
-    def next_processing_time(self) -> int | None:
-        return self.timers.next_processing_time()
-
-    def on_processing_time(self, now: int) -> list:
-        self.timers.fire_processing_time(now, self._fire)
-        fired, self._fired = self._fired, []
-        return fired
-
-    def _fire(self, key, kg: int, ts: int, domain: str) -> None:
-        cur = self.current
-        cur.key, cur.kg = key, kg
-        cur.ts = ts if domain == EVENT_TIME else None
-        try:
-            produced = self.function.on_timer(key, to_seconds(ts), domain)
-            if produced is not None:
-                if self.stamps or not self.timed:
-                    self._fired.extend(produced)
-                else:
-                    self._fired.extend([(cur.ts, v) for v in produced])
-        except Exception as exc:
-            raise self.fail(f"{domain}-time timer of key {key!r} at {to_seconds(ts)}", exc) from exc
 
 
 class _Clock:

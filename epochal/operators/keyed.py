@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterable
 from epochal.backends.keygroups import KeyGroupAssigner
 from epochal.operators.base import OperatorContext, RuntimeOperator
 from epochal.query.readers import MapReader, StateReader, ValueReader, register
-from epochal.time.timers import EVENT_TIME, TimerService
+from epochal.operators.timer_firing import TimerFiring
+from epochal.time.timers import TimerService
 from epochal.time.units import MIN_TIME, to_seconds
 from epochal.ttl.expiry import StateTtl
 from epochal.ttl.registry import META, TtlRegistry
@@ -378,14 +379,13 @@ class TtlReduceOperator(ReduceOperator):
         return None
 
 
-class KeyedProcessOperator(_KeyedOperator):
+class KeyedProcessOperator(TimerFiring, _KeyedOperator):
     """Runs a :class:`KeyedProcessFunction` with its declared keyed state and timers."""
 
     def __init__(self, ctx, key_fn, function: KeyedProcessFunction, timed: bool = False):
         super().__init__(ctx, key_fn, timed)
         self.function = function
-        self.timers = TimerService(ctx.keyed_backend, ctx.operator, self.current, ctx.key_groups)
-        self._fired: list = []
+        self._open_timers(ctx)
         timers = self.timers
         self.ttl = TtlRegistry(ctx.keyed_backend, ctx.operator, ctx.key_groups, self.current,
                                lambda: timers.watermark_us, timed)
@@ -460,30 +460,10 @@ class KeyedProcessOperator(_KeyedOperator):
         return out
 
     def on_watermark(self, watermark: int) -> list:
-        self.timers.advance_watermark(watermark, self._fire)
-        fired, self._fired = self._fired, []
+        fired = super().on_watermark(watermark)
         if self._sweeps:  # event-time entries expire as the watermark moves
             self.ttl.after_batch(0)
         return fired
 
-    def next_processing_time(self) -> int | None:
-        return self.timers.next_processing_time()
-
-    def on_processing_time(self, now: int) -> list:
-        self.timers.fire_processing_time(now, self._fire)
-        fired, self._fired = self._fired, []
-        return fired
-
-    def _fire(self, key, kg: int, ts: int, domain: str) -> None:
-        cur = self.current
-        cur.key, cur.kg = key, kg
-        cur.ts = ts if domain == EVENT_TIME else None
-        self.ttl.timer_time = cur.ts  # event-time TTL state as at the timer (epochal.ttl.registry)
-        try:
-            produced = self.function.on_timer(key, to_seconds(ts), domain)
-            if produced is not None:
-                self._fired.extend([(cur.ts, v) for v in produced] if self.timed else produced)
-        except Exception as exc:
-            raise self.fail(f"{domain}-time timer of key {key!r} at {to_seconds(ts)}", exc) from exc
-        finally:
-            self.ttl.timer_time = None
+    def _timer_time(self, ts: int | None) -> None:
+        self.ttl.timer_time = ts  # event-time TTL state as at the timer (epochal.ttl.registry)

@@ -171,6 +171,14 @@ def storage_url_of(flow, operator: str, base: str) -> str:
     return region_storage_url(base, flow.name, part, len(parts))
 
 
+def regions_with_checkpoints(storage, job: str = "*") -> list[str]:
+    """The regions under the job root of ``storage`` (a
+    :class:`~epochal.backends.storage.CheckpointStorage`) that hold a checkpoint directory
+    ``regions/<region>/<job>/chk-*``: ``job`` a glob, any job by default. Sorted; read-only."""
+    found = storage.fs.glob(f"{storage.root}/{REGIONS_DIR}/*/{job}/chk-*")
+    return sorted({path.split("/")[-3] for path in found})
+
+
 def describe(parts: list[RegionPart], job_guarantee, job_checkpoint) -> str:
     """One line per region for the log: name, operators, guarantee and interval."""
     lines = []

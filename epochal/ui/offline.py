@@ -82,10 +82,9 @@ def serve(url: str, job: str, host: str = "127.0.0.1", port: int = 0, token: str
     """Serve the read-only dashboard of ``job`` under ``url`` (see the module docstring)."""
     view = StorageView(url, job)
     if not view.storage.has_checkpoints():
-        from epochal.regions.layout import REGIONS_DIR
+        from epochal.regions.layout import REGIONS_DIR, regions_with_checkpoints
 
-        storage = view.storage
-        regions = sorted({p.split("/")[-3] for p in storage.fs.glob(f"{storage.root}/{REGIONS_DIR}/*/{job}/chk-*")})
+        regions = regions_with_checkpoints(view.storage, job)
         if regions:  # a job of several regions keeps each region's checkpoints apart (epochal.regions)
             raise EpochalError(
                 f"job {job!r} runs in regions {regions}, each with its own checkpoints: serve one with "

@@ -55,8 +55,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import random
-import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -64,6 +62,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from epochal.alignment.factory import SinkMode
+from epochal.connectors.commit_retry import CommitAttempts
 from epochal.connectors.delta import client, lingering, recovery
 from epochal.connectors.staging import RowBuffer, StagedParquet, TableRows
 from epochal.epochs.lineage import LINEAGE_ID
@@ -72,20 +71,6 @@ from epochal.sinks.base import Sink, SinkCommitError, SinkContext, TwoPhaseCommi
 from epochal.sinks.lingering import Lingering
 
 log = logging.getLogger("epochal")
-
-#: how long one epoch's commit keeps trying after losing to concurrent commits
-COMMIT_DEADLINE_S = 120.0
-#: the first backoff bound and its cap (seconds): see :func:`backoff`
-BACKOFF_BASE_S, BACKOFF_CAP_S = 0.02, 0.5
-
-
-def backoff(attempt: int, rng: random.Random = random._inst) -> float:
-    """Seconds to wait before commit attempt ``attempt + 1``: uniform in ``[0, bound]`` with
-    the bound doubling from :data:`BACKOFF_BASE_S` up to :data:`BACKOFF_CAP_S` ("full
-    jitter", as :func:`epochal.connectors.iceberg.sink.backoff`): subtasks that lost to each
-    other spread out instead of colliding again."""
-    return rng.uniform(0.0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (attempt - 1)))
-
 
 class DeltaSink(Sink):
     """Append records to a Delta table: exactly-once under the exactly-once guarantee (one
@@ -301,8 +286,8 @@ class DeltaSinkWriter(TableRows, TwoPhaseCommitSink):
         5. Commit the files with ``Transaction(app id, epoch)``; when a concurrent commit
            wins (``CommitFailedError``: a zombie, or other subtasks' commits beyond
            delta-rs's own immediate retries), wait a random time up to a bound that doubles
-           each time (:func:`backoff`: full jitter, so contending subtasks spread out) and
-           go to 3 again, until :data:`COMMIT_DEADLINE_S`.
+           each time (:mod:`~epochal.connectors.commit_retry`: full jitter, so contending
+           subtasks spread out) and go to 3 again, until its deadline.
         """
         # Step 1
         if not txn.files:
@@ -314,14 +299,8 @@ class DeltaSinkWriter(TableRows, TwoPhaseCommitSink):
             return
         checked = txn.epoch in self._fresh
         failure = None
-        started = time.monotonic()
-        attempt = 0
-        while True:
-            if attempt:
-                if time.monotonic() - started > COMMIT_DEADLINE_S:
-                    break
-                time.sleep(backoff(attempt))
-            attempt += 1
+        attempts = CommitAttempts()
+        for attempt in attempts:
             # Step 3
             dt = self._refresh()
             held = dt.transaction_version(txn.app_id)
@@ -339,13 +318,13 @@ class DeltaSinkWriter(TableRows, TwoPhaseCommitSink):
             try:
                 self._commit_files(dt, txn, self._dl.Transaction(txn.app_id, txn.epoch))
                 self._fresh.discard(txn.epoch)
-                self.commit_stats.append((attempt, time.monotonic() - started))
+                self.commit_stats.append((attempt, attempts.elapsed()))
                 return
             except self._dl.exceptions.CommitFailedError as exc:
                 failure = exc
             except Exception as exc:
                 raise self._commit_error(txn, exc) from exc
-        raise self._commit_error(txn, failure, f" after {attempt} attempts in {COMMIT_DEADLINE_S:.0f} s")
+        raise self._commit_error(txn, failure, attempts.exhausted())
 
     def abort(self, txn: DeltaTransaction) -> None:
         parts, self._parts = self._parts, {}

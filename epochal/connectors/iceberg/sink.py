@@ -40,8 +40,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import random
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +47,7 @@ from typing import Any
 import pyarrow as pa
 
 from epochal.alignment.factory import SinkMode
+from epochal.connectors.commit_retry import CommitAttempts
 from epochal.connectors.iceberg import client, lingering, recovery
 from epochal.connectors.iceberg.client import ancestry, expired_before  # noqa: F401 - re-exported
 from epochal.connectors.staging import RowBuffer, StagedParquet, TableRows
@@ -58,19 +57,8 @@ from epochal.sinks.lingering import Lingering
 
 log = logging.getLogger("epochal")
 
-#: how long one epoch's commit keeps trying after losing the catalog's compare-and-swap
-COMMIT_DEADLINE_S = 120.0
-#: the first backoff bound and its cap (seconds): see :func:`backoff`
-BACKOFF_BASE_S, BACKOFF_CAP_S = 0.02, 0.5
 #: runs whose epoch records the table properties keep, by default (``IcebergSink(keep_lineages=)``)
 KEEP_LINEAGES = 8
-
-
-def backoff(attempt: int, rng: random.Random = random._inst) -> float:
-    """Seconds to wait before commit attempt ``attempt + 1``: uniform in ``[0, bound]`` with
-    the bound doubling from :data:`BACKOFF_BASE_S` up to :data:`BACKOFF_CAP_S` ("full
-    jitter"): subtasks that lost to each other spread out instead of colliding again."""
-    return rng.uniform(0.0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (attempt - 1)))
 
 
 class IcebergSink(Sink):
@@ -275,8 +263,8 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
            snapshot with the epoch in its summary and in the app id's table property (one
            catalog commit); when the catalog's compare-and-swap fails
            (``CommitFailedException``: other subtasks committed first), wait a random time
-           up to a bound that doubles each time (:func:`backoff`: full jitter, so
-           contending subtasks spread out) and go to 2 again, until :data:`COMMIT_DEADLINE_S`.
+           up to a bound that doubles each time (:mod:`~epochal.connectors.commit_retry`:
+           full jitter, so contending subtasks spread out) and go to 2 again, until its deadline.
         """
         # Step 1
         if not txn.files:
@@ -285,14 +273,8 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
 
         self._start()
         failure = None
-        started = time.monotonic()
-        attempt = 0
-        while True:
-            if attempt:
-                if time.monotonic() - started > COMMIT_DEADLINE_S:
-                    break
-                time.sleep(backoff(attempt))
-            attempt += 1
+        attempts = CommitAttempts()
+        for attempt in attempts:
             # Step 2
             table = self._reload()
             if not client.retries_disabled(table):
@@ -330,13 +312,13 @@ class IcebergSinkWriter(TableRows, TwoPhaseCommitSink):
                 current = table.current_snapshot()  # the transaction updated the table's metadata
                 self._snapshot = current.snapshot_id if current is not None else self._snapshot
                 if txn.app_id is not None:
-                    self.commit_stats.append((attempt, time.monotonic() - started))
+                    self.commit_stats.append((attempt, attempts.elapsed()))
                 return
             except CommitFailedException as exc:
                 failure = exc
             except Exception as exc:
                 raise self._commit_error(txn, exc) from exc
-        raise self._commit_error(txn, failure, f" after {attempt} attempts in {COMMIT_DEADLINE_S:.0f} s")
+        raise self._commit_error(txn, failure, attempts.exhausted())
 
     def abort(self, txn: IcebergTransaction) -> None:
         part, self._part = self._part, None

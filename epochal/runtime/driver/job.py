@@ -119,7 +119,7 @@ def _region_settings(region, guarantee, checkpoint, restart):
 
 def _refuse_region_checkpoints(storage: CheckpointStorage, url: str) -> None:
     """A job of one region must not silently start fresh beside checkpoints of its regions."""
-    from epochal.runtime.driver.regions import regions_with_checkpoints
+    from epochal.regions.layout import regions_with_checkpoints
 
     held = regions_with_checkpoints(storage)
     if held:

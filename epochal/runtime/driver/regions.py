@@ -32,7 +32,7 @@ import uuid
 from epochal.backends.storage import CheckpointStorage
 from epochal.errors import ConfigError, EpochalError, JobFailedError
 from epochal.query.protocol import QueryError
-from epochal.regions.layout import REGIONS_DIR, RegionPart, describe, region_storage_url
+from epochal.regions.layout import REGIONS_DIR, RegionPart, describe, region_storage_url, regions_with_checkpoints
 from epochal.runtime.driver.result import JobResult
 
 log = logging.getLogger("epochal")
@@ -41,12 +41,6 @@ log = logging.getLogger("epochal")
 REGIONS_DOCUMENT = "_regions"
 #: how often the supervisor looks for a region that failed for good
 SUPERVISE_EVERY = 0.2
-
-
-def regions_with_checkpoints(storage: CheckpointStorage) -> list[str]:
-    """The regions under the job root of ``storage`` that hold a checkpoint directory."""
-    found = storage.fs.glob(f"{storage.root}/{REGIONS_DIR}/*/*/chk-*")
-    return sorted({path.split("/")[-3] for path in found})
 
 
 def sub_flow(flow, part: RegionPart, relay=None):
@@ -250,8 +244,7 @@ def _restore_points(restore_from, job: str, parts: list[RegionPart], allow_non_r
     if doc is not None:
         held = {name: f"{url}/{name}" for name in doc.get("regions", [])}
     else:
-        found = root.fs.glob(f"{root.root}/{REGIONS_DIR}/*/{job}/chk-*")
-        held = {name: f"{url}/{REGIONS_DIR}/{name}/{job}" for name in sorted({p.split("/")[-3] for p in found})}
+        held = {name: f"{url}/{REGIONS_DIR}/{name}/{job}" for name in regions_with_checkpoints(root, job)}
         if not held:
             raise ConfigError(
                 f"restore_from {restore_from}: neither a savepoint of a job with regions ({REGIONS_DOCUMENT} is "
