@@ -238,7 +238,7 @@ def test_a_region_that_fails_for_good_fails_the_job_and_stops_the_others(tmp_pat
     assert not handle.regions["counts"].running
 
 
-def test_savepoint_of_a_job_with_regions_restores_every_region(tmp_path):
+def test_savepoint_of_a_job_with_regions_restores_every_region(tmp_path, capsys):
     """Stop with a savepoint mid-run, then restore into a fresh storage: each region resumes
     from its own savepoint and each sink's output over both runs equals its oracle."""
     n_a, n_b = 3000, 2000
@@ -256,11 +256,20 @@ def test_savepoint_of_a_job_with_regions_restores_every_region(tmp_path):
     first = handle.wait(60)
     assert first.stopped_with_savepoint == url
     assert sum(output(out_a).values()) < sum(counts_oracle(n_a).values()), "run 1 already finished"
-    second = job(None).run(runtime="local", restore_from=url,
-                       checkpoint=ep.CheckpointConfig(interval=0.1, storage="file://" + unique_dir(tmp_path, "c2")))
+    storage = "file://" + unique_dir(tmp_path, "c2")
+    second = job(None).run(runtime="local", restore_from=url, checkpoint=ep.CheckpointConfig(interval=0.1, storage=storage))
     assert set(second.regions) == {"counts", "sums"}
     assert output(out_a) == counts_oracle(n_a)
     assert output(out_b) == sums_oracle(n_b)
+    from epochal.cli import main  # the job's root lists every region's checkpoints
+
+    capsys.readouterr()
+    assert main(["checkpoints", "list", storage, "sp", "--format", "json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["regions"]
+    assert set(listed) == {"counts", "sums"}
+    for name, rows in listed.items():
+        last = second.regions[name].completed_epochs[-1]["epoch"]
+        assert [r["epoch"] for r in rows if r["status"] == "complete"][-1] == last, (name, rows)
 
 
 # ------------------------------------------------------------------ Spark, a SIGKILL from outside

@@ -158,9 +158,36 @@ def _table(rows: list[dict], columns: list[str]) -> str:
 
 
 def _list(args) -> int:
-    from epochal.state.savepoint import list_recorded
+    """The job's checkpoints; for a job of several regions (:mod:`epochal.regions`), whose
+    root holds none of its own, every region's, each under its name."""
+    from epochal.regions.layout import REGIONS_DIR, regions_with_checkpoints
 
     storage = CheckpointStorage(args.storage, args.job)
+    rows = _checkpoint_rows(storage, args.verify)
+    regions = [] if rows else regions_with_checkpoints(storage, args.job)
+    if regions:
+        base = f"{args.storage.rstrip('/')}/{args.job}/{REGIONS_DIR}"
+        by_region = {r: _checkpoint_rows(CheckpointStorage(f"{base}/{r}", args.job), args.verify) for r in regions}
+        if args.format == "json":
+            print(json.dumps({"job_root": storage.root_url, "regions": by_region}, indent=1))
+        else:
+            print(f"checkpoints of job {args.job}'s regions {', '.join(regions)} under {base}/<region>")
+            print(_table([dict(row, region=r) for r, rs in by_region.items() for row in rs],
+                         ["region", "epoch", "status", "reason", "time_utc", "tasks", "bytes", "savepoints"]))
+    elif args.format == "json":
+        print(json.dumps({"job_root": storage.root_url, "checkpoints": rows}, indent=1))
+    elif not rows:
+        print(f"no checkpoints under {storage.root_url}")
+    else:
+        print(f"checkpoints of job {args.job} under {storage.root_url}")
+        print(_table(rows, ["epoch", "status", "reason", "time_utc", "tasks", "bytes", "savepoints"]))
+    return 0
+
+
+def _checkpoint_rows(storage: CheckpointStorage, verify: bool) -> list[dict]:
+    """One row per checkpoint of ``storage`` (and per savepoint whose checkpoint is gone)."""
+    from epochal.state.savepoint import list_recorded
+
     saved: dict[int, list[str]] = {}
     for rec in list_recorded(storage):
         saved.setdefault(rec["epoch"], []).append(rec["url"])
@@ -170,7 +197,7 @@ def _list(args) -> int:
         try:
             meta = storage.read_metadata(epoch)
             status = "complete"
-            if args.verify:
+            if verify:
                 status = ("damaged: " + why) if (why := storage.first_bad_file(meta, True)) else "complete, verified"
         except EpochalError as exc:
             status = "incomplete" if "is missing" in str(exc) else f"damaged: {exc}"
@@ -181,14 +208,7 @@ def _list(args) -> int:
         rows.append({"epoch": epoch, "status": "deleted (savepoint kept)", "reason": "-", "time_utc": "-",
                      "tasks": "-", "bytes": "-", "savepoints": " ".join(urls)})
     rows.sort(key=lambda r: r["epoch"])
-    if args.format == "json":
-        print(json.dumps({"job_root": storage.root_url, "checkpoints": rows}, indent=1))
-    elif not rows:
-        print(f"no checkpoints under {storage.root_url}")
-    else:
-        print(f"checkpoints of job {args.job} under {storage.root_url}")
-        print(_table(rows, ["epoch", "status", "reason", "time_utc", "tasks", "bytes", "savepoints"]))
-    return 0
+    return rows
 
 
 def _show(args) -> int:
