@@ -93,6 +93,11 @@ def show_regions(args) -> int:
         print(f"region {part.name}{merged}: {guarantee}, checkpoint interval {interval}"
               + (f", checkpoints in {where}" if where else ""))
         print(f"  operators: {', '.join(part.nodes)}")
+        inside = set(part.nodes)
+        for node in part.nodes:  # autonomous channels into the region (seed 000 §3.2)
+            for inp in flow._nodes[node].inputs:
+                if inp.autonomous and inp.node not in inside:
+                    print(f"  autonomous channel: {inp.node} -> {node} (at most once into this region)")
     return 0
 
 

@@ -101,6 +101,21 @@ def test_an_autonomous_channel_keeps_two_regions_apart():
     assert {p.name: p.nodes for p in plain.regions()} == {"s": ("s", "m"), "m.autonomous": ("m.autonomous", "n", "o")}
 
 
+def test_the_command_line_shows_the_channel(tmp_path, capsys):
+    from epochal.cli import main
+
+    script = tmp_path / "fig.py"
+    script.write_text("import epochal as ep\n"
+                      "flow = ep.Dataflow('fig', parallelism=1)\n"
+                      "a = flow.source('a', ep.sources.CollectionSource([1]), region='main')\n"
+                      "b = flow.source('b', ep.sources.CollectionSource([2]), region='side')\n"
+                      "a.union(b.autonomous('b-in')).map('m', str).sink('o', ep.sinks.FileSink('/tmp/o'))\n")
+    assert main(["regions", f"{script}:flow"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "  operators: a, b-in, m, o" in out and "  operators: b" in out
+    assert "  autonomous channel: b -> b-in (at most once into this region)" in out
+
+
 def test_autonomous_channel_errors_name_the_operators():
     flow = ep.Dataflow("errs", parallelism=1)
     s = flow.source("s", ep.sources.CollectionSource([(1, 2)]))
