@@ -129,46 +129,23 @@ def run_raw(broker, args, src: str, mode: str) -> dict:
     """Capacity of confluent-kafka alone, one process: read_committed consumer → producer
     (``client``: idempotent; ``client-transactional``: offsets and records committed in a
     transaction every ``--interval`` s)."""
-    from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+    from confluent_kafka import KafkaError, TopicPartition
 
     out = broker.create_topic(None, args.partitions)
     ends = broker.end_offsets(src)
-    group = uuid.uuid4().hex
-    c = Consumer({"bootstrap.servers": broker.servers, "group.id": group, "enable.auto.commit": False,
-                  "isolation.level": "read_committed", "enable.partition.eof": True})
     transactional = mode == "client-transactional"
-    conf = {"bootstrap.servers": broker.servers, "linger.ms": 5, "enable.idempotence": True}
-    if transactional:
-        conf["transactional.id"] = f"bench-{group}"
-    p = Producer(conf)
+    c, p = kafka_latency.clients(broker.servers, transactional, linger_ms=5,
+                                 **{"enable.partition.eof": True})
     c.assign([TopicPartition(src, q, 0) for q in ends])
-    if transactional:
-        p.init_transactions(30)
-        p.begin_transaction()
-    done, t0 = set(), time.monotonic()
-    last = t0
-    while len(done) < len(ends):
-        for msg in c.consume(10000, 1.0):
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF and msg.offset() >= ends[msg.partition()]:
-                    done.add(msg.partition())
-                continue
-            while True:
-                try:
-                    p.produce(out, msg.value(), msg.key())
-                    break
-                except BufferError:
-                    p.poll(0.05)
-        if transactional and time.monotonic() - last >= args.interval:
-            p.send_offsets_to_transaction(c.position(c.assignment()), c.consumer_group_metadata(), 30)
-            p.commit_transaction(30)
-            p.begin_transaction()
-            last = time.monotonic()
-    if transactional:
-        p.send_offsets_to_transaction(c.position(c.assignment()), c.consumer_group_metadata(), 30)
-        p.commit_transaction(30)
-    p.flush(120)
-    c.close()
+    done: set[int] = set()
+
+    def at_end(msg):
+        if msg.error().code() == KafkaError._PARTITION_EOF and msg.offset() >= ends[msg.partition()]:
+            done.add(msg.partition())
+
+    t0 = time.monotonic()
+    kafka_latency.relay(c, p, out, args.interval * 1000 if transactional else None,
+                        lambda: len(done) >= len(ends), at_end, wait_s=1.0)
     stamps = output_stamps(broker, out)
     rec = {"output_records": len(stamps), "records_per_s": steady_rate(stamps), "wall_s": time.monotonic() - t0}
     if len(stamps) != args.records:
