@@ -96,11 +96,19 @@ def steady_rate(stamps: list[int]) -> float | None:
     return (len(stamps) - 1) / span if span > 0 else None
 
 
+def sink_settings(args) -> dict:
+    """The KafkaSink options the command line sets."""
+    options = {"wal_budget": args.wal_budget} if args.wal_budget is not None else {}
+    if args.producers is not None:
+        options["producers"] = args.producers
+    return options
+
+
 def run_engine(broker, mode: str, args, src: str, spark) -> dict:
     """Capacity of the engine: the pass-through job over the full topic ``src``."""
     out = broker.create_topic(None, args.partitions)
     flow = ep.Dataflow(f"kafka-bench-{uuid.uuid4().hex[:6]}", parallelism=args.parallelism)
-    sink_options = {"wal_budget": args.wal_budget} if args.wal_budget is not None else {}
+    sink_options = sink_settings(args)
     (flow.source("in", KafkaSource(broker.servers, src, stopping_offsets="latest"))
          .map("pass", lambda r: r)
          .sink("out", KafkaSink(broker.servers, out, **sink_options)))
@@ -156,12 +164,13 @@ def run_raw(broker, args, src: str, mode: str) -> dict:
 def latency_job(broker, args, guarantee: str, epoch_s: float, src: str, out: str, spark):
     """Start KafkaSource → map → KafkaSink (records pass through: value, key) unbounded."""
     flow = ep.Dataflow(f"kafka-lat-{uuid.uuid4().hex[:6]}", parallelism=args.parallelism)
-    sink_options = {"wal_budget": args.wal_budget} if args.wal_budget is not None else {}
+    sink_options = sink_settings(args)
     (flow.source("in", KafkaSource(broker.servers, src))
          .map("pass", lambda r: r)
          .sink("out", KafkaSink(broker.servers, out, **sink_options)))
     options = {"guarantee": guarantee, "runtime": args.runtime,
-               "checkpoint": ep.CheckpointConfig(interval=epoch_s, storage="file://" + tempfile.mkdtemp(dir=args.tmp))}
+               "checkpoint": ep.CheckpointConfig(interval=epoch_s, max_concurrent=args.max_concurrent,
+                                                 storage="file://" + tempfile.mkdtemp(dir=args.tmp))}
     if spark is not None:
         options["spark"] = spark
     return flow.start(**options)
@@ -240,6 +249,9 @@ def main() -> int:
     parser.add_argument("--latency-modes", default=",".join(LATENCY_MODES))
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--wal-budget", default=None, help="KafkaSink wal_budget (bytes or '64MB')")
+    parser.add_argument("--producers", type=int, default=None, help="KafkaSink producers (default: the sink's)")
+    parser.add_argument("--max-concurrent", type=int, default=1,
+                        help="latency runs: checkpoint.max_concurrent (epochs pending at once)")
     parser.add_argument("--capacity-modes", default=",".join(MODES))
     parser.add_argument("--skip-capacity", action="store_true")
     parser.add_argument("--skip-latency", action="store_true")

@@ -9,8 +9,12 @@ fetches) in milliseconds:
   lag + the time the record waits in its epoch);
 * ``seal → complete``: the checkpoint completion path (every task acknowledged, the
   coordinator completed the epoch, the writer was told);
+  it splits into ``seal → flushed`` (the durability step: every record of the epoch
+  acknowledged by the broker) and ``flushed → complete`` (the engine's part);
 * ``complete → commit sent``: waiting for the commit thread (earlier commits);
 * ``commit sent → ack``: the Kafka commit itself (marker offsets + commit_transaction);
+  ``produced at commit``: the same for the epochs that found no free producer and were
+  produced from their handle at commit (``n`` counts them);
 * ``oldest → ack``: the sum, for an epoch's oldest record: its latency up to visibility
   (the read_committed reader adds its own poll delay).
 
@@ -69,16 +73,24 @@ def breakdown(events: list[dict], skip_s: float = 1.0) -> dict:
                 stages["oldest -> ack"].append(1000 * ack["t"] - seal["min_ts"])
         if complete is not None:
             stages["seal -> complete"].append(1000 * (complete["t"] - seal["t"]))
+        flushed = ev.get("flushed")
+        if flushed is not None:
+            stages["seal -> flushed"].append(1000 * (flushed["t"] - seal["t"]))
+            if complete is not None:
+                stages["flushed -> complete"].append(1000 * (complete["t"] - flushed["t"]))
         if complete is not None and sent is not None:
             stages["complete -> commit sent"].append(1000 * (sent["t"] - complete["t"]))
         if sent is not None and ack is not None:
             stages["commit sent -> ack"].append(1000 * (ack["t"] - sent["t"]))
+            if not sent.get("streamed", True):
+                stages["produced at commit"].append(1000 * (ack["t"] - sent["t"]))
     for ts in seals.values():
         stages["epoch length"] += [1000 * (b - a) for a, b in zip(ts, ts[1:])]
     out = {"fetch lag": {"p50": pct(fetch, 50), "p99": pct(fetch, 99), "n": len(fetch)},
            "fetch batch records": {"p50": pct(fetch_n, 50), "p99": pct(fetch_n, 99), "n": len(fetch_n)}}
-    for name in ("epoch length", "oldest -> seal", "seal -> complete", "complete -> commit sent",
-                 "commit sent -> ack", "oldest -> ack"):
+    for name in ("epoch length", "oldest -> seal", "seal -> complete", "seal -> flushed", "flushed -> complete",
+                 "complete -> commit sent",
+                 "commit sent -> ack", "produced at commit", "oldest -> ack"):
         xs = stages.get(name, [])
         out[name] = {"p50": pct(xs, 50), "p99": pct(xs, 99), "n": len(xs)}
     return out

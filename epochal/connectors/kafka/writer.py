@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from epochal.alignment.factory import SinkMode
-from epochal.connectors.kafka import committer, recovery, wal
+from epochal.connectors.kafka import committer, recovery, trace, wal
 from epochal.connectors.kafka.client import describe_error, kafka
 from epochal.connectors.kafka.generations import KAFKA_CALL_TIMEOUT_S, Generations
 from epochal.connectors.kafka.handle import KafkaTransaction
@@ -65,6 +65,7 @@ class KafkaSinkWriter(Generations, TwoPhaseCommitSink):
         self._sealed = 0  # the highest epoch pre_commit sealed
         self._missing: set[tuple] = set()  # settled groups Kafka held no marker for
         self._budget = wal.Budget(sink.wal_budget)  # the write-ahead log this writer holds in memory
+        self._oldest: dict[int, int] = {}  # epoch -> oldest Kafka timestamp written (tracing only)
         self._committer = committer.Committer(f"kafka-commit-{ctx.sink_name}-{ctx.subtask}")
 
     # ------------------------------------------------------------------ hooks
@@ -120,7 +121,17 @@ class KafkaSinkWriter(Generations, TwoPhaseCommitSink):
                     self._produce(producer, topic, key, value, headers, ts, records[i])
         if segment is not None:
             segment.append_many(rows, nbytes, self._budget, functools.partial(self._spill_path, txn))
+        if trace.ON:
+            self._trace_write(txn, records)
         txn.count += len(rows)
+
+    def _trace_write(self, txn: KafkaTransaction, records: list) -> None:
+        stamps = [r.timestamp for r in records if type(r) is KafkaRecord]
+        oldest = min(stamps, default=None)
+        if oldest is not None and (txn.epoch not in self._oldest or oldest < self._oldest[txn.epoch]):
+            self._oldest[txn.epoch] = oldest
+        if not txn.count:
+            trace.event("write", epoch=txn.epoch, subtask=self.ctx.subtask, n=len(records), min_ts=oldest)
 
     def _spill_path(self, txn: KafkaTransaction) -> str:
         return os.path.join(self._sink.wal_dir, self._prefix,
@@ -135,6 +146,9 @@ class KafkaSinkWriter(Generations, TwoPhaseCommitSink):
         checkpoint anyway (the handle), flushing here only keeps the commit short.
         At-least-once: the flush is what makes the barrier safe."""
         self._sealed = max(self._sealed, txn.epoch)
+        if trace.ON:
+            trace.event("seal", epoch=txn.epoch, subtask=self.ctx.subtask, count=txn.count,
+                        min_ts=self._oldest.pop(txn.epoch, None))
         if self._transactional:
             self._raise_if_commit_failed()
             txn.carried = self._committer.in_flight()
@@ -160,6 +174,8 @@ class KafkaSinkWriter(Generations, TwoPhaseCommitSink):
             return
         self._start()
         self._raise_if_commit_failed()
+        if trace.ON:
+            trace.event("complete", epoch=txn.epoch, subtask=self.ctx.subtask)
         if txn.generation != self.ctx.generation or txn.group != self._own:
             self._submit_carried(txn)  # own carried epochs were submitted before
         self._committer.submit(txn, functools.partial(self._commit_now, txn))
@@ -182,6 +198,9 @@ class KafkaSinkWriter(Generations, TwoPhaseCommitSink):
 
         Then the epoch's write-ahead log and carried handles are dropped: Kafka holds it.
         """
+        if trace.ON:
+            trace.event("commit_sent", epoch=txn.epoch, subtask=self.ctx.subtask, count=txn.count,
+                        streamed=txn.slot is not None)
         # Step 1
         slot = txn.slot
         if (txn.generation == self.ctx.generation and txn.group == self._own and slot is not None
@@ -197,6 +216,8 @@ class KafkaSinkWriter(Generations, TwoPhaseCommitSink):
             self._kafka_call("refresh the marker", self._marker_only, self._markers.get(self._own, 0))
         self._release_wal(txn)
         txn.carried = ()
+        if trace.ON:
+            trace.event("commit_ack", epoch=txn.epoch, subtask=self.ctx.subtask)
 
     def wait_for_commits(self, timeout: float | None = None) -> None:
         """Return once every commit handed over so far is in Kafka (exactly-once); raise
@@ -323,6 +344,8 @@ class KafkaSinkWriter(Generations, TwoPhaseCommitSink):
         if self._failed:
             raise SinkCommitError(f"{self._where()}: a record of epoch {txn.epoch} was not delivered to topic "
                                   f"{self._topic!r}: {self._failed}")
+        if trace.ON:
+            trace.event("flushed", epoch=txn.epoch, subtask=self.ctx.subtask)
 
     def _on_delivery(self, err, msg) -> None:
         if err is not None and self._failed is None:
