@@ -56,6 +56,7 @@ generations, reads and commits markers and replays epochs from their handles;
 """
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from collections.abc import Callable, Mapping
@@ -71,6 +72,8 @@ from epochal.connectors.kafka.writer import COMMIT_DRAIN_S, MARKER_REFRESH_S, RE
 from epochal.errors import ConfigError
 from epochal.sinks.base import Sink, SinkContext
 from epochal.sinks.lingering import Lingering
+
+log = logging.getLogger("epochal")
 
 __all__ = ["COMMIT_DRAIN_S", "DEFAULT_TRANSACTION_TIMEOUT_MS", "DEFAULT_WAL_BUDGET", "KAFKA_CALL_TIMEOUT_S",
            "MARKER_REFRESH_S", "RELEASE_DRAIN_S", "KafkaSink", "KafkaSinkWriter", "KafkaTransaction"]
@@ -166,7 +169,9 @@ class KafkaSink(Sink):
 
     def check_run(self, sink: str, checkpoint, mode: SinkMode) -> None:
         """Refuse a ``transaction_timeout`` the broker would hit: an epoch's transaction stays
-        open for up to one checkpoint interval plus its checkpoint (``checkpoint.timeout``)."""
+        open for up to one checkpoint interval plus its checkpoint (``checkpoint.timeout``).
+        Warn (exactly-once) when ``producers`` is below ``checkpoint.max_concurrent + 2``:
+        epochs would be produced at their commit instead of streaming."""
         need = (checkpoint.interval or 0.0) + checkpoint.timeout
         if self.transaction_timeout < need:
             raise ConfigError(
@@ -174,6 +179,13 @@ class KafkaSink(Sink):
                 f"interval plus its timeout ({checkpoint.interval} + {checkpoint.timeout:g} s): Kafka would abort "
                 "the epoch's transaction before it can commit; raise transaction_timeout (the broker's "
                 "transaction.max.timeout.ms must allow it) or lower checkpoint.interval / checkpoint.timeout")
+        if mode is SinkMode.TRANSACTIONAL and self.producers < checkpoint.max_concurrent + 2:
+            log.warning(
+                "sink %r: producers=%d cannot stream every epoch with checkpoint.max_concurrent=%d (the open "
+                "epoch, %d awaiting completion and one committing need %d): an epoch that finds no free producer is "
+                "produced at its commit, which delays it; pass KafkaSink(..., producers=%d)", sink, self.producers,
+                checkpoint.max_concurrent, checkpoint.max_concurrent, checkpoint.max_concurrent + 2,
+                checkpoint.max_concurrent + 2)
 
     def lingering(self, job: str, sink: str, promised) -> list[Lingering]:
         """Producers that may hold open transactions (:func:`~epochal.connectors.kafka.probes.registered_producers`)."""

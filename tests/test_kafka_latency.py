@@ -1,13 +1,19 @@
-"""KafkaSource's fetch keeps a short epoch fed (issue 34): a poll takes what the consumer
+"""Settings and paths of the Kafka connectors that keep short epochs fast (issue 34).
+
+KafkaSource's fetch keeps a short epoch fed: a poll takes what the consumer
 already holds without waiting, and when it holds nothing it waits for the *first* message
 only — never for a whole batch, which librdkafka's ``consume(n, timeout)`` does until n
 messages came or the timeout passed (up to ``POLL_WAIT_S`` of every poll at low rates,
 holding the records and the next barrier back)."""
 from __future__ import annotations
 
+import logging
 import time
 
+import epochal as ep
+from epochal.alignment.factory import SinkMode
 from epochal.connectors.kafka import source as kafka_source
+from epochal.sinks import KafkaSink
 from epochal.sources import KafkaSource
 
 pytest_plugins = ["kafka_broker"]
@@ -53,3 +59,19 @@ def test_a_poll_never_waits_for_more_than_one_message(kafka_broker):
             f"a consume call waited for a batch of messages: {sorted(set(waiting))}")
     finally:
         reader.close()
+
+
+def test_too_few_producers_for_the_epochs_in_flight_is_named(caplog):
+    """``producers`` below ``max_concurrent + 2`` makes epochs wait for their commit to be
+    produced: the sink says so when the job starts, naming itself and the number to pass."""
+    sink = KafkaSink("127.0.0.1:9", "t", producers=3)
+    concurrent = ep.CheckpointConfig(interval="10ms", max_concurrent=3)
+    with caplog.at_level(logging.WARNING, logger="epochal"):
+        sink.check_run("out", concurrent, SinkMode.TRANSACTIONAL)
+    assert "sink 'out': producers=3" in caplog.text and "producers=5)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="epochal"):
+        KafkaSink("127.0.0.1:9", "t", producers=5).check_run("out", concurrent, SinkMode.TRANSACTIONAL)
+        sink.check_run("out", ep.CheckpointConfig(interval="10ms"), SinkMode.TRANSACTIONAL)
+        sink.check_run("out", concurrent, SinkMode.DIRECT)
+    assert "producers" not in caplog.text
