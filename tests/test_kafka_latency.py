@@ -75,3 +75,31 @@ def test_too_few_producers_for_the_epochs_in_flight_is_named(caplog):
         sink.check_run("out", ep.CheckpointConfig(interval="10ms"), SinkMode.TRANSACTIONAL)
         sink.check_run("out", concurrent, SinkMode.DIRECT)
     assert "producers" not in caplog.text
+
+
+def test_stage_tracing_records_every_stage_of_every_committed_epoch(kafka_broker, tmp_path, monkeypatch):
+    """``EPOCHAL_KAFKA_TRACE``: the job's processes write the fetch and per-epoch events that
+    ``benchmarks/kafka_trace.py`` reads; every epoch that committed records has all of them,
+    and the records the trace says were committed are the records of the topic."""
+    import json
+
+    src, out = kafka_broker.create_topic(None, 1), kafka_broker.create_topic(None, 1)
+    kafka_broker.produce(src, [f"r{i}" for i in range(200)], partition=0)
+    folder = tmp_path / "trace"
+    monkeypatch.setenv("EPOCHAL_KAFKA_TRACE", str(folder))  # the task processes inherit it
+    flow = ep.Dataflow("kafka-trace")
+    flow.source("in", KafkaSource(kafka_broker.servers, src, stopping_offsets="latest")).sink(
+        "out", KafkaSink(kafka_broker.servers, out))
+    flow.run(runtime="local", checkpoint=ep.CheckpointConfig(interval="50ms", storage=f"file://{tmp_path}/ck"))
+    events = [json.loads(line) for f in folder.glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert sum(e["n"] for e in events if e["kind"] == "fetch") >= 200
+    epochs: dict[int, dict] = {}
+    for e in events:
+        if "epoch" in e:
+            epochs.setdefault(e["epoch"], {})[e["kind"]] = e
+    written = {n: kinds for n, kinds in epochs.items() if kinds.get("seal", {}).get("count")}
+    assert sum(k["seal"]["count"] for k in written.values()) == 200
+    for n, kinds in written.items():
+        assert {"write", "seal", "flushed", "complete", "commit_sent", "commit_ack"} <= set(kinds), (n, sorted(kinds))
+        assert kinds["seal"]["t"] <= kinds["complete"]["t"] <= kinds["commit_sent"]["t"] <= kinds["commit_ack"]["t"]
+    assert sum(len(v) for v in kafka_broker.read_committed(out).values()) == 200
