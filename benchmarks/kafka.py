@@ -96,11 +96,19 @@ def steady_rate(stamps: list[int]) -> float | None:
     return (len(stamps) - 1) / span if span > 0 else None
 
 
+def sink_settings(args) -> dict:
+    """The KafkaSink options the command line sets."""
+    options = {"wal_budget": args.wal_budget} if args.wal_budget is not None else {}
+    if args.producers is not None:
+        options["producers"] = args.producers
+    return options
+
+
 def run_engine(broker, mode: str, args, src: str, spark) -> dict:
     """Capacity of the engine: the pass-through job over the full topic ``src``."""
     out = broker.create_topic(None, args.partitions)
     flow = ep.Dataflow(f"kafka-bench-{uuid.uuid4().hex[:6]}", parallelism=args.parallelism)
-    sink_options = {"wal_budget": args.wal_budget} if args.wal_budget is not None else {}
+    sink_options = sink_settings(args)
     (flow.source("in", KafkaSource(broker.servers, src, stopping_offsets="latest"))
          .map("pass", lambda r: r)
          .sink("out", KafkaSink(broker.servers, out, **sink_options)))
@@ -129,46 +137,23 @@ def run_raw(broker, args, src: str, mode: str) -> dict:
     """Capacity of confluent-kafka alone, one process: read_committed consumer → producer
     (``client``: idempotent; ``client-transactional``: offsets and records committed in a
     transaction every ``--interval`` s)."""
-    from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+    from confluent_kafka import KafkaError, TopicPartition
 
     out = broker.create_topic(None, args.partitions)
     ends = broker.end_offsets(src)
-    group = uuid.uuid4().hex
-    c = Consumer({"bootstrap.servers": broker.servers, "group.id": group, "enable.auto.commit": False,
-                  "isolation.level": "read_committed", "enable.partition.eof": True})
     transactional = mode == "client-transactional"
-    conf = {"bootstrap.servers": broker.servers, "linger.ms": 5, "enable.idempotence": True}
-    if transactional:
-        conf["transactional.id"] = f"bench-{group}"
-    p = Producer(conf)
+    c, p = kafka_latency.clients(broker.servers, transactional, linger_ms=5,
+                                 **{"enable.partition.eof": True})
     c.assign([TopicPartition(src, q, 0) for q in ends])
-    if transactional:
-        p.init_transactions(30)
-        p.begin_transaction()
-    done, t0 = set(), time.monotonic()
-    last = t0
-    while len(done) < len(ends):
-        for msg in c.consume(10000, 1.0):
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF and msg.offset() >= ends[msg.partition()]:
-                    done.add(msg.partition())
-                continue
-            while True:
-                try:
-                    p.produce(out, msg.value(), msg.key())
-                    break
-                except BufferError:
-                    p.poll(0.05)
-        if transactional and time.monotonic() - last >= args.interval:
-            p.send_offsets_to_transaction(c.position(c.assignment()), c.consumer_group_metadata(), 30)
-            p.commit_transaction(30)
-            p.begin_transaction()
-            last = time.monotonic()
-    if transactional:
-        p.send_offsets_to_transaction(c.position(c.assignment()), c.consumer_group_metadata(), 30)
-        p.commit_transaction(30)
-    p.flush(120)
-    c.close()
+    done: set[int] = set()
+
+    def at_end(msg):
+        if msg.error().code() == KafkaError._PARTITION_EOF and msg.offset() >= ends[msg.partition()]:
+            done.add(msg.partition())
+
+    t0 = time.monotonic()
+    kafka_latency.relay(c, p, out, args.interval * 1000 if transactional else None,
+                        lambda: len(done) >= len(ends), at_end, wait_s=1.0)
     stamps = output_stamps(broker, out)
     rec = {"output_records": len(stamps), "records_per_s": steady_rate(stamps), "wall_s": time.monotonic() - t0}
     if len(stamps) != args.records:
@@ -179,12 +164,13 @@ def run_raw(broker, args, src: str, mode: str) -> dict:
 def latency_job(broker, args, guarantee: str, epoch_s: float, src: str, out: str, spark):
     """Start KafkaSource → map → KafkaSink (records pass through: value, key) unbounded."""
     flow = ep.Dataflow(f"kafka-lat-{uuid.uuid4().hex[:6]}", parallelism=args.parallelism)
-    sink_options = {"wal_budget": args.wal_budget} if args.wal_budget is not None else {}
+    sink_options = sink_settings(args)
     (flow.source("in", KafkaSource(broker.servers, src))
          .map("pass", lambda r: r)
          .sink("out", KafkaSink(broker.servers, out, **sink_options)))
     options = {"guarantee": guarantee, "runtime": args.runtime,
-               "checkpoint": ep.CheckpointConfig(interval=epoch_s, storage="file://" + tempfile.mkdtemp(dir=args.tmp))}
+               "checkpoint": ep.CheckpointConfig(interval=epoch_s, max_concurrent=args.max_concurrent,
+                                                 storage="file://" + tempfile.mkdtemp(dir=args.tmp))}
     if spark is not None:
         options["spark"] = spark
     return flow.start(**options)
@@ -263,6 +249,9 @@ def main() -> int:
     parser.add_argument("--latency-modes", default=",".join(LATENCY_MODES))
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--wal-budget", default=None, help="KafkaSink wal_budget (bytes or '64MB')")
+    parser.add_argument("--producers", type=int, default=None, help="KafkaSink producers (default: the sink's)")
+    parser.add_argument("--max-concurrent", type=int, default=1,
+                        help="latency runs: checkpoint.max_concurrent (epochs pending at once)")
     parser.add_argument("--capacity-modes", default=",".join(MODES))
     parser.add_argument("--skip-capacity", action="store_true")
     parser.add_argument("--skip-latency", action="store_true")

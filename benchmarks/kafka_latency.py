@@ -1,7 +1,8 @@
 """Processes of the Kafka latency runs (``benchmarks/kafka.py``): a paced producer, a
 ``read_committed`` reader that stamps each output record, and confluent-kafka alone as the
 pipeline (plain consume → produce, and consume → produce in transactions committed every
-N ms). Each runs in its own process, as a user's producer and consumer would.
+N ms: :func:`relay`, which the capacity runs of ``benchmarks/kafka.py`` use too). Each runs
+in its own process, as a user's producer and consumer would.
 
 Input values are ``b"<seq>:<produce time, µs since the epoch>"``; every pipeline copies the
 value unchanged, so the reader computes latency = seen − produced for each record and
@@ -98,29 +99,46 @@ def read(servers: str, topic: str, partitions: int, total: int, seen, results, t
                  "latency_ms": {"p50": pct(50), "p99": pct(99), "p999": pct(99.9), "max": lat[-1] if lat else None}})
 
 
-def pipe(servers: str, src: str, out: str, partitions: int, commit_ms: float | None, stop) -> None:
-    """confluent-kafka alone, one process: consume ``src`` → produce ``out`` (value and key
-    as they are). ``commit_ms`` None: a plain idempotent producer (at-least-once). Else a
-    transactional producer committing the consumed offsets with the records every
-    ``commit_ms`` ms (``send_offsets_to_transaction``): the hand-written exactly-once loop."""
+def clients(servers: str, transactional: bool, linger_ms: float = 1, **consumer_conf):
+    """A read_committed consumer (no group commits) and an idempotent producer — a
+    transactional one, initialised, when ``transactional``: confluent-kafka alone as a
+    hand-written pipeline sets them up."""
     from confluent_kafka import Consumer, Producer
 
     group = uuid.uuid4().hex
     c = Consumer({"bootstrap.servers": servers, "group.id": group, "enable.auto.commit": False,
-                  "auto.offset.reset": "earliest", "isolation.level": "read_committed",
-                  "fetch.wait.max.ms": 1})
-    conf = {"bootstrap.servers": servers, "linger.ms": 1, "enable.idempotence": True}
-    if commit_ms is not None:
+                  "isolation.level": "read_committed", **consumer_conf})
+    conf = {"bootstrap.servers": servers, "linger.ms": linger_ms, "enable.idempotence": True}
+    if transactional:
         conf["transactional.id"] = f"bench-{group}"
     p = Producer(conf)
-    c.subscribe([src])
-    if commit_ms is not None:
+    if transactional:
         p.init_transactions(30)
+    return c, p
+
+
+def relay(c, p, out: str, commit_ms: float | None, finished, on_error=None, wait_s: float = 0.001) -> None:
+    """confluent-kafka alone: consume → produce ``out`` (value and key as they are) until
+    ``finished()``. ``commit_ms`` None: the producer is plain. Else it is transactional and
+    commits the consumed offsets with the records every ``commit_ms`` ms
+    (``send_offsets_to_transaction``): the hand-written exactly-once loop. Error messages
+    go to ``on_error(msg)``."""
+    transactional = commit_ms is not None
+    if transactional:
         p.begin_transaction()
+
+    def commit():
+        offsets = c.position(c.assignment())
+        if offsets:
+            p.send_offsets_to_transaction(offsets, c.consumer_group_metadata(), 30)
+        p.commit_transaction(30)
+
     last = time.monotonic()
-    while not stop.is_set():
-        for msg in c.consume(10000, 0.001):
+    while not finished():
+        for msg in c.consume(10000, wait_s):
             if msg.error():
+                if on_error is not None:
+                    on_error(msg)
                 continue
             while True:
                 try:
@@ -129,14 +147,19 @@ def pipe(servers: str, src: str, out: str, partitions: int, commit_ms: float | N
                 except BufferError:
                     p.poll(0.001)
         p.poll(0)
-        if commit_ms is not None and (time.monotonic() - last) * 1000 >= commit_ms:
-            offsets = c.position(c.assignment())
-            if offsets:
-                p.send_offsets_to_transaction(offsets, c.consumer_group_metadata(), 30)
-            p.commit_transaction(30)
+        if transactional and (time.monotonic() - last) * 1000 >= commit_ms:
+            commit()
             p.begin_transaction()
             last = time.monotonic()
-    if commit_ms is not None:
-        p.commit_transaction(30)
-    p.flush(30)
+    if transactional:
+        commit()
+    p.flush(120)
     c.close()
+
+
+def pipe(servers: str, src: str, out: str, partitions: int, commit_ms: float | None, stop) -> None:
+    """The latency runs' client pipeline (its own process): :func:`relay` of ``src``
+    (subscribed, from its start) until ``stop`` is set."""
+    c, p = clients(servers, commit_ms is not None, **{"auto.offset.reset": "earliest", "fetch.wait.max.ms": 1})
+    c.subscribe([src])
+    relay(c, p, out, commit_ms, stop.is_set)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from epochal.config import parse_duration
+from epochal.connectors.kafka import trace
 from epochal.connectors.kafka.client import (
     check_servers,
     check_topic,
@@ -332,7 +333,19 @@ class _KafkaReader(SourceReader):
         """Move up to ``max_records`` messages from the consumer into the per-partition
         buffers (so they never hold more than one poll's worth)."""
         ck, deser = self._ck, self._src.deserializer
-        for msg in self._consumer.consume(num_messages=max_records, timeout=POLL_WAIT_S):
+        consume = self._consumer.consume
+        # what is fetched already; else wait for the first message only, then take what came
+        # with it: consume(n, timeout) waits for n messages or the whole timeout, which would
+        # hold a 10 ms epoch's records (and its barrier) back by up to POLL_WAIT_S
+        messages = consume(num_messages=max_records, timeout=0)
+        if not messages:
+            messages = consume(num_messages=1, timeout=POLL_WAIT_S)
+            if messages and max_records > 1:
+                messages += consume(num_messages=max_records - 1, timeout=0)
+        if trace.ON and messages:
+            stamps = [m.timestamp()[1] for m in messages if m.error() is None]
+            trace.event("fetch", n=len(messages), min_ts=min(stamps, default=None), max_ts=max(stamps, default=None))
+        for msg in messages:
             err = msg.error()
             if err is not None:
                 if err.code() == ck.KafkaError._PARTITION_EOF:

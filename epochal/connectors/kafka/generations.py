@@ -1,0 +1,231 @@
+"""How a Kafka sink writer deals with the generations before it (seed 004, Table 4.1,
+Kafka row): fence them, register its own, read and commit the markers that say which
+epochs Kafka holds, and produce again from a handle an epoch it does not hold.
+
+:class:`Generations` is the part of :class:`~epochal.connectors.kafka.writer.KafkaSinkWriter`
+that talks to Kafka about markers and transactional ids; the writer's hooks call it (once,
+on the first hook: :meth:`Generations._start`; on the commit thread: the marker commits and
+replays). The pure decisions (which ids to fence, which epochs to produce) are in
+:mod:`~epochal.connectors.kafka.recovery`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from epochal.connectors.kafka import probes, recovery, wal
+from epochal.connectors.kafka.client import describe_error
+from epochal.connectors.kafka.handle import KafkaTransaction
+from epochal.sinks.base import SinkCommitError
+
+log = logging.getLogger("epochal")
+
+#: seconds a Kafka call of the sink may take (transactions, markers, flushes)
+KAFKA_CALL_TIMEOUT_S = 60.0
+
+
+class Generations:
+    """Fencing, registration, markers and replays of a Kafka sink writer (a mixin of
+    :class:`~epochal.connectors.kafka.writer.KafkaSinkWriter`, whose ``__init__`` sets
+    the attributes below)."""
+
+    ctx: Any
+    _ck: Any
+    _sink: Any
+    _topic: str
+    _prefix: str
+    _base: dict
+    _started: bool
+    _transactional: bool
+    _plain: Any
+    _replay: Any
+    _lineage: str
+    _parent: str | None
+    _own: tuple[str, int]
+    _groups: dict[tuple, Any]
+    _markers: dict[tuple, int]
+    _own_meta: recovery.MarkerMeta
+    _last_marker: float
+    _fenced: set[str]
+    _missing: set[tuple]
+
+    # ------------------------------------------------------------------ start: fence, register
+
+    def _start(self) -> None:
+        """Once, on the first hook (inside ``restore``): fence every producer an earlier
+        generation of this run — or the run it restored — may hold, then register this
+        generation in its marker (exactly-once); or create the producer (at-least-once).
+
+        1. For this run's lineage and the lineage it restored (its parent), settle the
+           marker groups of this subtask and of the subtasks it absorbs after a rescale
+           (:meth:`_settle`: read, fence who registered there, read again). Fencing comes
+           before any answer is trusted, so no zombie can move a marker after it was read,
+           and no open transaction of a killed producer holds readers at the last stable
+           offset until ``transaction.timeout.ms``.
+        2. Register: commit this generation's metadata into its own group.
+        """
+        if self._started:
+            return
+        self._started = True
+        if not self._transactional:
+            conf = dict(self._base, **{"enable.idempotence": True, "delivery.report.only.error": True,
+                                       "on_delivery": self._on_delivery})
+            self._plain = self._ck.Producer(conf)
+            return
+        # Step 1
+        for lineage in dict.fromkeys(x for x in (self._lineage, self._parent) if x is not None):
+            self._settle_subtask_and_absorbed(lineage)
+        self._say_if_rolled_back()
+        # Step 2
+        self._replay = self._new_producer(recovery.REPLAY_SLOT)
+        self._kafka_call("register the generation", self._marker_only, self._markers.get(self._own, 0))
+
+    def _say_if_rolled_back(self) -> None:
+        """Log it when this run restored an epoch older than what the restored lineage
+        committed to the topic: the epochs after it are produced again (a rollback)."""
+        lineage = self.ctx.lineage
+        if lineage is None or self._parent is None or self._parent == self._lineage:
+            return
+        ahead = self._markers.get((self._parent, self.ctx.subtask), 0)
+        if lineage.forked_at is not None and ahead > lineage.forked_at:
+            log.warning("%s: restored epoch %d of lineage %s, which committed epochs up to %d to topic %r: this run "
+                        "(lineage %s) produces the epochs after %d again (a rollback to an older savepoint or "
+                        "checkpoint)", self._where(), lineage.forked_at, self._parent or "(legacy)", ahead,
+                        self._topic, self._lineage, lineage.forked_at)
+
+    def _settle_subtask_and_absorbed(self, lineage: str) -> None:
+        """Settle ``lineage``'s groups of this subtask and of every subtask it absorbs: those
+        of a larger parallelism ``j ≡ subtask (mod parallelism)``, as far as groups exist."""
+        own, p = self.ctx.subtask, self.ctx.parallelism
+        marker = self._settle((lineage, own))
+        meta = marker.meta if marker else None
+        candidates = recovery.absorbed_subtasks(own, p, meta.parallelism if meta else p)
+        for j in candidates:
+            self._settle((lineage, j))
+        j = max(candidates, default=own) + p  # subtasks of an even larger earlier parallelism
+        while self._settle((lineage, j)) is not None:
+            j += p
+
+    def _settle(self, group: tuple[str, int]) -> recovery.Marker | None:
+        """Read ``group``'s marker, fence the writer registered there, then read it again and
+        keep that answer: after the fence no transaction of that writer can still commit, so
+        the marker is final for recovery. Idempotent per group."""
+        marker = self._read_marker(group)
+        fenced = recovery.fence_ids(self._prefix, {group: marker}, self._lineage, self.ctx.generation)
+        for txid in fenced:
+            if txid not in self._fenced:
+                self._kafka_call(f"fence transactional id {txid!r}", self._fence, txid)
+                self._fenced.add(txid)
+        if fenced:
+            log.info("%s: fenced %d transactional id(s) of %s", self._where(), len(fenced),
+                     "an earlier generation" if group[0] == self._lineage else f"lineage {group[0] or '(legacy)'}")
+            marker = self._read_marker(group)
+        self._markers[group] = marker.epoch if marker else 0
+        if marker is None:
+            self._missing.add(group)
+        return marker
+
+    def _fence(self, txid: str) -> None:
+        producer = self._ck.Producer(dict(self._base, **{"transactional.id": txid,
+                                                         "transaction.timeout.ms": self._timeout_ms()}))
+        producer.init_transactions(KAFKA_CALL_TIMEOUT_S)
+        producer.flush(0)
+
+    def _new_producer(self, slot):
+        txid = recovery.transactional_id(self._prefix, self.ctx.subtask, self.ctx.generation, slot, self._lineage)
+        producer = self._ck.Producer(dict(self._base, **{"transactional.id": txid,
+                                                         "transaction.timeout.ms": self._timeout_ms()}))
+        self._kafka_call(f"initialise producer {txid!r}", producer.init_transactions, KAFKA_CALL_TIMEOUT_S)
+        return producer
+
+    def _timeout_ms(self) -> int:
+        return int(self._sink.transaction_timeout * 1000)
+
+    # ------------------------------------------------------------------ markers
+
+    def _group(self, group: tuple[str, int]):
+        """A consumer of marker group ``group`` = ``(lineage, subtask)``. It reads committed
+        offsets without waiting for open transactions (``read_uncommitted``): an answer read
+        before the fence is only used to find whom to fence (:meth:`_settle`)."""
+        consumer = self._groups.get(group)
+        if consumer is None:
+            conf = {k: v for k, v in self._base.items() if k.startswith(("security.", "sasl.", "ssl.", "client."))}
+            conf.update({"bootstrap.servers": self._sink.servers, "enable.auto.commit": False,
+                         "isolation.level": "read_uncommitted",
+                         "group.id": recovery.marker_group(self._prefix, group[1], group[0])})
+            consumer = self._groups[group] = self._ck.Consumer(conf)
+        return consumer
+
+    def _read_marker(self, group: tuple[str, int]) -> recovery.Marker | None:
+        """Kafka's marker of ``group``: the highest epoch committed there and who registered
+        last, or None if the group holds none."""
+        tp = self._ck.TopicPartition(self._topic, 0)
+        lineage, subtask = group
+        found = self._kafka_call(f"read the marker of subtask {subtask} (lineage {lineage or '(legacy)'})",
+                                 self._group(group).committed, [tp], timeout=KAFKA_CALL_TIMEOUT_S)[0]
+        if found.offset < 0:
+            return None
+        return recovery.Marker(found.offset, recovery.MarkerMeta.decode(found.metadata, subtask))
+
+    def _marker_offsets(self, epoch: int) -> list:
+        """The marker of ``epoch``: this writer's metadata (whoever fences next must fence it)."""
+        return [self._ck.TopicPartition(self._topic, 0, epoch, metadata=self._own_meta.encode())]
+
+    def _commit_with_marker(self, producer, epoch: int, group: tuple[str, int] | None = None) -> None:
+        group = self._own if group is None else group
+        producer.send_offsets_to_transaction(self._marker_offsets(epoch),
+                                             self._group(group).consumer_group_metadata(), KAFKA_CALL_TIMEOUT_S)
+        producer.commit_transaction(KAFKA_CALL_TIMEOUT_S)
+        self._markers[group] = epoch
+        self._last_marker = time.monotonic()
+
+    def _marker_only(self, epoch: int) -> None:
+        self._replay.begin_transaction()
+        self._commit_with_marker(self._replay, epoch)
+
+    def _replay_epoch(self, txn: KafkaTransaction) -> None:
+        """Step 2 of :meth:`commit`: produce ``txn`` from its handle unless Kafka holds it —
+        as the marker of the lineage and subtask that wrote it says, once settled."""
+        g = txn.group
+        if g not in self._markers:
+            self._settle(g)
+        todo = recovery.epochs_to_produce([(txn.epoch, g)], self._markers)
+        if not todo:
+            return
+        if g in self._missing and self._epoch_in_topic(txn):
+            log.warning("%s: the marker group of lineage %s subtask %d is gone (expired while the job was down? "
+                        "offsets.retention.minutes), but epoch %d is in topic %r already: not produced again",
+                        self._where(), g[0] or "(legacy)", g[1], txn.epoch, self._topic)
+            return
+        producer = self._replay
+
+        def produce_and_commit():
+            producer.begin_transaction()
+            try:
+                for key, value, headers, ts in txn.rows():
+                    self._produce(producer, self._topic, key, value, headers, ts, None)
+            except wal.WalMissingError as exc:
+                raise SinkCommitError(f"{self._where()}: cannot produce epoch {txn.epoch} of subtask {g[1]} "
+                                      f"again: {exc}") from exc
+            self._commit_with_marker(producer, txn.epoch, g)
+
+        self._kafka_call(f"produce epoch {txn.epoch} of subtask {g[1]} from the checkpoint", produce_and_commit)
+        log.info("%s: produced epoch %d (%d records) from the checkpoint", self._where(), txn.epoch, txn.count)
+
+    def _epoch_in_topic(self, txn: KafkaTransaction) -> bool:
+        """Whether ``txn`` committed, asked of the topic itself (its tagged first record,
+        :func:`~epochal.connectors.kafka.probes.epoch_in_topic`): only when the marker
+        group that would say so is gone."""
+        first_ts = txn.first_ts
+        if first_ts is None:
+            return False
+        return probes.epoch_in_topic(self._sink, self._prefix, recovery.epoch_tag(txn.group, txn.epoch),
+                                        first_ts, f"{self._where()}: epoch {txn.epoch}")
+
+    def _kafka_call(self, what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except self._ck.KafkaException as exc:
+            raise SinkCommitError(f"{self._where()}: cannot {what} on {self._sink.servers}: "
+                                  f"{describe_error(exc)}") from exc

@@ -1,0 +1,105 @@
+"""Settings and paths of the Kafka connectors that keep short epochs fast (issue 34).
+
+KafkaSource's fetch keeps a short epoch fed: a poll takes what the consumer
+already holds without waiting, and when it holds nothing it waits for the *first* message
+only — never for a whole batch, which librdkafka's ``consume(n, timeout)`` does until n
+messages came or the timeout passed (up to ``POLL_WAIT_S`` of every poll at low rates,
+holding the records and the next barrier back)."""
+from __future__ import annotations
+
+import logging
+import time
+
+import epochal as ep
+from epochal.alignment.factory import SinkMode
+from epochal.connectors.kafka import source as kafka_source
+from epochal.sinks import KafkaSink
+from epochal.sources import KafkaSource
+
+pytest_plugins = ["kafka_broker"]
+
+
+class RecordingConsumer:
+    """Passes every call to the real consumer; records ``consume``'s arguments."""
+
+    def __init__(self, consumer):
+        self._consumer = consumer
+        self.calls: list[tuple[int, float]] = []
+
+    def consume(self, num_messages=1, timeout=-1):
+        self.calls.append((num_messages, timeout))
+        return self._consumer.consume(num_messages=num_messages, timeout=timeout)
+
+    def __getattr__(self, name):
+        return getattr(self._consumer, name)
+
+
+def test_a_poll_never_waits_for_more_than_one_message(kafka_broker):
+    topic = kafka_broker.create_topic(None, 1)
+    kafka_broker.produce(topic, [f"r{i}" for i in range(30)], partition=0)
+    src = KafkaSource(kafka_broker.servers, topic)
+    reader = src.create_reader(src.splits(), None, subtask=0, parallelism=1)
+    spy = reader._consumer = RecordingConsumer(reader._consumer)
+    got: list[bytes] = []
+    deadline = time.monotonic() + 60
+
+    def poll_until(done):
+        while not done() and time.monotonic() < deadline:
+            got.extend(r.value for r in reader.poll(1000).records)
+
+    try:
+        poll_until(lambda: len(got) >= 30)
+        poll_until(lambda: any(t != 0 for _, t in spy.calls))  # the topic holds no more: a poll must wait
+        kafka_broker.produce(topic, [f"r{i}" for i in range(30, 60)], partition=0)
+        poll_until(lambda: len(got) >= 60)
+        assert [v.decode() for v in got] == [f"r{i}" for i in range(60)]
+        waiting = [(n, t) for n, t in spy.calls if t != 0]
+        assert waiting, "no poll waited for the brokers"
+        assert all(n == 1 and t <= kafka_source.POLL_WAIT_S for n, t in waiting), (
+            f"a consume call waited for a batch of messages: {sorted(set(waiting))}")
+    finally:
+        reader.close()
+
+
+def test_too_few_producers_for_the_epochs_in_flight_is_named(caplog):
+    """``producers`` below ``max_concurrent + 2`` makes epochs wait for their commit to be
+    produced: the sink says so when the job starts, naming itself and the number to pass."""
+    sink = KafkaSink("127.0.0.1:9", "t", producers=3)
+    concurrent = ep.CheckpointConfig(interval="10ms", max_concurrent=3)
+    with caplog.at_level(logging.WARNING, logger="epochal"):
+        sink.check_run("out", concurrent, SinkMode.TRANSACTIONAL)
+    assert "sink 'out': producers=3" in caplog.text and "producers=5)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="epochal"):
+        KafkaSink("127.0.0.1:9", "t", producers=5).check_run("out", concurrent, SinkMode.TRANSACTIONAL)
+        sink.check_run("out", ep.CheckpointConfig(interval="10ms"), SinkMode.TRANSACTIONAL)
+        sink.check_run("out", concurrent, SinkMode.DIRECT)
+    assert "producers" not in caplog.text
+
+
+def test_stage_tracing_records_every_stage_of_every_committed_epoch(kafka_broker, tmp_path, monkeypatch):
+    """``EPOCHAL_KAFKA_TRACE``: the job's processes write the fetch and per-epoch events that
+    ``benchmarks/kafka_trace.py`` reads; every epoch that committed records has all of them,
+    and the records the trace says were committed are the records of the topic."""
+    import json
+
+    src, out = kafka_broker.create_topic(None, 1), kafka_broker.create_topic(None, 1)
+    kafka_broker.produce(src, [f"r{i}" for i in range(200)], partition=0)
+    folder = tmp_path / "trace"
+    monkeypatch.setenv("EPOCHAL_KAFKA_TRACE", str(folder))  # the task processes inherit it
+    flow = ep.Dataflow("kafka-trace")
+    flow.source("in", KafkaSource(kafka_broker.servers, src, stopping_offsets="latest")).sink(
+        "out", KafkaSink(kafka_broker.servers, out))
+    flow.run(runtime="local", checkpoint=ep.CheckpointConfig(interval="50ms", storage=f"file://{tmp_path}/ck"))
+    events = [json.loads(line) for f in folder.glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert sum(e["n"] for e in events if e["kind"] == "fetch") >= 200
+    epochs: dict[int, dict] = {}
+    for e in events:
+        if "epoch" in e:
+            epochs.setdefault(e["epoch"], {})[e["kind"]] = e
+    written = {n: kinds for n, kinds in epochs.items() if kinds.get("seal", {}).get("count")}
+    assert sum(k["seal"]["count"] for k in written.values()) == 200
+    for n, kinds in written.items():
+        assert {"write", "seal", "flushed", "complete", "commit_sent", "commit_ack"} <= set(kinds), (n, sorted(kinds))
+        assert kinds["seal"]["t"] <= kinds["complete"]["t"] <= kinds["commit_sent"]["t"] <= kinds["commit_ack"]["t"]
+    assert sum(len(v) for v in kafka_broker.read_committed(out).values()) == 200
