@@ -411,25 +411,29 @@ class KeyedStream(Stream):
             return _BUILDERS["columnar.window"](self, assigner, allowed_lateness)
         return _BUILDERS["window"](self, assigner, allowed_lateness, ttl)
 
-    def interval_join(self, other: "KeyedStream", lower, upper, *, how: str = "inner"):
+    def interval_join(self, other: "KeyedStream", lower, upper, *, how: str = "inner", ttl=None):
         """Pair each record ``l`` of this stream with every record ``r`` of ``other`` of the
         same key with ``l.t + lower <= r.t <= l.t + upper`` (event time; durations); finish
         with ``.apply(name, fn)``. ``how``: ``"inner"``, ``"left"``, ``"right"`` or
         ``"full"`` (a row the watermark proves unmatched comes out with ``None``).
-        See :mod:`epochal.joins`."""
-        return _BUILDERS["interval_join"](self, other, lower, upper, how)
+        See :mod:`epochal.joins`. ``ttl`` is refused: the watermark already bounds the buffers."""
+        return _BUILDERS["interval_join"](self, other, lower, upper, how, ttl)
 
-    def window_join(self, other: "KeyedStream", assigner, *, how: str = "inner"):
+    def window_join(self, other: "KeyedStream", assigner, *, how: str = "inner", ttl=None):
         """Pair the records of this stream and ``other`` with the same key in the same
         event-time window (``Tumbling``, ``Sliding`` or ``Session`` from
-        :mod:`epochal.windows`); finish with ``.apply(name, fn)``. See :mod:`epochal.joins`."""
-        return _BUILDERS["window_join"](self, other, assigner, how)
+        :mod:`epochal.windows`); finish with ``.apply(name, fn)``. See :mod:`epochal.joins`.
+        ``ttl`` is refused: the watermark already bounds the buffers."""
+        return _BUILDERS["window_join"](self, other, assigner, how, ttl)
 
-    def temporal_join(self, table: "KeyedStream", *, how: str = "inner", is_delete: Callable | None = None):
+    def temporal_join(self, table: "KeyedStream", *, how: str = "inner", is_delete: Callable | None = None,
+                      ttl=None):
         """Pair each record of this stream with the latest row of the changelog stream
         ``table`` with its key as of the record's event time; finish with ``.apply(name,
-        fn)``. See :mod:`epochal.joins`."""
-        return _BUILDERS["temporal_join"](self, table, how, is_delete)
+        fn)``. ``ttl`` (a duration or :class:`~epochal.ttl.StateTtl`, processing or event
+        time): a key's table expires after that long without a new row of the key
+        (docs/ttl-broadcast.md). See :mod:`epochal.joins`."""
+        return _BUILDERS["temporal_join"](self, table, how, is_delete, ttl)
 
     def aggregate(self, name: str, *, parallelism: int | None = None, local: bool | None = None,
                   budget_bytes: int = 64 << 20, queryable: bool = False, **aggregations) -> Stream:

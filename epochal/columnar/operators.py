@@ -171,6 +171,13 @@ class KeyedAggregateOperator(RuntimeOperator):
         """Merge the epoch's partials into state and emit the merged keys, as one batch."""
         return self._merge()
 
+    def snapshot(self, epoch: int):
+        """With ``ttl=``: the TTL record of the key groups (:meth:`AggregateTtl.snapshot`);
+        the accumulators are snapshotted by the backend right after."""
+        if self.ttl is not None:
+            self.ttl.snapshot()
+        return None
+
     def _merge(self) -> list:
         partials = self.buffer.drain()
         self.buffer.reject_failures(self)

@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 from epochal.columnar.state import BlockState, KeyBlock, _take
 from epochal.ttl.cleanup import ENTRIES_PER_RECORD, MIN_BUDGET, SweepCursor
 from epochal.ttl.expiry import StateTtl
+from epochal.ttl.registry import META_KEY, governs_record, meta_state
 
 __all__ = ["AggregateTtl", "drop_stamps"]
 
@@ -46,8 +47,9 @@ def stamp_state(operator: str) -> str:
 
 def drop_stamps(backend, operator: str) -> None:
     """The aggregate has no ttl (any more): forget the stamps a checkpoint may hold."""
-    if stamp_state(operator) in backend.state_names():
-        backend.drop_state(stamp_state(operator))
+    for name in (stamp_state(operator), meta_state(operator)):
+        if name in backend.state_names():
+            backend.drop_state(name)
 
 
 class AggregateTtl:
@@ -65,6 +67,7 @@ class AggregateTtl:
         self.state, self.backend = state, state.backend
         self.name = stamp_state(operator)
         self.ttl = config.ttl_us * 1000
+        self.meta, self.desc = meta_state(operator), config.describe()
         self._wall = wall_clock_ns or time.time_ns
         self.cursor = SweepCursor(max(1, len(state.key_groups)))
         self._due: dict[int, int] = {}  # key group -> clock before which nothing there expires
@@ -90,6 +93,16 @@ class AggregateTtl:
         now = self._wall()
         self.backend.put_many(self.name, kgs, pykeys, [now] * len(pykeys))
         self.sweep(max(MIN_BUDGET, len(pykeys) * ENTRIES_PER_RECORD), now)
+
+    def snapshot(self) -> None:
+        """Record in every owned key group that ``"stamp"`` decides each key's life (the
+        record of :mod:`epochal.ttl.registry`), so the offline state reader hides the keys
+        expired at read time whose removal had not run yet. Task thread, in the operator's
+        synchronous snapshot."""
+        record = {"states": {}, "clock": None, "governs": governs_record("stamp", self.desc, stamped=False)}
+        put = self.backend.put
+        for kg in self.state.key_groups:
+            put(self.meta, kg, META_KEY, record)
 
     def sweep(self, budget: int, now: int) -> int:
         """Visit key groups round robin until ``budget`` keys were looked at or each was
