@@ -32,7 +32,7 @@ _BUILDERS: dict[str, Callable] = {}
 def register_builder(operation: str):
     """Decorator: register the builder of ``operation`` (``"iterate"``: ``builder(stream,
     name, body, parallelism, log_memory_records)``; ``"window"`` and ``"columnar.window"``:
-    ``builder(keyed_stream, assigner, allowed_lateness)``; ``"columnar.watermarks"``,
+    ``builder(keyed_stream, assigner, allowed_lateness, ttl)``; ``"columnar.watermarks"``,
     ``"columnar.event_time"``, ``"columnar.aggregate"``: see the call sites). Called once,
     when the owning module is imported."""
     def register(builder):
@@ -403,12 +403,8 @@ class KeyedStream(Stream):
         go to the result's ``.late()`` side output. ``ttl`` (a duration or
         :class:`~epochal.ttl.StateTtl`, processing or event time): a key's pending windows
         are dropped unfired once the key had no record for that long (docs/ttl-broadcast.md)."""
-        if self._columnar("window"):
-            if ttl is not None:
-                raise PipelineDefinitionError("window: ttl is not supported on columnar (Arrow batch) windows yet; "
-                                              "use records (to_records()) for windows with a ttl")
         if self._columnar("window"):  # Arrow batches: vectorized windows (epochal.columnar.windows)
-            return _BUILDERS["columnar.window"](self, assigner, allowed_lateness)
+            return _BUILDERS["columnar.window"](self, assigner, allowed_lateness, ttl)
         return _BUILDERS["window"](self, assigner, allowed_lateness, ttl)
 
     def interval_join(self, other: "KeyedStream", lower, upper, *, how: str = "inner", ttl=None):
