@@ -20,7 +20,7 @@ from epochal.errors import ConfigError
 from epochal.operators.base import OperatorContext
 from epochal.state.location import Checkpoint
 from epochal.state.reader import keyed_entries
-from epochal.time.units import MIN_TIME
+from epochal.time.units import MAX_TIME, MIN_TIME
 
 MAXP = 16
 TTL_S = 30
@@ -204,5 +204,25 @@ def test_the_reader_hides_keys_expired_at_the_cut():
                           _states={"t0": {"keyed": b.snapshot(2).run()}})
         assert {r[0] for r in keyed_entries(ckpt, "agg", "acc")} == {"b"}
         assert {r[0] for r in keyed_entries(ckpt, "agg")} == {"b"}
+    finally:
+        b.close()
+
+
+def test_rows_buffered_before_a_deadline_passes_are_judged_at_their_watermark():
+    """At the end of a bounded input the watermark jumps to the end of time before the last
+    barrier: the rows buffered before it still merge into their keys' live accumulators
+    (on_watermark merges them first), as on the record path; a watermark that reaches no
+    deadline merges nothing."""
+    b = _backend("heap")
+    try:
+        op = _op(b)
+        op.on_watermark(0)
+        op.process_batch([_batch([("a", 1, 10.0), ("b", 2, 10.0)])])
+        op.prepare_snapshot_pre_barrier(1)
+        op.process_batch([_batch([("a", 5, 20.0)])])
+        assert op.on_watermark(int(15e6)) == []  # no deadline reached (10 + 30): stays buffered
+        assert _emitted(op.on_watermark(MAX_TIME)) == {"a": (2, 6)}  # merged at 15 s: a still live
+        op.process_batch([_batch([("b", 1, 99.0)])])  # after the end of time: b expired (like a late record)
+        assert _emitted(op.prepare_snapshot_pre_barrier(2)) == {"b": (1, 1)}
     finally:
         b.close()

@@ -164,9 +164,17 @@ class KeyedAggregateOperator(RuntimeOperator):
         return any(st.backend.value_items(st.entries_state, kg) for kg in st.key_groups)
 
     def on_watermark(self, watermark: int) -> list:
-        """Event-time ttl: keys expire against the watermark, at the next merge."""
-        self.watermark = watermark
-        return []
+        """Event-time ttl: keys expire against the watermark at the next merge — so when
+        this watermark could expire a stored key (it reached the earliest deadline) and
+        rows are buffered, they are merged first, judged at the watermark they arrived at
+        (as on the record path; at the end of a bounded input, too). Returns that merge's
+        output, if any."""
+        out = []
+        if self.ttl is not None and self.ttl.event and watermark > self.watermark and not self.buffer.empty \
+                and watermark >= self.ttl.earliest():
+            out = self._merge()
+        self.watermark = max(self.watermark, watermark)
+        return out
 
     def process_batch(self, records: list) -> list:
         out, buffer = [], self.buffer

@@ -6,7 +6,8 @@ reaches its budget, so a key's life starts at the merge of its newest rows, not 
 arrival (at most one epoch later). Event time (``StateTtl(d, time="event")``; the input
 needs an event-time column, ``with_watermarks(name, timestamp="column")``): a key expires
 once the operator's watermark reaches the newest event time of its rows + ``ttl``, judged
-at each merge (the watermark when the merge runs) — the newest event time is a hidden
+against the watermark its rows arrived at (a watermark that reaches the earliest stored
+deadline, :meth:`AggregateTtl.earliest`, first merges the buffered rows) — the newest event time is a hidden
 ``max`` aggregation of the time column (:data:`STAMP`), combined in Arrow like the others
 (also by the local pre-aggregation), so it costs one accumulator column. Either way an
 expired key is never merged into: its next rows start afresh (the emitted value counts
@@ -45,7 +46,7 @@ import pyarrow.compute as pc
 
 from epochal.columnar.state import BlockState, KeyBlock, _take
 from epochal.errors import ConfigError
-from epochal.time.units import MIN_TIME
+from epochal.time.units import MAX_TIME, MIN_TIME
 from epochal.ttl.cleanup import ENTRIES_PER_RECORD, MIN_BUDGET, SweepCursor
 from epochal.ttl.expiry import EVENT, PROCESSING, StateTtl, clock_floor
 from epochal.ttl.registry import META_KEY, governs_record, meta_state, units
@@ -126,6 +127,8 @@ class AggregateTtl:
             else MIN_TIME
         self.cursor = SweepCursor(max(1, len(state.key_groups)))
         self._due: dict[int, int] = {}  # key group -> clock before which nothing there expires
+        # event time: key group -> no deadline there is before this (restored ones: unknown yet)
+        self._earliest: dict[int, int] = {kg: MIN_TIME for kg in state.key_groups} if self.event else {}
         self.expired = 0  # keys expired since the start (a metric)
 
     def now(self) -> int:
@@ -134,6 +137,11 @@ class AggregateTtl:
         if self.event:
             return max(self._watermark(), self.floor)
         return self._wall()
+
+    def earliest(self) -> int:
+        """Event time: a lower bound of every stored key's deadline (exact per key group
+        after each sweep visit, lowered by each merge)."""
+        return min(self._earliest.values(), default=MAX_TIME)
 
     def before_merge(self, partials: pa.Table) -> None:
         """Remove the epoch's keys whose accumulators expired, so the merge starts them afresh."""
@@ -157,6 +165,11 @@ class AggregateTtl:
         now = self.now()
         stamps = newest_us.tolist() if self.event else [now] * len(pykeys)
         self.backend.put_many(self.name, kgs, pykeys, stamps)
+        if self.event:
+            earliest, ttl = self._earliest, self.ttl
+            for kg, stamp in zip(kgs, stamps):
+                if stamp + ttl < earliest.get(kg, MAX_TIME):
+                    earliest[kg] = stamp + ttl
         self.sweep(max(MIN_BUDGET, len(pykeys) * ENTRIES_PER_RECORD), now)
 
     def snapshot(self) -> None:
@@ -190,6 +203,7 @@ class AggregateTtl:
             dead = [key for key, stamp in stamps if stamp + ttl <= now]
             live = [stamp for _, stamp in stamps if stamp + ttl > now]
             self._due[kg] = min(live + [now]) + ttl
+            self._earliest[kg] = min(live) + ttl if live else MAX_TIME
             if dead:
                 self._remove(kg, dead)
                 removed += len(dead)
