@@ -59,7 +59,7 @@ def _batch(rows):
 def _emitted(batches) -> dict:
     out = {}
     for b in batches:
-        assert b.schema.names == ["k", "n", "s"]  # the hidden newest-time column is never emitted
+        assert b.schema.names == ["k", "n", "s"]  # the hidden event-time columns are never emitted
         d = b.to_pydict()
         out.update({k: (n, s) for k, n, s in zip(d["k"], d["n"], d["s"])})
     return out
@@ -79,15 +79,19 @@ def _epochs(seed: int) -> list:
     return out
 
 
-def model(epochs, floor_at: int | None = None) -> tuple[list, int]:
+def model(epochs) -> tuple[list, int]:
     """Per epoch the emitted ``{key: (n, sum)}``: at a merge with watermark W a key whose
-    newest event time s has s + ttl <= W starts afresh; its stamp is then the newest time of
-    its rows since. Also the number of restarts of keys seen before."""
+    newest event time s has s + ttl <= W and <= the oldest time of its epoch's rows starts
+    afresh; its stamp is then the newest time of its rows since. Also the number of
+    restarts of keys seen before."""
     stamp, acc, out, restarts = {}, {}, [], 0
     for wm, rows in epochs:
         touched = {}
+        oldest: dict = {}
         for k, v, ts in rows:
-            if k not in touched and k in stamp and stamp[k] + TTL_S <= wm:
+            oldest[k] = min(oldest.get(k, ts), ts)
+        for k, v, ts in rows:
+            if k not in touched and k in stamp and stamp[k] + TTL_S <= min(wm, oldest[k]):
                 restarts += 1
                 del acc[k], stamp[k]
             n, s = acc.get(k, (0, 0))
@@ -208,21 +212,22 @@ def test_the_reader_hides_keys_expired_at_the_cut():
         b.close()
 
 
-def test_rows_buffered_before_a_deadline_passes_are_judged_at_their_watermark():
+def test_rows_before_a_keys_deadline_merge_into_it_whatever_the_watermark():
     """At the end of a bounded input the watermark jumps to the end of time before the last
-    barrier: the rows buffered before it still merge into their keys' live accumulators
-    (on_watermark merges them first), as on the record path; a watermark that reaches no
-    deadline merges nothing."""
+    barrier (and an epoch may span more event time than the ttl): rows older than their
+    key's deadline still merge into its accumulators; rows after it start it afresh."""
     b = _backend("heap")
     try:
-        op = _op(b)
+        op = _op(b, _spec(local=True)[0])
+        ctx = OperatorContext("agg.local", "agg.local[0]", 0, 1, 0, "job", MAXP)
+        pre = LocalAggregateOperator(ctx, _spec(local=True)[1])
         op.on_watermark(0)
-        op.process_batch([_batch([("a", 1, 10.0), ("b", 2, 10.0)])])
-        op.prepare_snapshot_pre_barrier(1)
-        op.process_batch([_batch([("a", 5, 20.0)])])
-        assert op.on_watermark(int(15e6)) == []  # no deadline reached (10 + 30): stays buffered
-        assert _emitted(op.on_watermark(MAX_TIME)) == {"a": (2, 6)}  # merged at 15 s: a still live
-        op.process_batch([_batch([("b", 1, 99.0)])])  # after the end of time: b expired (like a late record)
-        assert _emitted(op.prepare_snapshot_pre_barrier(2)) == {"b": (1, 1)}
+        op.process_batch(pre.process_batch([_batch([("a", 1, 10.0), ("b", 2, 10.0)])]) +
+                         pre.prepare_snapshot_pre_barrier(1))
+        assert _emitted(op.prepare_snapshot_pre_barrier(1)) == {"a": (1, 1), "b": (1, 2)}
+        op.process_batch(pre.process_batch([_batch([("a", 5, 20.0), ("b", 1, 99.0)])]))
+        op.on_watermark(MAX_TIME)  # a's and b's deadline (10 + 30) long passed
+        op.process_batch(pre.prepare_snapshot_pre_barrier(2))
+        assert _emitted(op.prepare_snapshot_pre_barrier(2)) == {"a": (2, 6), "b": (1, 1)}
     finally:
         b.close()

@@ -40,8 +40,8 @@ class AggregateSpec:
     ttl: Any = None
     #: lookups of each key's results, state "results" (epochal.columnar.queries)
     queryable: bool = False
-    #: event-time ttl: the input's event-time column (a ColumnTime), whose max per key is
-    #: the hidden aggregation STAMP (epochal.columnar.ttl)
+    #: event-time ttl: the input's event-time column (a ColumnTime), whose min and max per
+    #: key are the hidden aggregations OLDEST and STAMP, last (epochal.columnar.ttl)
     ttl_time: Any = None
 
 
@@ -77,12 +77,12 @@ def build_aggregate(keyed, name: str, parallelism, aggregations: dict, local: bo
     config = _aggregate_ttl(name, ttl)
     ttl_time = None
     if config is not None and config.time == "event":
-        from epochal.columnar.aggregates import max as amax
+        from epochal.columnar.aggregates import max as amax, min as amin
         from epochal.columnar.time import event_time_of
-        from epochal.columnar.ttl import STAMP
+        from epochal.columnar.ttl import OLDEST, STAMP
 
         ttl_time = event_time_of(keyed, f"aggregate {name!r}: event-time ttl")
-        aggregations = dict(aggregations, **{STAMP: amax(ttl_time.column)})  # each key's newest event time
+        aggregations = dict(aggregations, **{OLDEST: amin(ttl_time.column), STAMP: amax(ttl_time.column)})
     if config is not None and queryable:
         raise PipelineDefinitionError(f"aggregate {name!r}: queryable results with a ttl are not supported yet (a "
                                       "query could read a key whose accumulators expired); drop one of the two")

@@ -19,11 +19,13 @@ import pyarrow as pa
 from epochal.columnar.partials import PartialBuffer, PartialPlan
 from epochal.columnar.queries import AggregateResultsReader
 from epochal.columnar.state import keyed_state
-from epochal.columnar.ttl import STAMP, AggregateTtl, check_restore, drop_stamps
+from epochal.columnar.ttl import OLDEST, STAMP, AggregateTtl, check_restore, drop_stamps
 from epochal.time.units import MIN_TIME
 from epochal.ttl.cleanup import MIN_BUDGET
 from epochal.operators.base import OperatorContext, RuntimeOperator
 from epochal.query.readers import register
+
+_HIDDEN = (OLDEST, STAMP)  # an event-time ttl's aggregations (epochal.columnar.ttl): never emitted
 
 __all__ = ["KeyedAggregateOperator", "LocalAggregateOperator", "MapBatchesOperator", "ToBatchesOperator",
            "ToRecordsOperator", "as_batches"]
@@ -164,17 +166,10 @@ class KeyedAggregateOperator(RuntimeOperator):
         return any(st.backend.value_items(st.entries_state, kg) for kg in st.key_groups)
 
     def on_watermark(self, watermark: int) -> list:
-        """Event-time ttl: keys expire against the watermark at the next merge — so when
-        this watermark could expire a stored key (it reached the earliest deadline) and
-        rows are buffered, they are merged first, judged at the watermark they arrived at
-        (as on the record path; at the end of a bounded input, too). Returns that merge's
-        output, if any."""
-        out = []
-        if self.ttl is not None and self.ttl.event and watermark > self.watermark and not self.buffer.empty \
-                and watermark >= self.ttl.earliest():
-            out = self._merge()
+        """Event-time ttl: keys expire against the watermark (and their rows' event time)
+        at the next merge (:mod:`epochal.columnar.ttl`)."""
         self.watermark = max(self.watermark, watermark)
-        return out
+        return []
 
     def process_batch(self, records: list) -> list:
         out, buffer = [], self.buffer
@@ -211,7 +206,11 @@ class KeyedAggregateOperator(RuntimeOperator):
             return []
         try:
             if self.ttl is not None:
-                self.ttl.before_merge(partials)
+                oldest = None
+                if self.ttl_time is not None:  # the hidden OLDEST aggregation: the rows' oldest event times
+                    first = partials.column(OLDEST).combine_chunks()
+                    oldest = self.ttl_time.micros(pa.record_batch({self.ttl_time.column: first}))[0]
+                self.ttl.before_merge(partials, oldest)
             keys, accs = self.state.merge(partials)
             plan = self.plan
             if self.ttl is not None:
@@ -221,11 +220,11 @@ class KeyedAggregateOperator(RuntimeOperator):
                     newest = self.ttl_time.micros(pa.record_batch({column: plan.split(accs)[-1][0]}))[0]
                 self.ttl.after_merge(keys, newest)
             results = [agg.result(cols) for name, agg, cols in zip(plan.names, plan.aggs, plan.split(accs))
-                       if name != STAMP]
+                       if name not in _HIDDEN]
         except Exception as exc:
             raise self.fail(f"<merge of {partials.num_rows} keys into {self.ctx.operator!r}>", exc) from exc
         self.merges += 1
-        return [pa.RecordBatch.from_arrays([keys] + results, names=[plan.key] + [n for n in plan.names if n != STAMP])]
+        return [pa.RecordBatch.from_arrays([keys] + results, names=[plan.key] + [n for n in plan.names if n not in _HIDDEN])]
 
 
 class LocalAggregateOperator(RuntimeOperator):

@@ -197,11 +197,6 @@ class PartialBuffer:
     def full(self) -> bool:
         return self.nbytes > self.budget
 
-    @property
-    def empty(self) -> bool:
-        """Nothing was added since the last drain."""
-        return not self._items and not self._raw
-
     def must_merge(self) -> bool:
         """Whether the operator must merge (or emit) now: over its budget even after
         :meth:`compact` (which runs only when the buffer is :attr:`full`) left it above half

@@ -5,11 +5,14 @@ last merge that updated the key — a merge happens before each barrier and when
 reaches its budget, so a key's life starts at the merge of its newest rows, not at their
 arrival (at most one epoch later). Event time (``StateTtl(d, time="event")``; the input
 needs an event-time column, ``with_watermarks(name, timestamp="column")``): a key expires
-once the operator's watermark reaches the newest event time of its rows + ``ttl``, judged
-against the watermark its rows arrived at (a watermark that reaches the earliest stored
-deadline, :meth:`AggregateTtl.earliest`, first merges the buffered rows) — the newest event time is a hidden
-``max`` aggregation of the time column (:data:`STAMP`), combined in Arrow like the others
-(also by the local pre-aggregation), so it costs one accumulator column. Either way an
+once the operator's watermark reaches the newest event time of its rows + ``ttl`` (its
+*deadline*): rows merged into it later start it afresh if their oldest event time is at
+or after the deadline too — so a key's life does not depend on how far the watermark moved
+while its rows waited in a buffer or in the pre-aggregation (an epoch may span more event
+time than the ttl), nor on the end of a bounded input. Newest and oldest event time are
+hidden ``max`` and ``min`` aggregations of the time column (:data:`STAMP`,
+:data:`OLDEST`), combined in Arrow like the others (also by the local pre-aggregation):
+two accumulator columns. Either way an
 expired key is never merged into: its next rows start afresh (the emitted value counts
 only them). Expiry itself emits nothing (the output is an update stream: no retraction).
 
@@ -46,15 +49,17 @@ import pyarrow.compute as pc
 
 from epochal.columnar.state import BlockState, KeyBlock, _take
 from epochal.errors import ConfigError
-from epochal.time.units import MAX_TIME, MIN_TIME
+from epochal.time.units import MIN_TIME
 from epochal.ttl.cleanup import ENTRIES_PER_RECORD, MIN_BUDGET, SweepCursor
 from epochal.ttl.expiry import EVENT, PROCESSING, StateTtl, clock_floor
 from epochal.ttl.registry import META_KEY, governs_record, meta_state, units
 
-__all__ = ["STAMP", "AggregateTtl", "check_restore", "drop_stamps"]
+__all__ = ["OLDEST", "STAMP", "AggregateTtl", "check_restore", "drop_stamps"]
 
-#: the hidden aggregation of an event-time ttl: each key's newest event time (never emitted)
+#: the hidden aggregations of an event-time ttl (never emitted): each key's newest event
+#: time (the last aggregation) and the oldest of the rows merged (just before it)
 STAMP = "\x00ttl"
+OLDEST = "\x00ttl.oldest"
 
 
 def restored_ttl(backend, operator: str, key_groups: range) -> tuple[tuple | None, list]:
@@ -127,8 +132,6 @@ class AggregateTtl:
             else MIN_TIME
         self.cursor = SweepCursor(max(1, len(state.key_groups)))
         self._due: dict[int, int] = {}  # key group -> clock before which nothing there expires
-        # event time: key group -> no deadline there is before this (restored ones: unknown yet)
-        self._earliest: dict[int, int] = {kg: MIN_TIME for kg in state.key_groups} if self.event else {}
         self.expired = 0  # keys expired since the start (a metric)
 
     def now(self) -> int:
@@ -138,20 +141,18 @@ class AggregateTtl:
             return max(self._watermark(), self.floor)
         return self._wall()
 
-    def earliest(self) -> int:
-        """Event time: a lower bound of every stored key's deadline (exact per key group
-        after each sweep visit, lowered by each merge)."""
-        return min(self._earliest.values(), default=MAX_TIME)
-
-    def before_merge(self, partials: pa.Table) -> None:
-        """Remove the epoch's keys whose accumulators expired, so the merge starts them afresh."""
+    def before_merge(self, partials: pa.Table, oldest_us=None) -> None:
+        """Remove the epoch's keys whose accumulators expired, so the merge starts them
+        afresh; event time: ``oldest_us``, per partial row its rows' oldest event time (an
+        expired key's rows start it afresh only if they come after its deadline too)."""
         keys = partials.column(0).combine_chunks().to_pylist()
         kgs = self.state.groups.of_values(keys)
         stamps = self.backend.get_many(self.name, kgs, keys)
         now, ttl = self.now(), self.ttl
         gone: dict[int, list] = {}
-        for key, kg, stamp in zip(keys, kgs, stamps):
-            if stamp is not None and stamp + ttl <= now:
+        oldest = oldest_us.tolist() if self.event else [now] * len(keys)
+        for key, kg, stamp, first in zip(keys, kgs, stamps, oldest):
+            if stamp is not None and stamp + ttl <= min(now, first):
                 gone.setdefault(kg, []).append(key)
         for kg, dead in gone.items():
             self._remove(kg, dead)
@@ -165,11 +166,6 @@ class AggregateTtl:
         now = self.now()
         stamps = newest_us.tolist() if self.event else [now] * len(pykeys)
         self.backend.put_many(self.name, kgs, pykeys, stamps)
-        if self.event:
-            earliest, ttl = self._earliest, self.ttl
-            for kg, stamp in zip(kgs, stamps):
-                if stamp + ttl < earliest.get(kg, MAX_TIME):
-                    earliest[kg] = stamp + ttl
         self.sweep(max(MIN_BUDGET, len(pykeys) * ENTRIES_PER_RECORD), now)
 
     def snapshot(self) -> None:
@@ -203,7 +199,6 @@ class AggregateTtl:
             dead = [key for key, stamp in stamps if stamp + ttl <= now]
             live = [stamp for _, stamp in stamps if stamp + ttl > now]
             self._due[kg] = min(live + [now]) + ttl
-            self._earliest[kg] = min(live) + ttl if live else MAX_TIME
             if dead:
                 self._remove(kg, dead)
                 removed += len(dead)
