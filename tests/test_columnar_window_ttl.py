@@ -263,7 +263,7 @@ def test_columnar_window_and_aggregate_ttl_job_through_a_crash(tmp_path):
     out, totals = unique_dir(tmp_path, "out"), unique_dir(tmp_path, "totals")
     flow = ep.Dataflow("cwin-ttl", parallelism=2)
     keyed = (flow.source("ev", ep.sources.GeneratorSource(_span_batches, num_splits=1, schema=E2E,
-                                                          records_per_second=40.0), parallelism=1)
+                                                          records_per_second=80.0), parallelism=1)
              .with_watermarks("wm", timestamp="ts", parallelism=1)
              .key_by("k"))
     (keyed.window(ep.windows.Tumbling(WIN_S), ttl=ep.StateTtl(TTL_S, time="event"))
