@@ -218,16 +218,17 @@ class ColumnWindowOperator(RuntimeOperator):
 
     def _check_layout(self, block: KeyBlock) -> None:
         """A restored block has this plan's accumulator columns, else the ttl was added or
-        removed since the checkpoint (its hidden column): refused, naming the change."""
+        removed since the checkpoint (its hidden column) or the aggregations changed:
+        refused, naming both counts."""
         if len(block.accs) == 1 + len(self.plan.partial_names):
             return
         from epochal.errors import ConfigError
 
-        change = "added" if self.ttl is not None else "removed"
-        raise ConfigError(f"window {self.ctx.operator!r}: cannot restore: the ttl was {change} since the checkpoint "
-                          f"(the windows' stored accumulators have {len(block.accs) - 1} columns, now "
-                          f"{len(self.plan.partial_names)}); keep the checkpoint's ttl, or start the window afresh "
-                          "under another name")
+        raise ConfigError(f"window {self.ctx.operator!r}: cannot restore: the windows' accumulators changed since the "
+                          f"checkpoint (stored: {len(block.accs) - 1} columns, now {len(self.plan.partial_names)}): "
+                          f"the ttl was added or removed (it keeps a hidden column; now: "
+                          f"{'a ttl' if self.ttl is not None else 'no ttl'}), or the aggregations changed; keep them, "
+                          "or start the window afresh under another name")
 
     # -- rows ------------------------------------------------------------------------------
     def _last_start(self, us: np.ndarray) -> np.ndarray:
