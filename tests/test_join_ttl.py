@@ -131,6 +131,30 @@ def test_processing_time_ttl_drops_the_table_of_a_key_without_new_versions(monke
     assert _rows_left(backend) == 0
 
 
+def test_a_processing_time_ttl_added_on_restore_stamps_the_versions_at_their_first_timer(monkeypatch):
+    clock = {"us": 10 ** 15}
+    monkeypatch.setattr("epochal.joins.functions.now_micros", lambda: clock["us"])
+    old, new = _backend("heap"), _backend("heap")
+    try:
+        op = _op(old, None)
+        op.select_input(1)
+        op.process_batch([(10, ("a", "va"))])
+        assert op.on_watermark(20) == []
+        new.restore([old.snapshot(1).run()])
+        op = _op(new, ("processing", 2_000_000))
+        op.select_input(0)
+        op.process_batch([(30, ("a", "p1"))])
+        clock["us"] += 5_000_000  # long after the checkpoint: the versions live from their first timer
+        assert [v for _, v in op.on_watermark(40)] == [("p1", "va")]
+        assert op.next_processing_time() == clock["us"] + 2_000_000
+        clock["us"] += 2_000_000
+        op.on_processing_time(clock["us"])
+        assert _rows_left(new) == 0
+    finally:
+        old.close()
+        new.close()
+
+
 def test_ttl_build_errors():
     flow = ep.Dataflow("join-ttl-bad")
     a, b = (flow.source(n, ep.sources.CollectionSource([("a", 1.0)])).with_watermarks(f"{n}-ts", timestamp=lambda r: r[1])

@@ -169,7 +169,11 @@ class TemporalJoinFunction(_JoinFunction):
         if state is None:
             return None
         if self._wall_ttl is not None:
-            temporal.expire_table(state, self._wall_ttl, self._wall())
+            now = self._wall()
+            if state[1] and (len(state) < 3 or state[2] is None):  # restored before the ttl existed:
+                temporal.touch(state, now)  # its versions live one ttl from now (as ttl added to state)
+                self.ctx.timers.register_processing_time((now + self._wall_ttl) / 1_000_000)
+            temporal.expire_table(state, self._wall_ttl, now)
         out = [] if domain != "event" else temporal.emit(state, self.ctx.timestamp_us, outer=self.outer,
                                                          ttl_us=self._event_ttl)
         versions = state[1]
