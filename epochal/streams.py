@@ -32,7 +32,7 @@ _BUILDERS: dict[str, Callable] = {}
 def register_builder(operation: str):
     """Decorator: register the builder of ``operation`` (``"iterate"``: ``builder(stream,
     name, body, parallelism, log_memory_records)``; ``"window"`` and ``"columnar.window"``:
-    ``builder(keyed_stream, assigner, allowed_lateness)``; ``"columnar.watermarks"``,
+    ``builder(keyed_stream, assigner, allowed_lateness, ttl)``; ``"columnar.watermarks"``,
     ``"columnar.event_time"``, ``"columnar.aggregate"``: see the call sites). Called once,
     when the owning module is imported."""
     def register(builder):
@@ -440,33 +440,33 @@ class KeyedStream(Stream):
         go to the result's ``.late()`` side output. ``ttl`` (a duration or
         :class:`~epochal.ttl.StateTtl`, processing or event time): a key's pending windows
         are dropped unfired once the key had no record for that long (docs/ttl-broadcast.md)."""
-        if self._columnar("window"):
-            if ttl is not None:
-                raise PipelineDefinitionError("window: ttl is not supported on columnar (Arrow batch) windows yet; "
-                                              "use records (to_records()) for windows with a ttl")
         if self._columnar("window"):  # Arrow batches: vectorized windows (epochal.columnar.windows)
-            return _BUILDERS["columnar.window"](self, assigner, allowed_lateness)
+            return _BUILDERS["columnar.window"](self, assigner, allowed_lateness, ttl)
         return _BUILDERS["window"](self, assigner, allowed_lateness, ttl)
 
-    def interval_join(self, other: "KeyedStream", lower, upper, *, how: str = "inner"):
+    def interval_join(self, other: "KeyedStream", lower, upper, *, how: str = "inner", ttl=None):
         """Pair each record ``l`` of this stream with every record ``r`` of ``other`` of the
         same key with ``l.t + lower <= r.t <= l.t + upper`` (event time; durations); finish
         with ``.apply(name, fn)``. ``how``: ``"inner"``, ``"left"``, ``"right"`` or
         ``"full"`` (a row the watermark proves unmatched comes out with ``None``).
-        See :mod:`epochal.joins`."""
-        return _BUILDERS["interval_join"](self, other, lower, upper, how)
+        See :mod:`epochal.joins`. ``ttl`` is refused: the watermark already bounds the buffers."""
+        return _BUILDERS["interval_join"](self, other, lower, upper, how, ttl)
 
-    def window_join(self, other: "KeyedStream", assigner, *, how: str = "inner"):
+    def window_join(self, other: "KeyedStream", assigner, *, how: str = "inner", ttl=None):
         """Pair the records of this stream and ``other`` with the same key in the same
         event-time window (``Tumbling``, ``Sliding`` or ``Session`` from
-        :mod:`epochal.windows`); finish with ``.apply(name, fn)``. See :mod:`epochal.joins`."""
-        return _BUILDERS["window_join"](self, other, assigner, how)
+        :mod:`epochal.windows`); finish with ``.apply(name, fn)``. See :mod:`epochal.joins`.
+        ``ttl`` is refused: the watermark already bounds the buffers."""
+        return _BUILDERS["window_join"](self, other, assigner, how, ttl)
 
-    def temporal_join(self, table: "KeyedStream", *, how: str = "inner", is_delete: Callable | None = None):
+    def temporal_join(self, table: "KeyedStream", *, how: str = "inner", is_delete: Callable | None = None,
+                      ttl=None):
         """Pair each record of this stream with the latest row of the changelog stream
         ``table`` with its key as of the record's event time; finish with ``.apply(name,
-        fn)``. See :mod:`epochal.joins`."""
-        return _BUILDERS["temporal_join"](self, table, how, is_delete)
+        fn)``. ``ttl`` (a duration or :class:`~epochal.ttl.StateTtl`, processing or event
+        time): a key's table expires after that long without a new row of the key
+        (docs/ttl-broadcast.md). See :mod:`epochal.joins`."""
+        return _BUILDERS["temporal_join"](self, table, how, is_delete, ttl)
 
     def aggregate(self, name: str, *, parallelism: int | None = None, local: bool | None = None,
                   budget_bytes: int = 64 << 20, queryable: bool = False, **aggregations) -> Stream:

@@ -140,7 +140,8 @@ def test_aggregate_ttl_build_errors():
     flow = ep.Dataflow("agg-ttl-bad")
     keyed = (flow.source("s", ep.sources.CollectionSource([{"k": "a"}]))
              .to_batches("b", pa.schema([("k", pa.string())])).key_by("k"))
-    with pytest.raises(ep.PipelineDefinitionError, match="aggregate 'a': event-time ttl is not supported"):
+    with pytest.raises(ep.PipelineDefinitionError, match="aggregate 'a': event-time ttl: needs one event-time column; "
+                                                         "found none"):
         keyed.aggregate("a", n=count(), ttl=ep.StateTtl(5, time="event"))
     with pytest.raises(ep.PipelineDefinitionError, match="aggregate 'a2': ttl: StateTtl ttl"):
         keyed.aggregate("a2", n=count(), ttl=-1)

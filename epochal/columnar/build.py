@@ -36,10 +36,13 @@ class AggregateSpec:
     #: the input batches are partials of a ``<name>.local`` node, not raw rows
     partial_input: bool = False
     budget_bytes: int = BUDGET_BYTES
-    #: processing-time StateTtl of the keys' accumulators (epochal.columnar.ttl), or None
+    #: StateTtl of the keys' accumulators (epochal.columnar.ttl), or None
     ttl: Any = None
     #: lookups of each key's results, state "results" (epochal.columnar.queries)
     queryable: bool = False
+    #: event-time ttl: the input's event-time column (a ColumnTime), whose min and max per
+    #: key are the hidden aggregations OLDEST and STAMP, last (epochal.columnar.ttl)
+    ttl_time: Any = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,14 @@ def build_aggregate(keyed, name: str, parallelism, aggregations: dict, local: bo
         raise PipelineDefinitionError(f"aggregate {name!r}: budget_bytes must be a positive integer, got "
                                       f"{budget_bytes!r}")
     config = _aggregate_ttl(name, ttl)
+    ttl_time = None
+    if config is not None and config.time == "event":
+        from epochal.columnar.aggregates import max as amax, min as amin
+        from epochal.columnar.time import event_time_of
+        from epochal.columnar.ttl import OLDEST, STAMP
+
+        ttl_time = event_time_of(keyed, f"aggregate {name!r}: event-time ttl")
+        aggregations = dict(aggregations, **{OLDEST: amin(ttl_time.column), STAMP: amax(ttl_time.column)})
     if config is not None and queryable:
         raise PipelineDefinitionError(f"aggregate {name!r}: queryable results with a ttl are not supported yet (a "
                                       "query could read a key whose accumulators expired); drop one of the two")
@@ -93,7 +104,7 @@ def build_aggregate(keyed, name: str, parallelism, aggregations: dict, local: bo
         partials = Stream(keyed.flow, (Input(node.name, FORWARD),))
         upstream = KeyedStream(keyed.flow, partials._repartition(keyed._ports[0].partitioning), keyed._key_fn)
     node = upstream._then(NodeKind.AGGREGATE, name, AggregateSpec(column, dict(aggregations), bool(local),
-                                                                     budget_bytes, config, queryable),
+                                                                     budget_bytes, config, queryable, ttl_time),
                           parallelism, keyed._key_fn, accepts="batches", timed=False)
     return Stream(keyed.flow, (Input(node.name, FORWARD),))
 
@@ -101,15 +112,12 @@ def build_aggregate(keyed, name: str, parallelism, aggregations: dict, local: bo
 def _aggregate_ttl(name: str, ttl):
     """``ttl=`` of a columnar aggregate, checked at build time (:mod:`epochal.columnar.ttl`)."""
     from epochal.errors import ConfigError
-    from epochal.ttl.expiry import EVENT, ON_READ_AND_WRITE, StateTtl
+    from epochal.ttl.expiry import ON_READ_AND_WRITE, StateTtl
 
     try:
         config = StateTtl.coerce(ttl, f"aggregate {name!r}: ttl")
     except ConfigError as exc:
         raise PipelineDefinitionError(str(exc)) from None
-    if config is not None and config.time == EVENT:
-        raise PipelineDefinitionError(f"aggregate {name!r}: event-time ttl is not supported on the columnar aggregate "
-                                      "(it merges whole epochs, not rows in event time); use time='processing'")
     if config is not None and config.update == ON_READ_AND_WRITE:
         raise PipelineDefinitionError(f"aggregate {name!r}: ttl update='read_and_write' does not apply (nothing reads "
                                       "the accumulators but the merge); use update='write'")

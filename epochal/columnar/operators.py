@@ -19,10 +19,13 @@ import pyarrow as pa
 from epochal.columnar.partials import PartialBuffer, PartialPlan
 from epochal.columnar.queries import AggregateResultsReader
 from epochal.columnar.state import keyed_state
-from epochal.columnar.ttl import AggregateTtl, drop_stamps
+from epochal.columnar.ttl import OLDEST, STAMP, AggregateTtl, check_restore, drop_stamps
+from epochal.time.units import MIN_TIME
 from epochal.ttl.cleanup import MIN_BUDGET
 from epochal.operators.base import OperatorContext, RuntimeOperator
 from epochal.query.readers import register
+
+_HIDDEN = (OLDEST, STAMP)  # an event-time ttl's aggregations (epochal.columnar.ttl): never emitted
 
 __all__ = ["KeyedAggregateOperator", "LocalAggregateOperator", "MapBatchesOperator", "ToBatchesOperator",
            "ToRecordsOperator", "as_batches"]
@@ -142,15 +145,31 @@ class KeyedAggregateOperator(RuntimeOperator):
         self.merges = 0
         self.ttl_config = spec.ttl
         self.ttl: AggregateTtl | None = None
+        self.ttl_time = getattr(spec, "ttl_time", None)  # event-time ttl: the input's ColumnTime
+        self.watermark = MIN_TIME
         if getattr(spec, "queryable", False):  # state "results" (epochal.columnar.queries)
             register(ctx.extras, f"{ctx.operator}/results", AggregateResultsReader(ctx.operator, self.plan))
 
     def restore(self, state) -> None:
         self.state.restore()
+        check_restore(self.ctx.keyed_backend, self.ctx.operator, self.ctx.key_groups, self.ttl_config,
+                      self._has_state())
         if self.ttl_config is not None:
-            self.ttl = AggregateTtl(self.state, self.ctx.operator, self.ttl_config)
+            self.ttl = AggregateTtl(self.state, self.ctx.operator, self.ttl_config, watermark=lambda: self.watermark)
         else:
             drop_stamps(self.ctx.keyed_backend, self.ctx.operator)
+
+    def _has_state(self) -> bool:
+        st = self.state
+        if hasattr(st, "blocks"):
+            return any(len(b) for b in st.blocks.values())
+        return any(st.backend.value_items(st.entries_state, kg) for kg in st.key_groups)
+
+    def on_watermark(self, watermark: int) -> list:
+        """Event-time ttl: keys expire against the watermark (and their rows' event time)
+        at the next merge (:mod:`epochal.columnar.ttl`)."""
+        self.watermark = max(self.watermark, watermark)
+        return []
 
     def process_batch(self, records: list) -> list:
         out, buffer = [], self.buffer
@@ -171,25 +190,41 @@ class KeyedAggregateOperator(RuntimeOperator):
         """Merge the epoch's partials into state and emit the merged keys, as one batch."""
         return self._merge()
 
+    def snapshot(self, epoch: int):
+        """With ``ttl=``: the TTL record of the key groups (:meth:`AggregateTtl.snapshot`);
+        the accumulators are snapshotted by the backend right after."""
+        if self.ttl is not None:
+            self.ttl.snapshot()
+        return None
+
     def _merge(self) -> list:
         partials = self.buffer.drain()
         self.buffer.reject_failures(self)
         if partials is None or not partials.num_rows:
             if self.ttl is not None:  # no input this epoch: expiry still proceeds
-                self.ttl.sweep(MIN_BUDGET, self.ttl._wall())
+                self.ttl.sweep(MIN_BUDGET, self.ttl.now())
             return []
         try:
             if self.ttl is not None:
-                self.ttl.before_merge(partials)
+                oldest = None
+                if self.ttl_time is not None:  # the hidden OLDEST aggregation: the rows' oldest event times
+                    first = partials.column(OLDEST).combine_chunks()
+                    oldest = self.ttl_time.micros(pa.record_batch({self.ttl_time.column: first}))[0]
+                self.ttl.before_merge(partials, oldest)
             keys, accs = self.state.merge(partials)
-            if self.ttl is not None:
-                self.ttl.after_merge(keys)
             plan = self.plan
-            results = [agg.result(cols) for agg, cols in zip(plan.aggs, plan.split(accs))]
+            if self.ttl is not None:
+                newest = None
+                if self.ttl_time is not None:  # the hidden STAMP aggregation, last: newest event times
+                    column = self.ttl_time.column
+                    newest = self.ttl_time.micros(pa.record_batch({column: plan.split(accs)[-1][0]}))[0]
+                self.ttl.after_merge(keys, newest)
+            results = [agg.result(cols) for name, agg, cols in zip(plan.names, plan.aggs, plan.split(accs))
+                       if name not in _HIDDEN]
         except Exception as exc:
             raise self.fail(f"<merge of {partials.num_rows} keys into {self.ctx.operator!r}>", exc) from exc
         self.merges += 1
-        return [pa.RecordBatch.from_arrays([keys] + results, names=[plan.key] + plan.names)]
+        return [pa.RecordBatch.from_arrays([keys] + results, names=[plan.key] + [n for n in plan.names if n not in _HIDDEN])]
 
 
 class LocalAggregateOperator(RuntimeOperator):

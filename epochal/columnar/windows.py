@@ -27,9 +27,23 @@ again only if its end is beyond its key group's ``fired`` — a firing whose epo
 is never repeated, one whose epoch did not is. The buffer is merged into state before every
 barrier, so it is empty at every snapshot.
 
+**TTL** (``window(..., ttl=StateTtl(d, time="event"))``, docs/ttl-broadcast.md): the
+record path's window TTL, vectorized. A key's *stamp* is the newest event time of its
+on-time rows — a hidden ``max`` of the time column per (key, pane) (:data:`STAMP`), the
+key's stamp the largest over its panes (a pane is deleted only after every later row's
+pane could no longer be, so the newest row is always in a kept pane) — and its *deadline*
+``stamp + ttl``. A window fires only if ``end - 1 < deadline``; once the watermark reaches
+the deadline the key's panes are deleted unfired. Both are applied per row in numpy in
+:meth:`ColumnWindowOperator._fire`, which runs on every watermark that passes a window end
+*or* the earliest possible deadline (a lower bound kept over the stored panes and the
+buffered rows), so rows arriving after a key expired start afresh, as on the record path.
+Expired keys are also deleted before each barrier, so no checkpoint holds one. A restore
+that adds or removes the ttl is refused (the panes' accumulators gain or lose the hidden
+column); a changed duration applies.
+
 Not supported (a build-time error says so): ``allowed_lateness`` > 0, session windows,
-processing-time windows, user ``ColumnAggregateFunction``\\ s — use ``to_records`` and the
-record path's windows for those.
+processing-time windows, processing-time ttl, user ``ColumnAggregateFunction``\\ s — use
+``to_records`` and the record path's windows for those.
 """
 from __future__ import annotations
 
@@ -37,6 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from epochal.columnar.keys import KeyGroups
 from epochal.columnar.partials import PartialBuffer, PartialPlan
@@ -46,12 +61,13 @@ from epochal.streams import Stream, register_builder
 from epochal.errors import PipelineDefinitionError
 from epochal.graph import FORWARD, Input, NodeKind
 from epochal.operators.base import OperatorContext, RuntimeOperator
-from epochal.time.units import MIN_TIME, duration_micros
+from epochal.time.units import MAX_TIME, MIN_TIME, duration_micros
 from epochal.windows.assigners import PaneSpec, Session, Sliding, Tumbling
 
 __all__ = ["ColumnWindowOperator", "ColumnWindowOutput", "ColumnWindowSpec", "ColumnWindowedStream"]
 
 PANE = "\x00pane"  # the pane-start column while rows are buffered and stored
+STAMP = "\x00ttl"  # with a ttl: the hidden aggregation, newest event time per (key, pane)
 _UTC = pa.timestamp("us", tz="UTC")
 
 
@@ -64,22 +80,46 @@ class ColumnWindowSpec:
     panes: PaneSpec
     aggregations: dict
     budget_bytes: int = 64 << 20
+    #: event-time ttl of the keys' panes (µs), or None; then ``aggregations`` ends with STAMP
+    ttl_us: int | None = None
 
 
 @register_builder("columnar.window")
-def window_batches(keyed, assigner, allowed_lateness) -> "ColumnWindowedStream":
+def window_batches(keyed, assigner, allowed_lateness, ttl=None) -> "ColumnWindowedStream":
     """``KeyedStream.window`` on a stream of Arrow batches."""
-    return ColumnWindowedStream(keyed, assigner, allowed_lateness)
+    return ColumnWindowedStream(keyed, assigner, allowed_lateness, ttl)
+
+
+def _window_ttl(where: str, ttl) -> int | None:
+    """µs of a columnar window's ``ttl=``, checked at build time (event time only)."""
+    from epochal.errors import ConfigError
+    from epochal.ttl.expiry import EVENT, ON_READ_AND_WRITE, StateTtl
+
+    try:
+        config = StateTtl.coerce(ttl, f"{where}: ttl")
+    except ConfigError as exc:
+        raise PipelineDefinitionError(str(exc)) from None
+    if config is None:
+        return None
+    if config.time != EVENT:
+        raise PipelineDefinitionError(
+            f"{where}: windows of Arrow batches take an event-time ttl (StateTtl(d, time='event')); for a "
+            "processing-time ttl use to_records(...) and the record path's windows")
+    if config.update == ON_READ_AND_WRITE:
+        raise PipelineDefinitionError(f"{where}: ttl update='read_and_write' does not apply (a window's firing is "
+                                      "not activity of its key); use update='write'")
+    return config.ttl_us
 
 
 class ColumnWindowedStream:
     """``key_by(column).window(assigner)`` on a columnar stream; finish with
     :meth:`aggregate` (see the module docstring)."""
 
-    def __init__(self, keyed, assigner, allowed_lateness):
+    def __init__(self, keyed, assigner, allowed_lateness, ttl=None):
         self._keyed = keyed
         self._assigner = assigner
         self._lateness = allowed_lateness
+        self._ttl = ttl
 
     def aggregate(self, name: str, *, parallelism: int | None = None, budget_bytes: int = 64 << 20,
                   queryable: bool = False, **aggregations) -> "ColumnWindowOutput":
@@ -121,8 +161,12 @@ class ColumnWindowedStream:
             if out in (column, "window_start", "window_end"):
                 raise PipelineDefinitionError(f"{where}: output column {out!r} is taken; name the aggregation "
                                               "otherwise")
-        spec = ColumnWindowSpec(column, event_time_of(keyed, where), assigner.spec(), dict(aggregations),
-                                budget_bytes)
+        time, ttl_us = event_time_of(keyed, where), _window_ttl(where, self._ttl)
+        if ttl_us is not None:
+            from epochal.columnar.aggregates import max as amax
+
+            aggregations = dict(aggregations, **{STAMP: amax(time.column)})
+        spec = ColumnWindowSpec(column, time, assigner.spec(), dict(aggregations), budget_bytes, ttl_us)
         node = keyed._then(NodeKind.WINDOW, name, spec, parallelism, keyed._key_fn, accepts="batches", timed=False)
         return ColumnWindowOutput(keyed.flow, (Input(node.name, FORWARD),), node.name)
 
@@ -158,14 +202,33 @@ class ColumnWindowOperator(RuntimeOperator):
         self.watermark = MIN_TIME
         self.side_output = {"late": []}
         self.widths = [1] + [a.width for a in self.plan.aggs]
+        self.ttl = getattr(spec, "ttl_us", None)
+        #: with a ttl: no key's deadline is before this (a lower bound), nor that of a buffered row
+        self._deadline = self._buffered = MAX_TIME
 
     def restore(self, state) -> None:
         backend = self.backend
         for kg in self.ctx.key_groups:
             block = backend.get(self.panes_state, kg, kg)
             if block is not None:
+                self._check_layout(block)
                 self.blocks[kg] = block
                 self.fired[kg] = backend.get(self.fired_state, kg, kg, MIN_TIME)
+        self._deadline = MIN_TIME  # unknown until the first pass over the restored panes
+
+    def _check_layout(self, block: KeyBlock) -> None:
+        """A restored block has this plan's accumulator columns, else the ttl was added or
+        removed since the checkpoint (its hidden column) or the aggregations changed:
+        refused, naming both counts."""
+        if len(block.accs) == 1 + len(self.plan.partial_names):
+            return
+        from epochal.errors import ConfigError
+
+        raise ConfigError(f"window {self.ctx.operator!r}: cannot restore: the windows' accumulators changed since the "
+                          f"checkpoint (stored: {len(block.accs) - 1} columns, now {len(self.plan.partial_names)}): "
+                          f"the ttl was added or removed (it keeps a hidden column; now: "
+                          f"{'a ttl' if self.ttl is not None else 'no ttl'}), or the aggregations changed; keep them, "
+                          "or start the window afresh under another name")
 
     # -- rows ------------------------------------------------------------------------------
     def _last_start(self, us: np.ndarray) -> np.ndarray:
@@ -188,6 +251,8 @@ class ColumnWindowOperator(RuntimeOperator):
                     if not batch.num_rows:
                         continue
                 pane = us - (us - self.offset) % self.pane
+                if self.ttl is not None and len(us):
+                    self._buffered = min(self._buffered, int(us.min()) + self.ttl)
                 self.buffer.add(batch.select(self.plan.inputs[:1] + self.plan.inputs[2:])
                                 .add_column(1, PANE, pa.array(pane, pa.int64())))
             except Exception as exc:
@@ -207,16 +272,20 @@ class ColumnWindowOperator(RuntimeOperator):
         if watermark <= self.watermark:
             return []
         previous = self.watermark
-        if self._ends_before(watermark) == self._ends_before(previous) and previous > MIN_TIME:
-            self.watermark = watermark  # no window end passed: nothing can fire
+        if self._ends_before(watermark) == self._ends_before(previous) and previous > MIN_TIME and \
+                (self.ttl is None or watermark < min(self._deadline, self._buffered)):
+            self.watermark = watermark  # no window end passed and no key can expire: nothing to do
             return []
         self._merge()
         self.watermark = watermark
         return self._fire(previous, watermark)
 
     def prepare_snapshot_pre_barrier(self, epoch: int) -> list:
-        """Merge the buffer into state and record how far each key group's windows fired."""
+        """Merge the buffer into state and record how far each key group's windows fired
+        (with a ttl, first delete the keys expired at the watermark: no checkpoint holds one)."""
         self._merge()
+        if self.ttl is not None and self._deadline <= self.watermark:
+            self._fire(self.watermark, self.watermark)  # fires nothing (no end in (w, w]); expires
         for kg in self.blocks:
             if self.fired.get(kg, MIN_TIME) < self.watermark:
                 self.fired[kg] = self.watermark
@@ -256,6 +325,7 @@ class ColumnWindowOperator(RuntimeOperator):
     def _merge(self) -> None:
         partials = self.buffer.drain()
         self.buffer.reject_failures(self)
+        self._deadline, self._buffered = min(self._deadline, self._buffered), MAX_TIME
         if partials is None or not partials.num_rows:
             return
         kgs = np.asarray(self.groups.of_values(partials.column(0).to_pylist()), np.int32)
@@ -268,8 +338,10 @@ class ColumnWindowOperator(RuntimeOperator):
 
     def _fire(self, previous: int, watermark: int) -> list:
         """Fire every window with ``max(previous, fired[kg]) < end - 1 <= watermark``;
-        delete the panes whose last window fired."""
+        delete the panes whose last window fired (with a ttl: only windows ending before
+        their key's deadline fire, and the panes of keys whose deadline passed go)."""
         if not self.blocks:
+            self._deadline = MAX_TIME
             return []
         kgs_all = sorted(self.blocks)
         rows = self._rows(kgs_all)
@@ -283,6 +355,12 @@ class ColumnWindowOperator(RuntimeOperator):
         starts = np.repeat(last, k) - np.tile(np.arange(k, dtype=np.int64), len(panes)) * self.slide
         ends_1 = starts + (self.size - 1)
         due = (ends_1 <= watermark) & (ends_1 > floor[index])
+        keep = last + (self.size - 1) > watermark
+        if self.ttl is not None:  # a window fires only before its key's deadline; expired keys go
+            deadline = self._deadlines(rows)
+            due &= ends_1 < deadline[index]
+            keep &= deadline > watermark
+            self._deadline = int(deadline[keep].min()) if keep.any() else MAX_TIME
         out = []
         if due.any():
             pick = index[due]
@@ -291,14 +369,25 @@ class ColumnWindowOperator(RuntimeOperator):
             if k > 1:  # a window combines its panes
                 fired_rows = self.plan.combine([fired_rows])
             accs = [c.combine_chunks() for c in fired_rows.columns[2:]]
-            results = [agg.result(cols) for agg, cols in zip(self.plan.aggs, self.plan.split(accs))]
+            plan = self.plan
+            results = [agg.result(cols) for name, agg, cols in zip(plan.names, plan.aggs, plan.split(accs))
+                       if name != STAMP]
             start = fired_rows.column(1).combine_chunks()
             end = pa.array(start.to_numpy() + self.size, pa.int64())
             out.append(pa.RecordBatch.from_arrays(
                 [fired_rows.column(0).combine_chunks(), start.cast(_UTC), end.cast(_UTC)] + results,
-                names=[self.plan.key, "window_start", "window_end"] + self.plan.names))
-        keep = last + (self.size - 1) > watermark
+                names=[plan.key, "window_start", "window_end"] + [n for n in plan.names if n != STAMP]))
         if not keep.all():
             kept = rows.filter(pa.array(keep))
             self._store(kept, kg_of_row[keep], kgs_all)
         return out
+
+    def _deadlines(self, rows: pa.Table) -> np.ndarray:
+        """Per stored (key, pane) row, its key's deadline: the newest event time over the
+        key's panes (the hidden STAMP column, last) + ttl, in µs."""
+        column = self.time.column
+        stamps = self.time.micros(pa.record_batch({column: rows.column(rows.num_columns - 1).combine_chunks()}))[0]
+        keys = rows.column(0)
+        newest = pa.table({"k": keys, "s": stamps}).group_by("k", use_threads=False).aggregate([("s", "max")])
+        at = pc.index_in(keys, value_set=newest.column("k").combine_chunks()).to_numpy(zero_copy_only=False)
+        return newest.column("s_max").to_numpy()[at] + self.ttl

@@ -32,6 +32,18 @@ __all__ = ["IntervalJoin", "JoinOutput", "TemporalJoin", "WindowJoin"]
 _HOW = {"inner": (False, False), "left": (True, False), "right": (False, True), "full": (True, True)}
 
 
+def _no_ttl(kind: str, ttl) -> None:
+    """Interval and window joins take no ``ttl``: every buffered row is deleted once the
+    watermark passes its expiry (interval) or its window's end (window), and no row can stay
+    behind a watermark that moves — the watermark already bounds their state."""
+    if ttl is not None:
+        what = "a row is deleted once the watermark passes its match interval" if kind == "interval_join" else \
+            "a window's rows are deleted once the watermark passes its end"
+        raise PipelineDefinitionError(
+            f"{kind}: ttl is not supported: {what}, so the watermark already bounds the join's state (a stalled "
+            "watermark holds it: give the inputs an idle_timeout); drop ttl=")
+
+
 def _signed_duration(value, what: str) -> int:
     """µs of a duration that may be negative (``-5``, ``"-5s"``)."""
     try:
@@ -102,8 +114,9 @@ class _Join:
 class IntervalJoin(_Join):
     kind = "interval_join"
 
-    def __init__(self, left, right, lower, upper, how: str):
+    def __init__(self, left, right, lower, upper, how: str, ttl=None):
         super().__init__(left, right, how)
+        _no_ttl(self.kind, ttl)
         lo = _signed_duration(lower, "interval_join: lower")
         hi = _signed_duration(upper, "interval_join: upper")
         if lo > hi:
@@ -118,8 +131,9 @@ class IntervalJoin(_Join):
 class WindowJoin(_Join):
     kind = "window_join"
 
-    def __init__(self, left, right, assigner, how: str):
+    def __init__(self, left, right, assigner, how: str, ttl=None):
         super().__init__(left, right, how)
+        _no_ttl(self.kind, ttl)
         if not isinstance(assigner, (Tumbling, Sliding, Session)):
             raise PipelineDefinitionError(f"window_join: expected Tumbling(...), Sliding(...) or Session(...) from "
                                           f"epochal.windows, got {type(assigner).__name__}")
@@ -136,14 +150,31 @@ class TemporalJoin(_Join):
     kind = "temporal_join"
     hows = ("inner", "left")
 
-    def __init__(self, left, table, how: str, is_delete):
+    def __init__(self, left, table, how: str, is_delete, ttl=None):
         super().__init__(left, table, how)
         if is_delete is not None and not callable(is_delete):
             raise PipelineDefinitionError(f"temporal_join: is_delete must be a function row -> bool, got {is_delete!r}")
         self._is_delete = is_delete
+        self._ttl = _join_ttl(ttl)
 
     def _function(self, fn):
-        return TemporalJoinFunction(self._how == "left", self._is_delete, fn)
+        return TemporalJoinFunction(self._how == "left", self._is_delete, fn, self._ttl)
+
+
+def _join_ttl(ttl) -> tuple | None:
+    """``(time, ttl_us)`` of a temporal join's ``ttl=``, checked at build time."""
+    from epochal.ttl.expiry import ON_READ_AND_WRITE, StateTtl
+
+    try:
+        config = StateTtl.coerce(ttl, "temporal_join: ttl")
+    except ConfigError as exc:
+        raise PipelineDefinitionError(str(exc)) from None
+    if config is None:
+        return None
+    if config.update == ON_READ_AND_WRITE:
+        raise PipelineDefinitionError("temporal_join: ttl update='read_and_write' does not apply (a probe reading "
+                                      "the table is not activity of the key); use update='write'")
+    return (config.time, config.ttl_us)
 
 
 class JoinOutput(TwoInputOutput):

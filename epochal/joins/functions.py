@@ -24,6 +24,7 @@ from typing import Callable
 
 from epochal.coprocess.functions import KeyedCoProcessFunction
 from epochal.joins import interval, temporal, windowed
+from epochal.time.units import now_micros
 
 __all__ = ["IntervalJoinFunction", "TemporalJoinFunction", "WindowJoinFunction", "pair"]
 
@@ -124,11 +125,26 @@ class WindowJoinFunction(_JoinFunction):
 
 class TemporalJoinFunction(_JoinFunction):
     """:mod:`epochal.joins.temporal`: input 1 probes, input 2 the changelog's versions
-    (``is_delete(row)`` true: the key was deleted)."""
+    (``is_delete(row)`` true: the key was deleted).
 
-    def __init__(self, outer: bool, is_delete: Callable | None = None, fn: Callable = pair):
+    ``ttl``: ``(time, ttl_us)`` — a key's table expires after ``ttl_us`` without a new
+    version (:mod:`epochal.joins.temporal`, "TTL"): in event time a timer at the newest
+    version's ``t + ttl`` drops it; in processing time each version stamps the key's state
+    with the wall clock and a processing-time timer ``ttl`` later drops the table if no
+    version came since. Either way the key's state goes once no probe is pending."""
+
+    def __init__(self, outer: bool, is_delete: Callable | None = None, fn: Callable = pair,
+                 ttl: tuple | None = None):
         super().__init__(fn)
         self.outer, self.is_delete = outer, is_delete
+        self.ttl = ttl
+
+    def open(self, ctx) -> None:
+        super().open(ctx)
+        time, ttl_us = self.ttl or (None, None)
+        self._event_ttl = ttl_us if time == "event" else None
+        self._wall_ttl = ttl_us if time == "processing" else None
+        self._wall = now_micros  # looked up here: a test may substitute the clock
 
     def _add(self, side: int, value):
         state = self.state.value() or [[], []]
@@ -138,6 +154,12 @@ class TemporalJoinFunction(_JoinFunction):
         else:
             deleted = self.is_delete is not None and self.is_delete(value)
             temporal.add_version(state, t, temporal.DELETED if deleted else value)
+            if self._event_ttl is not None:
+                self._timer(t + self._event_ttl)
+            elif self._wall_ttl is not None:
+                now = self._wall()
+                temporal.touch(state, now)
+                self.ctx.timers.register_processing_time((now + self._wall_ttl) / 1_000_000)
         self.state.update(state)
         self._timer(t)
         return None
@@ -146,7 +168,14 @@ class TemporalJoinFunction(_JoinFunction):
         state = self.state.value()
         if state is None:
             return None
-        out = temporal.emit(state, self.ctx.timestamp_us, outer=self.outer)
+        if self._wall_ttl is not None:
+            now = self._wall()
+            if state[1] and (len(state) < 3 or state[2] is None):  # restored before the ttl existed:
+                temporal.touch(state, now)  # its versions live one ttl from now (as ttl added to state)
+                self.ctx.timers.register_processing_time((now + self._wall_ttl) / 1_000_000)
+            temporal.expire_table(state, self._wall_ttl, now)
+        out = [] if domain != "event" else temporal.emit(state, self.ctx.timestamp_us, outer=self.outer,
+                                                         ttl_us=self._event_ttl)
         versions = state[1]
         gone = not state[0] and (not versions or (len(versions) == 1 and versions[0][1] is temporal.DELETED))
         self._save(state, gone)

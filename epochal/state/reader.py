@@ -101,25 +101,37 @@ def keyed_entries(url_or_checkpoint, operator: str, state: str | None = None) ->
         try:
             for kg, (values, maps) in decode_snapshot(_portable(item, ckpt)):
                 ttl = KeyGroupTtl(values, prefix)  # expired entries are never returned
+                hidden = ttl.hidden_keys()  # nor any entry of a key that expired as a whole
                 for name, entries in values.items():
                     name = _COLUMNAR_BLOCKS.get(name[len(prefix):], name[len(prefix):]) if name.startswith(prefix) \
                         else None
                     if name is not None and not ttl.is_meta(name) and (state is None or name == state):
                         for key, value in _entries(entries):
+                            if hidden and key in hidden:
+                                continue
                             live, value = ttl.live(name, value)
                             if live:
                                 yield key, kg, name, "value", None, value
                 for name, entries in maps.items():
                     if name.startswith(prefix) and (state is None or name[len(prefix):] == state):
                         short = name[len(prefix):]
+                        timers = short.startswith(_TIMERS)  # keyed by time, the key in the map key
                         for key, inner in entries.items():
+                            if hidden and not timers and key in hidden:
+                                continue
                             for mk, value in inner.items():
+                                if hidden and timers and mk in hidden:
+                                    continue
                                 live, value = ttl.live(short, value)
                                 if live:
                                     yield key, kg, short, "map", mk, value
         except CheckpointStorageError as exc:
             raise CheckpointStorageError(f"keyed state of task {task} in {ckpt.kind} {ckpt.url}: {exc}") from exc
 
+
+#: timer queues (epochal.time.timers: ``"$timers.<domain>"``) are map states keyed by the
+#: encoded time, the user key in the map key
+_TIMERS = "$timers."
 
 #: a columnar aggregate on the heap keeps one block of keys per key group ("blocks") where
 #: RocksDB keeps one entry per key ("acc"): both read as "acc", one row per key

@@ -6,6 +6,11 @@ state`` CLI, savepoint reads) unwraps live entries and leaves out expired ones, 
 against the wall clock at read time for processing-time TTL and against the event-time
 clock recorded at the cut for event-time TTL — so expired values are never returned,
 whether or not the sweep had deleted them before the checkpoint.
+
+Some operators decide a key's life as a whole by one state (a window's ``"active"``, a
+columnar aggregate's ``"stamp"``): their record names it (``"governs"``), and a key whose
+entry there expired is hidden entirely (:meth:`KeyGroupTtl.hidden_keys`) — its panes,
+timers or accumulators included, though the operator's expiry had not run at the cut.
 """
 from __future__ import annotations
 
@@ -32,6 +37,23 @@ class KeyGroupTtl:
         self._states = dict(record["states"]) if record else {}
         self._clock = record.get("clock") if record else None
         self._wall = _time.time_ns() if wall_now is None else wall_now
+        self._governs = record.get("governs") if record else None
+        self._values, self._prefix = values, prefix
+
+    def hidden_keys(self) -> set:
+        """The keys of this key group whose governing entry (if the record names one)
+        expired: none of their entries may be returned."""
+        gov = self._governs
+        if not gov:
+            return set()
+        time, ttl_us = gov["ttl"][0], gov["ttl"][1]
+        now = self._clock if time == EVENT else self._wall
+        if now is None:
+            return set()
+        life = ttl_us * units(time)
+        stamped = gov["stamped"]
+        entries = self._values.get(self._prefix + gov["state"]) or {}
+        return {key for key, stored in entries.items() if expired(stored[1] if stamped else stored, life, now)}
 
     @staticmethod
     def is_meta(short: str) -> bool:

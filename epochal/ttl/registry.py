@@ -33,7 +33,7 @@ import time
 from epochal.ttl.cleanup import Sweeper, TtlTarget
 from epochal.ttl.expiry import EVENT, PROCESSING, StateTtl, TtlChange, clock_floor, expired, ttl_change
 
-__all__ = ["META", "TtlRegistry", "meta_state", "units"]
+__all__ = ["META", "TtlRegistry", "governs_record", "meta_state", "units"]
 
 META = "~ttl"
 META_KEY = ""
@@ -76,6 +76,9 @@ class TtlRegistry:
         self._targets: list[TtlTarget] = []
         self._configs: dict[str, tuple] = {}
         self.sweeper: Sweeper | None = None
+        #: the state whose entry decides a key's life as a whole (window operators: the
+        #: key's activity), or None; recorded so that readers hide the key's other state too
+        self.governs: str | None = None
         #: the time of the event-time timer firing now (µs), else None: ``on_timer(t)`` sees
         #: event-time TTL state as at ``t``, however far the watermark jumped past it
         self.timer_time: int | None = None
@@ -183,10 +186,20 @@ class TtlRegistry:
             return
         clock = max(self._watermark(), self.floor)
         record = {"states": dict(self._configs), "clock": clock}
+        if self.governs is not None and self.governs in self._configs:
+            record["governs"] = governs_record(self.governs, self._configs[self.governs], stamped=True)
         put = self.backend.put
         for kg in self.key_groups:
             put(self._meta, kg, META_KEY, record)
         self._had_meta = True
+
+
+def governs_record(short: str, desc: tuple, stamped: bool) -> dict:
+    """The part of a key group's TTL record that names the state deciding each key's life
+    as a whole (:class:`~epochal.ttl.reading.KeyGroupTtl` hides every entry of a key whose
+    entry there expired): ``desc`` its :meth:`StateTtl.describe`; ``stamped``: its entries
+    are ``(value, stamp)`` (else the stamp itself)."""
+    return {"state": short, "ttl": tuple(desc), "stamped": stamped}
 
 
 def units(time_domain: str) -> int:

@@ -68,6 +68,7 @@ class WindowTtl:
         self.registry = TtlRegistry(ctx.keyed_backend, ctx.operator, ctx.key_groups, current, watermark, timed,
                                     self._wall)
         self.registry.declare("active", self.state, "value", config)  # checks a changed ttl (raises)
+        self.registry.governs = "active"  # readers hide every entry of an inactive key
         self.queue = make_queue(ctx.keyed_backend, f"{ctx.operator}/$timers.ttl", ctx.key_groups)
         if config is None:  # ttl removed since the checkpoint: declare() dropped the activity
             for _ in self.queue.pop_due(MAX_TIME):  # and its expiry timers go too
