@@ -302,7 +302,12 @@ class RocksDBStateBackend(KeyedStateBackend):
     # ------------------------------------------------------------------- snapshots
     def _create_checkpoint(self, epoch: int, prefix: str = "chk") -> str:
         path = os.path.join(self.directory, f"{prefix}-{epoch}-{next(self._seq)}")
-        Checkpoint(self._db).create_checkpoint(path)  # flushes the memtable, hard-links SSTs
+        # The memtable flush first, on its own: rocksdict's flush lets go of the interpreter
+        # lock while RocksDB writes the SST, its checkpoint call does not (then it only
+        # hard-links and syncs the manifest). Another thread of the task's process (a query
+        # server's, the uploader) runs meanwhile instead of waiting out the whole flush.
+        self._db.flush()
+        Checkpoint(self._db).create_checkpoint(path)  # hard-links SSTs (memtable empty now)
         with self._lock:
             self._checkpoints.add(path)
         self._newest_checkpoint = (path, self._db.latest_sequence_number())
