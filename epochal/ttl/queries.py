@@ -28,6 +28,8 @@ _MISSING = object()
 class TtlValueReader(ValueReader):
     """A stamped value state: the value if live at the version's clock, else ``default``."""
 
+    task_side = ("_clock",)
+
     def __init__(self, state: str, default: Any, clock: Callable[[], int], ttl: int):
         super().__init__(state, default)
         self._clock, self._ttl = clock, ttl
@@ -44,6 +46,8 @@ class TtlValueReader(ValueReader):
 
 class TtlMapReader(MapReader):
     """A map state with stamped entries: the key's entries live at the version's clock."""
+
+    task_side = ("_clock",)
 
     def __init__(self, state: str, clock: Callable[[], int], ttl: int):
         super().__init__(state)

@@ -1,0 +1,87 @@
+"""RocksDB read-committed lookups served by a sidecar process per task
+(``BackendSpec("rocksdb", {"query_sidecar": True})``, :mod:`epochal.query.sidecar`).
+
+* a :class:`~epochal.backends.views.CheckpointView` — what the sidecar reads — answers as the
+  task's own pinned view of the same instant, and not after its release;
+* the bank of ``test_queryable_state`` with a crash mid-run: every read-committed answer
+  equals the plain-Python oracle of its epoch, answers span the restart, and the task
+  processes' sidecars were the ones answering (their processes exist while the job runs).
+"""
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+import epochal as ep
+from epochal.backends.choice import BackendSpec
+from epochal.backends.rocksdb import RocksDBStateBackend
+from epochal.backends.views import CheckpointView, ViewReleased
+
+from test_queryable_state import Reader, bank, check_reads
+
+SIDECAR = BackendSpec("rocksdb", {"query_sidecar": True})
+
+
+def sidecars() -> int:
+    """Sidecar processes running on this machine now (their command line names the module)."""
+    n = 0
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                n += b"from epochal.query.sidecar import serve" in f.read()
+        except OSError:
+            pass
+    return n
+
+
+def test_a_checkpoint_view_reads_as_the_tasks_pinned_view(tmp_path):
+    backend = RocksDBStateBackend(range(0, 4), path=str(tmp_path))
+    try:
+        backend.put("op/v", 1, "a", 10)
+        backend.put("op/v", 2, ("t", 1), 20)
+        backend.map_put("op/m", 1, "a", "x", 1)
+        backend.map_put("op/m", 1, "a", "y", 2)
+        pinned = backend.pin_view(["op/v", "op/m"], whole_maps=True)
+        backend.put("op/v", 1, "a", 11)  # after the pin: in neither view
+        backend.map_put("op/m", 1, "a", "z", 3)
+        released = []
+        view = CheckpointView(pinned.checkpoint, lambda: released.append(True))
+        for kg, key in [(1, "a"), (2, ("t", 1)), (1, "absent"), (3, "a")]:
+            assert view.get("op/v", kg, key, "d") == pinned.get("op/v", kg, key, "d")
+        assert view.get("op/v", 1, "a") == 10 and view.get("never", 1, "a", "d") == "d"
+        assert view.map_items("op/m", 1, "a") == pinned.map_items("op/m", 1, "a") == {"x": 1, "y": 2}
+        assert view.map_items("op/m", 1, "b") == {} and view.map_items("never", 1, "a") == {}
+        view.release()
+        view.release()  # idempotent
+        assert released == [True]
+        with pytest.raises(ViewReleased):
+            view.get("op/v", 1, "a")
+        pinned.release()
+    finally:
+        backend.close()
+
+
+def test_sidecars_answer_read_committed_through_a_crash(tmp_path):
+    job = f"bank-{uuid.uuid4().hex[:8]}"
+    storage = f"file://{tmp_path}/ckpt"
+    flow = bank(job, str(tmp_path / "out"), per_split=8000, rate=2500.0)
+    handle = flow.start(runtime="local", backend=SIDECAR,
+                        checkpoint=ep.CheckpointConfig(interval=0.05, storage=storage, retained=100_000),
+                        faults=[ep.testing.CrashAtRecord("accounts", subtask=1, record=5000, after_epoch=3)])
+    reader = Reader(handle)
+    reader.start()
+    running = []
+    while handle.running and not reader.committed:
+        reader.stop.wait(0.05)
+    running.append(sidecars())  # answers flow: the sidecars of both accounts subtasks serve them
+    result = handle.wait(120)
+    reader.stop.set()
+    reader.join(60)
+    assert result.attempts == 2, f"the crash did not fire mid-run: {result.failures}"
+    assert running[0] >= 2, f"{running[0]} sidecar processes while the job answered queries (want >= 2)"
+    restored = result.restored_from[1]
+    epochs = check_reads(reader, storage, job)
+    assert min(epochs) < restored < max(epochs), (
+        f"reads did not span the restart (restored epoch {restored}, read {sorted(epochs)})")
