@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import uuid
 
+import cloudpickle
 import pytest
 
 import epochal as ep
@@ -19,7 +20,10 @@ from epochal.backends.choice import BackendSpec
 from epochal.backends.rocksdb import RocksDBStateBackend
 from epochal.backends.views import CheckpointView, ViewReleased
 
+import test_queryable_state
 from test_queryable_state import Reader, bank, check_reads
+
+cloudpickle.register_pickle_by_value(test_queryable_state)  # its Accounts run in the tasks
 
 SIDECAR = BackendSpec("rocksdb", {"query_sidecar": True})
 
@@ -66,10 +70,10 @@ def test_a_checkpoint_view_reads_as_the_tasks_pinned_view(tmp_path):
 def test_sidecars_answer_read_committed_through_a_crash(tmp_path):
     job = f"bank-{uuid.uuid4().hex[:8]}"
     storage = f"file://{tmp_path}/ckpt"
-    flow = bank(job, str(tmp_path / "out"), per_split=8000, rate=2500.0)
+    flow = bank(job, str(tmp_path / "out"), per_split=12000, rate=2500.0)
     handle = flow.start(runtime="local", backend=SIDECAR,
                         checkpoint=ep.CheckpointConfig(interval=0.05, storage=storage, retained=100_000),
-                        faults=[ep.testing.CrashAtRecord("accounts", subtask=1, record=5000, after_epoch=3)])
+                        faults=[ep.testing.CrashAtRecord("accounts", subtask=1, record=10000, after_epoch=10)])
     reader = Reader(handle)
     reader.start()
     running = []
