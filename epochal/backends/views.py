@@ -159,12 +159,17 @@ class CheckpointView(StateView):
         self._reads = threading.Lock()
 
     def _key(self, kind: str, state: str, key) -> bytes | None:
-        from epochal.backends.rocksdb import _canonical
+        """The key of ``key`` without its key group (the backend's layout); ``None``: the
+        state was never written, or ``key`` is of a type no state stores."""
+        from epochal.backends.keygroups import _encode  # the backend's canonical key encoding
 
         sid = self._sids.get((kind, state))
         if sid is None:
             return None
-        ek = _canonical(key, "key")
+        try:
+            ek = _encode(key)
+        except TypeError:
+            return None
         return sid + len(ek).to_bytes(4, "big") + ek
 
     def get(self, state: str, kg: int, key, default=None):
