@@ -89,3 +89,42 @@ def test_sidecars_answer_read_committed_through_a_crash(tmp_path):
     epochs = check_reads(reader, storage, job)
     assert min(epochs) < restored < max(epochs), (
         f"reads did not span the restart (restored epoch {restored}, read {sorted(epochs)})")
+
+
+@pytest.mark.slow
+def test_sidecars_on_spark_through_an_external_sigkill(tmp_path, spark):
+    """Embedded Spark: a task process of ``accounts`` (and so its sidecar's socket pair)
+    SIGKILLed from outside mid-run; every read-committed answer equals the oracle of its
+    epoch, and answers come after the restart too (the new attempt's sidecars)."""
+    import signal
+    import time
+
+    job = f"bank-{uuid.uuid4().hex[:8]}"
+    storage = f"file://{tmp_path}/ckpt"
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    flow = bank(job, str(tmp_path / "out"), per_split=12000, rate=2000.0, pid_dir=str(pids))
+    handle = flow.start(runtime="spark", spark=spark, backend=SIDECAR,
+                        checkpoint=ep.CheckpointConfig(interval=0.05, storage=storage, retained=100_000))
+    reader = Reader(handle)
+    reader.start()
+    deadline = time.monotonic() + 120
+    while len({e for e, _ in reader.committed}) < 3 and reader.is_alive() and time.monotonic() < deadline:
+        reader.stop.wait(0.05)
+    victims = sorted(pids.iterdir())
+    assert victims and handle.running, "no task process to kill before the job ended"
+    before = sidecars()
+    os.kill(int(victims[0].name.split(".")[0]), signal.SIGKILL)
+    killed_after = max(e for e, _ in reader.committed)
+    result = handle.wait(240)
+    reader.stop.set()
+    reader.join(60)
+    assert before >= 2, f"{before} sidecar processes while the job answered queries (want >= 2)"
+    assert result.attempts >= 2, f"the SIGKILL did not land mid-run: {result.failures}"
+    epochs = check_reads(reader, storage, job)
+    assert max(epochs) > max(killed_after, result.restored_from[-1]), (
+        f"no read after the restart (killed after epoch {killed_after}, read {sorted(epochs)})")
+    deadline = time.monotonic() + 20
+    while sidecars() and time.monotonic() < deadline:  # the tasks' teardown stops them
+        reader.stop.wait(0.1)
+    assert sidecars() == 0, f"{sidecars()} sidecar processes outlived their job"
