@@ -1,8 +1,9 @@
 """Queryable state: lookup latency and lookups/s against a running job, and what the query
 load costs the job (issue 33, seed 004 §4.3.1).
 
-One job per backend (heap, rocksdb), local runtime by default: a source offering
-``--rate`` records/s (two splits) feeds a keyed operator keeping one queryable balance per
+One job per backend (heap, rocksdb, and ``rocksdb-sidecar``: RocksDB with its lookups served
+by a sidecar process per task, ``BackendSpec("rocksdb", {"query_sidecar": True})``), local
+runtime by default: a source offering ``--rate`` records/s (two splits) feeds a keyed operator keeping one queryable balance per
 account (``--keys`` accounts, parallelism 2), epochs every ``--interval`` s. After a warm-up,
 ``--repetitions`` rounds of four windows of ``--window`` seconds each, interleaved, then one
 more query-free window::
@@ -46,8 +47,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
 import epochal as ep  # noqa: E402
+from epochal.backends.choice import BackendSpec  # noqa: E402
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+#: RocksDB with read-committed lookups served by a sidecar process per task (epochal.query.sidecar)
+SIDECAR = "rocksdb-sidecar"
 
 
 def deposits(keys: int):
@@ -132,7 +138,8 @@ def run_backend(backend: str, args, tmp: str) -> dict:
          .key_by(lambda r: r[0])
          .process("balance", Balance())
          .sink("out", ep.sinks.FileSink(os.path.join(tmp, name, "out"))))
-    handle = flow.start(runtime=args.runtime, backend=backend,
+    spec = BackendSpec("rocksdb", {"query_sidecar": True}) if backend == SIDECAR else backend
+    handle = flow.start(runtime=args.runtime, backend=spec,
                         checkpoint=ep.CheckpointConfig(interval=args.interval, storage=f"file://{tmp}/{name}/ckpt"),
                         metrics=ep.MetricsConfig(interval=0.2))
     r = random.Random(1)
@@ -173,7 +180,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "queryable.json")
     p.add_argument("--runtime", default="local")
-    p.add_argument("--backends", default="heap,rocksdb")
+    p.add_argument("--backends", default=f"heap,rocksdb,{SIDECAR}")
     p.add_argument("--rate", type=float, default=100_000.0, help="records/s offered (both splits)")
     p.add_argument("--keys", type=int, default=1000)
     p.add_argument("--interval", type=float, default=0.1, help="epoch interval, seconds")
@@ -202,14 +209,14 @@ def main(argv=None) -> int:
         for w in run["windows"]:
             lat = w.get("latency_ms", {})
             ratio = w.get("side_by_side_ratio")
-            print(f"{run['backend']:8s} {w['mode']:17s} {w['records_per_s']:>10,.0f} rec/s"
+            print(f"{run['backend']:15s} {w['mode']:17s} {w['records_per_s']:>10,.0f} rec/s"
                   + (f" ({ratio:.2f}x its neighbours)" if ratio is not None else " " * 22)
                   + (f"  {w['lookups_per_s']:>8,.0f} lookups/s  p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms"
                      if lat else ""))
         for mode, r in run["ratios"].items():
-            print(f"{run['backend']:8s} {mode:17s} side-by-side ratio median {r['median']:.3f} "
+            print(f"{run['backend']:15s} {mode:17s} side-by-side ratio median {r['median']:.3f} "
                   f"[{r['min']:.3f}, {r['max']:.3f}] over {r['n']}")
-        print(f"{run['backend']:8s} multi-key ({run['multi_key_ms']['keys']} keys) p50 "
+        print(f"{run['backend']:15s} multi-key ({run['multi_key_ms']['keys']} keys) p50 "
               f"{run['multi_key_ms']['p50']:.2f} ms p99 {run['multi_key_ms']['p99']:.2f} ms")
     for e in doc["errors"]:
         print("ERROR", e)

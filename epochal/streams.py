@@ -411,7 +411,8 @@ class KeyedStream(Stream):
         duration or :class:`~epochal.ttl.StateTtl`): a key's accumulator expires that long
         after its last update, and the key starts afresh (docs/ttl-broadcast.md).
         ``queryable``: a running job answers lookups of each key's accumulator, as state
-        ``"acc"`` (``handle.query(name, "acc", key)``, docs/queryable-state.md).
+        ``"acc"`` (``handle.query(name, "acc", key)``, docs/queryable-state.md); with a
+        ``ttl``, an accumulator expired at the answered version's clock reads as ``None``.
         """
         check_callable(fn, name, "reduce")
         from epochal.query.readers import QueryableFlag
@@ -423,9 +424,6 @@ class KeyedStream(Stream):
                                           "with_watermarks upstream or use time='processing'")
         if not isinstance(queryable, bool):
             raise PipelineDefinitionError(f"reduce {name!r}: queryable must be True or False, got {queryable!r}")
-        if queryable and config is not None:
-            raise PipelineDefinitionError(f"reduce {name!r}: queryable state with a ttl is not supported yet (a lookup "
-                                          "would not know which accumulators expired); drop one of them")
         extra = ((() if initial is _MISSING else (initial,)) + (() if config is None else (config,))
                  + ((QueryableFlag(),) if queryable else ()))
         node = self._then(NodeKind.REDUCE, name, fn, parallelism, self._key_fn, extra, dead_letters=dead_letters)

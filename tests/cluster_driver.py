@@ -25,8 +25,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cloudpickle  # noqa: E402
 
 import pipelines  # noqa: E402
+import test_queryable_state as bank  # noqa: E402
 
 cloudpickle.register_pickle_by_value(pipelines)  # executors cannot import the tests' modules
+cloudpickle.register_pickle_by_value(bank)
 
 import epochal as ep  # noqa: E402
 
@@ -36,7 +38,35 @@ JOBS = {
                                                          rate=a.rate),
     "collatz": lambda job, out, a: pipelines.collatz(job, out, n=a.numbers, parallelism=a.parallelism,
                                                      body_parallelism=a.parallelism, rate=a.rate / 4),
+    "bank": lambda job, out, a: bank.bank(job, out, per_split=a.transfers, rate=a.rate),
 }
+
+
+def _query_while_running(handle) -> dict:
+    """A ``QueryClient`` in this (driver-host) process, as an external client would build it
+    (address, token, pinned TLS), asking every account's balance read-committed, then
+    read-uncommitted, until the job ends: answers as ``[epoch, [[account, balance], ...]]``,
+    and the hosts its routes pointed at."""
+    from epochal.query import JobEnded
+    from epochal.state import QueryClient
+
+    seen: dict = {"committed": [], "uncommitted": [], "route_hosts": [], "error": None}
+    accounts = list(range(bank.N))
+    try:
+        with QueryClient(handle.query_address, handle.query_token, timeout=120, tls=handle.query_tls) as client:
+            while True:
+                r = client.query("accounts", "balance", accounts)
+                seen["committed"].append([r.epoch, [[k, r.values[k]] for k in accounts]])
+                seen["route_hosts"] = sorted({a[3][0] for a in (client._routes or {}).get("operators", {})
+                                              .get("accounts", [])} | set(seen["route_hosts"]))
+                u = client.query("accounts", "balance", accounts, isolation="read-uncommitted")
+                seen["uncommitted"].append([[k, u.values[k]] for k in accounts])
+    except JobEnded:
+        pass
+    except Exception as exc:
+        seen["error"] = f"{type(exc).__name__}: {exc}"
+    seen["client_address"] = list(handle.query_address)
+    return seen
 
 
 def _session(args):
@@ -127,7 +157,8 @@ def run_job(kind: str, args, spark) -> dict:
         tls.TLSMaterial.generate = classmethod(generate)
     options = dict(
         runtime="spark", spark=spark, guarantee=args.guarantee,
-        checkpoint=ep.CheckpointConfig(interval=args.interval, storage=f"{args.storage}"),
+        checkpoint=ep.CheckpointConfig(interval=args.interval, storage=f"{args.storage}",
+                                       **({} if args.retained is None else {"retained": args.retained})),
         restart=ep.RestartStrategy(max_attempts=args.max_attempts, delay=0),
         cluster=ep.ClusterConfig(executor_wait=args.executor_wait, startup_timeout=args.startup_timeout,
                                  peer_timeout=args.peer_timeout,
@@ -142,6 +173,8 @@ def run_job(kind: str, args, spark) -> dict:
         handle = flow.start(**options)
         if args.ui:
             entry["ui"] = _watch_dashboard(handle)
+        if kind == "bank":
+            entry["queries"] = _query_while_running(handle)
         result = handle.wait()
     except Exception as exc:
         entry.update(ok=False, error=f"{type(exc).__name__}: {exc}", elapsed=time.time() - t0,
@@ -176,6 +209,8 @@ def main(argv=None) -> int:
     p.add_argument("--ui", action="store_true", help="serve the dashboard and poll it while each job runs")
     p.add_argument("--lines", type=int, default=4000)
     p.add_argument("--numbers", type=int, default=300)
+    p.add_argument("--transfers", type=int, default=4000, help="bank: transfers per split")
+    p.add_argument("--retained", type=int, default=None, help="completed checkpoints kept (default: epochal's)")
     p.add_argument("--rate", type=float, default=1000.0, help="source records/s per split")
     p.add_argument("--parallelism", type=int, default=2)
     p.add_argument("--interval", type=float, default=1.0)

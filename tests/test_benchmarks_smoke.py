@@ -237,13 +237,14 @@ def test_tables_smoke(tmp_path):
 
 @pytest.mark.bench
 def test_queryable_smoke(tmp_path):
-    """benchmarks/queryable.py --smoke: lookups against a running job on both backends."""
+    """benchmarks/queryable.py --smoke: lookups against a running job on both backends, and
+    on RocksDB with the query sidecar."""
     out = tmp_path / "queryable.json"
     proc = subprocess.run([sys.executable, str(BENCHMARKS / "queryable.py"), "--smoke", "--out", str(out),
                            "--tmp", str(tmp_path)], capture_output=True, text=True, timeout=240, check=False)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     doc = json.loads(out.read_text())
-    assert doc["errors"] == [] and [r["backend"] for r in doc["runs"]] == ["heap", "rocksdb"]
+    assert doc["errors"] == [] and [r["backend"] for r in doc["runs"]] == ["heap", "rocksdb", "rocksdb-sidecar"]
     for run in doc["runs"]:
         assert [w["mode"] for w in run["windows"]] == ["no-queries", "read-committed", "no-queries",
                                                        "read-uncommitted", "no-queries"]

@@ -260,8 +260,6 @@ def test_a_rocksdb_version_shares_the_barrier_checkpoint_and_outlives_its_snapsh
 def test_queryable_options_are_checked_when_the_graph_is_built():
     flow = ep.Dataflow("q-bad")
     keyed = flow.source("s", ep.sources.CollectionSource([(1, 2, 3)])).key_by(lambda e: e[0])
-    with pytest.raises(PipelineDefinitionError, match="reduce 'r': queryable state with a ttl"):
-        keyed.reduce("r", lambda a, b: a, queryable=True, ttl=5)
     with pytest.raises(PipelineDefinitionError, match="reduce 'r2': queryable must be True or False"):
         keyed.reduce("r2", lambda a, b: a, queryable="acc")
     with pytest.raises(PipelineDefinitionError, match="window 'w': queryable must be True or False"):

@@ -294,6 +294,11 @@ class KeyedStateBackend(ABC):
         Task thread, after restore: state of an operator the new dataflow no longer has,
         restored with ``allow_non_restored_state``, is not carried into later snapshots."""
 
+    #: read-committed queries are served by a sidecar process reading the checkpoint
+    #: directory of each pinned view (``view.checkpoint``, :mod:`epochal.query.sidecar`)
+    #: rather than by the task's own threads
+    serves_queries_from_checkpoints = False
+
     def pin_view(self, states, whole_maps: bool = False):
         """A read-only :class:`~epochal.backends.views.StateView` of ``states`` as of now,
         readable from any thread while the task writes on (read-committed queries,

@@ -22,7 +22,9 @@ class BackendSpec:
         kind: ``"heap"`` (in memory) or ``"rocksdb"`` (local RocksDB per task).
         options: keyword options of the backend's constructor, e.g. ``{"path": "/mnt/ssd"}``
             for RocksDB's working directory, ``{"incremental": True}`` for incremental
-            RocksDB checkpoints, or ``{"snapshot_mode": "fork" | "thread" | "blocking"}`` to
+            RocksDB checkpoints, ``{"query_sidecar": True}`` to serve read-committed queries
+            from a sidecar process (docs/queryable-state.md), or
+            ``{"snapshot_mode": "fork" | "thread" | "blocking"}`` to
             force one way of heap snapshots instead of ``"auto"`` (see
             :mod:`epochal.backends.heap`).
     """

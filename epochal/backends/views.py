@@ -138,3 +138,62 @@ def _prefix_end(prefix: bytes) -> bytes:
     """The smallest key greater than every key starting with ``prefix``."""
     stripped = prefix.rstrip(b"\xff")
     return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+class CheckpointView(StateView):
+    """A RocksDB checkpoint directory (:meth:`RocksDBView.checkpoint`), opened read-only by
+    another process — the task's query sidecar (:mod:`epochal.query.sidecar`) — that reads
+    it without the task's interpreter lock. The directory describes itself (state ids under
+    :data:`~epochal.backends.rocksdb_layout.META`). Opened at construction (off the query
+    path); :meth:`release` waits for a read in progress, closes, then calls ``release``."""
+
+    def __init__(self, path: str, release: Callable[[], None] | None = None):
+        super().__init__(release)
+        from epochal.backends.rocksdb_layout import META
+
+        self._db = Rdict(path, Options(raw_mode=True), access_type=AccessType.read_only(False))
+        self._sids: dict[tuple[str, str], bytes] = {}
+        for k, raw in scan(self._db, META, META + b"\xff\xff\xff"):
+            text = raw.decode("utf-8", "surrogatepass")
+            self._sids[(text[0], text[1:])] = k[2:4]
+        self._reads = threading.Lock()
+
+    def _key(self, kind: str, state: str, key) -> bytes | None:
+        """The key of ``key`` without its key group (the backend's layout); ``None``: the
+        state was never written, or ``key`` is of a type no state stores."""
+        from epochal.backends.keygroups import _encode  # the backend's canonical key encoding
+
+        sid = self._sids.get((kind, state))
+        if sid is None:
+            return None
+        try:
+            ek = _encode(key)
+        except TypeError:
+            return None
+        return sid + len(ek).to_bytes(4, "big") + ek
+
+    def get(self, state: str, kg: int, key, default=None):
+        k = self._key("v", state, key)
+        with self._reads:
+            if self._db is None:
+                raise ViewReleased("the version was released")
+            raw = None if k is None else self._db.get(kg.to_bytes(2, "big") + k)
+        return default if raw is None else pickle.loads(raw)[1]
+
+    def map_items(self, state: str, kg: int, key) -> dict:
+        k = self._key("m", state, key)
+        if k is None:
+            return {}
+        prefix = kg.to_bytes(2, "big") + k
+        with self._reads:
+            if self._db is None:
+                raise ViewReleased("the version was released")
+            return {mk: value for _key, mk, value in
+                    (pickle.loads(raw) for _k, raw in scan(self._db, prefix, _prefix_end(prefix)))}
+
+    def release(self) -> None:
+        with self._reads:
+            db, self._db = self._db, None
+        if db is not None:
+            db.close()
+        super().release()

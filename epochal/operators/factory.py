@@ -45,7 +45,8 @@ def _create(node: Node, ctx: OperatorContext) -> RuntimeOperator:
         if extra and isinstance(extra[-1], StateTtl):
             extra, ttl = extra[:-1], extra[-1]
         if ttl is not None:
-            return TtlReduceOperator(ctx, node.key_fn, node.payload, *extra, timed=timed, ttl=ttl)
+            return TtlReduceOperator(ctx, node.key_fn, node.payload, *extra, timed=timed, ttl=ttl,
+                                     queryable=queryable)
         return ReduceOperator(ctx, node.key_fn, node.payload, *extra, timed=timed, queryable=queryable)
     if kind is NodeKind.PROCESS:
         return KeyedProcessOperator(ctx, node.key_fn, node.payload, timed=timed)

@@ -22,6 +22,7 @@ from epochal.time.timers import TimerService
 from epochal.time.units import MIN_TIME, to_seconds
 from epochal.ttl.expiry import StateTtl
 from epochal.ttl.registry import META, TtlRegistry
+from epochal.ttl.queries import ttl_reader
 from epochal.ttl.state import TtlMapState, TtlValueState
 
 _MISSING = object()
@@ -184,9 +185,8 @@ class StateContext:
         return MapState(self._ctx.keyed_backend, scoped, self._current)
 
     def _register_queryable(self, name: str, reader: StateReader, ttl) -> None:
-        if ttl is not None:
-            raise ValueError(f"operator {self._ctx.operator!r}, state {name!r}: queryable state with a ttl is not "
-                             "supported yet (a lookup would not know which entries expired); drop one of them")
+        if ttl is not None:  # stamped entries: lookups leave out those expired at the version's clock
+            reader = ttl_reader(reader, self._ttl, ttl)
         register(self._ctx.extras, reader.states[0], reader)  # the task serves it (epochal.query.server)
 
 
@@ -340,12 +340,15 @@ class TtlReduceOperator(ReduceOperator):
     """``reduce(..., ttl=...)``: the accumulator is a TTL value state
     (:class:`~epochal.ttl.state.TtlValueState`); an expired key starts afresh."""
 
-    def __init__(self, ctx, key_fn, fn, initial=_MISSING, timed: bool = False, ttl: StateTtl | None = None):
+    def __init__(self, ctx, key_fn, fn, initial=_MISSING, timed: bool = False, ttl: StateTtl | None = None,
+                 queryable: bool = False):
         super().__init__(ctx, key_fn, fn, initial, timed)
         self._watermark = MIN_TIME
         self.ttl = TtlRegistry(ctx.keyed_backend, ctx.operator, ctx.key_groups, self.current,
                                lambda: self._watermark, timed)
         self.ttl.declare("acc", self.state, "value", ttl)
+        if queryable:  # an expired accumulator reads as None, as an absent one
+            register(ctx.extras, self.state, ttl_reader(ValueReader(self.state), self.ttl, ttl))
         self.acc = TtlValueState(ctx.keyed_backend, self.state, self.current, _MISSING, ttl, self.ttl)
 
     def process_batch(self, records: list) -> list:

@@ -32,6 +32,12 @@ class StateReader:
     whole_maps = False
     #: how a build-time message names the kind of state
     kind = "state"
+    #: attributes only :meth:`mark` uses (clocks bound to the operator): left out when the
+    #: reader is pickled for a query sidecar (:mod:`epochal.query.sidecar`), which only reads
+    task_side: tuple[str, ...] = ()
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k not in self.task_side}
 
     def mark(self) -> Any:
         """Task thread, at a pin (and for a live read): the operator-level value the reads

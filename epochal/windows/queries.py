@@ -45,6 +45,8 @@ class _WindowsReader(StateReader):
     kind = "windows"
     whole_maps = True
 
+    task_side = ("_watermark",)
+
     def __init__(self, state: str, combiner: Combiner, lateness: int, watermark: Callable[[], int]):
         self.states = (state,)
         self.combiner, self.lateness, self._watermark = combiner, lateness, watermark

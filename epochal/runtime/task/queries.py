@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 
 from epochal.query.server import UNALIGNED_REFUSAL, QueryServer, read_live
+from epochal.query.sidecar import QuerySidecar
 from epochal.query.versions import PinnedVersion
 
 
@@ -28,14 +29,27 @@ class QuerySteps:
         (so queries reach this task only once its state is restored)."""
         if not self.queryable or self.backend is None or self.attempt.query_key is None:
             return
+        unaligned = self.attempt.components.aligned_timeout == 0  # no epoch of this job is an aligned cut
+        config = dict(key=self.attempt.query_key, host=self.bind_host, task=self.spec.id,
+                      key_groups=self.spec.key_groups, registry=self.queryable,
+                      committed_refused=UNALIGNED_REFUSAL if unaligned else None,
+                      peer_timeout=self.attempt.peer_timeout, tls=self.attempt.query_tls)
+        if self.backend.serves_queries_from_checkpoints:  # off the task's interpreter lock
+            self.query_server = QuerySidecar(config, self._read_live, self._register_queries)
+            self.query_versions.close()
+            self.query_versions = self.query_server.versions
         if restore is not None:
             self.query_versions.restored(restore["epoch"], self._pin_version())
-        unaligned = self.attempt.components.aligned_timeout == 0  # no epoch of this job is an aligned cut
-        self.query_server = QueryServer(self.attempt.query_key, self.bind_host, self.spec.id, self.spec.key_groups,
-                                        self.queryable, self.query_versions, self._read_live,
-                                        committed_refused=UNALIGNED_REFUSAL if unaligned else None,
-                                        peer_timeout=self.attempt.peer_timeout, tls=self.attempt.query_tls)
-        self._send(("query_address", self.spec.id, (self.host, self.query_server.address[1])))
+        if self.query_server is None:
+            self.query_server = QueryServer(config.pop("key"), config.pop("host"), config.pop("task"),
+                                            config.pop("key_groups"), config.pop("registry"), self.query_versions,
+                                            self._read_live, **config)
+            self._register_queries(self.query_server.address[1])
+
+    def _register_queries(self, port: int) -> None:
+        """Tell the coordinator where this task's queries go (task thread, or a sidecar's
+        reader thread once the sidecar listens; the connection's sends are locked)."""
+        self._send(("query_address", self.spec.id, (self.host, port)))
 
     def pin_query_view(self, epoch: int) -> None:
         """At barrier ``epoch`` (task thread, right after the backend's snapshot): pin the
@@ -50,7 +64,8 @@ class QuerySteps:
         marks of this instant (e.g. a window operator's watermark)."""
         readers = self.queryable.values()
         states = sorted({s for r in readers for s in r.states})
-        view = self.backend.pin_view(states, whole_maps=any(r.whole_maps for r in readers))
+        whole_maps = self.backend.serves_queries_from_checkpoints or any(r.whole_maps for r in readers)
+        view = self.backend.pin_view(states, whole_maps=whole_maps)
         return PinnedVersion(view, {name: r.mark() for name, r in self.queryable.items()})
 
     def _read_live(self, state: str, items: list, timeout: float = 5.0) -> bytes:
