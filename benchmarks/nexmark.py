@@ -24,7 +24,8 @@ For each query (benchmarks/nexmark_queries.py: q1, q2, q3, q4, q5, q7, q8) and e
 3. **marginal capacity**: ``(events - check_events) / (capacity seconds - check seconds)``
    — the rate at which a bigger backlog costs more time, so the fixed start-up of each
    engine's run (epochal: task processes; Spark: planning the query, its first batch)
-   cancels out. The columnar path reads only the columns its query uses
+   cancels out; likewise ``marginal_events_per_cpu_s`` from the CPU seconds of both runs
+   (less sensitive to other tenants of the machine than wall time). The columnar path reads only the columns its query uses
    (``ArrowFileSource(columns=...)``, nexmark_queries.COLUMNS), as Spark's Parquet scan does.
 
 Writes ``benchmarks/results/nexmark.json`` and prints events/s per query and engine and
@@ -71,10 +72,17 @@ def _rows(directory: str) -> collections.Counter:
     return out
 
 
+def _fresh(out: str) -> str:
+    """``out`` with no output or checkpoints of an earlier run (a reused ``--work``)."""
+    for d in (out, out + "-ck", out + "-late"):
+        shutil.rmtree(d, ignore_errors=True)
+    return out
+
+
 def run_epochal(query: str, n: int, work: str, parallelism: int, tag: str) -> dict:
     import epochal as ep
 
-    out = os.path.join(work, f"epochal-{query}-{tag}")
+    out = _fresh(os.path.join(work, f"epochal-{query}-{tag}"))
     indir = nq.write_jsonl(os.path.join(work, f"epochal-in-{n}"), n, parallelism)  # not timed
     flow = nq.epochal_flow(query, indir, out, parallelism)
     rec: dict = {}
@@ -90,7 +98,7 @@ def run_epochal(query: str, n: int, work: str, parallelism: int, tag: str) -> di
 def run_epochal_columnar(query: str, n: int, work: str, parallelism: int, tag: str) -> dict:
     import epochal as ep
 
-    out = os.path.join(work, f"columnar-{query}-{tag}")
+    out = _fresh(os.path.join(work, f"columnar-{query}-{tag}"))
     flow = nq.epochal_columnar_flow(query, write_parquet(n, work), out, parallelism)  # files not timed
     rec: dict = {}
     result = harness.run_job(flow, rec, 1800, runtime="local",
@@ -147,7 +155,8 @@ def spark_session(parallelism: int):
 
 def run_spark(spark, query: str, n: int, work: str, tag: str) -> dict:
     indir = write_parquet(n, work)
-    out, ck = os.path.join(work, f"spark-{query}-{tag}"), os.path.join(work, f"spark-{query}-{tag}-ck")
+    out = _fresh(os.path.join(work, f"spark-{query}-{tag}"))
+    ck = out + "-ck"
     files = len(os.listdir(indir))
     events = spark.readStream.schema(nq.SPARK_SCHEMA).option("maxFilesPerTrigger", files - 1).parquet(indir)
     frame = nq.spark_query(query, events)
@@ -228,6 +237,11 @@ def main(argv=None) -> int:
                     if full.get("cpu_s"):  # this process tree's CPU seconds (Spark: the JVM's too)
                         rec["cpu_s"] = full["cpu_s"]
                         rec["events_per_cpu_s"] = args.events / full["cpu_s"]
+                        if check.get("cpu_s") is not None:
+                            rec["check_cpu_s"] = check["cpu_s"]
+                            extra_cpu = full["cpu_s"] - check["cpu_s"]
+                            if args.events > args.check_events and extra_cpu > 0:
+                                rec["marginal_events_per_cpu_s"] = (args.events - args.check_events) / extra_cpu
                 except Exception as exc:  # noqa: BLE001 — report, go on with the others
                     rec["error"] = f"{type(exc).__name__}: {exc}"[:2000]
                     doc["errors"].append(f"{query} {engine}: {rec['error']}")
@@ -239,6 +253,9 @@ def main(argv=None) -> int:
             for name, r in (("epochal", e), ("columnar", c)):
                 if r.get("marginal_events_per_s") and s.get("marginal_events_per_s"):
                     entry[f"marginal_ratio_{name}_to_spark"] = r["marginal_events_per_s"] / s["marginal_events_per_s"]
+                if r.get("marginal_events_per_cpu_s") and s.get("marginal_events_per_cpu_s"):
+                    entry[f"marginal_cpu_ratio_{name}_to_spark"] = (r["marginal_events_per_cpu_s"]
+                                                                    / s["marginal_events_per_cpu_s"])
     finally:
         if spark is not None:
             spark.stop()
