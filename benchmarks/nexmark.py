@@ -17,9 +17,19 @@ For each query (benchmarks/nexmark_queries.py: q1, q2, q3, q4, q5, q7, q8) and e
    included); ``cpu_s`` is the CPU time of this process tree over the run (tasks, driver,
    and for Spark its JVM), ``events_per_cpu_s`` the events per CPU-second. Spark: the events were written to Parquet beforehand (not timed); ``trigger(availableNow=True)``
    reads them all, ``local[2]``, 2 shuffle partitions, the JSON file sink (exactly-once);
-   the time is ``start()`` → ``awaitTermination()`` (the session exists already). A last
+   the time is ``start()`` → ``awaitTermination()`` (the session exists already); the
+   data files come in one micro-batch (``maxFilesPerTrigger``: all of them). A last
    file holds sentinel events far past the input so that Spark's watermark passes the last
    windows (q7, q8); their rows are left out.
+3. **marginal capacity** (with ``--baseline-events B``: a run of B events between the check
+   and the capacity run): ``(events - B) / (capacity seconds - baseline seconds)`` — the
+   rate at which a bigger backlog costs more time, so the fixed start-up of each engine's
+   run (epochal: task processes; Spark: planning the query, its first batch) cancels out;
+   likewise ``marginal_events_per_cpu_s`` from the CPU seconds of both runs (less sensitive
+   to other tenants of the machine than wall time). Not from the check run: Spark's first
+   query of the session pays the JVM's warm-up there (q1's check took more CPU than its 4M
+   run). The columnar path reads only the columns its query uses
+   (``ArrowFileSource(columns=...)``, nexmark_queries.COLUMNS), as Spark's Parquet scan does.
 
 Writes ``benchmarks/results/nexmark.json`` and prints events/s per query and engine and
 the ratio epochal / Spark.
@@ -65,10 +75,17 @@ def _rows(directory: str) -> collections.Counter:
     return out
 
 
+def _fresh(out: str) -> str:
+    """``out`` with no output or checkpoints of an earlier run (a reused ``--work``)."""
+    for d in (out, out + "-ck", out + "-late"):
+        shutil.rmtree(d, ignore_errors=True)
+    return out
+
+
 def run_epochal(query: str, n: int, work: str, parallelism: int, tag: str) -> dict:
     import epochal as ep
 
-    out = os.path.join(work, f"epochal-{query}-{tag}")
+    out = _fresh(os.path.join(work, f"epochal-{query}-{tag}"))
     indir = nq.write_jsonl(os.path.join(work, f"epochal-in-{n}"), n, parallelism)  # not timed
     flow = nq.epochal_flow(query, indir, out, parallelism)
     rec: dict = {}
@@ -84,7 +101,7 @@ def run_epochal(query: str, n: int, work: str, parallelism: int, tag: str) -> di
 def run_epochal_columnar(query: str, n: int, work: str, parallelism: int, tag: str) -> dict:
     import epochal as ep
 
-    out = os.path.join(work, f"columnar-{query}-{tag}")
+    out = _fresh(os.path.join(work, f"columnar-{query}-{tag}"))
     flow = nq.epochal_columnar_flow(query, write_parquet(n, work), out, parallelism)  # files not timed
     rec: dict = {}
     result = harness.run_job(flow, rec, 1800, runtime="local",
@@ -141,7 +158,8 @@ def spark_session(parallelism: int):
 
 def run_spark(spark, query: str, n: int, work: str, tag: str) -> dict:
     indir = write_parquet(n, work)
-    out, ck = os.path.join(work, f"spark-{query}-{tag}"), os.path.join(work, f"spark-{query}-{tag}-ck")
+    out = _fresh(os.path.join(work, f"spark-{query}-{tag}"))
+    ck = out + "-ck"
     files = len(os.listdir(indir))
     events = spark.readStream.schema(nq.SPARK_SCHEMA).option("maxFilesPerTrigger", files - 1).parquet(indir)
     frame = nq.spark_query(query, events)
@@ -172,6 +190,8 @@ def main(argv=None) -> int:
     p.add_argument("--queries", default=",".join(QUERIES))
     p.add_argument("--engines", default="epochal,epochal-columnar,spark",
                    help="epochal-columnar runs the queries in nexmark_queries.COLUMNAR only")
+    p.add_argument("--baseline-events", type=int, default=None,
+                   help="also run this many events (after the check, before the capacity run): marginal rates")
     p.add_argument("--parallelism", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "nexmark.json")
     p.add_argument("--work", default=None)
@@ -212,9 +232,18 @@ def main(argv=None) -> int:
                         raise AssertionError(f"{engine} {query}: output differs from the oracle: "
                                              f"{sum(missing.values())} missing (e.g. {list(missing)[:2]}), "
                                              f"{sum(extra.values())} extra (e.g. {list(extra)[:2]})")
+                    base = run(args.baseline_events, "baseline") if args.baseline_events else None
                     full = run(args.events, "capacity")
                     rec.update({"events": args.events, "seconds": full["seconds"],
                                 "events_per_s": args.events / full["seconds"], "output_rows": sum(full["rows"].values())})
+                    if base is not None:  # the start-up both runs pay cancels out
+                        more = args.events - args.baseline_events
+                        rec.update({"baseline_events": args.baseline_events, "baseline_seconds": base["seconds"],
+                                    "baseline_cpu_s": base.get("cpu_s")})
+                        if more > 0 and full["seconds"] > base["seconds"]:
+                            rec["marginal_events_per_s"] = more / (full["seconds"] - base["seconds"])
+                        if more > 0 and full.get("cpu_s") and base.get("cpu_s") and full["cpu_s"] > base["cpu_s"]:
+                            rec["marginal_events_per_cpu_s"] = more / (full["cpu_s"] - base["cpu_s"])
                     if full.get("cpu_s"):  # this process tree's CPU seconds (Spark: the JVM's too)
                         rec["cpu_s"] = full["cpu_s"]
                         rec["events_per_cpu_s"] = args.events / full["cpu_s"]
@@ -226,6 +255,12 @@ def main(argv=None) -> int:
                 entry["ratio_epochal_to_spark"] = e["events_per_s"] / s["events_per_s"]
             if c.get("events_per_s") and s.get("events_per_s"):
                 entry["ratio_columnar_to_spark"] = c["events_per_s"] / s["events_per_s"]
+            for name, r in (("epochal", e), ("columnar", c)):
+                if r.get("marginal_events_per_s") and s.get("marginal_events_per_s"):
+                    entry[f"marginal_ratio_{name}_to_spark"] = r["marginal_events_per_s"] / s["marginal_events_per_s"]
+                if r.get("marginal_events_per_cpu_s") and s.get("marginal_events_per_cpu_s"):
+                    entry[f"marginal_cpu_ratio_{name}_to_spark"] = (r["marginal_events_per_cpu_s"]
+                                                                    / s["marginal_events_per_cpu_s"])
     finally:
         if spark is not None:
             spark.stop()
@@ -238,9 +273,12 @@ def main(argv=None) -> int:
              harness.fmt(qs[q].get("epochal-columnar", {}).get("events_per_s")),
              harness.fmt(qs[q].get("spark", {}).get("events_per_s")),
              harness.fmt(qs[q].get("ratio_epochal_to_spark"), ".2f"),
-             harness.fmt(qs[q].get("ratio_columnar_to_spark"), ".2f")] for q in queries]
+             harness.fmt(qs[q].get("ratio_columnar_to_spark"), ".2f"),
+             harness.fmt(qs[q].get("epochal-columnar", {}).get("marginal_events_per_s")),
+             harness.fmt(qs[q].get("spark", {}).get("marginal_events_per_s")),
+             harness.fmt(qs[q].get("marginal_ratio_columnar_to_spark"), ".2f")] for q in queries]
     print(harness.table(["query", "epochal events/s", "columnar events/s", "spark-ss events/s", "epochal/spark",
-                         "columnar/spark"], rows))
+                         "columnar/spark", "columnar marginal", "spark marginal", "marginal columnar/spark"], rows))
     print(f"wrote {args.out}")
     if doc["errors"]:
         print("ERRORS:\n  " + "\n  ".join(doc["errors"]), file=sys.stderr)

@@ -14,6 +14,9 @@ late; every other row is certainly on time (its disorder < ``BOUND``).
 from __future__ import annotations
 
 import collections
+import os
+import signal
+import time
 
 import epochal as ep
 
@@ -143,6 +146,60 @@ def temporal_oracle(probes: list, versions: list, how: str) -> collections.Count
         elif how == "left":
             out[(p[3], None)] += 1
     return out
+
+
+class PidRecorder:
+    """Records the pid of the first process that calls :meth:`mark` in ``pid_dir`` (a file
+    named by it), so that a test can SIGKILL a task process from outside."""
+
+    def __init__(self, pid_dir: str):
+        self.pid_dir, self.recorded = pid_dir, False
+
+    def mark(self) -> None:
+        if not self.recorded:
+            self.recorded = True
+            open(os.path.join(self.pid_dir, str(os.getpid())), "w").close()
+
+
+def sigkill_once_checkpointed(handle, pid_dir: str, committed) -> tuple:
+    """Waits (up to 120 s) for a completed checkpoint and a pid in ``pid_dir``, SIGKILLs the
+    first pid (os.kill from the test) and waits for the job: ``(result, rows committed
+    before the kill)`` (``committed()`` counts them). Asserts that the kill caused a restart
+    on Spark."""
+    deadline = time.monotonic() + 120
+    while not (handle.completed_epochs and os.listdir(pid_dir)):
+        assert time.monotonic() < deadline and handle.running, "no checkpoint (or no join output) within 120 s"
+        time.sleep(0.01)
+    committed_before = committed()
+    victim = int(sorted(os.listdir(pid_dir))[0])
+    os.kill(victim, signal.SIGKILL)
+    result = handle.wait(300)
+    assert result.runtime == "spark" and result.attempts >= 2, f"the SIGKILL of {victim} caused no restart"
+    return result, committed_before
+
+
+def rescale_2_to_3(build, out: str, tmp_path, pairs, expected: collections.Counter, checkpoint_dir) -> tuple:
+    """Runs ``build(out, 2)`` until 2 epochs completed, stops it with a savepoint (asserting it
+    stopped before half of ``expected`` was committed), then ``build(out, 3)`` from that
+    savepoint to the end; asserts the committed ``pairs(out)`` equal ``expected``. Returns
+    ``(savepoint url, the second run's result)``. ``checkpoint_dir(name)`` gives a fresh
+    checkpoint directory."""
+    url = str(tmp_path / "sp")
+    handle = build(out, 2).start(runtime="local", channels=ep.ChannelConfig(batch_size=BATCH),
+                                 checkpoint=ep.CheckpointConfig(interval=0.1, storage="file://" + checkpoint_dir("ck1")))
+    deadline = time.monotonic() + 60
+    while len(handle.completed_epochs) < 2:
+        assert time.monotonic() < deadline and handle.running, "no 2 epochs within 60 s"
+        time.sleep(0.01)
+    assert handle.stop_with_savepoint(url, timeout=60) == url
+    handle.wait(30)
+    first = pairs(out)
+    assert 0 < sum(first.values()) < sum(expected.values()) // 2, "not stopped midway"
+    result = build(out, 3).run(runtime="local", restore_from=url, channels=ep.ChannelConfig(batch_size=BATCH),
+                               checkpoint=ep.CheckpointConfig(interval=0.1, storage="file://" + checkpoint_dir("ck2")))
+    assert result.restored_from[0] == ep.state.open_checkpoint(url).epoch
+    assert pairs(out) == expected
+    return url, result
 
 
 def _ship_by_value() -> None:

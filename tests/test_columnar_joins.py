@@ -6,9 +6,6 @@ and the build-time errors naming the record-path equivalent of what is not vecto
 from __future__ import annotations
 
 import collections
-import os
-import signal
-import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -92,38 +89,17 @@ def _interval_join(out: str, parallelism: int) -> ep.Dataflow:
 
 @pytest.mark.slow
 def test_full_interval_join_of_batches_rescales_2_to_3_through_a_savepoint(tmp_path):
-    out, url = unique_dir(tmp_path, "out"), str(tmp_path / "sp")
-    handle = _interval_join(out, 2).start(runtime="local", channels=ep.ChannelConfig(batch_size=jd.BATCH),
-                                          checkpoint=ep.CheckpointConfig(
-                                              interval=0.1, storage="file://" + unique_dir(tmp_path, "ck1")))
-    deadline = time.monotonic() + 60
-    while len(handle.completed_epochs) < 2:
-        assert time.monotonic() < deadline and handle.running, "no 2 epochs within 60 s"
-        time.sleep(0.01)
-    assert handle.stop_with_savepoint(url, timeout=60) == url
-    handle.wait(30)
     expected = jd.interval_oracle(*jd.split_rows()[:2], -0.3, 0.2, "full")
-    first = _pairs(out)
-    assert 0 < sum(first.values()) < sum(expected.values()) // 2, "not stopped midway"
-    result = _interval_join(out, 3).run(runtime="local", restore_from=url,
-                                        channels=ep.ChannelConfig(batch_size=jd.BATCH),
-                                        checkpoint=ep.CheckpointConfig(
-                                            interval=0.1, storage="file://" + unique_dir(tmp_path, "ck2")))
-    assert result.restored_from[0] == ep.state.open_checkpoint(url).epoch
-    assert _pairs(out) == expected
+    jd.rescale_2_to_3(_interval_join, unique_dir(tmp_path, "out"), tmp_path, _pairs, expected,
+                      lambda name: unique_dir(tmp_path, name))
 
 
-class PassRecordingPid:
+class PassRecordingPid(jd.PidRecorder):
     """``map_batches`` after the join (chained into its task): passes batches on; the first
     call in a process records its pid in ``pid_dir`` (for a kill from outside)."""
 
-    def __init__(self, pid_dir: str):
-        self.pid_dir, self.recorded = pid_dir, False
-
     def __call__(self, batch):
-        if not self.recorded:
-            self.recorded = True
-            open(os.path.join(self.pid_dir, str(os.getpid())), "w").close()
+        self.mark()
         return batch
 
 
@@ -141,15 +117,8 @@ def test_left_window_join_of_batches_on_spark_survives_a_sigkill_of_a_join_proce
     joined.sink("out", FileSink(out, format="parquet"))
     handle = flow.start(spark=spark, channels=ep.ChannelConfig(batch_size=jd.BATCH),
                         checkpoint=ep.CheckpointConfig(interval=0.2, storage="file://" + unique_dir(tmp_path, "ck")))
-    deadline = time.monotonic() + 120
-    while not (handle.completed_epochs and os.listdir(pids)):
-        assert time.monotonic() < deadline and handle.running, "no checkpoint (or no join output) within 120 s"
-        time.sleep(0.01)
-    committed_before = len(read_committed(out, format="parquet"))
-    victim = int(sorted(os.listdir(pids))[0])
-    os.kill(victim, signal.SIGKILL)
-    result = handle.wait(300)
-    assert result.runtime == "spark" and result.attempts >= 2, f"the SIGKILL of {victim} caused no restart"
+    _, committed_before = jd.sigkill_once_checkpointed(
+        handle, str(pids), lambda: len(read_committed(out, format="parquet")))
     expected = jd.tumbling_oracle(*jd.split_rows()[:2], 0.5, "left")
     assert committed_before < sum(expected.values()) // 2, "the kill came after most of the output was committed"
     assert _pairs(out) == expected

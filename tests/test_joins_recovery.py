@@ -4,9 +4,6 @@ tests/joindata.py (exactly-once: equal multisets)."""
 from __future__ import annotations
 
 import collections
-import os
-import signal
-import time
 
 import epochal as ep
 from epochal.sinks import FileSink, read_committed
@@ -19,17 +16,12 @@ from pipelines import unique_dir
 LOWER, UPPER = -0.3, 0.2
 
 
-class IdsRecordingPid:
+class IdsRecordingPid(jd.PidRecorder):
     """The join output (:func:`joindata.ids`); the first call in a process records its pid
     in ``pid_dir`` (for a kill from outside)."""
 
-    def __init__(self, pid_dir: str):
-        self.pid_dir, self.recorded = pid_dir, False
-
     def __call__(self, left, right):
-        if not self.recorded:
-            self.recorded = True
-            open(os.path.join(self.pid_dir, str(os.getpid())), "w").close()
+        self.mark()
         return jd.ids(left, right)
 
 
@@ -51,15 +43,7 @@ def test_left_interval_join_on_spark_survives_a_sigkill_of_a_join_process(tmp_pa
     joined.late().sink("late", FileSink(unique_dir(tmp_path, "late")))
     handle = flow.start(spark=spark, channels=ep.ChannelConfig(batch_size=jd.BATCH),
                         checkpoint=ep.CheckpointConfig(interval=0.2, storage="file://" + unique_dir(tmp_path, "ck")))
-    deadline = time.monotonic() + 120
-    while not (handle.completed_epochs and os.listdir(pids)):
-        assert time.monotonic() < deadline and handle.running, "no checkpoint (or no join output) within 120 s"
-        time.sleep(0.01)
-    committed_before = len(read_committed(out))
-    victim = int(sorted(os.listdir(pids))[0])
-    os.kill(victim, signal.SIGKILL)
-    result = handle.wait(300)
-    assert result.runtime == "spark" and result.attempts >= 2, f"the SIGKILL of {victim} caused no restart"
+    _, committed_before = jd.sigkill_once_checkpointed(handle, str(pids), lambda: len(read_committed(out)))
     expected = jd.interval_oracle(*jd.split_rows()[:2], LOWER, UPPER, "left")
     assert committed_before < sum(expected.values()) // 2, "the kill came after most of the output was committed"
     assert _pairs(out) == expected
@@ -91,22 +75,7 @@ def _window_join(out: str, parallelism: int) -> ep.Dataflow:
 
 
 def test_full_window_join_rescales_2_to_3_through_a_savepoint(tmp_path):
-    out, url = unique_dir(tmp_path, "out"), str(tmp_path / "sp")
-    handle = _window_join(out, 2).start(runtime="local", channels=ep.ChannelConfig(batch_size=jd.BATCH),
-                                        checkpoint=ep.CheckpointConfig(
-                                            interval=0.1, storage="file://" + unique_dir(tmp_path, "ck1")))
-    deadline = time.monotonic() + 60
-    while len(handle.completed_epochs) < 2:
-        assert time.monotonic() < deadline and handle.running, "no 2 epochs within 60 s"
-        time.sleep(0.01)
-    assert handle.stop_with_savepoint(url, timeout=60) == url
-    handle.wait(30)
     expected = jd.tumbling_oracle(*jd.split_rows()[:2], 0.5, "full")
-    first = _pairs(out)
-    assert 0 < sum(first.values()) < sum(expected.values()) // 2, "not stopped midway"
+    url, _ = jd.rescale_2_to_3(_window_join, unique_dir(tmp_path, "out"), tmp_path, _pairs, expected,
+                               lambda name: unique_dir(tmp_path, name))
     assert ep.state.read(url, "wjoin").num_rows > 0  # windows in flight moved with their key groups
-    result = _window_join(out, 3).run(runtime="local", restore_from=url, channels=ep.ChannelConfig(batch_size=jd.BATCH),
-                                      checkpoint=ep.CheckpointConfig(
-                                          interval=0.1, storage="file://" + unique_dir(tmp_path, "ck2")))
-    assert result.restored_from[0] == ep.state.open_checkpoint(url).epoch
-    assert _pairs(out) == expected

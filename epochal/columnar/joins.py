@@ -8,8 +8,8 @@ Semantics are the record path's (:mod:`epochal.joins.interval`, :mod:`epochal.jo
 what is vectorized is how rows meet:
 
 * **interval join** — a left row ``l`` and a right row ``r`` of one key match when
-  ``l.t + lower <= r.t <= l.t + upper``. Each on-time batch is hash-joined on the key with
-  the other side's buffer (one Arrow ``join``), the time condition is one numpy mask, the
+  ``l.t + lower <= r.t <= l.t + upper``. Each on-time batch is matched on the key with
+  the other side's buffer (:mod:`epochal.columnar.matching`), the time condition is one numpy mask, the
   pairs come out at once; the batch's rows are appended to its side's buffer. When the
   watermark passes a row's expiry (``l.t + upper`` / ``r.t - lower``) it is dropped, and
   an outer side's row that never matched comes out with nulls for the other side.
@@ -46,6 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from epochal.columnar.keys import ColumnKey, KeyGroups
+from epochal.columnar.matching import equal_key_pairs
 from epochal.columnar.time import event_time_of
 from epochal.coprocess.operator import _InputClocks
 from epochal.errors import PipelineDefinitionError
@@ -261,18 +262,14 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
         matched = np.zeros(rows.num_rows, bool)
         out = []
         if other is not None and other.num_rows:
-            mine = _ids(rows, spec.keys[side], "k", "t0", "i0")
-            theirs = _ids(other, spec.keys[1 - side], "k", "t1", "i1")
-            j = mine.join(theirs, "k", join_type="inner")
-            if j.num_rows:
-                t0, t1 = _column(j, "t0").to_numpy(), _column(j, "t1").to_numpy()
+            # equal keys (matching.py: cheaper than Arrow's join for a batch against a buffer)
+            p0, p1 = equal_key_pairs(_column(rows, spec.keys[side]), _column(other, spec.keys[1 - side]))
+            if len(p0):
+                t0, t1 = _column(rows, T).to_numpy()[p0], _column(other, T).to_numpy()[p1]
                 lt, rt = (t0, t1) if side == 0 else (t1, t0)
                 hit = (lt + spec.lower <= rt) & (rt <= lt + spec.upper)
                 if hit.any():
-                    i0, i1 = _column(j, "i0").to_numpy()[hit], _column(j, "i1").to_numpy()[hit]
-                    base = int(_column(rows, ID)[0].as_py())
-                    p0 = i0 - base
-                    p1 = np.searchsorted(_column(other, ID).to_numpy(), i1)
+                    p0, p1 = p0[hit], p1[hit]
                     matched[np.unique(p0)] = True
                     if spec.outer[1 - side]:
                         flags = _column(other, MATCHED).to_numpy(zero_copy_only=False).copy()

@@ -1,6 +1,9 @@
 """``ArrowFileSource``: the files of a directory as Arrow batches (a columnar stream).
 
-Splits are the files matching at plan time (one per split, assigned round-robin). Formats:
+Splits are the files matching at plan time (one per split, assigned round-robin). With
+``columns=`` only those columns are read (Parquet: only their column chunks are decoded, the
+pruning Spark's Parquet scan does by itself; CSV: only they are converted; JSON lines: the
+others are dropped after parsing). Formats:
 
 * ``"lines"`` — one ``string`` column (``line``): a block of bytes is read from the file's
   offset, cut after its last newline and split with ``pyarrow.compute`` (no per-line
@@ -44,11 +47,13 @@ class ArrowFileSource(Source):
             it is cut; beyond this the file is refused instead of exhausting memory).
         header: ``csv``: whether each file's first line names the columns; ``False`` needs
             ``schema`` (its names are the columns, in file order).
+        columns: the columns to read, in this order (default: all); each must be a column of
+            the schema (given or inferred). Not for ``lines`` (one column).
     """
 
     def __init__(self, path: str, *, pattern: str = "*", format: str = "lines", schema: pa.Schema | None = None,
                  batch_rows: int = 65536, block_bytes: int = 4 << 20, max_line_bytes: int = 64 << 20,
-                 header: bool = True):
+                 header: bool = True, columns: list[str] | tuple[str, ...] | None = None):
         if format not in _FORMATS:
             raise PipelineDefinitionError(f"{self.name_for(path)}: format must be one of {_FORMATS}, got {format!r}")
         if not header and (format != "csv" or schema is None):
@@ -65,7 +70,24 @@ class ArrowFileSource(Source):
             schema = LINES if format == "lines" else self._infer()
         elif not isinstance(schema, pa.Schema):
             raise PipelineDefinitionError(f"{self.name}: schema must be a pyarrow.Schema, got {schema!r}")
-        self._schema = schema
+        self._file_schema = schema  # what the files hold (csv without header: names them)
+        self._columns = None if columns is None else self._check_columns(columns, schema)
+        self._schema = schema if self._columns is None else pa.schema([schema.field(c) for c in self._columns])
+
+    def _check_columns(self, columns, schema: pa.Schema) -> list[str]:
+        """``columns`` as a list, refused (naming the source) unless they are distinct names of ``schema``."""
+        if self._format == "lines":
+            raise PipelineDefinitionError(f"{self.name}: columns= is not for format='lines' (one 'line' column)")
+        if isinstance(columns, str) or not all(isinstance(c, str) for c in columns) or not columns:
+            raise PipelineDefinitionError(f"{self.name}: columns must be a non-empty list of column names, "
+                                          f"got {columns!r}")
+        unknown = [c for c in columns if c not in schema.names]
+        if unknown:
+            raise PipelineDefinitionError(f"{self.name}: columns {unknown} are not in the files' schema "
+                                          f"(columns: {schema.names})")
+        if len(set(columns)) != len(columns):
+            raise PipelineDefinitionError(f"{self.name}: columns {list(columns)} name a column twice")
+        return list(columns)
 
     @staticmethod
     def name_for(path) -> str:
@@ -97,7 +119,7 @@ class ArrowFileSource(Source):
             raise PipelineDefinitionError(f"{self.name}: no file matches {self._pattern!r} to infer the {self._format} "
                                           "schema from; pass schema=")
         fs, _ = url_to_fs(self._path)
-        reader = _open(fs, files[0], self._format, None, self._batch_rows, True)
+        reader = _open(fs, files[0], self._format, None, self._batch_rows, True, None)
         try:
             return reader.schema
         finally:
@@ -108,18 +130,24 @@ class ArrowFileSource(Source):
         return _ArrowFileReader(self, list(splits), state)
 
 
-def _open(fs, path: str, fmt: str, schema, batch_rows: int, header: bool):
-    """A pyarrow record-batch reader of one csv / jsonl / parquet file (``header``: csv only)."""
+def _open(fs, path: str, fmt: str, schema, batch_rows: int, header: bool, columns: list[str] | None):
+    """A pyarrow record-batch reader of one csv / jsonl / parquet file (``header``: csv only;
+    ``columns``: parquet and csv read only those, in that order; jsonl: all)."""
     f = fs.open(path, "rb")
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
         pf = pq.ParquetFile(f)
-        return pa.RecordBatchReader.from_batches(pf.schema_arrow, pf.iter_batches(batch_size=batch_rows))
+        batches = pf.iter_batches(batch_size=batch_rows, columns=columns)
+        if columns is None:
+            return pa.RecordBatchReader.from_batches(pf.schema_arrow, batches)
+        # iter_batches yields the file's column order: put them in the asked order
+        return pa.RecordBatchReader.from_batches(
+            pa.schema([pf.schema_arrow.field(c) for c in columns]), (b.select(columns) for b in batches))
     if fmt == "csv":
         import pyarrow.csv as pcsv
 
-        convert = pcsv.ConvertOptions(column_types=schema) if schema is not None else None
+        convert = pcsv.ConvertOptions(column_types=schema, include_columns=columns) if schema is not None else None
         names = None if header else schema.names
         return pcsv.open_csv(f, read_options=pcsv.ReadOptions(block_size=1 << 22, column_names=names),
                              convert_options=convert)
@@ -168,7 +196,7 @@ class _ArrowFileReader(SourceReader):
             self._file.seek(offset)
             self._carry = b""
             return
-        self._file = _open(self._fs, path, src._format, src.schema, src._batch_rows, src._header)
+        self._file = _open(self._fs, path, src._format, src._file_schema, src._batch_rows, src._header, src._columns)
         skip = offset
         while skip > 0:  # a restored reader skips the rows it emitted before
             batch = self._file.read_next_batch()
@@ -192,6 +220,9 @@ class _ArrowFileReader(SourceReader):
         if batch.num_rows > limit:  # csv / jsonl read by bytes: cut to batch_rows (zero-copy slices)
             batch, self._pending = batch.slice(0, limit), batch.slice(limit)
         self._offsets[self._path] += batch.num_rows
+        if src_columns := self._src._columns:
+            if batch.schema.names != src_columns:  # jsonl parses every column
+                batch = batch.select(src_columns)
         return batch if batch.schema.equals(self._src.schema) else batch.cast(self._src.schema)
 
     def _read_lines(self) -> pa.RecordBatch | None:

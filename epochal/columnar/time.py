@@ -55,15 +55,21 @@ class ColumnTime:
                            f"{batch.schema.names})") from None
         t = values.type
         valid = None if values.null_count == 0 else values.is_valid().to_numpy(zero_copy_only=False)
+        if valid is None:  # fill_null copies the column even without nulls (3 ms per 64k rows)
+            def filled(v, _):
+                return v
+        else:
+            def filled(v, zero):
+                return v.fill_null(zero)
         if pa.types.is_timestamp(t):
-            us = pc.cast(values, pa.int64()).fill_null(0).to_numpy()
+            us = filled(pc.cast(values, pa.int64()), 0).to_numpy()
             us = {"s": us * 1_000_000, "ms": us * 1_000, "us": us, "ns": us // 1_000}[t.unit]
         elif pa.types.is_integer(t):
-            raw = pc.cast(values, pa.int64()).fill_null(0).to_numpy()
+            raw = filled(pc.cast(values, pa.int64()), 0).to_numpy()
             per = UNITS[self.unit]
             us = raw * per if per is not None else raw // 1_000
         elif pa.types.is_floating(t):
-            raw = pc.cast(values, pa.float64()).fill_null(0.0).to_numpy()
+            raw = filled(pc.cast(values, pa.float64()), 0.0).to_numpy()
             per = UNITS[self.unit]
             scaled = raw * per if per is not None else raw / 1_000
             finite = np.isfinite(scaled) & (np.abs(scaled) < _RANGE)

@@ -1,5 +1,6 @@
 """Lookup enrichment: each record joined with the row of its key in a table users keep their
-dimensions in (PostgreSQL: :class:`~epochal.connectors.postgres.lookup.PostgresTable`), read
+dimensions in (PostgreSQL: :class:`~epochal.connectors.postgres.lookup.PostgresTable`; Delta:
+:class:`~epochal.connectors.delta.lookup.DeltaLookupTable`), read
 through a bounded cache with a refresh policy (:mod:`epochal.lookup.cache`).
 
     stream.flat_map("enrich", Lookup(PostgresTable(dsn, "customers", "id"), key=lambda o: o["customer"],

@@ -179,7 +179,7 @@ class ParquetPart(Part):
 
     def _write_table(self, table) -> None:
         if self._writer is None:
-            self._writer = pq.ParquetWriter(self._open(), table.schema)
+            self._writer = pq.ParquetWriter(self._open(), table.schema, **self._fmt.options)
         self._writer.write_table(table)
 
     def write_batch(self, batch) -> None:
@@ -258,6 +258,7 @@ class Parquet(JsonLines):
     def __init__(self, sink_name: str, schema: pa.Schema | None):
         super().__init__(sink_name, schema)
         self.schema = schema
+        self.options: dict = {}  # ParquetWriter keyword arguments (FileSink parquet_options)
 
     def to_table(self, rows: list[Mapping]) -> pa.Table:
         try:

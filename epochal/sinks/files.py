@@ -85,14 +85,19 @@ class FileSink(Sink):
             written by epochal. Without it such a directory is refused when the job starts,
             and so is this job's own directory holding the output of an earlier run unless
             the job resumes (``resume=True``) — two runs never mix silently.
+        parquet_options: parquet only: keyword arguments of ``pyarrow.parquet.ParquetWriter``
+            for every part file (e.g. ``{"use_dictionary": False}``: no dictionary pages,
+            cheaper to write for columns of mostly distinct values; ``{"compression":
+            "zstd"}``). Default: pyarrow's defaults.
 
     Raises:
-        ConfigError: for an unknown format, a non-positive ``max_records_per_file`` or a
-            schema given for jsonl (where it would have no effect).
+        ConfigError: for an unknown format, a non-positive ``max_records_per_file``, a
+            schema given for jsonl (where it would have no effect), or ``parquet_options``
+            that are not for parquet or that ``ParquetWriter`` refuses.
     """
 
     def __init__(self, path: str, *, format: str = "jsonl", max_records_per_file: int | None = None,
-                 schema: pa.Schema | None = None, take_over: bool = False):
+                 schema: pa.Schema | None = None, take_over: bool = False, parquet_options: dict | None = None):
         if not isinstance(path, str) or not path:
             raise ConfigError(f"FileSink path: expected a non-empty string, got {path!r}")
         if format not in FORMATS:
@@ -105,8 +110,11 @@ class FileSink(Sink):
         if schema is not None and (format == "jsonl" or not isinstance(schema, pa.Schema)):
             raise ConfigError(f"FileSink schema: expected a pyarrow.Schema for csv or parquet, got "
                               f"{type(schema).__name__} for format {format!r}")
+        if parquet_options is not None:
+            check_parquet_options(parquet_options, format)
         self.path = path
         self.format = format
+        self.parquet_options = dict(parquet_options or {})
         self.max_records_per_file = max_records_per_file
         self.schema = schema
         self.take_over = bool(take_over)
@@ -130,6 +138,25 @@ class FileSink(Sink):
         claim_directory(self.path, job, sink, resume, self.take_over, self.format)
 
 
+def check_parquet_options(options, format: str) -> None:
+    """Refuse ``parquet_options`` (:class:`FileSink`) for another format, or that
+    ``pyarrow.parquet.ParquetWriter`` refuses (tried on an in-memory file), naming the key."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    if format != "parquet":
+        raise ConfigError(f"FileSink parquet_options: only for format 'parquet', got format {format!r}")
+    if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+        raise ConfigError(f"FileSink parquet_options: expected a dict of ParquetWriter keyword arguments, "
+                          f"got {options!r}")
+    try:
+        pq.ParquetWriter(io.BytesIO(), pa.schema([("x", pa.int64())]), **options).close()
+    except (TypeError, ValueError, pa.ArrowException) as exc:
+        raise ConfigError(f"FileSink parquet_options {options!r}: pyarrow.parquet.ParquetWriter refuses them: "
+                          f"{exc}") from exc
+
+
 @dataclass
 class FileTransaction:
     """Picklable handle of one epoch's part files: ``(staged, final)`` names relative to the
@@ -147,6 +174,8 @@ class FileSinkWriter(TwoPhaseCommitSink):
         self._fs, self._root = fsspec.core.url_to_fs(sink.path)
         self._fs.makedirs(self._join(STAGING_DIR), exist_ok=True)
         self._format = FORMATS[sink.format](ctx.sink_name, sink.schema)
+        if isinstance(self._format, Parquet):
+            self._format.options = getattr(sink, "parquet_options", {})  # (sinks pickled before the option: none)
         self._names = _NAMES[ctx.mode](ctx, self._format.ext)
         self._max = sink.max_records_per_file
         self._part: Part | None = None  # open part file of the open transaction
