@@ -131,46 +131,42 @@ def test_autonomous_channel_errors_name_the_operators():
 
 
 # ------------------------------------------------------------------ local runtime, injected crashes
-def test_the_producing_region_fails_clicks_cross_at_least_once_and_main_is_untouched(tmp_path):
-    n = 6000
-    out = unique_dir(tmp_path, "out")
-    pids_main = tmp_path / "pm"
-    pids_main.mkdir()
-    result = figure_1c("producer-fails", out, n_orders=n, n_clicks=n, rate=1500.0, pids_main=str(pids_main),
-                       main=ep.Region("main", checkpoint=ep.CheckpointConfig(interval=0.05)),
-                       side=ep.Region("side", checkpoint=ep.CheckpointConfig(interval=0.3))).run(
+N = 6000
+
+
+def crash_in(tmp_path, failing: str, operator: str, record: int):
+    """Figure 1(c) with a crash at ``record`` of ``operator`` in region ``failing`` (its
+    epochs 0.3 s, the other's 0.05 s): the result, the output and the other region's opens."""
+    out, pids = unique_dir(tmp_path, "out"), tmp_path / "pids"
+    pids.mkdir()
+    other = "side" if failing == "main" else "main"
+    intervals = {failing: 0.3, other: 0.05}
+    regions = {name: ep.Region(name, checkpoint=ep.CheckpointConfig(interval=intervals[name])) for name in intervals}
+    result = figure_1c(f"{failing}-fails", out, n_orders=N, n_clicks=N, rate=1500.0, **{f"pids_{other}": str(pids)},
+                       **regions).run(
         runtime="local", checkpoint=ep.CheckpointConfig(storage="file://" + unique_dir(tmp_path, "c")),
-        faults=[CrashAtRecord("tag", subtask=0, record=900, how="exit", after_epoch=1)])
-    main, side = result.regions["main"], result.regions["side"]
-    assert side.attempts == 2, f"the crash in region 'side' did not fire: {side.failures}"
-    assert main.attempts == 1 and not main.failures, f"region 'main' was restarted: {main.failures}"
-    assert len(opens(pids_main)) == 2, "region 'main' opened its operator again"
+        faults=[CrashAtRecord(operator, subtask=0, record=record, how="exit", after_epoch=1)])
+    assert result.regions[failing].attempts == 2, f"the crash in region {failing!r} did not fire"
+    untouched = result.regions[other]
+    assert untouched.attempts == 1 and not untouched.failures, f"region {other!r} was restarted: {untouched.failures}"
+    assert len(opens(pids)) == 2, f"region {other!r} opened its operator again"
     got, _ = counted(out, ORDERS)
-    assert exact(got, oracle(order, n)), "main's own input is not exact"
+    assert exact(got, oracle(order, N)), "main's own input is not exact"
+    return out
+
+
+def test_the_producing_region_fails_clicks_cross_at_least_once_and_main_is_untouched(tmp_path):
+    out = crash_in(tmp_path, "side", "tag", record=900)
     _, final = counted(out, CLICKS)
-    truth = oracle(click, n)
+    truth = oracle(click, N)
     assert all(final.get(k, 0) >= c for k, c in truth.items()), (final, truth)  # none lost
     assert sum(final.values()) > sum(truth.values()), "side replayed nothing: the crash landed before any handover"
 
 
 def test_the_consuming_region_fails_clicks_cross_at_most_once_and_side_is_untouched(tmp_path):
-    n = 6000
-    out = unique_dir(tmp_path, "out")
-    pids_side = tmp_path / "ps"
-    pids_side.mkdir()
-    result = figure_1c("consumer-fails", out, n_orders=n, n_clicks=n, rate=1500.0, pids_side=str(pids_side),
-                       main=ep.Region("main", checkpoint=ep.CheckpointConfig(interval=0.3)),
-                       side=ep.Region("side", checkpoint=ep.CheckpointConfig(interval=0.05))).run(
-        runtime="local", checkpoint=ep.CheckpointConfig(storage="file://" + unique_dir(tmp_path, "c")),
-        faults=[CrashAtRecord("count", subtask=0, record=1500, how="exit", after_epoch=1)])
-    main, side = result.regions["main"], result.regions["side"]
-    assert main.attempts == 2, f"the crash in region 'main' did not fire: {main.failures}"
-    assert side.attempts == 1 and not side.failures, f"region 'side' was restarted: {side.failures}"
-    assert len(opens(pids_side)) == 2, "region 'side' opened its operator again"
-    got, _ = counted(out, ORDERS)
-    assert exact(got, oracle(order, n)), "main's own input is not exact after main's restart"
+    out = crash_in(tmp_path, "main", "count", record=1500)
     got, final = counted(out, CLICKS)
-    truth = oracle(click, n)
+    truth = oracle(click, N)
     assert all(final.get(k, 0) <= c for k, c in truth.items()), (final, truth)  # none twice
     assert exact(got, collections.Counter(final)), "main's count of the clicks it took is not exact"
 
