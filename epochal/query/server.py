@@ -49,29 +49,12 @@ class QueryServer:
         self.versions, self.live_read = versions, live_read
         self.committed_refused = committed_refused
         self.answered = 0
-        self._conns: set = set()
         self._lock = threading.Lock()  # held while reading a view: close() waits for the reads
         self._closed = False
-        self.server = wire.Server(key, self._on_connection, host=host, name=f"query-{task}",
+        self._answering = wire.Answering(self.answer)
+        self.server = wire.Server(key, self._answering.serve, host=host, name=f"query-{task}",
                                   peer_timeout=peer_timeout, tls=tls)
         self.address = self.server.address
-
-    def _on_connection(self, conn: wire.Connection) -> None:
-        with self._lock:
-            if self._closed:
-                conn.close()
-                return
-            self._conns.add(conn)
-        try:
-            while True:
-                request = conn.recv()
-                conn.send(self.answer(request))
-        except Exception:
-            pass
-        finally:
-            with self._lock:
-                self._conns.discard(conn)
-            conn.close()
 
     def answer(self, request: tuple) -> tuple:
         """The response to one ``("get", ...)`` request (see :mod:`epochal.query.protocol`)."""
@@ -119,9 +102,7 @@ class QueryServer:
         self.server.close()
         with self._lock:
             self._closed = True
-            conns, self._conns = list(self._conns), set()
-        for conn in conns:
-            conn.close()
+        self._answering.close()
 
 
 def read_live(backend, reader, items: list) -> bytes:

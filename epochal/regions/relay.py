@@ -77,9 +77,9 @@ class RelayHub:
         self.tls = tls
         self._lanes: dict[tuple[str, int], _Lane] = {}
         self._cond = threading.Condition()
-        self._conns: set = set()
         self._closed = False
-        self.server = wire.Server(self.token, self._on_connection, host=host, name="relay", tls=tls)
+        self._answering = wire.Answering(self._answer)
+        self.server = wire.Server(self.token, self._answering.serve, host=host, name="relay", tls=tls)
         self.address = (advertised_host or host, self.server.address[1])
 
     def endpoint(self, channel: str) -> RelayEndpoint:
@@ -88,22 +88,6 @@ class RelayHub:
 
     def _lane(self, channel: str, subtask: int) -> _Lane:
         return self._lanes.setdefault((channel, subtask), _Lane())
-
-    def _on_connection(self, conn: wire.Connection) -> None:
-        with self._cond:
-            if self._closed:
-                conn.close()
-                return
-            self._conns.add(conn)
-        try:
-            while True:
-                conn.send(self._answer(conn.recv()))
-        except Exception:
-            pass
-        finally:
-            with self._cond:
-                self._conns.discard(conn)
-            conn.close()
 
     def _answer(self, request: tuple):
         op, channel, subtask = request[0], str(request[1]), int(request[2])
@@ -150,10 +134,8 @@ class RelayHub:
         self.server.close()
         with self._cond:
             self._closed = True
-            conns, self._conns = list(self._conns), set()
             self._cond.notify_all()
-        for conn in conns:
-            conn.close()
+        self._answering.close()
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ with the coordinator after restoring their state (``("query_address", task, addr
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 from epochal.runtime.transport import wire
@@ -39,29 +38,14 @@ class QueryDirectory:
     def __init__(self, key: bytes, host: str, routes: Callable[[], dict | None], advertised_host: str | None = None,
                  tls=None):
         self._routes = routes
-        self._conns: set = set()
-        self._lock = threading.Lock()
-        self.server = wire.Server(key, self._on_connection, host=host, name="query-directory", tls=tls)
+        self._answering = wire.Answering(self._answer)
+        self.server = wire.Server(key, self._answering.serve, host=host, name="query-directory", tls=tls)
         self.address = (advertised_host or host, self.server.address[1])
 
-    def _on_connection(self, conn: wire.Connection) -> None:
-        with self._lock:
-            self._conns.add(conn)
-        try:
-            while True:
-                msg = conn.recv()
-                ok = bool(msg) and msg[0] == "routes"
-                conn.send(("routes", self._routes()) if ok else ("error", None, "unknown request"))
-        except Exception:
-            pass
-        finally:
-            with self._lock:
-                self._conns.discard(conn)
-            conn.close()
+    def _answer(self, msg):
+        ok = bool(msg) and msg[0] == "routes"
+        return ("routes", self._routes()) if ok else ("error", None, "unknown request")
 
     def close(self) -> None:
         self.server.close()
-        with self._lock:
-            conns, self._conns = list(self._conns), set()
-        for conn in conns:
-            conn.close()
+        self._answering.close()

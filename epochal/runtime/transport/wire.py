@@ -399,3 +399,42 @@ class Server:
             pass
         if threading.current_thread() is not self._thread:
             self._thread.join(5)
+
+
+class Answering:
+    """The connections of a request/answer server (a :class:`Server`'s ``on_connection``
+    calls :meth:`serve`): each connection's requests are answered in order by
+    ``answer(request)`` on the connection's thread until the peer goes or :meth:`close`.
+
+    Once closed, a new connection is dropped at once; ``close`` drops the open ones
+    (their threads end on the next receive). Idempotent.
+    """
+
+    def __init__(self, answer):
+        self._answer = answer
+        self._lock = threading.Lock()
+        self._conns: set = set()
+        self.closed = False
+
+    def serve(self, conn: Connection) -> None:
+        with self._lock:
+            if self.closed:
+                conn.close()
+                return
+            self._conns.add(conn)
+        try:
+            while True:
+                conn.send(self._answer(conn.recv()))
+        except Exception:
+            pass  # the peer went (or close() dropped it): nothing to answer
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            conns, self._conns = list(self._conns), set()
+        for conn in conns:
+            conn.close()
