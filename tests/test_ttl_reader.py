@@ -1,6 +1,6 @@
 """The offline state reader (epochal/state/reader.py) hides the keys of a window and of a
-columnar aggregate whose ttl had expired when read, though the operator's expiry had not
-run yet at the cut: processing-time ttl, wall clock faked, the operator driven directly and
+columnar aggregate whose ttl had expired when read, and the temporal join's expired
+versions, though the operator's expiry had not run yet at the cut: processing-time ttl, wall clock faked, the operator driven directly and
 its real snapshot read through the real reader (a checkpoint holding that one task)."""
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from epochal.backends.rocksdb import RocksDBStateBackend
 from epochal.columnar import count, sum as asum
 from epochal.columnar.build import AggregateSpec
 from epochal.columnar.operators import KeyedAggregateOperator
+from epochal.coprocess.operator import KeyedCoProcessOperator
+from epochal.joins.functions import TemporalJoinFunction
 from epochal.operators.base import OperatorContext
 from epochal.state.location import Checkpoint
 from epochal.state.reader import keyed_entries
@@ -104,5 +106,49 @@ def test_columnar_aggregate_keys_expired_at_read_are_hidden(clock, kind):
         assert _keys(ckpt, "agg") == {"b"}  # nor their stamps
         rows = {r[0]: r[5] for r in keyed_entries(ckpt, "agg", "acc")}
         assert len(rows) == 1
+    finally:
+        backend.close()
+
+
+def _rows(backend, state: str) -> dict:
+    return {key: value for kg in KGS for key, value in backend.value_items(state, kg)}
+
+
+@pytest.mark.parametrize("kind", ["heap", "rocksdb"])
+def test_temporal_join_versions_expired_at_read_are_hidden(clock, kind):
+    """Processing-time ttl 2 s: a (a probe pending) and c got their only version at T0, b a
+    newer one at T0 + 1.5 s; no timer ran before the cut. The reader's view at each read
+    time equals what the operator itself holds once its timers up to then have fired."""
+    backend = _backend(kind)
+    try:
+        ctx = OperatorContext("tj", "tj[0]", 0, 1, 0, "reader-ttl", len(KGS), backend, KGS)
+        fn = TemporalJoinFunction(True, None, lambda p, v: (p[1], None if v is None else v[1]),
+                                  ("processing", 2_000_000))
+        op = KeyedCoProcessOperator(ctx, (lambda r: r[0], lambda r: r[0]), 1, fn, True)
+        op.select_input(1)
+        op.process_batch([(10, ("a", "va")), (10, ("b", "vb1")), (10, ("c", "vc"))])
+        assert op.on_watermark(20) == []
+        clock["ns"] += 1_500_000_000
+        op.process_batch([(30, ("b", "vb2"))])
+        op.select_input(0)
+        op.process_batch([(40, ("a", "pa"))])  # pending: the watermark is behind it
+        clock["ns"] += 100_000_000
+        op.snapshot(1)
+        ckpt = _checkpoint("tj", "keyed_co_process", backend)
+
+        def read() -> dict:
+            return {r[0]: r[5] for r in keyed_entries(ckpt, "tj", "rows")}
+
+        at_cut = read()  # read at 1.6 s: every table live
+        assert {k: [v[1][1] for v in rows[1]] for k, rows in at_cut.items()} == {"a": ["va"], "b": ["vb1", "vb2"],
+                                                                                  "c": ["vc"]}
+        assert _keys(ckpt, "tj") == {"a", "b", "c"}
+        for at in (2_000_000_000, 3_500_000_000):  # a's and c's ttl over; then b's
+            clock["ns"] = T0 + at
+            op.on_processing_time(clock["ns"] // 1000)
+            now = _rows(backend, "tj/rows")
+            assert read() == now
+            assert _keys(ckpt, "tj") == set(now)  # nor the timers of a key whose state is gone
+        assert set(now) == {"a"} and now["a"][1] == []  # a's probe waits, without a table
     finally:
         backend.close()

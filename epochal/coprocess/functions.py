@@ -21,6 +21,7 @@ from typing import Iterable
 
 from epochal.operators.keyed import StateContext
 from epochal.time.units import MIN_TIME, to_seconds
+from epochal.ttl.registry import record_table_ttl
 
 __all__ = ["CoContext", "CoProcessFunction", "KeyedCoProcessFunction"]
 
@@ -42,6 +43,14 @@ class CoContext(StateContext):
             raise ValueError(f"operator {self._ctx.operator!r}: side output {port!r} is not declared "
                              f"(side_outputs = {self._ports!r} on the function's class)")
         self._side[port].append((self._current.ts, value) if self._timed else value)
+
+    def record_table_ttl(self, name: str, desc: tuple | None) -> None:
+        """Advanced (the temporal join): keyed value state ``name`` holds tables
+        ``[probes, versions, arrival_us]`` whose versions expire after ``desc`` (``(time,
+        ttl_us, update)``, processing time; ``None``: they do not) — recorded for the offline
+        state reader (:func:`~epochal.ttl.registry.record_table_ttl`). In ``open``; idempotent."""
+        ctx = self._ctx
+        record_table_ttl(ctx.keyed_backend, ctx.operator, ctx.key_groups, name, desc)
 
     @property
     def timestamp_us(self) -> int | None:

@@ -11,11 +11,19 @@ Some operators decide a key's life as a whole by one state (a window's ``"active
 columnar aggregate's ``"stamp"``): their record names it (``"governs"``), and a key whose
 entry there expired is hidden entirely (:meth:`KeyGroupTtl.hidden_keys`) — its panes,
 timers or accumulators included, though the operator's expiry had not run at the cut.
+
+A temporal join with a processing-time ttl keeps its stamp inside the value (``[probes,
+versions, arrival_us]``, :mod:`epochal.joins.temporal`): its record names that state
+(``"table"``, :func:`~epochal.ttl.registry.record_table_ttl`), and the reader shows a
+table whose newest version arrived ``ttl`` or more before the read without its versions —
+and hides the key entirely (timers included) when no probe is pending either, as the
+operator's timer would have left it.
 """
 from __future__ import annotations
 
 import time as _time
 
+from epochal.joins.temporal import expire_table
 from epochal.ttl.expiry import EVENT, expired
 from epochal.ttl.registry import META, META_KEY, units
 
@@ -38,6 +46,7 @@ class KeyGroupTtl:
         self._clock = record.get("clock") if record else None
         self._wall = _time.time_ns() if wall_now is None else wall_now
         self._governs = record.get("governs") if record else None
+        self._table = record.get("table") if record else None
         self._values, self._prefix = values, prefix
 
     def hidden_keys(self) -> set:
@@ -45,7 +54,7 @@ class KeyGroupTtl:
         expired: none of their entries may be returned."""
         gov = self._governs
         if not gov:
-            return set()
+            return self._gone_tables()
         time, ttl_us = gov["ttl"][0], gov["ttl"][1]
         now = self._clock if time == EVENT else self._wall
         if now is None:
@@ -55,6 +64,17 @@ class KeyGroupTtl:
         entries = self._values.get(self._prefix + gov["state"]) or {}
         return {key for key, stored in entries.items() if expired(stored[1] if stamped else stored, life, now)}
 
+    def _gone_tables(self) -> set:
+        """Keys of a temporal join whose table expired with no probe pending."""
+        table = self._table
+        if not table:
+            return set()
+        entries = self._values.get(self._prefix + table["state"]) or {}
+        return {key for key, stored in entries.items() if self._expired_table(stored) and not stored[0]}
+
+    def _expired_table(self, stored) -> bool:
+        return expire_table(list(stored), self._table["ttl"][1], self._wall // 1000)
+
     @staticmethod
     def is_meta(short: str) -> bool:
         """``short`` is the reserved TTL record, not user state."""
@@ -62,7 +82,13 @@ class KeyGroupTtl:
 
     def live(self, short: str, stored):
         """``(True, value)`` for a live entry of state ``short`` (unwrapped when the state
-        is stamped), ``(False, None)`` for an expired one."""
+        is stamped), ``(False, None)`` for an expired one; a temporal join's table without
+        its versions once they expired (``(False, None)`` if no probe is pending)."""
+        table = self._table
+        if table is not None and short == table["state"]:
+            if not self._expired_table(stored):
+                return True, stored
+            return (True, [stored[0], [], None]) if stored[0] else (False, None)
         desc = self._states.get(short)
         if desc is None:
             return True, stored

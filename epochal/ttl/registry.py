@@ -33,7 +33,7 @@ import time
 from epochal.ttl.cleanup import Sweeper, TtlTarget
 from epochal.ttl.expiry import EVENT, PROCESSING, StateTtl, TtlChange, clock_floor, expired, ttl_change
 
-__all__ = ["META", "TtlRegistry", "governs_record", "meta_state", "units"]
+__all__ = ["META", "TtlRegistry", "governs_record", "meta_state", "record_table_ttl", "units"]
 
 META = "~ttl"
 META_KEY = ""
@@ -200,6 +200,24 @@ def governs_record(short: str, desc: tuple, stamped: bool) -> dict:
     entry there expired): ``desc`` its :meth:`StateTtl.describe`; ``stamped``: its entries
     are ``(value, stamp)`` (else the stamp itself)."""
     return {"state": short, "ttl": tuple(desc), "stamped": stamped}
+
+
+def record_table_ttl(backend, operator: str, key_groups: range, state: str, desc: tuple | None) -> None:
+    """Record in every owned key group that ``operator``'s value state ``state`` (its
+    short name) holds
+    temporal-join tables ``[probes, versions, arrival_us]`` whose versions expire ``desc``
+    (``(time, ttl_us, update)``, processing time: ``arrival_us + ttl_us <= now``) — the
+    stamp lives inside the value, so the offline reader (:mod:`epochal.ttl.reading`)
+    learns it here. ``desc`` ``None``: no such ttl; a record restored from a checkpoint
+    that had one is dropped. Task thread, in ``open`` (after restore); idempotent."""
+    meta = meta_state(operator)
+    if desc is None:
+        if any(backend.get(meta, kg, META_KEY) for kg in key_groups):
+            backend.drop_state(meta)
+        return
+    record = {"states": {}, "clock": None, "table": {"state": state, "ttl": tuple(desc)}}
+    for kg in key_groups:
+        backend.put(meta, kg, META_KEY, record)
 
 
 def units(time_domain: str) -> int:
