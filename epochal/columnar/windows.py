@@ -41,9 +41,21 @@ Expired keys are also deleted before each barrier, so no checkpoint holds one. A
 that adds or removes the ttl is refused (the panes' accumulators gain or lose the hidden
 column); a changed duration applies.
 
+**Processing-time TTL** (``ttl=StateTtl(d)``, the default clock): the same, on the wall
+clock (µs). A key's stamp is the wall clock at which its newest on-time rows arrived
+(:meth:`process_batch`): a hidden ``max`` of an arrival column (:data:`ARRIVAL`, one value
+per batch) per (key, pane); when panes of a key go, its kept panes take the key's stamp,
+so a key's stamp never falls back. A window fires only if the wall clock at its firing is
+before the key's deadline; keys whose deadline the wall clock reached are deleted —
+before a batch is buffered (so a key's rows after its expiry start afresh), at each
+watermark that fires, at a processing-time timer due at the earliest possible deadline
+(:meth:`next_processing_time`) and before each barrier. A restore that changes the ttl's
+clock (processing ↔ event time) is refused: each key group records its stamps' clock
+(``"<op>/ttl"``).
+
 Not supported (a build-time error says so): ``allowed_lateness`` > 0, session windows,
-processing-time windows, processing-time ttl, user ``ColumnAggregateFunction``\\ s — use
-``to_records`` and the record path's windows for those.
+processing-time windows, user ``ColumnAggregateFunction``\\ s — use ``to_records`` and the
+record path's windows for those.
 """
 from __future__ import annotations
 
@@ -61,13 +73,15 @@ from epochal.streams import Stream, register_builder
 from epochal.errors import PipelineDefinitionError
 from epochal.graph import FORWARD, Input, NodeKind
 from epochal.operators.base import OperatorContext, RuntimeOperator
-from epochal.time.units import MAX_TIME, MIN_TIME, duration_micros
+from epochal.time.units import MAX_TIME, MIN_TIME, duration_micros, now_micros
 from epochal.windows.assigners import PaneSpec, Session, Sliding, Tumbling
 
 __all__ = ["ColumnWindowOperator", "ColumnWindowOutput", "ColumnWindowSpec", "ColumnWindowedStream"]
 
 PANE = "\x00pane"  # the pane-start column while rows are buffered and stored
 STAMP = "\x00ttl"  # with a ttl: the hidden aggregation, newest event time per (key, pane)
+ARRIVAL = "\x00arrival"  # processing-time ttl: the wall clock (µs) at which a row arrived
+_EVENT, _PROCESSING = "event", "processing"
 _UTC = pa.timestamp("us", tz="UTC")
 
 
@@ -80,8 +94,10 @@ class ColumnWindowSpec:
     panes: PaneSpec
     aggregations: dict
     budget_bytes: int = 64 << 20
-    #: event-time ttl of the keys' panes (µs), or None; then ``aggregations`` ends with STAMP
+    #: ttl of the keys' panes (µs), or None; then ``aggregations`` ends with STAMP
     ttl_us: int | None = None
+    #: the ttl's clock: "event" (STAMP is the newest event time) or "processing" (the newest arrival)
+    ttl_time: str = _EVENT
 
 
 @register_builder("columnar.window")
@@ -90,10 +106,10 @@ def window_batches(keyed, assigner, allowed_lateness, ttl=None) -> "ColumnWindow
     return ColumnWindowedStream(keyed, assigner, allowed_lateness, ttl)
 
 
-def _window_ttl(where: str, ttl) -> int | None:
-    """µs of a columnar window's ``ttl=``, checked at build time (event time only)."""
+def _window_ttl(where: str, ttl) -> tuple[str, int] | None:
+    """``(time, µs)`` of a columnar window's ``ttl=``, checked at build time."""
     from epochal.errors import ConfigError
-    from epochal.ttl.expiry import EVENT, ON_READ_AND_WRITE, StateTtl
+    from epochal.ttl.expiry import ON_READ_AND_WRITE, StateTtl
 
     try:
         config = StateTtl.coerce(ttl, f"{where}: ttl")
@@ -101,14 +117,10 @@ def _window_ttl(where: str, ttl) -> int | None:
         raise PipelineDefinitionError(str(exc)) from None
     if config is None:
         return None
-    if config.time != EVENT:
-        raise PipelineDefinitionError(
-            f"{where}: windows of Arrow batches take an event-time ttl (StateTtl(d, time='event')); for a "
-            "processing-time ttl use to_records(...) and the record path's windows")
     if config.update == ON_READ_AND_WRITE:
         raise PipelineDefinitionError(f"{where}: ttl update='read_and_write' does not apply (a window's firing is "
                                       "not activity of its key); use update='write'")
-    return config.ttl_us
+    return config.time, config.ttl_us
 
 
 class ColumnWindowedStream:
@@ -161,12 +173,13 @@ class ColumnWindowedStream:
             if out in (column, "window_start", "window_end"):
                 raise PipelineDefinitionError(f"{where}: output column {out!r} is taken; name the aggregation "
                                               "otherwise")
-        time, ttl_us = event_time_of(keyed, where), _window_ttl(where, self._ttl)
+        time, ttl = event_time_of(keyed, where), _window_ttl(where, self._ttl)
+        ttl_time, ttl_us = ttl if ttl is not None else (_EVENT, None)
         if ttl_us is not None:
             from epochal.columnar.aggregates import max as amax
 
-            aggregations = dict(aggregations, **{STAMP: amax(time.column)})
-        spec = ColumnWindowSpec(column, time, assigner.spec(), dict(aggregations), budget_bytes, ttl_us)
+            aggregations = dict(aggregations, **{STAMP: amax(time.column if ttl_time == _EVENT else ARRIVAL)})
+        spec = ColumnWindowSpec(column, time, assigner.spec(), dict(aggregations), budget_bytes, ttl_us, ttl_time)
         node = keyed._then(NodeKind.WINDOW, name, spec, parallelism, keyed._key_fn, accepts="batches", timed=False)
         return ColumnWindowOutput(keyed.flow, (Input(node.name, FORWARD),), node.name)
 
@@ -203,6 +216,11 @@ class ColumnWindowOperator(RuntimeOperator):
         self.side_output = {"late": []}
         self.widths = [1] + [a.width for a in self.plan.aggs]
         self.ttl = getattr(spec, "ttl_us", None)
+        self.ttl_time = getattr(spec, "ttl_time", _EVENT)
+        #: processing-time ttl: deadlines are on the wall clock (µs), not the watermark
+        self.processing = self.ttl is not None and self.ttl_time == _PROCESSING
+        self.clock_state = f"{ctx.operator}/ttl"
+        self._clocked: set[int] = set()  # key groups whose stamps' clock is recorded
         #: with a ttl: no key's deadline is before this (a lower bound), nor that of a buffered row
         self._deadline = self._buffered = MAX_TIME
 
@@ -212,6 +230,8 @@ class ColumnWindowOperator(RuntimeOperator):
             block = backend.get(self.panes_state, kg, kg)
             if block is not None:
                 self._check_layout(block)
+                self._check_clock(backend.get(self.clock_state, kg, kg, _EVENT) if self.ttl is not None else None)
+                self._clocked.add(kg)
                 self.blocks[kg] = block
                 self.fired[kg] = backend.get(self.fired_state, kg, kg, MIN_TIME)
         self._deadline = MIN_TIME  # unknown until the first pass over the restored panes
@@ -230,11 +250,50 @@ class ColumnWindowOperator(RuntimeOperator):
                           f"{'a ttl' if self.ttl is not None else 'no ttl'}), or the aggregations changed; keep them, "
                           "or start the window afresh under another name")
 
+    def _check_clock(self, stored: str | None) -> None:
+        """A restored key group's stamps are on this ttl's clock (a record-less block is
+        from event time, the only ttl before processing time existed), else refused."""
+        if stored is None or stored == self.ttl_time:
+            return
+        from epochal.errors import ConfigError
+
+        raise ConfigError(f"window {self.ctx.operator!r}: cannot restore: the ttl's clock changed since the checkpoint "
+                          f"(checkpoint: {stored} time, now: {self.ttl_time} time): the stored stamps are on the "
+                          "other clock; keep the checkpoint's, or start the window afresh under another name")
+
+    def _clock(self) -> int:
+        """The ttl's clock now (µs): the wall clock, or the watermark."""
+        return now_micros() if self.processing else self.watermark
+
+    def _expire(self, now: int) -> None:
+        """Processing-time ttl: if a key may have expired at wall clock ``now``, merge the
+        buffer (its rows arrived before now: they extend their keys) and delete the expired
+        keys' panes."""
+        if now >= min(self._deadline, self._buffered):
+            self._merge()
+            self._fire(self.watermark, self.watermark, now)  # fires nothing (no end in (w, w]); expires
+
+    def next_processing_time(self) -> int | None:
+        """Processing-time ttl: the earliest wall clock (µs) at which a key can expire."""
+        if not self.processing:
+            return None
+        due = min(self._deadline, self._buffered)
+        return None if due == MAX_TIME else due
+
+    def on_processing_time(self, now: int) -> list:
+        if self.processing:
+            self._expire(now)
+        return []
+
     # -- rows ------------------------------------------------------------------------------
     def _last_start(self, us: np.ndarray) -> np.ndarray:
         return us - (us - self.offset) % self.slide
 
     def process_batch(self, records: list) -> list:
+        arrival = None
+        if self.processing:  # these rows stamp their keys now: keys expired before start afresh
+            arrival = now_micros()
+            self._expire(arrival)
         for batch in records:
             if not batch.num_rows:
                 continue
@@ -251,7 +310,10 @@ class ColumnWindowOperator(RuntimeOperator):
                     if not batch.num_rows:
                         continue
                 pane = us - (us - self.offset) % self.pane
-                if self.ttl is not None and len(us):
+                if arrival is not None:
+                    batch = batch.append_column(ARRIVAL, pa.array(np.full(len(us), arrival, np.int64)))
+                    self._buffered = min(self._buffered, arrival + self.ttl)
+                elif self.ttl is not None and len(us):
                     self._buffered = min(self._buffered, int(us.min()) + self.ttl)
                 self.buffer.add(batch.select(self.plan.inputs[:1] + self.plan.inputs[2:])
                                 .add_column(1, PANE, pa.array(pane, pa.int64())))
@@ -272,20 +334,26 @@ class ColumnWindowOperator(RuntimeOperator):
         if watermark <= self.watermark:
             return []
         previous = self.watermark
+        now = now_micros() if self.processing else watermark
         if self._ends_before(watermark) == self._ends_before(previous) and previous > MIN_TIME and \
-                (self.ttl is None or watermark < min(self._deadline, self._buffered)):
+                (self.ttl is None or now < min(self._deadline, self._buffered)):
             self.watermark = watermark  # no window end passed and no key can expire: nothing to do
             return []
         self._merge()
         self.watermark = watermark
-        return self._fire(previous, watermark)
+        return self._fire(previous, watermark, now)
 
     def prepare_snapshot_pre_barrier(self, epoch: int) -> list:
         """Merge the buffer into state and record how far each key group's windows fired
         (with a ttl, first delete the keys expired at the watermark: no checkpoint holds one)."""
         self._merge()
-        if self.ttl is not None and self._deadline <= self.watermark:
-            self._fire(self.watermark, self.watermark)  # fires nothing (no end in (w, w]); expires
+        now = self._clock()
+        if self.ttl is not None and self._deadline <= now:
+            self._fire(self.watermark, self.watermark, now)  # fires nothing (no end in (w, w]); expires
+        if self.ttl is not None:
+            for kg in self.blocks.keys() - self._clocked:  # the stamps' clock, checked on restore
+                self.backend.put(self.clock_state, kg, kg, self.ttl_time)
+                self._clocked.add(kg)
         for kg in self.blocks:
             if self.fired.get(kg, MIN_TIME) < self.watermark:
                 self.fired[kg] = self.watermark
@@ -314,6 +382,9 @@ class ColumnWindowOperator(RuntimeOperator):
                 if self.blocks.pop(kg, None) is not None:
                     self.backend.delete(self.panes_state, kg, kg)
                     self.backend.delete(self.fired_state, kg, kg)
+                    if kg in self._clocked:
+                        self.backend.delete(self.clock_state, kg, kg)
+                        self._clocked.discard(kg)
                 self.fired.pop(kg, None)
                 continue
             rows = order[s:e]
@@ -336,10 +407,11 @@ class ColumnWindowOperator(RuntimeOperator):
             kgs = np.asarray(self.groups.of_values(partials.column(0).to_pylist()), np.int32)
         self._store(partials, kgs, touched)
 
-    def _fire(self, previous: int, watermark: int) -> list:
+    def _fire(self, previous: int, watermark: int, now: int) -> list:
         """Fire every window with ``max(previous, fired[kg]) < end - 1 <= watermark``;
         delete the panes whose last window fired (with a ttl: only windows ending before
-        their key's deadline fire, and the panes of keys whose deadline passed go)."""
+        their key's deadline — processing time: fired while ``now``, the wall clock, is
+        before it — fire, and the panes of keys whose deadline ``now`` reached go)."""
         if not self.blocks:
             self._deadline = MAX_TIME
             return []
@@ -358,9 +430,13 @@ class ColumnWindowOperator(RuntimeOperator):
         keep = last + (self.size - 1) > watermark
         if self.ttl is not None:  # a window fires only before its key's deadline; expired keys go
             deadline = self._deadlines(rows)
-            due &= ends_1 < deadline[index]
-            keep &= deadline > watermark
+            due &= (now < deadline[index]) if self.processing else (ends_1 < deadline[index])
+            keep &= deadline > now
             self._deadline = int(deadline[keep].min()) if keep.any() else MAX_TIME
+            if self.processing and not keep.all():  # kept panes take their key's newest arrival
+                last_col = rows.num_columns - 1
+                rows = rows.set_column(last_col, rows.schema.field(last_col),
+                                       pa.array(deadline - self.ttl, rows.schema.field(last_col).type))
         out = []
         if due.any():
             pick = index[due]
@@ -383,10 +459,13 @@ class ColumnWindowOperator(RuntimeOperator):
         return out
 
     def _deadlines(self, rows: pa.Table) -> np.ndarray:
-        """Per stored (key, pane) row, its key's deadline: the newest event time over the
-        key's panes (the hidden STAMP column, last) + ttl, in µs."""
-        column = self.time.column
-        stamps = self.time.micros(pa.record_batch({column: rows.column(rows.num_columns - 1).combine_chunks()}))[0]
+        """Per stored (key, pane) row, its key's deadline: the newest event time (arrival,
+        in processing time) over the key's panes (the hidden STAMP column, last) + ttl, in µs."""
+        column, stamp = self.time.column, rows.column(rows.num_columns - 1).combine_chunks()
+        if self.processing:
+            stamps = stamp.to_numpy(zero_copy_only=False).astype(np.int64)
+        else:
+            stamps = self.time.micros(pa.record_batch({column: stamp}))[0]
         keys = rows.column(0)
         newest = pa.table({"k": keys, "s": stamps}).group_by("k", use_threads=False).aggregate([("s", "max")])
         at = pc.index_in(keys, value_set=newest.column("k").combine_chunks()).to_numpy(zero_copy_only=False)
