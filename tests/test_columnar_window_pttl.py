@@ -242,3 +242,37 @@ def test_processing_time_ttl_job_through_a_crash(tmp_path):
     got = collections.Counter((r["k"], round(r["window_start"].timestamp()), r["n"])
                               for r in read_committed(out, format="parquet"))
     assert got == collections.Counter((k, w * WIN_S, c) for (k, w), c in span_oracle_without_ttl(n).items())
+
+
+@pytest.mark.parametrize("kind", ["heap", "rocksdb"])
+def test_the_reader_hides_keys_expired_by_wall_clock_at_read(wall, kind, monkeypatch):
+    """A checkpoint holds a's and b's panes; read when a's newest rows are ``ttl`` old (its
+    expiry had not run at the cut), the offline reader shows b's panes only."""
+    import time
+
+    from epochal.state.location import Checkpoint
+    from epochal.state.reader import keyed_entries
+
+    spec = _spec(ep.windows.Tumbling(SIZE / 1e6), ttl=ep.StateTtl(WALL_TTL / 1e6))
+    b = _backend(kind)
+    try:
+        op = _op(b, spec)
+        op.process_batch([_batch([("a", 1, 10), ("b", 2, 20)])])
+        wall["us"] += 6000
+        op.process_batch([_batch([("b", 3, 30)])])
+        op.prepare_snapshot_pre_barrier(1)
+        blob = b.snapshot(1).run()
+        if not isinstance(blob, (bytes, bytearray)):
+            pytest.skip(f"{type(b).__name__} snapshots to {type(blob).__name__}, not inline bytes")
+        meta = {"plan": {"w": {"kind": "window", "parallelism": 1}},
+                "tasks": {"t0": {"chain": ["w"], "subtask": 0, "parallelism": 1, "handle": None}}}
+        ckpt = Checkpoint(url="test://one-task", storage=None, epoch=1, meta=meta, _states={"t0": {"keyed": blob}})
+
+        def keys_read_at(us):
+            monkeypatch.setattr(time, "time_ns", lambda: us * 1000)
+            return {row[0] for row in keyed_entries(ckpt, "w", "panes")}
+        assert keys_read_at(T0 + WALL_TTL - 1) == {"a", "b"}
+        assert keys_read_at(T0 + WALL_TTL) == {"b"}  # a's newest rows arrived at T0
+        assert keys_read_at(T0 + 6000 + WALL_TTL) == set()
+    finally:
+        b.close()

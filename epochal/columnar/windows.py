@@ -74,6 +74,7 @@ from epochal.errors import PipelineDefinitionError
 from epochal.graph import FORWARD, Input, NodeKind
 from epochal.operators.base import OperatorContext, RuntimeOperator
 from epochal.time.units import MAX_TIME, MIN_TIME, duration_micros, now_micros
+from epochal.ttl.registry import META_KEY, meta_state, panes_record
 from epochal.windows.assigners import PaneSpec, Session, Sliding, Tumbling
 
 __all__ = ["ColumnWindowOperator", "ColumnWindowOutput", "ColumnWindowSpec", "ColumnWindowedStream"]
@@ -220,6 +221,7 @@ class ColumnWindowOperator(RuntimeOperator):
         #: processing-time ttl: deadlines are on the wall clock (µs), not the watermark
         self.processing = self.ttl is not None and self.ttl_time == _PROCESSING
         self.clock_state = f"{ctx.operator}/ttl"
+        self.meta_state = meta_state(ctx.operator)  # processing time: the offline reader's TTL record
         self._clocked: set[int] = set()  # key groups whose stamps' clock is recorded
         #: with a ttl: no key's deadline is before this (a lower bound), nor that of a buffered row
         self._deadline = self._buffered = MAX_TIME
@@ -353,6 +355,8 @@ class ColumnWindowOperator(RuntimeOperator):
         if self.ttl is not None:
             for kg in self.blocks.keys() - self._clocked:  # the stamps' clock, checked on restore
                 self.backend.put(self.clock_state, kg, kg, self.ttl_time)
+                if self.processing:  # the offline reader judges the panes' wall-clock stamps at read time
+                    self.backend.put(self.meta_state, kg, META_KEY, panes_record("panes", self.ttl))
                 self._clocked.add(kg)
         for kg in self.blocks:
             if self.fired.get(kg, MIN_TIME) < self.watermark:
@@ -384,6 +388,8 @@ class ColumnWindowOperator(RuntimeOperator):
                     self.backend.delete(self.fired_state, kg, kg)
                     if kg in self._clocked:
                         self.backend.delete(self.clock_state, kg, kg)
+                        if self.processing:
+                            self.backend.delete(self.meta_state, kg, META_KEY)
                         self._clocked.discard(kg)
                 self.fired.pop(kg, None)
                 continue

@@ -47,6 +47,7 @@ class KeyGroupTtl:
         self._wall = _time.time_ns() if wall_now is None else wall_now
         self._governs = record.get("governs") if record else None
         self._table = record.get("table") if record else None
+        self._panes = record.get("panes") if record else None
         self._values, self._prefix = values, prefix
 
     def hidden_keys(self) -> set:
@@ -74,6 +75,20 @@ class KeyGroupTtl:
 
     def _expired_table(self, stored) -> bool:
         return expire_table(list(stored), self._table["ttl"][1], self._wall // 1000)
+
+    def expired_pane_keys(self, short: str, entries: list) -> set:
+        """Keys of a columnar window's key blocks (``entries``: ``(key, row)``, the row's last
+        accumulator the wall clock in µs of the key's rows) whose newest stamp is ``ttl``
+        old at read time (processing time, :func:`~epochal.ttl.registry.panes_record`): none
+        of their panes may be returned."""
+        panes = self._panes
+        if not panes or short != panes["state"]:
+            return set()
+        newest: dict = {}
+        for key, row in entries:
+            newest[key] = max(newest.get(key, row[-1]), row[-1])
+        now_us = self._wall // 1000
+        return {key for key, stamp in newest.items() if stamp + panes["ttl_us"] <= now_us}
 
     @staticmethod
     def is_meta(short: str) -> bool:

@@ -220,6 +220,15 @@ def record_table_ttl(backend, operator: str, key_groups: range, state: str, desc
         backend.put(meta, kg, META_KEY, record)
 
 
+def panes_record(state: str, ttl_us: int) -> dict:
+    """The TTL record of a columnar window operator with a processing-time ttl
+    (:mod:`epochal.columnar.windows`): its ``state`` holds key blocks whose rows' last
+    accumulator is the wall clock (µs) of the key's newest rows, and a key whose newest stamp
+    is ``ttl_us`` old has expired — what the offline reader judges at read time
+    (:meth:`~epochal.ttl.reading.KeyGroupTtl.expired_pane_keys`)."""
+    return {"states": {}, "clock": None, "panes": {"state": state, "ttl_us": int(ttl_us)}}
+
+
 def units(time_domain: str) -> int:
     """Stamp units per µs: processing-time stamps are wall-clock nanoseconds, event-time
     stamps microseconds (the unit of timestamps and watermarks)."""
