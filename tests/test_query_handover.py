@@ -1,0 +1,97 @@
+"""A RocksDB task answers read-committed lookups in-process until its query sidecar is
+ready, then hands over (:mod:`epochal.query.handover`): the handover's own pieces — a
+RocksDB backend, the task's registration callback, lookups over the wire — without a job.
+
+* a lookup issued before the sidecar may take over is answered by the in-process server;
+* once started, the sidecar is registered (a new port, served by another process), the
+  in-process server closes, and the sidecar answers every version the task pinned, before
+  and after the handover;
+* closing stops the child and releases every pinned checkpoint.
+"""
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+
+import pytest
+
+from epochal.backends.rocksdb import RocksDBStateBackend
+from epochal.query.handover import SidecarHandover
+from epochal.query.protocol import query_key
+from epochal.query.readers import ValueReader
+from epochal.query.versions import PinnedVersion
+from epochal.runtime.transport import wire
+
+KEY = query_key("handover-test")
+
+
+def lookup(port: int, key: str, kg: int = 1):
+    """``(epoch, held, value)`` of one read-committed lookup of ``op/v`` at ``port``."""
+    conn = wire.connect(("127.0.0.1", port), KEY, {"query": "t"}, timeout=10.0)
+    try:
+        conn.send(("get", 7, "op", "v", [(kg, key)], "read-committed", None))
+        reply = conn.recv()
+    finally:
+        conn.close()
+    assert reply[0] == "ok" and reply[1] == 7, reply
+    return reply[2], reply[3], pickle.loads(reply[4])[0]
+
+
+def pin(backend) -> PinnedVersion:
+    return PinnedVersion(backend.pin_view(["op/v"], whole_maps=True), {})
+
+
+def test_lookups_are_answered_in_process_then_by_the_sidecar(tmp_path):
+    backend = RocksDBStateBackend(range(0, 4), path=str(tmp_path))
+    registered: list[int] = []
+    handover = None
+    try:
+        backend.put("op/v", 1, "a", 10)
+        config = dict(key=KEY, host="127.0.0.1", task="t", key_groups=range(0, 4),
+                      registry={"op/v": ValueReader("op/v")}, committed_refused=None,
+                      peer_timeout=None, tls=None)
+        handover = SidecarHandover(config, lambda name, items: pickle.dumps([None]), registered.append)
+        handover.versions.restored(1, pin(backend))  # as a task right after its restore
+        local = handover.address[1]
+        # the sidecar cannot take over before start(): this lookup is the in-process server's
+        assert lookup(local, "a") == (1, [1], 10)
+        assert handover.answered == 1 and not handover.handed_over.is_set()
+        backend.put("op/v", 1, "a", 11)
+        handover.versions.pinned(2, pin(backend))
+        handover.versions.completed(2)
+        assert lookup(local, "a") == (2, [1, 2], 11)
+
+        handover.start()
+        assert registered[0] == local  # routed in-process first
+        assert handover.handed_over.wait(60), "the sidecar did not take over within 60 s"
+        assert len(registered) == 2 and registered[1] != local
+        sidecar = registered[1]
+        with pytest.raises(OSError):  # the in-process server is closed: clients re-route
+            lookup(local, "a")
+        assert lookup(sidecar, "a") == (2, [1, 2], 11)  # everything pinned before the handover
+        backend.put("op/v", 1, "a", 12)
+        handover.versions.pinned(3, pin(backend))
+        handover.versions.completed(3)
+        assert _eventually(lambda: lookup(sidecar, "a"), 3) == (3, [1, 2, 3], 12)
+        assert handover.answered == 2  # the sidecar's answers are not the in-process server's
+        proc = handover.sidecar.proc
+        assert proc.poll() is None
+    finally:
+        if handover is not None:
+            handover.close()
+            handover.versions.close()
+    assert proc.poll() is not None, "the sidecar outlived close()"
+    assert backend.pending_snapshots == 0, "pinned checkpoints left after close()"
+    backend.close()
+
+
+def _eventually(ask, epoch: int, timeout: float = 30.0):
+    """``ask()`` until it answers at ``epoch`` (the child takes a completion in after its
+    message arrives), within ``timeout``; the last answer."""
+    deadline = time.monotonic() + timeout
+    answer = ask()
+    while answer[0] != epoch and time.monotonic() < deadline:
+        threading.Event().wait(0.02)  # a poll pause, not a synchronisation
+        answer = ask()
+    return answer
