@@ -95,3 +95,21 @@ def _eventually(ask, epoch: int, timeout: float = 30.0):
         threading.Event().wait(0.02)  # a poll pause, not a synchronisation
         answer = ask()
     return answer
+
+
+@pytest.mark.bench
+def test_query_handover_benchmark_smoke(tmp_path):
+    """benchmarks/query_handover.py --smoke runs end to end (so the script cannot rot)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "query_handover.json"
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "query_handover.py"
+    proc = subprocess.run([sys.executable, str(script), "--smoke", "--out", str(out), "--tmp", str(tmp_path)],
+                          capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    doc = json.loads(out.read_text())
+    assert doc["errors"] == [] and [r["variant"] for r in doc["runs"]] == ["sidecar", "in-process"]
+    assert all(r["attempts"] == 2 and r["lookups"] > 0 for r in doc["runs"])
