@@ -5,7 +5,8 @@ RocksDB backend, the task's registration callback, lookups over the wire — wit
 * a lookup issued before the sidecar may take over is answered by the in-process server;
 * once started, the sidecar is registered (a new port, served by another process), the
   in-process server closes, and the sidecar answers every version the task pinned, before
-  and after the handover;
+  and after the handover; a :class:`~epochal.query.QueryClient` that was routed to the
+  in-process server follows the new route (through a query directory);
 * closing stops the child and releases every pinned checkpoint.
 """
 from __future__ import annotations
@@ -16,17 +17,22 @@ import time
 
 import pytest
 
+from epochal.backends.keygroups import key_group_for
 from epochal.backends.rocksdb import RocksDBStateBackend
+from epochal.query import QueryClient
 from epochal.query.handover import SidecarHandover
 from epochal.query.protocol import query_key
 from epochal.query.readers import ValueReader
 from epochal.query.versions import PinnedVersion
+from epochal.runtime.driver.query_directory import QueryDirectory
 from epochal.runtime.transport import wire
 
-KEY = query_key("handover-test")
+TOKEN = "handover-test"
+KEY = query_key(TOKEN)
+KG = key_group_for("a", 4)  # of the key looked up (max parallelism 4, one task owning 0..3)
 
 
-def lookup(port: int, key: str, kg: int = 1):
+def lookup(port: int, key: str, kg: int = KG):
     """``(epoch, held, value)`` of one read-committed lookup of ``op/v`` at ``port``."""
     conn = wire.connect(("127.0.0.1", port), KEY, {"query": "t"}, timeout=10.0)
     try:
@@ -45,9 +51,14 @@ def pin(backend) -> PinnedVersion:
 def test_lookups_are_answered_in_process_then_by_the_sidecar(tmp_path):
     backend = RocksDBStateBackend(range(0, 4), path=str(tmp_path))
     registered: list[int] = []
-    handover = None
+    handover = directory = client = None
+
+    def routes():  # the coordinator's: the newest registration (the in-process port before start())
+        port = registered[-1] if registered else handover.address[1]
+        return {"generation": 0, "max_parallelism": 4, "expected": {"op": 1},
+                "operators": {"op": [("t", 0, 4, ("127.0.0.1", port))]}}
     try:
-        backend.put("op/v", 1, "a", 10)
+        backend.put("op/v", KG, "a", 10)
         config = dict(key=KEY, host="127.0.0.1", task="t", key_groups=range(0, 4),
                       registry={"op/v": ValueReader("op/v")}, committed_refused=None,
                       peer_timeout=None, tls=None)
@@ -57,10 +68,14 @@ def test_lookups_are_answered_in_process_then_by_the_sidecar(tmp_path):
         # the sidecar cannot take over before start(): this lookup is the in-process server's
         assert lookup(local, "a") == (1, [1], 10)
         assert handover.answered == 1 and not handover.handed_over.is_set()
-        backend.put("op/v", 1, "a", 11)
+        backend.put("op/v", KG, "a", 11)
         handover.versions.pinned(2, pin(backend))
         handover.versions.completed(2)
         assert lookup(local, "a") == (2, [1, 2], 11)
+        directory = QueryDirectory(KEY, "127.0.0.1", routes)
+        client = QueryClient(directory.address, TOKEN, timeout=30)
+        got = client.query("op", "v", "a")
+        assert (got.value, got.epoch) == (11, 2) and client._routes["operators"]["op"][0][3][1] == local
 
         handover.start()
         assert registered[0] == local  # routed in-process first
@@ -70,14 +85,20 @@ def test_lookups_are_answered_in_process_then_by_the_sidecar(tmp_path):
         with pytest.raises(OSError):  # the in-process server is closed: clients re-route
             lookup(local, "a")
         assert lookup(sidecar, "a") == (2, [1, 2], 11)  # everything pinned before the handover
-        backend.put("op/v", 1, "a", 12)
+        got = client.query("op", "v", "a")  # its route is the closed server's: it asks the directory again
+        assert (got.value, got.epoch) == (11, 2) and client._routes["operators"]["op"][0][3][1] == sidecar
+        backend.put("op/v", KG, "a", 12)
         handover.versions.pinned(3, pin(backend))
         handover.versions.completed(3)
         assert _eventually(lambda: lookup(sidecar, "a"), 3) == (3, [1, 2, 3], 12)
-        assert handover.answered == 2  # the sidecar's answers are not the in-process server's
+        assert handover.answered == 3  # the sidecar's answers are not the in-process server's
         proc = handover.sidecar.proc
         assert proc.poll() is None
     finally:
+        if client is not None:
+            client.close()
+        if directory is not None:
+            directory.close()
         if handover is not None:
             handover.close()
             handover.versions.close()
