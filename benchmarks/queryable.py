@@ -1,8 +1,9 @@
 """Queryable state: lookup latency and lookups/s against a running job, and what the query
 load costs the job (issue 33, seed 004 §4.3.1).
 
-One job per backend (heap, rocksdb, and ``rocksdb-sidecar``: RocksDB with its lookups served
-by a sidecar process per task, ``BackendSpec("rocksdb", {"query_sidecar": True})``), local
+One job per backend (heap, rocksdb — in the task process, ``BackendSpec("rocksdb",
+{"query_sidecar": False})`` — and ``rocksdb-sidecar``: RocksDB with its lookups served by a
+sidecar process per task, RocksDB's default), local
 runtime by default: a source offering ``--rate`` records/s (two splits) feeds a keyed operator keeping one queryable balance per
 account (``--keys`` accounts, parallelism 2), epochs every ``--interval`` s. After a warm-up,
 ``--repetitions`` rounds of four windows of ``--window`` seconds each, interleaved, then one
@@ -138,7 +139,7 @@ def run_backend(backend: str, args, tmp: str) -> dict:
          .key_by(lambda r: r[0])
          .process("balance", Balance())
          .sink("out", ep.sinks.FileSink(os.path.join(tmp, name, "out"))))
-    spec = BackendSpec("rocksdb", {"query_sidecar": True}) if backend == SIDECAR else backend
+    spec = backend if backend == "heap" else BackendSpec("rocksdb", {"query_sidecar": backend == SIDECAR})
     handle = flow.start(runtime=args.runtime, backend=spec,
                         checkpoint=ep.CheckpointConfig(interval=args.interval, storage=f"file://{tmp}/{name}/ckpt"),
                         metrics=ep.MetricsConfig(interval=0.2))

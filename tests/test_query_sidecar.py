@@ -1,5 +1,6 @@
-"""RocksDB read-committed lookups served by a sidecar process per task
-(``BackendSpec("rocksdb", {"query_sidecar": True})``, :mod:`epochal.query.sidecar`).
+"""RocksDB read-committed lookups served by a sidecar process per task (RocksDB's default;
+``BackendSpec("rocksdb", {"query_sidecar": False})`` opts out, :mod:`epochal.query.sidecar`;
+the handover from in-process answers: ``test_query_handover``).
 
 * a :class:`~epochal.backends.views.CheckpointView` — what the sidecar reads — answers as the
   task's own pinned view of the same instant, and not after its release;
@@ -28,7 +29,7 @@ from test_queryable_state import Reader, bank, check_reads
 
 cloudpickle.register_pickle_by_value(test_queryable_state)  # its Accounts run in the tasks
 
-SIDECAR = BackendSpec("rocksdb", {"query_sidecar": True})
+SIDECAR = BackendSpec("rocksdb")  # the sidecar is on by default
 
 
 def sidecars() -> int:

@@ -27,6 +27,7 @@ import uuid
 import pytest
 
 import epochal as ep
+from epochal.backends.choice import BackendSpec
 from epochal.backends.heap import HeapStateBackend
 from epochal.backends.rocksdb import RocksDBStateBackend
 from epochal.query import JobEnded, QueryClient, QueryError
@@ -221,7 +222,8 @@ def test_a_pinned_view_never_sees_later_writes(make):
 
 
 # ---------------------------------------------------------------------- system tests
-@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+@pytest.mark.parametrize("backend", ["heap", "rocksdb", pytest.param(BackendSpec("rocksdb", {"query_sidecar": False}),
+                                                              id="rocksdb-in-process")])
 def test_read_committed_answers_equal_the_oracle_of_their_epoch(tmp_path, backend):
     """Local runtime, a crash of an ``accounts`` subtask mid-run: every read-committed
     answer (before, during and after the restart) equals the oracle of its epoch."""

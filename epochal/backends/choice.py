@@ -22,8 +22,8 @@ class BackendSpec:
         kind: ``"heap"`` (in memory) or ``"rocksdb"`` (local RocksDB per task).
         options: keyword options of the backend's constructor, e.g. ``{"path": "/mnt/ssd"}``
             for RocksDB's working directory, ``{"incremental": True}`` for incremental
-            RocksDB checkpoints, ``{"query_sidecar": True}`` to serve read-committed queries
-            from a sidecar process (docs/queryable-state.md), or
+            RocksDB checkpoints, ``{"query_sidecar": False}`` to serve read-committed queries
+            in the task process, not a sidecar process (docs/queryable-state.md), or
             ``{"snapshot_mode": "fork" | "thread" | "blocking"}`` to
             force one way of heap snapshots instead of ``"auto"`` (see
             :mod:`epochal.backends.heap`).

@@ -115,8 +115,10 @@ class RocksDBStateBackend(KeyedStateBackend):
             a child process reading the pinned checkpoints (:mod:`epochal.query.sidecar`),
             not by threads of the task process, which wait out every rocksdict call of the
             task thread (a checkpoint: 10–30 ms on a loaded disk). The child's interpreter
-            starts with the task: a job's queries are answered 0.3–3 s later after a start
-            or a restart. Default off (``BackendSpec("rocksdb", {"query_sidecar": True})``).
+            starts with the task (0.3–3 s under load); until then the task answers in-process
+            and hands over (:mod:`epochal.query.handover`). Default on; only jobs with
+            queryable state start one (``BackendSpec("rocksdb", {"query_sidecar": False})``
+            opts out).
 
     Keys and map keys must be ``str/int/float/bytes/bool/None`` or tuples/frozensets of
     them (:func:`~epochal.backends.keygroups.stable_hash`'s domain); values anything
@@ -129,7 +131,7 @@ class RocksDBStateBackend(KeyedStateBackend):
     ~25-60 ms with 4 MB (2 loaded cores); put throughput did not change (Python-bound)."""
 
     def __init__(self, key_groups: range, *, path: str | None = None, incremental: bool = False,
-                 full_every: int | None = None, query_sidecar: bool = False):
+                 full_every: int | None = None, query_sidecar: bool = True):
         super().__init__(key_groups)
         # rocksdict holds the interpreter lock through a checkpoint and a read-only open: a
         # query thread of the task process waits them out; a sidecar process does not

@@ -1,6 +1,6 @@
 """A RocksDB task's query sidecar: read-committed lookups served by another process, off
-the task's interpreter lock (seed 004 §4.3.1; docs/queryable-state.md "Cost"). Opt-in:
-``BackendSpec("rocksdb", {"query_sidecar": True})``.
+the task's interpreter lock (seed 004 §4.3.1; docs/queryable-state.md "Cost"). On by
+default for RocksDB; opt out with ``BackendSpec("rocksdb", {"query_sidecar": False})``.
 
 Why: a task with RocksDB state calls into rocksdict at every barrier — the snapshot's
 checkpoint (hard links and manifest syncs: 10–30 ms on a loaded disk) and the uploader's
@@ -10,7 +10,8 @@ at 100k records/s, where the heap backend answers in 1.4–4.5 ms. The sidecar i
 interpreter: it serves the task's query port, opens each pinned version — the barrier's own
 snapshot checkpoint, shared (:meth:`~epochal.backends.rocksdb.RocksDBStateBackend.pin_view`)
 — read-only (:class:`~epochal.backends.views.CheckpointView`), and answers read-committed
-lookups without ever waiting for the task.
+lookups without ever waiting for the task. Until the child is ready the task answers
+in-process and then hands over (:mod:`epochal.query.handover`).
 
 Parent side (:class:`QuerySidecar`, task thread; one reader thread for the child's
 messages) and child side (:func:`serve`, started by :data:`_BOOT`) talk over a socket pair
@@ -18,7 +19,9 @@ of pickled messages:
 
 * parent → child: ``("pinned", epoch, token, path, marks)``, ``("restored", ...)`` (same),
   ``("completed", epoch)``, ``("aborted", epoch)``, ``("live-answer", rid, payload, error)``;
-* child → parent: ``("address", port)`` once, ``("release", token)`` when a version left
+  ``("handover",)`` once (:mod:`epochal.query.handover`);
+* child → parent: ``("address", port)`` once (it listens), ``("ready", port)`` in answer to
+  ``"handover"`` (everything sent before it is taken in), ``("release", token)`` when a version left
   the child's held set (the parent then lets the checkpoint go), ``("live", rid, name,
   items)`` for a read-uncommitted lookup, which the parent runs through the task's mailbox.
 
@@ -66,18 +69,19 @@ class QuerySidecar:
     ``address`` / :meth:`close`. Built on the task thread, after the restore.
 
     The task does not wait for the child's interpreter to start (0.3–3 s under load): the
-    versions it pins meanwhile queue in the socket pair, and ``on_address(port)`` is called
-    (on the reader thread) once the child listens — the task registers its query address
-    then, so queries reach it only once the child serves the restored version.
+    versions it pins meanwhile queue in the socket pair; ``on_address(port)`` is called
+    (on the reader thread) once the child listens, and ``on_ready(port)`` once the child
+    has taken in everything sent before :meth:`hand_over` (:mod:`epochal.query.handover`).
 
     Args:
         config: what the child's :class:`~epochal.query.server.QueryServer` needs
             (``key, host, task, key_groups, registry, peer_timeout, tls, committed_refused``).
         live_read: the task's ``live_read(name, items) -> bytes`` (any thread).
         on_address: ``on_address(port)``, the child listens (reader thread).
+        on_ready: ``on_ready(port)``, the child answered :meth:`hand_over` (reader thread).
     """
 
-    def __init__(self, config: dict, live_read, on_address):
+    def __init__(self, config: dict, live_read, on_address, on_ready=None):
         ours, theirs = socket.socketpair()
         self._conn = Connection(os.dup(ours.fileno()))
         ours.close()
@@ -90,7 +94,7 @@ class QuerySidecar:
         self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, str(theirs.fileno())],
                                      pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         theirs.close()
-        self._on_address, self.task = on_address, config["task"]
+        self._on_address, self._on_ready, self.task = on_address, on_ready, config["task"]
         self._send(("config", cloudpickle.dumps(config)))
         self.versions = _Versions(self)
         self._reader = threading.Thread(target=self._read, name=f"query-sidecar-{self.task}", daemon=True)
@@ -102,6 +106,11 @@ class QuerySidecar:
                 self._conn.send(msg)
             except OSError:  # the child is gone: the task learns it from its queries' errors
                 pass
+
+    def hand_over(self) -> None:
+        """Ask the child to answer ``("ready", port)`` once it has taken in every message
+        sent before this one (any thread; the caller orders it after its pins)."""
+        self._send(("handover",))
 
     def _pin(self, kind: str, epoch: int, version: PinnedVersion) -> None:
         token = next(self._tokens)
@@ -117,9 +126,11 @@ class QuerySidecar:
         try:
             while True:
                 msg = self._conn.recv()
-                if msg[0] == "address":
+                if msg[0] in ("address", "ready"):
+                    callback = self._on_address if msg[0] == "address" else self._on_ready
                     try:
-                        self._on_address(msg[1])
+                        if callback is not None:
+                            callback(msg[1])
                     except Exception:  # the task is ending (its coordinator connection closed)
                         log.warning("task %s: registering its query sidecar failed", self.task, exc_info=True)
                 elif msg[0] == "error":
@@ -151,7 +162,7 @@ class QuerySidecar:
 
     def close(self) -> None:
         """Stop the child (it keeps nothing: terminated, not asked), release every
-        version. Idempotent."""
+        version (the reader thread's releases too, before returning). Idempotent."""
         try:
             self._conn.close()
         except OSError:
@@ -164,6 +175,8 @@ class QuerySidecar:
                 self.proc.kill()
                 self.proc.wait(5)
         self._release_all()
+        if threading.current_thread() is not self._reader:  # it may be releasing what it popped
+            self._reader.join(5)
 
 
 class _Versions:
@@ -234,12 +247,9 @@ def serve(fd: int) -> None:
                 pass
         return PinnedVersion(CheckpointView(path, released), marks)
 
-    announced = False
     try:
+        send(("address", server.address[1]))
         while True:
-            if not announced and not conn.poll(0):  # what the task queued meanwhile (its restore) is in
-                send(("address", server.address[1]))
-                announced = True
             msg = conn.recv()
             kind = msg[0]
             if kind in ("pinned", "restored"):
@@ -254,6 +264,8 @@ def serve(fd: int) -> None:
                 versions.completed(msg[1])
             elif kind == "aborted":
                 versions.aborted(msg[1])
+            elif kind == "handover":  # every earlier message is taken in
+                send(("ready", server.address[1]))
             elif kind == "live-answer":
                 box = waiting.get(msg[1])
                 if box is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 
 from epochal.query.server import UNALIGNED_REFUSAL, QueryServer, read_live
-from epochal.query.sidecar import QuerySidecar
+from epochal.query.handover import SidecarHandover
 from epochal.query.versions import PinnedVersion
 
 
@@ -34,10 +34,15 @@ class QuerySteps:
                       key_groups=self.spec.key_groups, registry=self.queryable,
                       committed_refused=UNALIGNED_REFUSAL if unaligned else None,
                       peer_timeout=self.attempt.peer_timeout, tls=self.attempt.query_tls)
-        if self.backend.serves_queries_from_checkpoints:  # off the task's interpreter lock
-            self.query_server = QuerySidecar(config, self._read_live, self._register_queries)
+        if self.backend.serves_queries_from_checkpoints:  # off the task's interpreter lock, once ready
+            handover = SidecarHandover(config, self._read_live, self._register_queries)
+            self.query_server = handover
             self.query_versions.close()
-            self.query_versions = self.query_server.versions
+            self.query_versions = handover.versions
+            if restore is not None:
+                self.query_versions.restored(restore["epoch"], self._pin_version())
+            handover.start()  # in-process answers until the sidecar is ready
+            return
         if restore is not None:
             self.query_versions.restored(restore["epoch"], self._pin_version())
         if self.query_server is None:
@@ -48,7 +53,7 @@ class QuerySteps:
 
     def _register_queries(self, port: int) -> None:
         """Tell the coordinator where this task's queries go (task thread, or a sidecar's
-        reader thread once the sidecar listens; the connection's sends are locked)."""
+        reader thread at its handover; the connection's sends are locked)."""
         self._send(("query_address", self.spec.id, (self.host, port)))
 
     def pin_query_view(self, epoch: int) -> None:
