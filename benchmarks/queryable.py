@@ -35,7 +35,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
