@@ -109,18 +109,11 @@ def window_batches(keyed, assigner, allowed_lateness, ttl=None) -> "ColumnWindow
 
 def _window_ttl(where: str, ttl) -> tuple[str, int] | None:
     """``(time, µs)`` of a columnar window's ``ttl=``, checked at build time."""
-    from epochal.errors import ConfigError
-    from epochal.ttl.expiry import ON_READ_AND_WRITE, StateTtl
+    from epochal.windows.ttl import checked_ttl
 
-    try:
-        config = StateTtl.coerce(ttl, f"{where}: ttl")
-    except ConfigError as exc:
-        raise PipelineDefinitionError(str(exc)) from None
+    config = checked_ttl(ttl, where)
     if config is None:
         return None
-    if config.update == ON_READ_AND_WRITE:
-        raise PipelineDefinitionError(f"{where}: ttl update='read_and_write' does not apply (a window's firing is "
-                                      "not activity of its key); use update='write'")
     return config.time, config.ttl_us
 
 

@@ -114,18 +114,12 @@ class WindowedStream:
 
     def _window_ttl(self, where: str, timed_in: bool):
         """``ttl=`` checked at build time (:mod:`epochal.windows.ttl`)."""
-        from epochal.errors import ConfigError
-        from epochal.ttl.expiry import EVENT, ON_READ_AND_WRITE, StateTtl
+        from epochal.ttl.expiry import EVENT
+        from epochal.windows.ttl import checked_ttl
 
-        try:
-            config = StateTtl.coerce(self._ttl, f"{where}: ttl")
-        except ConfigError as exc:
-            raise PipelineDefinitionError(str(exc)) from None
+        config = checked_ttl(self._ttl, where)
         if config is None:
             return None
-        if config.update == ON_READ_AND_WRITE:
-            raise PipelineDefinitionError(f"{where}: ttl update='read_and_write' does not apply to windows (only a "
-                                          "key's records keep its windows alive); use update='write'")
         if config.time == EVENT and (self._assigner.processing_time or not timed_in):
             raise PipelineDefinitionError(f"{where}: event-time ttl needs event-time windows on an input with "
                                           "timestamps (with_watermarks upstream); use time='processing'")

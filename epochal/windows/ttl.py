@@ -39,12 +39,28 @@ from typing import Callable
 
 from epochal.time.timers import make_queue
 from epochal.time.units import MAX_TIME
-from epochal.ttl.expiry import EVENT, PROCESSING, StateTtl, expired, next_stamp
+from epochal.ttl.expiry import EVENT, ON_READ_AND_WRITE, PROCESSING, StateTtl, expired, next_stamp
 from epochal.ttl.registry import TtlRegistry, units
 
-__all__ = ["WindowTtl", "window_ttl"]
+__all__ = ["WindowTtl", "checked_ttl", "window_ttl"]
 
 _MISSING = object()
+
+
+def checked_ttl(ttl, where: str) -> StateTtl | None:
+    """A window's ``ttl=`` (record path or columnar) as a :class:`StateTtl`, or ``None``;
+    build time. Raises ``PipelineDefinitionError`` naming ``where`` for a malformed ttl or
+    ``update='read_and_write'`` (a window's firing is not activity of its key)."""
+    from epochal.errors import ConfigError, PipelineDefinitionError
+
+    try:
+        config = StateTtl.coerce(ttl, f"{where}: ttl")
+    except ConfigError as exc:
+        raise PipelineDefinitionError(str(exc)) from None
+    if config is not None and config.update == ON_READ_AND_WRITE:
+        raise PipelineDefinitionError(f"{where}: ttl update='read_and_write' does not apply to windows (only a "
+                                      "key's records keep its windows alive); use update='write'")
+    return config
 
 
 class WindowTtl:
