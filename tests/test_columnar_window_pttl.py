@@ -17,7 +17,7 @@ import epochal as ep
 from epochal.errors import ConfigError
 
 import test_columnar_window_ttl
-from test_columnar_window_ttl import _backend, _batch, _op, _spec, stored_keys
+from test_columnar_window_ttl import _backend, _batch, _op, _spec, restorer, stored_keys
 
 cloudpickle.register_pickle_by_value(test_columnar_window_ttl)  # the job's source lives there
 
@@ -134,16 +134,7 @@ def test_processing_time_ttl_matches_the_model_through_a_restore(wall, kind, sli
     assert sum(want.values()) > 40
     assigner = ep.windows.Tumbling(SIZE / 1e6) if slide == SIZE else ep.windows.Sliding(SIZE / 1e6, slide / 1e6)
     spec = _spec(assigner, ttl=ep.StateTtl(WALL_TTL / 1e6))
-    backends = [_backend(kind)]
-
-    def restore(op, wm):
-        blob = backends[-1].snapshot(1).run()
-        backends.append(_backend(kind))
-        backends[-1].restore([blob])
-        new = _op(backends[-1], spec)
-        assert new.on_watermark(wm) == []  # the regenerated watermark fires nothing twice
-        return new
-
+    backends, restore = restorer(kind, spec)
     try:
         assert run(_op(backends[0], spec), script, wall, live, restore) == want
     finally:
@@ -151,15 +142,20 @@ def test_processing_time_ttl_matches_the_model_through_a_restore(wall, kind, sli
             b.close()
 
 
+def a_then_b(op, wall):
+    """``op`` after a's and b's rows at T0 and b's again 6 ms later, merged at a barrier."""
+    op.process_batch([_batch([("a", 1, 10), ("b", 2, 20)])])
+    wall["us"] += 6000
+    op.process_batch([_batch([("b", 3, 30)])])
+    op.prepare_snapshot_pre_barrier(1)
+    return op
+
+
 def test_a_silent_key_expires_at_a_processing_time_timer(wall):
     spec = _spec(ep.windows.Tumbling(SIZE / 1e6), ttl=ep.StateTtl(WALL_TTL / 1e6))
     b = _backend("heap")
     try:
-        op = _op(b, spec)
-        op.process_batch([_batch([("a", 1, 10), ("b", 2, 20)])])
-        wall["us"] += 6000
-        op.process_batch([_batch([("b", 3, 30)])])
-        op.prepare_snapshot_pre_barrier(1)
+        op = a_then_b(_op(b, spec), wall)
         assert stored_keys(op) == {"a", "b"}
         assert op.next_processing_time() == T0 + WALL_TTL  # a's deadline
         wall["us"] = T0 + WALL_TTL
@@ -256,11 +252,7 @@ def test_the_reader_hides_keys_expired_by_wall_clock_at_read(wall, kind, monkeyp
     spec = _spec(ep.windows.Tumbling(SIZE / 1e6), ttl=ep.StateTtl(WALL_TTL / 1e6))
     b = _backend(kind)
     try:
-        op = _op(b, spec)
-        op.process_batch([_batch([("a", 1, 10), ("b", 2, 20)])])
-        wall["us"] += 6000
-        op.process_batch([_batch([("b", 3, 30)])])
-        op.prepare_snapshot_pre_barrier(1)
+        a_then_b(_op(b, spec), wall)
         blob = b.snapshot(1).run()
         if not isinstance(blob, (bytes, bytearray)):
             pytest.skip(f"{type(b).__name__} snapshots to {type(blob).__name__}, not inline bytes")

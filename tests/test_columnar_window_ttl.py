@@ -47,6 +47,22 @@ def _op(backend, spec):
     return op
 
 
+def restorer(kind: str, spec):
+    """``(backends, restore)``: a fresh backend, and ``restore(op, wm)`` that snapshots the
+    newest backend into a new one and returns a restored operator on it (its regenerated
+    watermark ``wm`` fires nothing twice)."""
+    backends = [_backend(kind)]
+
+    def restore(op, wm):
+        blob = backends[-1].snapshot(1).run()
+        backends.append(_backend(kind))
+        backends[-1].restore([blob])
+        new = _op(backends[-1], spec)
+        assert new.on_watermark(wm) == []  # the regenerated watermark fires nothing twice
+        return new
+    return backends, restore
+
+
 def _script(seed: int) -> list:
     """Batches of ``(key, v, ts)`` rows (disorder, keys falling silent), watermarks and
     barriers (the operator merges its buffer)."""
@@ -166,16 +182,7 @@ def test_columnar_window_ttl_matches_the_model_through_a_restore(kind, slide):
     want = model(script, slide, TTL, live)
     assert want != model(script, slide, None)  # the ttl really drops windows here
     spec = _spec(ep.windows.Tumbling(SIZE / 1e6) if slide == SIZE else ep.windows.Sliding(SIZE / 1e6, slide / 1e6))
-    backends = [_backend(kind)]
-
-    def restore(op, wm):
-        blob = backends[-1].snapshot(1).run()
-        backends.append(_backend(kind))
-        backends[-1].restore([blob])
-        new = _op(backends[-1], spec)
-        assert new.on_watermark(wm) == []  # the regenerated watermark fires nothing twice
-        return new
-
+    backends, restore = restorer(kind, spec)
     try:
         assert run(_op(backends[0], spec), script, restore, live) == want
         assert all(not any(b.value_items("w/panes", kg)) for kg in range(MAXP) for b in backends[-1:])
