@@ -71,6 +71,31 @@ def test_a_checkpoint_view_reads_as_the_tasks_pinned_view(tmp_path):
         backend.close()
 
 
+def sigkill_while_answering(handle, pids, storage: str, job: str, wait: float) -> None:
+    """Once answers of three epochs flowed, SIGKILL a task process of ``accounts`` (named in
+    ``pids``) from outside; then: sidecars served while the job answered, the kill landed
+    mid-run, every read-committed answer equals the oracle of its epoch, and answers came
+    after the restart too."""
+    reader = Reader(handle)
+    reader.start()
+    deadline = time.monotonic() + 120
+    while len({e for e, _ in reader.committed}) < 3 and reader.is_alive() and time.monotonic() < deadline:
+        reader.stop.wait(0.05)
+    running = sidecars()  # answers flow: the sidecars of both accounts subtasks serve them
+    victims = sorted(pids.iterdir())
+    assert victims and handle.running, "no task process to kill before the job ended"
+    os.kill(int(victims[0].name.split(".")[0]), signal.SIGKILL)
+    killed_after = max(e for e, _ in reader.committed)
+    result = handle.wait(wait)
+    reader.stop.set()
+    reader.join(60)
+    assert running >= 2, f"{running} sidecar processes while the job answered queries (want >= 2)"
+    assert result.attempts >= 2, f"the SIGKILL did not land mid-run: {result.failures}"
+    epochs = check_reads(reader, storage, job)
+    assert max(epochs) > max(killed_after, result.restored_from[-1]), (
+        f"no read after the restart (killed after epoch {killed_after}, read {sorted(epochs)})")
+
+
 def test_sidecars_answer_read_committed_through_a_sigkill(tmp_path):
     """Local runtime: once answers flow (three epochs read), a task process of ``accounts``
     — and so its sidecar's socket pair — is SIGKILLed from outside; every read-committed
@@ -82,24 +107,7 @@ def test_sidecars_answer_read_committed_through_a_sigkill(tmp_path):
     flow = bank(job, str(tmp_path / "out"), per_split=20000, rate=2500.0, pid_dir=str(pids))
     handle = flow.start(runtime="local", backend=SIDECAR,
                         checkpoint=ep.CheckpointConfig(interval=0.05, storage=storage, retained=100_000))
-    reader = Reader(handle)
-    reader.start()
-    deadline = time.monotonic() + 120
-    while len({e for e, _ in reader.committed}) < 3 and reader.is_alive() and time.monotonic() < deadline:
-        reader.stop.wait(0.05)
-    running = sidecars()  # answers flow: the sidecars of both accounts subtasks serve them
-    victims = sorted(pids.iterdir())
-    assert victims and handle.running, "no task process to kill before the job ended"
-    os.kill(int(victims[0].name.split(".")[0]), signal.SIGKILL)
-    killed_after = max(e for e, _ in reader.committed)
-    result = handle.wait(120)
-    reader.stop.set()
-    reader.join(60)
-    assert running >= 2, f"{running} sidecar processes while the job answered queries (want >= 2)"
-    assert result.attempts >= 2, f"the SIGKILL did not land mid-run: {result.failures}"
-    epochs = check_reads(reader, storage, job)
-    assert max(epochs) > max(killed_after, result.restored_from[-1]), (
-        f"no read after the restart (killed after epoch {killed_after}, read {sorted(epochs)})")
+    sigkill_while_answering(handle, pids, storage, job, 120)
 
 
 @pytest.mark.slow
@@ -114,25 +122,8 @@ def test_sidecars_on_spark_through_an_external_sigkill(tmp_path, spark):
     flow = bank(job, str(tmp_path / "out"), per_split=12000, rate=2000.0, pid_dir=str(pids))
     handle = flow.start(runtime="spark", spark=spark, backend=SIDECAR,
                         checkpoint=ep.CheckpointConfig(interval=0.05, storage=storage, retained=100_000))
-    reader = Reader(handle)
-    reader.start()
-    deadline = time.monotonic() + 120
-    while len({e for e, _ in reader.committed}) < 3 and reader.is_alive() and time.monotonic() < deadline:
-        reader.stop.wait(0.05)
-    victims = sorted(pids.iterdir())
-    assert victims and handle.running, "no task process to kill before the job ended"
-    before = sidecars()
-    os.kill(int(victims[0].name.split(".")[0]), signal.SIGKILL)
-    killed_after = max(e for e, _ in reader.committed)
-    result = handle.wait(240)
-    reader.stop.set()
-    reader.join(60)
-    assert before >= 2, f"{before} sidecar processes while the job answered queries (want >= 2)"
-    assert result.attempts >= 2, f"the SIGKILL did not land mid-run: {result.failures}"
-    epochs = check_reads(reader, storage, job)
-    assert max(epochs) > max(killed_after, result.restored_from[-1]), (
-        f"no read after the restart (killed after epoch {killed_after}, read {sorted(epochs)})")
+    sigkill_while_answering(handle, pids, storage, job, 240)
     deadline = time.monotonic() + 20
     while sidecars() and time.monotonic() < deadline:  # the tasks' teardown stops them
-        reader.stop.wait(0.1)
+        time.sleep(0.1)
     assert sidecars() == 0, f"{sidecars()} sidecar processes outlived their job"
