@@ -106,8 +106,10 @@ def keyed_entries(url_or_checkpoint, operator: str, state: str | None = None) ->
                     name = _COLUMNAR_BLOCKS.get(name[len(prefix):], name[len(prefix):]) if name.startswith(prefix) \
                         else None
                     if name is not None and not ttl.is_meta(name) and (state is None or name == state):
-                        rows = list(_entries(entries))
-                        gone = hidden | ttl.expired_pane_keys(name, rows)  # a columnar window's, by wall clock
+                        rows, gone = _entries(entries), hidden
+                        if ttl.judges_panes(name):  # a columnar window's keys, by wall clock at read time
+                            rows = list(rows)
+                            gone = hidden | ttl.expired_pane_keys(name, rows)
                         for key, value in rows:
                             if gone and key in gone:
                                 continue

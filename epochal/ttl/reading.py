@@ -76,19 +76,22 @@ class KeyGroupTtl:
     def _expired_table(self, stored) -> bool:
         return expire_table(list(stored), self._table["ttl"][1], self._wall // 1000)
 
+    def judges_panes(self, short: str) -> bool:
+        """Whether state ``short`` holds a columnar window's key blocks with a processing-time ttl."""
+        return bool(self._panes) and short == self._panes["state"]
+
     def expired_pane_keys(self, short: str, entries: list) -> set:
         """Keys of a columnar window's key blocks (``entries``: ``(key, row)``, the row's last
         accumulator the wall clock in µs of the key's rows) whose newest stamp is ``ttl``
         old at read time (processing time, :func:`~epochal.ttl.registry.panes_record`): none
         of their panes may be returned."""
-        panes = self._panes
-        if not panes or short != panes["state"]:
+        if not self.judges_panes(short):
             return set()
         newest: dict = {}
         for key, row in entries:
             newest[key] = max(newest.get(key, row[-1]), row[-1])
         now_us = self._wall // 1000
-        return {key for key, stamp in newest.items() if stamp + panes["ttl_us"] <= now_us}
+        return {key for key, stamp in newest.items() if stamp + self._panes["ttl_us"] <= now_us}
 
     @staticmethod
     def is_meta(short: str) -> bool:
