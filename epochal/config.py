@@ -179,16 +179,26 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class RestartStrategy:
-    """Fixed-delay restart: after a failure, wait ``delay`` seconds and restart every task
-    from the latest completed epoch; give up after ``max_attempts`` restarts."""
+    """Fixed-delay restart: after a failure, wait ``delay`` seconds and restart from the
+    latest completed epoch; give up after ``max_attempts`` restarts.
+
+    ``failover``: what restarts. ``"region"`` (the default, as Flink's region failover):
+    only the failed task's *failover region* — the tasks channels connect it to — when the
+    dataflow has several (parallel pipelines sharing no edge, e.g. forward-only chains) and
+    every sink recovers one subtask alone; the other tasks keep running
+    (:mod:`epochal.runtime.driver.failover`). ``"full"``: every task of the region. Each
+    restart, of a failover region or of every task, counts against ``max_attempts``."""
 
     max_attempts: int = 3
     delay: float | str = 0.0
+    failover: str = "region"
 
     def __post_init__(self):
         if not isinstance(self.max_attempts, int) or isinstance(self.max_attempts, bool) or self.max_attempts < 0:
             raise ConfigError(f"restart.max_attempts: must be an integer >= 0, got {self.max_attempts!r}")
         object.__setattr__(self, "delay", parse_duration(self.delay, "restart.delay"))
+        if self.failover not in ("region", "full"):
+            raise ConfigError(f"restart.failover: expected 'region' or 'full', got {self.failover!r}")
 
 
 @dataclass(frozen=True)

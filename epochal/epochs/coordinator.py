@@ -43,6 +43,7 @@ anything else raises :class:`~epochal.epochs.pending.IllegalEpochTransition`):
     ==========  ==============================================  ==========
     (none)      maybe_trigger                                   PENDING
     PENDING     acknowledge (task not yet acked)                PENDING
+    PENDING     retract (a failover region restarts)            PENDING
     PENDING     fully acked AND every older epoch disposed      COMPLETED
     PENDING     decline / timeout / abort_all                   ABORTED
     COMPLETED   any                                             (illegal; late acks DISCARDED)
@@ -324,6 +325,19 @@ class EpochCoordinator:
         self._requests.clear()
         self._final_requested = False
         return Progress((), aborted)
+
+    def retract(self, tasks: Iterable[str], now: float) -> int:
+        """``tasks`` (one failover region) restart alone: forget their acknowledgments of
+        every pending epoch, which then waits for their new incarnation's (no epoch can
+        complete with a snapshot of an incarnation that is gone). The pending epochs stay
+        pending — the other tasks' snapshots and pre-commits are kept — and the restarted
+        tasks are triggered for them again. Returns how many acknowledgments were dropped."""
+        self._observe(now)
+        tasks = set(tasks)
+        unknown = tasks - self._tasks
+        if unknown:
+            raise ValueError(f"retract: tasks {sorted(unknown)} are not the coordinator's")
+        return sum(pending.retract(task) for pending in self._pending.values() for task in tasks)
 
     def revoke(self, completed: CompletedEpoch, detail: str, now: float) -> AbortedEpoch:
         """The driver could not make ``completed`` durable (writing its ``_metadata`` failed:

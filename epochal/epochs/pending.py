@@ -141,6 +141,7 @@ _LEGAL: Mapping[tuple[EpochState, str], EpochState] = MappingProxyType({
     (EpochState.PENDING, "acknowledge"): EpochState.PENDING,
     (EpochState.PENDING, "complete"): EpochState.COMPLETED,
     (EpochState.PENDING, "abort"): EpochState.ABORTED,
+    (EpochState.PENDING, "retract"): EpochState.PENDING,
 })
 
 
@@ -234,6 +235,15 @@ class PendingEpoch:
             return AckOutcome.DUPLICATE
         self._acks[task] = _frozen_payload(payload)
         return AckOutcome.SUCCESS
+
+    def retract(self, task: str) -> bool:
+        """Forget ``task``'s acknowledgment (PENDING → PENDING): the task was restarted alone
+        (a failover region, :mod:`epochal.runtime.driver.failover`), so the snapshot it
+        acknowledged belongs to an incarnation that is gone; its new incarnation acknowledges
+        the epoch again. Returns whether an acknowledgment was dropped. Raises
+        :class:`IllegalEpochTransition` unless pending (a disposed epoch is never changed)."""
+        self._transition("retract")
+        return self._acks.pop(task, None) is not None
 
     def complete(self, now: float) -> CompletedEpoch:
         """PENDING → COMPLETED. Raises :class:`IllegalEpochTransition` unless pending and

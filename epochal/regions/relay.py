@@ -166,6 +166,8 @@ class RelaySink(Sink):
     hands over again what was handed after the epoch it restarts from (duplicates
     downstream, seed 000 §3.2)."""
 
+    local_recovery = True  # each subtask recovers only its own output (failover regions)
+
     def __init__(self, endpoint: RelayEndpoint):
         self.endpoint = endpoint
 

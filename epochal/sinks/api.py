@@ -84,6 +84,14 @@ class Sink(ABC):
     physical task and attempt.
     """
 
+    #: Whether one subtask's writer may be restored alone while the sink's other subtasks
+    #: keep writing (a failover region restarting, :mod:`epochal.runtime.driver.failover`):
+    #: its ``restore`` and ``cleanup_orphans`` touch only this subtask's own transactions
+    #: and staged output (and, after a rescale, those of the subtasks it absorbs), never
+    #: what another live subtask pre-committed. ``False`` (the default, safe for any sink):
+    #: a failure restarts every task of the region.
+    local_recovery: bool = False
+
     @abstractmethod
     def create_writer(self, ctx: SinkContext) -> SinkWriter:
         """A fresh writer for the task described by ``ctx``."""

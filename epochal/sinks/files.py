@@ -96,6 +96,8 @@ class FileSink(Sink):
             that are not for parquet or that ``ParquetWriter`` refuses.
     """
 
+    local_recovery = True  # each subtask recovers only its own output (failover regions)
+
     def __init__(self, path: str, *, format: str = "jsonl", max_records_per_file: int | None = None,
                  schema: pa.Schema | None = None, take_over: bool = False, parquet_options: dict | None = None):
         if not isinstance(path, str) or not path:

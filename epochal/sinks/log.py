@@ -111,6 +111,8 @@ class LogSink(Sink):
         ConfigError: for an invalid argument, when the sink is built.
     """
 
+    local_recovery = True  # each subtask recovers only its own output (failover regions)
+
     def __init__(self, root: str, topic: str, *, partitions: int | None = None,
                  key_fn: Callable[[Any], Any] | None = None, transactional_id: str | None = None):
         if not isinstance(root, str) or not root:

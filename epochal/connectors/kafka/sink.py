@@ -125,6 +125,8 @@ class KafkaSink(Sink):
         ConfigError: for an invalid argument, when the sink is built.
     """
 
+    local_recovery = True  # each subtask recovers only its own output (failover regions)
+
     def __init__(self, bootstrap_servers, topic: str, *, serializer: Callable[[Any], Any] | None = None,
                  key: Callable[[Any], Any] | None = None, config: Mapping | None = None, producers: int = 3,
                  transaction_timeout: float | str = DEFAULT_TRANSACTION_TIMEOUT_MS / 1000,

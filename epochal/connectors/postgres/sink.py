@@ -91,6 +91,8 @@ class PostgresSink(Sink):
         ConfigError: for an invalid argument, when the sink is built.
     """
 
+    local_recovery = True  # each subtask recovers only its own output (failover regions)
+
     def __init__(self, dsn: str, table: str, *, columns: Sequence[str] | None = None,
                  upsert_key: str | Sequence[str] | None = None, progress_table: str = "epochal_progress",
                  lock_timeout: float | str = 30.0):

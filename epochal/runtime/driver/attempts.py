@@ -11,6 +11,7 @@ view of it (wait, trigger, cancel, savepoints).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -24,7 +25,7 @@ from epochal.config import MetricsConfig
 from epochal.epochs.history import EpochHistory
 from epochal.epochs.lineage import Lineage
 from epochal.errors import ConfigError, EpochalError, JobFailedError
-from epochal.runtime.driver import compatibility
+from epochal.runtime.driver import compatibility, failover
 from epochal.query import QueryClient, QueryResult
 from epochal.query.protocol import READ_COMMITTED, query_key
 from epochal.runtime.driver.coordinator_server import AttemptOutcome, CoordinatorServer
@@ -338,7 +339,10 @@ class JobDriver:
         timeline = self.timeline
         highest = max(self.storage.all_epochs(), default=0)  # includes incomplete epochs: never reuse an id
         poison = None  # (operator, record, error type) the previous attempt failed on
-        for attempt in range(self.restart.max_attempts + 1):
+        self._restarts_left = self.restart.max_attempts  # whole-attempt restarts and failovers alike
+        attempt = -1
+        while True:
+            attempt += 1
             started = time.monotonic() - t0
             generation = self.storage.next_generation()
             self.attempt_index, self.generation = attempt, generation
@@ -365,6 +369,9 @@ class JobDriver:
             timeline.append(entry)
             outcome, server = self._attempt(generation, restore, highest + 1, entry, t0)
             highest = max(highest, server.highest_triggered)
+            for failover in getattr(server, "failover_log", ()):  # failover regions restarted alone
+                restored_from.append(failover["restored_epoch"])
+                failures.append(failover["cause"])
             self.stopped_with_savepoint = getattr(server, "stopped_with_savepoint", None)
             entry["cause"] = None if outcome.ok else outcome.cause
             if outcome.ok and self.stopped_with_savepoint:
@@ -372,13 +379,13 @@ class JobDriver:
             if outcome.ok:
                 return JobResult(
                     job=self.plan.job, guarantee=self.components.guarantee.value, runtime=self.runtime,
-                    attempts=attempt + 1, failures=failures, completed_epochs=server.completed,
+                    attempts=len(restored_from), failures=failures, completed_epochs=server.completed,
                     aborted_epochs=server.aborted, task_metrics=outcome.task_metrics,
                     duration_s=time.monotonic() - t0, checkpoint_root=f"{self.url}/{self.plan.job}",
                     restored_from=restored_from, attempt_timeline=timeline, encrypted=self.encrypted,
                     savepoints=list(self.savepoints.written), stopped_with_savepoint=self.stopped_with_savepoint,
                     restored_from_url=self.restored_from_url, checkpoints=server.history.summary(),
-                    lineage=self.lineage.id,
+                    lineage=self.lineage.id, failovers=list(getattr(server, "failover_log", ())),
                 )
             failures.append(outcome.cause)
             self.state = "restarting"
@@ -390,20 +397,21 @@ class JobDriver:
                                      + (f"stopped: {self._abort_reason}" if self._abort_reason else "cancelled"), failures)
             if outcome.fatal:
                 raise JobFailedError(f"job {self.plan.job!r} cannot run (not retried): {outcome.cause}", failures)
-            if outcome.poison is not None and outcome.poison == poison and attempt < self.restart.max_attempts:
+            if outcome.poison is not None and outcome.poison == poison and self._restarts_left > 0:
                 op, record, error = poison
                 raise JobFailedError(
                     f"job {self.plan.job!r} stopped retrying: operator {op!r} failed on the same record in two "
                     f"attempts in a row ({error}), so it fails deterministically: record {record}; last cause: "
                     f"{outcome.cause} — fix the function or filter the record out upstream", failures)
             poison = outcome.poison
-            if attempt < self.restart.max_attempts:
-                time.sleep(self.restart.delay)
-        raise JobFailedError(
-            f"job {self.plan.job!r} failed after {len(failures)} attempt(s) "
-            f"(restart.max_attempts={self.restart.max_attempts}); last cause: {failures[-1]}",
-            failures,
-        )
+            if self._restarts_left <= 0:
+                raise JobFailedError(
+                    f"job {self.plan.job!r} failed after {len(failures)} attempt(s) "
+                    f"(restart.max_attempts={self.restart.max_attempts}); last cause: {failures[-1]}",
+                    failures,
+                )
+            self._restarts_left -= 1
+            time.sleep(self.restart.delay)
 
     def _record_sinks_committed(self, url: str) -> None:
         """The job stopped with the savepoint at ``url``: every sink transaction up to its
@@ -439,7 +447,8 @@ class JobDriver:
                                    startup_timeout=self.launcher.startup_timeout,
                                    advertised_host=self.launcher.advertised_host, tls=tls,
                                    savepoints=self.savepoints, peer_timeout=self.peer_timeout,
-                                   lineage=self.lineage, sink_mode=self.components.sink_mode.value)
+                                   lineage=self.lineage, sink_mode=self.components.sink_mode.value,
+                                   groups=failover.restarts_alone(self.plan, self.restart))
         with self._server_lock:
             self.server = server
             early, self._early_trigger = self._early_trigger, False
@@ -451,21 +460,53 @@ class JobDriver:
                               inline_state=self.checkpoint.inline_state, lineage=self.lineage,
                               query_key=query_key(self.query_token), query_tls=self.query_tls)
         payload = cloudpickle.dumps(attempt)
-
+        index = {t.id: i for i, t in enumerate(self.plan.tasks)}
+        groups = server.groups or [tuple(index)]  # one launch unit per failover region
         exited = threading.Event()
+        ended: set[int] = set()
 
-        def on_exit(ok: bool, cause: str, primary: bool = False, fatal: bool = False) -> None:
-            exited.set()
-            if not ok:
-                server.fail(cause, secondary=not (primary or fatal), fatal=fatal)
-            elif server.outcome is None:
-                # all tasks returned: give the coordinator a moment to read their goodbyes
-                if server.wait(5.0) is None:
-                    server.fail("all tasks exited but the coordinator did not see the job finish")
+        def on_exit_of(group: int, incarnation: int):
+            def on_exit(ok: bool, cause: str, primary: bool = False, fatal: bool = False) -> None:
+                if not ok:
+                    if server.groups is not None and not fatal:
+                        server.fail_group(group, incarnation, cause, secondary=not primary)
+                    else:
+                        server.fail(cause, secondary=not (primary or fatal), fatal=fatal)
+                    return
+                ended.add(group)
+                if len(ended) < len(groups):
+                    return
+                exited.set()
+                if server.outcome is None:
+                    # all tasks returned: give the coordinator a moment to read their goodbyes
+                    if server.wait(5.0) is None:
+                        server.fail("all tasks exited but the coordinator did not see the job finish")
+            return on_exit
 
         entry["launched_s"] = time.monotonic() - t0
         self.state = "running"
-        self.launcher.launch(payload, len(self.plan.tasks), on_exit)
+        units = [self.launcher.launch(payload, [index[t] for t in g], on_exit_of(i, 0)) for i, g in enumerate(groups)]
+        while True:  # failover regions restart here, while the others run on
+            event = server.events.get()
+            if event[0] == "outcome":
+                break
+            _, group, incarnation, cause = event
+            self.launcher.cancel(units[group])
+            if self._restarts_left <= 0:
+                server.fail(f"failover region {group} failed and restart.max_attempts="
+                            f"{self.restart.max_attempts} restarts are spent: {cause}")
+                continue
+            self._restarts_left -= 1
+            time.sleep(self.restart.delay)
+            regenerated = self.storage.next_generation()
+            self.generation = regenerated
+            self.restarts.append({"generation": regenerated, "cause": (cause or "").splitlines()[0][:500],
+                                  "tasks": list(groups[group])})
+            log.warning("job %s: failover region %d (%s) restarts alone as generation %d", self.plan.job, group,
+                        ", ".join(groups[group]), regenerated)
+            server.relaunched(group, incarnation, regenerated)
+            units[group] = self.launcher.launch(cloudpickle.dumps(dataclasses.replace(attempt, generation=regenerated)),
+                                                [index[t] for t in groups[group]], on_exit_of(group, incarnation))
         outcome: AttemptOutcome = server.wait()
         if outcome.ok:
             exited.wait(30.0)  # tasks said goodbye; let them exit on their own

@@ -51,14 +51,12 @@ from epochal.epochs.pending import TriggerReason
 from epochal.errors import CheckpointStorageError
 from epochal.loops.termination import in_flight_at_cut
 from epochal.runtime.transport import wire
+from epochal.runtime.driver.failover import SECONDARY_GRACE, FailoverRegions
 from epochal.runtime.driver.savepoints import SavepointTracker
 
 TICK = 0.005
 #: pause between FINAL epochs while a loop is still busy (at most the checkpoint interval)
 FINAL_ROUND_PAUSE = 0.2
-#: how long a secondary failure (a broken channel, usually the echo of another task's
-#: failure) waits for the primary cause before it ends the attempt itself
-SECONDARY_GRACE = 0.5
 
 
 @dataclass
@@ -73,13 +71,16 @@ class AttemptOutcome:
     poison: tuple | None = None
 
 
-class CoordinatorServer:
-    """Serves one attempt. ``outcome`` is set once; :meth:`wait` blocks for it."""
+class CoordinatorServer(FailoverRegions):
+    """Serves one attempt. ``outcome`` is set once; :meth:`wait` blocks for it; with
+    failover regions (:mod:`epochal.runtime.driver.failover`) the driver also takes each
+    region's failure from :attr:`events` and launches it again."""
 
     def __init__(self, plan, generation: int, key: bytes, storage, config, restore: dict | None,
                  first_epoch: int, bind_host: str, log, startup_timeout: float = 300.0,
                  advertised_host: str | None = None, tls=None, savepoints: SavepointTracker | None = None,
-                 peer_timeout: float | None = None, lineage=None, sink_mode: str | None = None):
+                 peer_timeout: float | None = None, lineage=None, sink_mode: str | None = None,
+                 groups: list[tuple[str, ...]] | None = None):
         self.plan = plan
         self.generation = generation
         self.lineage = lineage  # epochal.epochs.lineage.Lineage: written into every _metadata
@@ -131,6 +132,7 @@ class CoordinatorServer:
         self._committed: set[str] = set()  # tasks that confirmed committing the stop epoch
         self._stopped: set[str] = set()  # tasks gone (failed, lost) after the stop's "finish"
         self._finish_sent: set[str] = set()
+        self._init_failover(groups, restore, startup_timeout)
         self.server = wire.Server(key, self._on_connection, host=bind_host, name="coordinator", tls=tls,
                                   peer_timeout=peer_timeout)
         #: where tasks reach the coordinator (the driver's advertised host, its bound port)
@@ -188,11 +190,14 @@ class CoordinatorServer:
             conn.close()
             return
         self.inbox.put(("hello", hello[1], hello[2], conn))
+        task, tag = hello[1], self.group_of is not None  # failover regions: fence old incarnations
         try:
             while True:
-                self.inbox.put(conn.recv())
+                msg = conn.recv()
+                self.inbox.put(("via", task, conn, msg) if tag else msg)
         except Exception as exc:
-            self.inbox.put(("lost", hello[1], str(exc), wire.lost_host(exc)))
+            lost = ("lost", task, str(exc), wire.lost_host(exc))
+            self.inbox.put(("via", task, conn, lost) if tag else lost)
 
     def _send(self, task: str, message: tuple) -> None:
         conn = self.conns.get(task)
@@ -242,6 +247,8 @@ class CoordinatorServer:
                             break
                 if self._secondary is not None and time.monotonic() >= self._secondary[0]:
                     self._finish_attempt(False, self._secondary[1])
+                if self.group_of is not None and self.outcome is None:
+                    self._check_failovers(time.monotonic())
                 if self.outcome is None and self.started:
                     self._tick(time.monotonic())
                 elif self.outcome is None and time.monotonic() > self._startup_deadline:
@@ -272,9 +279,20 @@ class CoordinatorServer:
 
     def _handle(self, msg: tuple) -> None:
         kind = msg[0]
+        if kind == "via":  # a message of a task's connection: dropped if an older incarnation's
+            _, task, conn, msg = msg
+            if self.conns.get(task) is not conn:
+                return
+            kind = msg[0]
         now = time.monotonic()
         if self.stopped_with_savepoint is not None and kind in ("failed", "lost"):
             self._gone_while_stopping(msg[1], msg[2])
+        elif kind == "group_failed":
+            self._group_failed(msg[1], msg[2], msg[3], msg[4], now)
+        elif kind == "relaunching":
+            self._relaunching(msg[1], msg[2], msg[3], now)
+        elif kind == "hello" and self.started and self._rejoining(msg[1]):
+            self._rejoin(msg[1], msg[2], msg[3], now)
         elif kind == "hello":
             _, task, address, conn = msg
             self.conns[task] = conn
@@ -349,7 +367,9 @@ class CoordinatorServer:
             flags = msg[3] if len(msg) > 3 else {}
             if flags.get("lost_host"):
                 self.lost_hosts.add(flags["lost_host"])
-            if flags.get("secondary"):
+            if self._fails_over(msg[1], flags):
+                self._task_failed_alone(msg[1], msg[2], flags.get("secondary", False), now)
+            elif flags.get("secondary"):
                 if self._secondary is None:
                     self._secondary = (now + SECONDARY_GRACE, msg[2])
             else:
@@ -364,7 +384,9 @@ class CoordinatorServer:
                 else:
                     cause = (f"task {msg[1]} disconnected without finishing (process crashed or was killed): "
                              f"{msg[2]}")
-                if self.started:
+                if self._fails_over(msg[1], {}):
+                    self._task_failed_alone(msg[1], cause, False, now)
+                elif self.started:
                     self._finish_attempt(False, cause)
                 elif self._secondary is None:  # before start: usually the launcher tearing the attempt
                     self._secondary = (now + SECONDARY_GRACE, cause)  # down for another task's failure
@@ -417,6 +439,7 @@ class CoordinatorServer:
                 completed, f"the coordinator could not write the checkpoint's _metadata: {exc}", time.monotonic()),)))
             return
         metadata_s = time.monotonic() - t_meta
+        self.latest_restore = {"epoch": completed.epoch, "tasks": meta["tasks"]}  # what a failover region restores
         # Step 2: commit phase — tasks (sinks) publish everything up to this epoch (and confirm
         # it when the job stops with a savepoint of this epoch).
         self._broadcast(("complete", completed.epoch, True) if completed.epoch == self.savepoints.stop_epoch
@@ -496,6 +519,7 @@ class CoordinatorServer:
             self._broadcast(("cancel", cause[:2000]))
         self.savepoints.attempt_ended(None if ok else cause)
         self.outcome = AttemptOutcome(ok, cause, fatal=fatal, task_metrics=dict(self.finished), poison=poison)
+        self.events.put(("outcome",))
 
 
 def _task_sample(payload, trigger_time: float) -> dict:

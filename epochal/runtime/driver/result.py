@@ -59,6 +59,10 @@ class JobResult:
     #: a job of several regions (epochal.regions): each region's own result, by region name;
     #: empty for a job of one region
     regions: dict = field(default_factory=dict)
+    #: failover regions of the last attempt that restarted alone while the other tasks ran
+    #: on (:mod:`epochal.runtime.driver.failover`): ``region``, ``tasks``, ``generation``,
+    #: ``cause``, ``restored_epoch``, ``down_s`` (failure → restored tasks back), ``pending_epochs``
+    failovers: list = field(default_factory=list)
 
     @property
     def records_in(self) -> int:

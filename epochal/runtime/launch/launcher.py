@@ -42,13 +42,15 @@ class Launcher(ABC):
         Default: nothing (one host)."""
 
     @abstractmethod
-    def launch(self, attempt: bytes, num_tasks: int, on_exit: OnExit) -> None:
-        """Start ``num_tasks`` tasks (index 0..n-1) without blocking; call ``on_exit(ok,
-        cause[, primary])`` once when they all ended (ok) or one of them failed."""
+    def launch(self, attempt: bytes, tasks: list[int], on_exit: OnExit) -> object:
+        """Start the tasks of indexes ``tasks`` (a *unit*: the whole attempt, or one failover
+        region, :mod:`epochal.runtime.driver.failover`) without blocking; call ``on_exit(ok,
+        cause[, primary])`` once when they all ended (ok) or one of them failed. Returns the
+        unit, for :meth:`cancel`. Several units may run at once."""
 
     @abstractmethod
-    def cancel(self) -> None:
-        """Stop every task of the current attempt; returns once they are gone."""
+    def cancel(self, unit: object = None) -> None:
+        """Stop every task of ``unit`` (``None``: of every unit); returns once they are gone."""
 
     def close(self) -> None:
         """Release launcher resources at the end of the job."""
@@ -68,12 +70,9 @@ class LocalLauncher(Launcher):
         self._proc = subprocess.Popen([sys.executable, "-m", "epochal.runtime.launch.zygote"],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self._lock = threading.Lock()
-        self._running: dict[int, int] = {}  # pid -> task index
-        self._attempt = 0
-        self._on_exit: OnExit | None = None
-        self._failed = False
-        self._expected = 0
-        self._all_gone = threading.Event()
+        self._running: dict[int, tuple[_Unit, int]] = {}  # pid -> (unit, task index)
+        self._starting: dict[int, _Unit] = {}  # task index -> unit, until its pid is known
+        self._units: list[_Unit] = []
         threading.Thread(target=self._read, name="epochal-zygote-reader", daemon=True).start()
 
     def _read(self) -> None:
@@ -84,38 +83,43 @@ class LocalLauncher(Launcher):
                 return
             with self._lock:
                 if msg[0] == "pid":
-                    self._running[msg[2]] = msg[1]
+                    self._running[msg[2]] = (self._starting.pop(msg[1]), msg[1])
                     continue
                 pid, code = msg[1], msg[2]
-                index = self._running.pop(pid, None)
-                self._expected -= 1
-                on_exit = self._on_exit
+                unit, index = self._running.pop(pid, (None, None))
+                if unit is None:
+                    continue
+                unit.expected -= 1
                 report = None
-                if code != 0 and not self._failed:
-                    self._failed = True
+                if code != 0 and not unit.failed:
+                    unit.failed = True
                     report = (False, f"task process {index} exited with code {code}")
-                elif self._expected == 0 and not self._failed:
+                elif unit.expected == 0 and not unit.failed:
                     report = (True, "")
-                if self._expected == 0:
-                    self._all_gone.set()
-            if report and on_exit:
-                on_exit(*report)
+                if unit.expected == 0:
+                    unit.gone.set()
+                    self._units.remove(unit)
+            if report:
+                unit.on_exit(*report)
 
-    def launch(self, attempt: bytes, num_tasks: int, on_exit: OnExit) -> None:
+    def launch(self, attempt: bytes, tasks: list[int], on_exit: OnExit) -> object:
+        unit = _Unit(len(tasks), on_exit)
         with self._lock:
-            self._on_exit = on_exit
-            self._failed = False
-            self._expected = num_tasks
-            self._all_gone.clear()
-        for index in range(num_tasks):
+            self._units.append(unit)
+            for index in tasks:
+                self._starting[index] = unit
+        for index in tasks:
             self._zygote_mod.write_message(self._proc.stdin.fileno(), ("run", index, attempt))
+        return unit
 
-    def cancel(self) -> None:
+    def cancel(self, unit: object = None) -> None:
         with self._lock:
-            pids = list(self._running)
+            units = list(self._units) if unit is None else [unit]
+            pids = [pid for pid, (u, _) in self._running.items() if u in units]
         for pid in pids:
             self._zygote_mod.write_message(self._proc.stdin.fileno(), ("kill", pid))
-        self._all_gone.wait(10)
+        for u in units:
+            u.gone.wait(10)
 
     def close(self) -> None:
         try:
@@ -126,3 +130,13 @@ class LocalLauncher(Launcher):
             self._proc.wait(10)
         except subprocess.TimeoutExpired:
             self._proc.kill()
+
+
+class _Unit:
+    """The tasks of one :meth:`LocalLauncher.launch`: how many still run, whether one failed."""
+
+    def __init__(self, expected: int, on_exit: OnExit):
+        self.expected, self.on_exit, self.failed = expected, on_exit, False
+        self.gone = threading.Event()
+        if expected == 0:
+            self.gone.set()

@@ -300,8 +300,7 @@ class SparkLauncher(Launcher):
                 )
             self.bind_host = "127.0.0.1"
             self.startup_timeout = 300.0  # a cold Spark starts one Python worker per task
-        self._group: str | None = None
-        self._thread: threading.Thread | None = None
+        self._units: list[tuple[str, threading.Thread]] = []  # (job group, thread) per launch
         self._lost: set[str] = set()  # hosts that stopped answering (hosts_lost), until Spark drops them
 
     def hosts_lost(self, hosts: set[str]) -> None:
@@ -386,11 +385,14 @@ class SparkLauncher(Launcher):
             time.sleep(0.25)
 
     # ------------------------------------------------------------------ attempts
-    def launch(self, attempt: bytes, num_tasks: int, on_exit: OnExit) -> None:
+    def launch(self, attempt: bytes, tasks: list[int], on_exit: OnExit) -> object:
+        """One barrier stage (its own Spark job group) for the tasks ``tasks``: the whole
+        attempt, or one failover region — each failover region runs as a stage of its own,
+        so Spark ends only that stage when one of its tasks dies."""
         sc = self.spark.sparkContext
         group = f"epochal-{uuid.uuid4().hex[:12]}"
-        self._group = group
         on_cluster = self.is_cluster
+        tasks = list(tasks)
 
         def task_fn(iterator):
             # A task failure is reported to the coordinator, which restarts the attempt; the
@@ -413,7 +415,7 @@ class SparkLauncher(Launcher):
         def run():
             sc.setJobGroup(group, "epochal dataflow attempt", interruptOnCancel=True)
             try:
-                results = sc.parallelize(range(num_tasks), num_tasks).barrier().mapPartitions(task_fn).collect()
+                results = sc.parallelize(tasks, len(tasks)).barrier().mapPartitions(task_fn).collect()
             except Exception as exc:  # a crashed worker, a lost executor, a cancelled job
                 cause, primary, fatal = summarize_failure(str(exc), sc.pythonExec)
                 on_exit(False, cause, primary, fatal)
@@ -424,11 +426,17 @@ class SparkLauncher(Launcher):
             else:
                 on_exit(True, "")
 
-        self._thread = threading.Thread(target=run, name="epochal-spark-launcher", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=run, name="epochal-spark-launcher", daemon=True)
+        unit = (group, thread)
+        self._units.append(unit)
+        thread.start()
+        return unit
 
-    def cancel(self) -> None:
-        if self._group is not None:
-            self.spark.sparkContext.cancelJobGroup(self._group)
-        if self._thread is not None:
-            self._thread.join(60)
+    def cancel(self, unit: object = None) -> None:
+        units = list(self._units) if unit is None else [unit]
+        for group, _ in units:
+            self.spark.sparkContext.cancelJobGroup(group)
+        for u in units:
+            u[1].join(60)
+            if u in self._units:
+                self._units.remove(u)
