@@ -4,8 +4,11 @@ One job, two independent pipelines — A and B, each a scheduled source → ``ke
 running count (keyed state) → an exactly-once jsonl ``FileSink`` — run in three modes:
 
 * ``failure-free``: A and B in two regions, nothing killed (the reference);
-* ``one-region``: no regions (the job is one region, as before regions existed); a task
-  process of B's count is SIGKILLed from outside every ``--kill-every`` seconds;
+* ``one-region``: no regions (the job is one region, as before regions existed) and
+  ``RestartStrategy(failover="full")``: every failure restarts every task; a task process of
+  B's count is SIGKILLed from outside every ``--kill-every`` seconds;
+* ``failover``: no regions, the default ``failover="region"``: A and B share no channel, so
+  they are two failover regions of the one region and B restarts alone; the same kills;
 * ``two-regions``: ``ep.Region("a")`` and ``ep.Region("b")``, the same kills.
 
 Record ``i`` of a split is *due* at ``t0 + i / rate`` (the source never emits it earlier and
@@ -44,7 +47,7 @@ from epochal.sources.base import Poll, Source, SourceReader  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "regions.json"
 KEYS = 32
-MODES = ["failure-free", "one-region", "two-regions"]
+MODES = ["failure-free", "one-region", "failover", "two-regions"]
 
 
 class ScheduledSource(Source):
@@ -113,7 +116,7 @@ def build(mode: str, tmp: str, t0: float, args) -> tuple[ep.Dataflow, dict]:
         out, pids = os.path.join(tmp, f"out-{part}"), os.path.join(tmp, f"pids-{part}")
         os.makedirs(pids)
         src = flow.source(f"src-{part}", ScheduledSource(t0, args.rate, limit),
-                          region=None if mode == "one-region" else part)
+                          region=None if mode in ("one-region", "failover") else part)
         src.key_by(lambda r: r["k"]).process(f"count-{part}", Count(pids)).sink(f"out-{part}", FileSink(out))
         dirs[part] = (out, pids)
     return flow, dirs
@@ -128,7 +131,11 @@ def latency(seen: list, since: float) -> dict:
 
 
 def recoveries(result) -> list[float]:
-    """Failure seen → the next attempt running, per restart (seconds)."""
+    """Failure seen → the next attempt running, per restart (seconds); for a failover
+    region restarting alone: failure seen → its restarted tasks connected and told what to
+    restore (``JobResult.failovers``' ``down_s``)."""
+    if result.failovers:
+        return [f["down_s"] for f in result.failovers]
     timeline = result.attempt_timeline
     return [timeline[i + 1]["running_s"] - timeline[i]["failed_s"] for i in range(len(timeline) - 1)
             if timeline[i].get("failed_s") is not None and timeline[i + 1].get("running_s") is not None]
@@ -183,7 +190,8 @@ def one_run(mode: str, args, spark) -> dict:
         thread.start()
     options = dict(runtime=args.runtime, checkpoint=ep.CheckpointConfig(interval=args.interval,
                                                                         storage=f"file://{tmp}/ckpt"),
-                   restart=ep.RestartStrategy(max_attempts=100, delay=0.0),
+                   restart=ep.RestartStrategy(max_attempts=100, delay=0.0,
+                                              failover="full" if mode == "one-region" else "region"),
                    metrics=ep.MetricsConfig(log=False, status=False))
     if args.runtime == "spark":
         options["spark"] = spark
@@ -205,6 +213,7 @@ def one_run(mode: str, args, spark) -> dict:
     rec["attempts"] = {name: res.attempts for name, res in per_region.items()}
     rec["recovery_s"] = {name: recoveries(res) for name, res in per_region.items()}
     rec["opens"] = {part: len(os.listdir(pids)) for part, (_out, pids) in dirs.items()}
+    rec["failovers"] = len(result.failovers)
     rec["loadavg_at_end"] = os.getloadavg()[0]
     return rec
 

@@ -537,11 +537,13 @@ class PidFileKiller(threading.Thread):
     (``<pid>`` or ``<pid>-<suffix>``). Started at once: waits until ``ready()`` (e.g. a
     checkpoint completed; at most ``timeout`` seconds), then kills the first process, in
     file-name order, that is still alive while ``running()`` holds. ``killed`` holds the
-    pid it killed — empty if it killed none, which the test asserts against."""
+    pid it killed — empty if it killed none, which the test asserts against. ``only(name)``
+    narrows the files to choose from."""
 
-    def __init__(self, pid_dir, ready, running=lambda: True, timeout: float = 120.0):
+    def __init__(self, pid_dir, ready, running=lambda: True, timeout: float = 120.0, only=lambda name: True):
         super().__init__(daemon=True)
         self.pid_dir, self.ready, self.running, self.timeout = pid_dir, ready, running, timeout
+        self.only = only  # which files (processes) may be chosen
         self.killed: list[int] = []
         self.start()
 
@@ -549,7 +551,7 @@ class PidFileKiller(threading.Thread):
         deadline = time.monotonic() + self.timeout
         while not self.ready() and time.monotonic() < deadline:
             time.sleep(0.01)
-        for name in sorted(os.listdir(self.pid_dir)):
+        for name in sorted(n for n in os.listdir(self.pid_dir) if self.only(n)):
             if self.running():
                 pid = int(name.split("-")[0])
                 try:

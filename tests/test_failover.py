@@ -10,12 +10,16 @@ import os
 
 import cloudpickle
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import epochal as ep
+from epochal.epochs.coordinator import EpochCoordinator
+from epochal.epochs.pending import TriggerReason
 from epochal.runtime.driver.failover import failover_groups, restarts_alone
 from epochal.sinks import FileSink
 from epochal.testing import CrashAtRecord
-from pipelines import output, unique_dir
+from pipelines import PidFileKiller, output, unique_dir
 
 cloudpickle.register_pickle_by_value(__import__(__name__))
 
@@ -92,6 +96,49 @@ def test_failover_must_be_region_or_full():
         ep.RestartStrategy(failover="pipeline")
 
 
+# ------------------------------------------------------------------ the coordinator (pure)
+def test_a_retracted_acknowledgement_no_longer_completes_its_epoch():
+    c = EpochCoordinator(ep.CheckpointConfig(interval=None), ["a", "b"])
+    c.request_trigger(TriggerReason.MANUAL, 1.0)
+    epoch = c.maybe_trigger(1.0).epoch
+    c.acknowledge("a", epoch, {"v": "gone"}, 1.1)
+    assert c.retract(["a"], 1.2) == 1
+    assert not c.acknowledge("b", epoch, {}, 1.3).completed  # a's restarted incarnation has not acked yet
+    done = c.acknowledge("a", epoch, {"v": "new"}, 1.4).completed
+    assert [d.epoch for d in done] == [epoch] and done[0].acks["a"]["v"] == "new"
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["ack", "retract", "trigger"]), st.sampled_from("abc"),
+                          st.integers(0, 3)), max_size=60))
+def test_no_epoch_completes_with_an_incarnation_that_was_retracted(steps):
+    """Random triggers, acknowledgements and restarts (retract) of tasks a, b, c: every
+    completed epoch holds, for each task, an acknowledgement of the task's incarnation
+    current when it completed — never one sent before that task was restarted — and
+    epochs complete in order."""
+    c = EpochCoordinator(ep.CheckpointConfig(interval=None, max_concurrent=4, timeout=1e9), "abc")
+    incarnation = dict.fromkeys("abc", 0)
+    now, completed = 0.0, []
+    for kind, task, pick in steps:
+        now += 1.0
+        if kind == "trigger":
+            c.request_trigger(TriggerReason.MANUAL, now)
+            c.maybe_trigger(now)
+            continue
+        if kind == "retract":
+            incarnation[task] += 1
+            c.retract([task], now)
+            continue
+        pending = c.pending
+        if not pending:
+            continue
+        epoch = pending[pick % len(pending)].epoch
+        for done in c.acknowledge(task, epoch, {"incarnation": incarnation[task]}, now).completed:
+            assert {t: a["incarnation"] for t, a in done.acks.items()} == incarnation, (done.epoch, incarnation)
+            completed.append(done.epoch)
+    assert completed == sorted(completed)
+
+
 # ------------------------------------------------------------------ local runtime
 @pytest.mark.parametrize("failover", ["region", "full"])
 def test_a_failed_pipeline_restarts_alone(tmp_path, failover):
@@ -116,3 +163,55 @@ def test_a_failed_pipeline_restarts_alone(tmp_path, failover):
         assert len(ran["s2"]) == 2 and all(len(ran[f"s{s}"]) == 1 for s in (0, 1, 3)), ran
     else:
         assert result.failovers == [] and all(len(p) == 2 for p in ran.values()), ran
+
+
+# ------------------------------------------------------------------ Spark, a SIGKILL from outside
+@pytest.mark.spark
+def test_a_sigkilled_pipeline_restarts_alone_on_spark(tmp_path, spark):
+    """Four pipelines on embedded Spark (one barrier stage each). Once an epoch completed,
+    the test SIGKILLs pipeline 2's task process from outside while every pipeline runs:
+    only that pipeline restarts (a second process for split 2, one for each other split),
+    and the output equals the oracle."""
+    out, pids = unique_dir(tmp_path, "out"), unique_dir(tmp_path, "pids")
+    os.makedirs(pids)
+    n = 3000
+    handle = pipelines("spark-failover", out, pids, n, rate=1000.0).start(
+        spark=spark, checkpoint=ep.CheckpointConfig(interval=0.1, storage="file://" + unique_dir(tmp_path, "c")))
+    killer = PidFileKiller(pids, ready=lambda: handle.completed_epochs and len(os.listdir(pids)) == SPLITS,
+                           running=lambda: handle.running, only=lambda name: name.endswith("-s2"))
+    result = handle.wait(300)
+    killer.join()
+    assert killer.killed, "the pipeline ended before the kill"
+    assert collections.Counter(json.loads(t) for t in output(out)) == oracle(n)
+    ran = processes(pids)
+    assert [f["tasks"] for f in result.failovers] == [["gen[2]"]], result.failures
+    assert len(ran["s2"]) == 2 and all(len(ran[f"s{s}"]) == 1 for s in (0, 1, 3)), ran
+
+
+def fails_on_s1_50(r: str) -> str:
+    if r == "s1-50":
+        raise ValueError("cannot take s1-50")
+    return r
+
+
+def test_a_poison_record_in_a_failover_region_stops_the_job_naming_it(tmp_path, caplog):
+    """Pipeline 1's function fails on one record every time: its failover region restarts
+    once, fails on it again, and the job stops retrying with the record in the error
+    (instead of spending every restart)."""
+    flow = ep.Dataflow("poison-failover", parallelism=SPLITS)
+    (flow.source("gen", ep.sources.GeneratorSource(record, num_splits=SPLITS, limit=200))
+     .map("parse", fails_on_s1_50).sink("out", FileSink(unique_dir(tmp_path, "o"))))
+    with pytest.raises(ep.JobFailedError, match=r"stopped retrying: operator 'parse'.*s1-50") as failed:
+        flow.run(runtime="local", restart=ep.RestartStrategy(max_attempts=5),
+                 checkpoint=ep.CheckpointConfig(interval=0.05, storage="file://" + unique_dir(tmp_path, "c")))
+    assert len(failed.value.causes) == 2, failed.value.causes  # the failover, then the attempt
+    assert [r.message for r in caplog.records if "restarts alone" in r.message] != []
+
+
+def test_the_dashboard_lists_a_failover_beside_the_attempts():
+    from epochal.ui.model import _attempts
+
+    rows = _attempts([{"generation": 0, "started_s": 0.0, "restored_epoch": None}],
+                     [{"generation": 3, "restored_epoch": 2, "tasks": ["gen[2]"], "cause": "killed"}])
+    assert [(r["generation"], r["restored_epoch"]) for r in rows] == [(0, None), (3, 2)]
+    assert rows[1]["cause"] == "failover region gen[2] restarted alone: killed"

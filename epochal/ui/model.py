@@ -199,7 +199,7 @@ class DashboardModel:
             "progress": _summary(progress),
             "graph": self.graph, "operators": self._operators(progress),
             "checkpoints": rows, "counts": counts,
-            "attempts": _attempts(timeline, state.get("restarts", ())), "restore": _latest_restore(timeline),
+            "attempts": _attempts(timeline, state.get("failovers", ())), "restore": _latest_restore(timeline),
             "savepoints": savepoints, "series": series,
             "latency": latency,
             "sinks": self._sinks_view(rows, state, now),
@@ -244,13 +244,19 @@ def _summary(p: dict) -> dict:
     return out
 
 
-def _attempts(timeline: list[dict], restarts) -> list[dict]:
-    """One row per attempt: generation, when it started, what it restored, why it ended."""
-    return [{"generation": e.get("generation"), "started_s": e.get("started_s"),
+def _attempts(timeline: list[dict], failovers=()) -> list[dict]:
+    """One row per attempt: generation, when it started, what it restored, why it ended;
+    then one per failover region that restarted alone (``JobResult.failovers``): its new
+    generation, the epoch it restored, and which tasks restarted why."""
+    rows = [{"generation": e.get("generation"), "started_s": e.get("started_s"),
              "running_s": e.get("running_s"), "failed_s": e.get("failed_s"),
              "restored_epoch": e.get("restored_epoch"), "restored_bytes": e.get("restored_bytes"),
              "cause": (e.get("cause") or "").splitlines()[0][:500] if e.get("cause") else None}
             for e in timeline]
+    return rows + [{"generation": f.get("generation"), "started_s": None, "running_s": None, "failed_s": None,
+                    "restored_epoch": f.get("restored_epoch"), "restored_bytes": None,
+                    "cause": f"failover region {', '.join(f.get('tasks', ()))} restarted alone: {f.get('cause', '')}"}
+                   for f in failovers]
 
 
 def _latest_restore(timeline: list[dict]) -> dict | None:

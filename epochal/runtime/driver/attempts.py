@@ -253,6 +253,7 @@ class JobDriver:
                 "history": server.history if started else None,
                 "highest_triggered": server.highest_triggered if server is not None else None,
                 "timeline": list(self.timeline), "restarts": list(self.restarts),
+                "failovers": list(server.failover_log) if started else [],
                 "savepoints": list(self.savepoints.written),
                 "region": self.region, "regions": self.siblings() if self.siblings is not None else []}
 
@@ -369,9 +370,9 @@ class JobDriver:
             timeline.append(entry)
             outcome, server = self._attempt(generation, restore, highest + 1, entry, t0)
             highest = max(highest, server.highest_triggered)
-            for failover in getattr(server, "failover_log", ()):  # failover regions restarted alone
-                restored_from.append(failover["restored_epoch"])
-                failures.append(failover["cause"])
+            for alone in getattr(server, "failover_log", ()):  # failover regions restarted alone
+                restored_from.append(alone["restored_epoch"])
+                failures.append(alone["cause"])
             self.stopped_with_savepoint = getattr(server, "stopped_with_savepoint", None)
             entry["cause"] = None if outcome.ok else outcome.cause
             if outcome.ok and self.stopped_with_savepoint:
@@ -397,8 +398,10 @@ class JobDriver:
                                      + (f"stopped: {self._abort_reason}" if self._abort_reason else "cancelled"), failures)
             if outcome.fatal:
                 raise JobFailedError(f"job {self.plan.job!r} cannot run (not retried): {outcome.cause}", failures)
-            if outcome.poison is not None and outcome.poison == poison and self._restarts_left > 0:
-                op, record, error = poison
+            repeated = outcome.poison is not None and (outcome.poison == poison or outcome.poison in getattr(
+                server, "failover_poisons", ()))  # the same record failed before: in a failover region too
+            if repeated and self._restarts_left > 0:
+                op, record, error = outcome.poison
                 raise JobFailedError(
                     f"job {self.plan.job!r} stopped retrying: operator {op!r} failed on the same record in two "
                     f"attempts in a row ({error}), so it fails deterministically: record {record}; last cause: "

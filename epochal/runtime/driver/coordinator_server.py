@@ -368,7 +368,7 @@ class CoordinatorServer(FailoverRegions):
             if flags.get("lost_host"):
                 self.lost_hosts.add(flags["lost_host"])
             if self._fails_over(msg[1], flags):
-                self._task_failed_alone(msg[1], msg[2], flags.get("secondary", False), now)
+                self._task_failed_alone(msg[1], msg[2], flags.get("secondary", False), now, flags.get("poison"))
             elif flags.get("secondary"):
                 if self._secondary is None:
                     self._secondary = (now + SECONDARY_GRACE, msg[2])
@@ -384,7 +384,7 @@ class CoordinatorServer(FailoverRegions):
                 else:
                     cause = (f"task {msg[1]} disconnected without finishing (process crashed or was killed): "
                              f"{msg[2]}")
-                if self._fails_over(msg[1], {}):
+                if self._fails_over(msg[1], {"lost_host": msg[3] if len(msg) > 3 else None}):
                     self._task_failed_alone(msg[1], cause, False, now)
                 elif self.started:
                     self._finish_attempt(False, cause)

@@ -27,7 +27,10 @@ acknowledged them; the restarted sinks pre-commit nothing for those epochs (thei
 lands in later ones), the others keep what they pre-committed.
 
 A failure while the job ends (a FINAL epoch requested), stops with a savepoint, or before
-every task started, restarts the whole attempt, as does any failure with one component.
+every task started, restarts the whole attempt, as does a host that went silent (the next
+attempt waits for Spark to drop its executors) and any failure of a plan with one
+component. A user function failing again on the record a failover region already
+restarted for fails the attempt with it, and the driver stops retrying (a poison record).
 """
 from __future__ import annotations
 
@@ -109,6 +112,8 @@ class FailoverRegions:
         self.events: queue.Queue = queue.Queue()
         self.latest_restore = restore
         self.failover_log: list[dict] = []
+        #: (operator, record, error type) of every user-function failure a failover region restarted for
+        self.failover_poisons: list[tuple] = []
         self._group_secondary: dict[int, tuple[float, str]] = {}
         self._rejoin_timeout = rejoin_timeout
 
@@ -136,17 +141,23 @@ class FailoverRegions:
                 and not self._finish_held)
 
     def _fails_over(self, task: str, flags: dict) -> bool:
-        """Whether ``task``'s failure restarts only its failover region (not for a failure
-        no restart can help, nor a poison record: the driver judges those per attempt)."""
+        """Whether ``task``'s failure restarts only its failover region — not for a failure
+        no restart can help, a host that went silent (the next attempt waits until Spark
+        dropped its executors), nor a user function failing on a record it failed on in an
+        earlier failover (a poison record: the attempt fails, and the driver stops retrying)."""
+        poison = flags.get("poison")
         return (self.group_of is not None and task in self.group_of and not flags.get("fatal")
-                and not flags.get("poison") and self._steady())
+                and not (poison and tuple(poison) in self.failover_poisons) and not flags.get("lost_host")
+                and self._steady())
 
-    def _task_failed_alone(self, task: str, cause: str, secondary: bool, now: float) -> None:
+    def _task_failed_alone(self, task: str, cause: str, secondary: bool, now: float, poison=None) -> None:
         group = self.group_of[task]
         if secondary:  # usually the echo of another task's failure: wait for the primary cause
             self._group_secondary.setdefault(group, (now + SECONDARY_GRACE, cause))
             return
         self._group_secondary.pop(group, None)
+        if poison:
+            self.failover_poisons.append(tuple(poison))
         self._fail_over(group, cause, now)
 
     def _group_failed(self, group: int, incarnation: int, cause: str, secondary: bool, now: float) -> None:
