@@ -11,7 +11,7 @@ from epochal.errors import (CheckpointStorageError, ConfigError, EpochalError, J
 from epochal.operators.base import DeadLetter
 from epochal.coprocess import CoProcessFunction, KeyedCoProcessFunction
 from epochal.operators.keyed import KeyedProcessFunction
-from epochal.regions import Region
+from epochal.regions import Autonomous, Region
 from epochal.ttl import StateTtl
 
 __version__ = "0.1.0"
@@ -20,7 +20,7 @@ __all__ = [
     "ChannelConfig", "CheckpointConfig", "CoProcessFunction", "KeyedCoProcessFunction", "coprocess", "joins", "ClusterConfig", "CheckpointStorageError", "ConfigError", "Dataflow", "DeadLetter",
     "EpochalError",
     "Guarantee", "JobFailedError", "MetricsConfig", "KeyedProcessFunction", "KeyedStream", "OperatorError",
-    "PipelineDefinitionError", "Region", "RestartStrategy", "SavepointError", "StateTtl", "Stream", "columnar", "sinks", "sources", "state",
+    "PipelineDefinitionError", "Autonomous", "Region", "RestartStrategy", "SavepointError", "StateTtl", "Stream", "columnar", "sinks", "sources", "state",
     "testing", "time", "windows",
 ]
 

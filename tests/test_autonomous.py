@@ -171,6 +171,32 @@ def test_the_consuming_region_fails_clicks_cross_at_most_once_and_side_is_untouc
     assert exact(got, collections.Counter(final)), "main's count of the clicks it took is not exact"
 
 
+def test_an_autonomous_region_takes_no_snapshot_and_replays_from_its_start(tmp_path):
+    """Region side is ``ep.Autonomous``: no periodic epoch, so a crash in it restarts it from
+    its sources' start (no restore), its clicks cross again (duplicates downstream, none
+    lost), and main — consistent, 0.05 s epochs — is never restarted and stays exact."""
+    out = unique_dir(tmp_path, "out")
+    with pytest.raises(PipelineDefinitionError, match="takes no periodic snapshot"):
+        ep.Autonomous("side", checkpoint=ep.CheckpointConfig(interval=0.1))
+    with pytest.raises(PipelineDefinitionError, match="at-least-once"):
+        ep.Autonomous("side", guarantee="exactly-once")
+    result = figure_1c("autonomous-side", out, n_orders=N, n_clicks=N, rate=1500.0,
+                       main=ep.Region("main", checkpoint=ep.CheckpointConfig(interval=0.05)),
+                       side=ep.Autonomous("side")).run(
+        runtime="local", checkpoint=ep.CheckpointConfig(storage="file://" + unique_dir(tmp_path, "c")),
+        faults=[CrashAtRecord("tag", subtask=0, record=900, how="exit")])
+    side, main = result.regions["side"], result.regions["main"]
+    assert side.attempts == 2 and side.restored_from == [None, None], "the autonomous region restored a snapshot"
+    assert side.guarantee == "at-least-once" and all(e["reason"] == "final" for e in side.completed_epochs)
+    assert main.attempts == 1 and not main.failures and len(main.completed_epochs) > 1
+    got, _ = counted(out, ORDERS)
+    assert exact(got, oracle(order, N)), "main's own input is not exact"
+    _, final = counted(out, CLICKS)
+    truth = oracle(click, N)
+    assert all(final.get(k, 0) >= c for k, c in truth.items()), (final, truth)  # none lost
+    assert sum(final.values()) > sum(truth.values()), "side replayed nothing: the crash landed before any handover"
+
+
 # ------------------------------------------------------------------ Spark, SIGKILLs from outside
 @pytest.mark.spark
 def test_side_sigkilled_repeatedly_on_spark_main_stays_exact(tmp_path, spark):

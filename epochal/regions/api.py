@@ -67,6 +67,41 @@ class Region:
                                   ("restart", self.restart)) if v is not None}
 
 
+@dataclass(frozen=True)
+class Autonomous(Region):
+    """An autonomous region (seed 000 §3.2's ``@autonomous``): it takes no periodic snapshot
+    and coordinates nothing — at-least-once (its sinks write directly, its tasks track
+    barriers without aligning) with no periodic epoch (``CheckpointConfig(interval=None)``;
+    a bounded input still ends with the one final epoch). A failed task restarts the region
+    from its sources' start positions, since nothing was snapshotted: output of the region
+    may repeat (duplicates downstream), and what it handed over an autonomous channel is
+    handed over again. Use it for parts of a job that need no guarantee — enrichment
+    feeds, monitoring — beside consistent regions that keep theirs.
+
+    Args:
+        name: the region's name, as for :class:`Region`.
+        restart: its :class:`~epochal.config.RestartStrategy`; ``None``: the job's.
+
+    Raises:
+        PipelineDefinitionError: a guarantee other than at-least-once, or a checkpoint
+            interval (an autonomous region takes no periodic snapshot).
+    """
+
+    def __post_init__(self):
+        if self.guarantee is not None and Guarantee.parse(self.guarantee) is not Guarantee.AT_LEAST_ONCE:
+            raise PipelineDefinitionError(f"autonomous region {self.name!r}: guarantee={self.guarantee!r}: an "
+                                          "autonomous region takes no snapshot, so it is at-least-once; use "
+                                          "epochal.Region for a consistent one")
+        if self.checkpoint is not None and self.checkpoint.interval is not None:
+            raise PipelineDefinitionError(f"autonomous region {self.name!r}: checkpoint.interval="
+                                          f"{self.checkpoint.interval}: an autonomous region takes no periodic "
+                                          "snapshot; use epochal.Region for a consistent one")
+        object.__setattr__(self, "guarantee", Guarantee.AT_LEAST_ONCE)
+        if self.checkpoint is None:
+            object.__setattr__(self, "checkpoint", CheckpointConfig(interval=None))
+        super().__post_init__()
+
+
 def as_region(region, where: str) -> Region:
     """``region`` (a :class:`Region` or a name) as a Region; ``where`` names the operator."""
     if isinstance(region, Region):
