@@ -25,10 +25,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cloudpickle  # noqa: E402
 
 import pipelines  # noqa: E402
+import test_failover as failover  # noqa: E402
 import test_queryable_state as bank  # noqa: E402
 
 cloudpickle.register_pickle_by_value(pipelines)  # executors cannot import the tests' modules
 cloudpickle.register_pickle_by_value(bank)
+cloudpickle.register_pickle_by_value(failover)
 
 import epochal as ep  # noqa: E402
 
@@ -39,6 +41,8 @@ JOBS = {
     "collatz": lambda job, out, a: pipelines.collatz(job, out, n=a.numbers, parallelism=a.parallelism,
                                                      body_parallelism=a.parallelism, rate=a.rate / 4),
     "bank": lambda job, out, a: bank.bank(job, out, per_split=a.transfers, rate=a.rate),
+    # forward-only pipelines (failover regions): a.lines records per split
+    "pipelines": lambda job, out, a: failover.pipelines(job, out, None, n=a.lines, rate=a.rate),
 }
 
 
@@ -186,6 +190,7 @@ def run_job(kind: str, args, spark) -> dict:
     ckpt = sorted(e["duration_s"] for e in result.completed_epochs if e["reason"] == "periodic")
     entry.update(
         ok=True, elapsed=time.time() - t0, attempts=result.attempts, failures=result.failures,
+        failovers=result.failovers,
         operators=sorted(flow.nodes),
         restored_from=result.restored_from, encrypted=result.encrypted,
         hosts={t: m.get("host") for t, m in result.task_metrics.items()},

@@ -35,10 +35,10 @@ def record(split: int, offset: int):
 
 class MarkProcess:
     """A map function that leaves ``<pid>-s<split>`` in ``pid_dir`` for the first record a
-    process sees: which processes ran each pipeline."""
+    process sees: which processes ran each pipeline (``None``: marks nothing)."""
 
-    def __init__(self, pid_dir: str):
-        self.pid_dir, self.marked = pid_dir, False
+    def __init__(self, pid_dir: str | None):
+        self.pid_dir, self.marked = pid_dir, pid_dir is None
 
     def __call__(self, r: str) -> str:
         if not self.marked:
@@ -47,7 +47,7 @@ class MarkProcess:
         return r
 
 
-def pipelines(name: str, out: str, pid_dir: str, n: int, rate: float | None) -> ep.Dataflow:
+def pipelines(name: str, out: str, pid_dir: str | None, n: int, rate: float | None) -> ep.Dataflow:
     """``SPLITS`` forward-only pipelines: source subtask j → mark → sink subtask j."""
     flow = ep.Dataflow(name, parallelism=SPLITS)
     (flow.source("gen", ep.sources.GeneratorSource(record, num_splits=SPLITS, limit=n, records_per_second=rate))

@@ -467,9 +467,12 @@ class JobDriver:
         groups = server.groups or [tuple(index)]  # one launch unit per failover region
         exited = threading.Event()
         ended: set[int] = set()
+        current = [0] * len(groups)  # each failover region's running incarnation
 
         def on_exit_of(group: int, incarnation: int):
             def on_exit(ok: bool, cause: str, primary: bool = False, fatal: bool = False) -> None:
+                if incarnation != current[group]:
+                    return  # a failover region's earlier launch, stopped when it restarted
                 if not ok:
                     if server.groups is not None and not fatal:
                         server.fail_group(group, incarnation, cause, secondary=not primary)
@@ -494,6 +497,7 @@ class JobDriver:
             if event[0] == "outcome":
                 break
             _, group, incarnation, cause = event
+            current[group] = incarnation  # from now on the stopped launch's reports are stale
             self.launcher.cancel(units[group])
             if self._restarts_left <= 0:
                 server.fail(f"failover region {group} failed and restart.max_attempts="
