@@ -132,10 +132,10 @@ def latency(seen: list, since: float) -> dict:
 
 def recoveries(result) -> list[float]:
     """Failure seen → the next attempt running, per restart (seconds); for a failover
-    region restarting alone: failure seen → its restarted tasks connected and told what to
-    restore (``JobResult.failovers``' ``down_s``)."""
+    region restarting alone: failure seen → its restarted tasks running again
+    (``JobResult.failovers``' ``running_s``)."""
     if result.failovers:
-        return [f["down_s"] for f in result.failovers]
+        return [f["running_s"] for f in result.failovers]
     timeline = result.attempt_timeline
     return [timeline[i + 1]["running_s"] - timeline[i]["failed_s"] for i in range(len(timeline) - 1)
             if timeline[i].get("failed_s") is not None and timeline[i + 1].get("running_s") is not None]

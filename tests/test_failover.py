@@ -160,6 +160,7 @@ def test_a_failed_pipeline_restarts_alone(tmp_path, failover):
         assert len(result.failovers) == 1 and result.failovers[0]["tasks"] == [t for t in result.failovers[0]["tasks"]
                                                                                if t.endswith("[2]")]
         assert result.failovers[0]["restored_epoch"] >= 2
+        assert 0 < result.failovers[0]["down_s"] <= result.failovers[0]["running_s"]
         assert len(ran["s2"]) == 2 and all(len(ran[f"s{s}"]) == 1 for s in (0, 1, 3)), ran
     else:
         assert result.failovers == [] and all(len(p) == 2 for p in ran.values()), ran

@@ -305,8 +305,10 @@ class CoordinatorServer(FailoverRegions):
                     self._send(t, ("start", self.addresses, self.restore))
         elif kind == "running":
             self.task_setup[msg[1]] = dict(msg[2]) if len(msg) > 2 else {}
+            if self.group_of is not None:
+                self._restored(msg[1], now)
             if len(self.task_setup) == len(self.tasks):
-                self.times["running"] = now
+                self.times.setdefault("running", now)  # the attempt's; a failover region's restart is in failover_log
         elif kind == "ack":
             _, epoch, payload = msg
             gone = [h["path"] for h in payload.get("shared", ()) if self.storage.shared_deleted(h["path"])]

@@ -115,6 +115,7 @@ class FailoverRegions:
         #: (operator, record, error type) of every user-function failure a failover region restarted for
         self.failover_poisons: list[tuple] = []
         self._group_secondary: dict[int, tuple[float, str]] = {}
+        self._restoring: dict[int, tuple[dict, set, float]] = {}  # rejoined regions not yet all running
         self._rejoin_timeout = rejoin_timeout
 
     # ------------------------------------------------------------------ from the driver
@@ -216,6 +217,17 @@ class FailoverRegions:
             self.down[group].update(deadline=now + self._rejoin_timeout, generation=generation)
             self.generation = max(self.generation, generation)  # the checkpoints' newest generation
 
+    def _restored(self, task: str, now: float) -> None:
+        """A task said it restored its state and runs: once its restarted failover region's
+        tasks all did, note how long the region was down (failure → running again)."""
+        group = self.group_of.get(task)
+        if group in self._restoring:
+            entry, waiting, since = self._restoring[group]
+            waiting.discard(task)
+            if not waiting:
+                entry["running_s"] = now - since
+                del self._restoring[group]
+
     def _rejoining(self, task: str) -> bool:
         return self.group_of is not None and self.group_of.get(task) in self.down
 
@@ -239,9 +251,11 @@ class FailoverRegions:
             if t in self.sources:
                 for epoch in epochs:
                     self._send(t, ("trigger", epoch, ts))
-        self.failover_log.append({"region": group, "tasks": list(tasks), "generation": info["generation"],
-                                  "cause": info["cause"].splitlines()[0][:500] if info["cause"] else "",
-                                  "restored_epoch": restore["epoch"] if restore else None,
-                                  "down_s": now - info["since"], "pending_epochs": epochs})
+        entry = {"region": group, "tasks": list(tasks), "generation": info["generation"],
+                 "cause": info["cause"].splitlines()[0][:500] if info["cause"] else "",
+                 "restored_epoch": restore["epoch"] if restore else None,
+                 "down_s": now - info["since"], "running_s": None, "pending_epochs": epochs}
+        self.failover_log.append(entry)
+        self._restoring[group] = (entry, set(tasks), info["since"])
         self.log(f"failover region {group} restarted from epoch {restore['epoch'] if restore else None} after "
                  f"{now - info['since']:.2f} s; triggering pending epochs {epochs}")

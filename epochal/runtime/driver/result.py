@@ -61,7 +61,9 @@ class JobResult:
     regions: dict = field(default_factory=dict)
     #: failover regions of the last attempt that restarted alone while the other tasks ran
     #: on (:mod:`epochal.runtime.driver.failover`): ``region``, ``tasks``, ``generation``,
-    #: ``cause``, ``restored_epoch``, ``down_s`` (failure → restored tasks back), ``pending_epochs``
+    #: ``cause``, ``restored_epoch``, ``down_s`` (failure → its tasks connected again and told
+    #: what to restore), ``running_s`` (failure → every one of them restored and running),
+    #: ``pending_epochs`` (triggered again for them)
     failovers: list = field(default_factory=list)
 
     @property
