@@ -370,3 +370,12 @@ def standalone_cluster():
         pytest.skip(f"standalone cluster: {why}")
     with start_cluster() as cluster:
         yield cluster
+
+
+@pytest.fixture
+def s3(standalone_cluster, monkeypatch):
+    """The cluster, with this process reading its S3 (outputs, checkpoints) through the
+    environment."""
+    for k, v in standalone_cluster.s3_env.items():
+        monkeypatch.setenv(k, v)
+    return standalone_cluster

@@ -30,14 +30,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = os.path.join(HERE, "cluster_driver.py")
 
 
-@pytest.fixture
-def s3(standalone_cluster, monkeypatch):
-    """This process reads the cluster's S3 (outputs, checkpoints) through the environment."""
-    for k, v in standalone_cluster.s3_env.items():
-        monkeypatch.setenv(k, v)
-    return standalone_cluster
-
-
 def _drive(cluster, tmp_path, jobs, *extra, name="run", env=None):
     """Start a driver for ``jobs``; returns (process, result path, log path, storage, out)."""
     storage, out = cluster.fresh_s3_url(f"{name}-ckpt"), cluster.fresh_s3_url(f"{name}-out")

@@ -20,13 +20,6 @@ pytest_plugins = ["standalone"]
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # opt-in: -m cluster (a job of ~1 min on the cluster)
 
 
-@pytest.fixture
-def s3(standalone_cluster, monkeypatch):
-    for k, v in standalone_cluster.s3_env.items():
-        monkeypatch.setenv(k, v)
-    return standalone_cluster
-
-
 def test_a_sigkilled_pipeline_restarts_alone_on_a_cluster(s3, tmp_path):
     cluster, n = s3, 6000
     proc, result, log, storage, out = _drive(cluster, tmp_path, ["pipelines"], "--lines", str(n), "--rate", "1000",

@@ -24,13 +24,6 @@ pytest_plugins = ["standalone"]
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # opt-in: -m cluster (a job of ~1 min on the cluster)
 
 
-@pytest.fixture
-def s3(standalone_cluster, monkeypatch):
-    for k, v in standalone_cluster.s3_env.items():
-        monkeypatch.setenv(k, v)
-    return standalone_cluster
-
-
 def test_a_client_on_the_driver_host_reads_committed_sums_of_tasks_on_the_workers(s3, tmp_path):
     cluster = s3
     proc, result, log, storage, out = _drive(cluster, tmp_path, ["bank"], "--transfers", "6000", "--rate", "1500",
