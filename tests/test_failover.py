@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import time
 
 import cloudpickle
 import pytest
@@ -22,6 +23,7 @@ from epochal.testing import CrashAtRecord
 from pipelines import PidFileKiller, output, unique_dir
 
 cloudpickle.register_pickle_by_value(__import__(__name__))
+pytest_plugins = ["kafka_broker"]
 
 SPLITS = 4
 
@@ -47,8 +49,9 @@ class MarkProcess:
         return r
 
 
-def pipelines(name: str, out: str, pid_dir: str | None, n: int, rate: float | None) -> ep.Dataflow:
-    """``SPLITS`` forward-only pipelines: source subtask j → mark → sink subtask j."""
+def pipelines(name: str, out: str, pid_dir: str | None, n: int | None, rate: float | None) -> ep.Dataflow:
+    """``SPLITS`` forward-only pipelines: source subtask j → mark → sink subtask j (``n`` records
+    per split; ``None``: unbounded)."""
     flow = ep.Dataflow(name, parallelism=SPLITS)
     (flow.source("gen", ep.sources.GeneratorSource(record, num_splits=SPLITS, limit=n, records_per_second=rate))
      .map("mark", MarkProcess(pid_dir)).sink("out", FileSink(out)))
@@ -140,25 +143,55 @@ def test_no_epoch_completes_with_an_incarnation_that_was_retracted(steps):
 
 
 # ------------------------------------------------------------------ local runtime
+def run_past_a_failure(flow, tmp_path, ready=lambda handle: True, **options):
+    """Start ``flow`` (unbounded sources), wait until it restarted something (and ``ready``)
+    and completed two more epochs, then stop it with a savepoint: no timing decides whether
+    the failure lands while every pipeline still reads. Returns the result and, per split,
+    the offset the savepoint holds — what exactly-once output must be (a prefix of each split)."""
+    handle = flow.start(**options)
+    deadline = time.monotonic() + 240
+
+    def wait_for(what, done):
+        while not done():
+            assert time.monotonic() < deadline and handle.running, f"no {what}"
+            time.sleep(0.01)
+
+    wait_for("restart", lambda: ready(handle) and handle.metrics().get("restarts"))
+    seen = len(handle.completed_epochs)
+    wait_for("epochs after the restart", lambda: len(handle.completed_epochs) >= seen + 2)
+    url = handle.stop_with_savepoint(str(tmp_path / "sp"), timeout=120)
+    result = handle.wait(120)
+    offsets: dict[int, int] = {}
+    for entry in ep.state.list_source_offsets(url):
+        offsets.update({int(k): v for k, v in entry["offsets"].items()})
+    return result, offsets
+
+
+def prefixes(offsets: dict[int, int]) -> collections.Counter:
+    """Plain Python: the records of each split before its offset, once each."""
+    assert sorted(offsets) == list(range(SPLITS)) and all(m > 0 for m in offsets.values()), offsets
+    return collections.Counter(f"s{s}-{i}" for s, m in offsets.items() for i in range(m))
+
+
 @pytest.mark.parametrize("failover", ["region", "full"])
 def test_a_failed_pipeline_restarts_alone(tmp_path, failover):
     """Pipeline 2 crashes after an epoch completed: with ``failover="region"`` only its
     tasks restart (the other three pipelines' processes run on), with ``"full"`` every
-    task restarts; either way the output is exactly the oracle."""
+    task restarts; either way the committed output is exactly each split's records before
+    the stop's savepoint."""
     out, pids = unique_dir(tmp_path, "out"), unique_dir(tmp_path, "pids")
-    n = 1500
     os.makedirs(pids)
-    result = pipelines(f"failover-{failover}", out, pids, n, rate=1500.0).run(runtime="local",
-                    checkpoint=ep.CheckpointConfig(interval=0.05, storage=f"file://{tmp_path}/ck"),
-                    restart=ep.RestartStrategy(failover=failover),
-                    faults=[CrashAtRecord("mark", subtask=2, record=400, after_epoch=2)])
-    assert collections.Counter(json.loads(t) for t in output(out)) == oracle(n)
-    assert result.attempts == 2 and any("injected CrashAtRecord" in f for f in result.failures)
+    result, offsets = run_past_a_failure(
+        pipelines(f"failover-{failover}", out, pids, None, rate=1500.0), tmp_path, runtime="local",
+        checkpoint=ep.CheckpointConfig(interval=0.05, storage=f"file://{tmp_path}/ck"),
+        restart=ep.RestartStrategy(failover=failover),
+        faults=[CrashAtRecord("mark", subtask=2, record=400, after_epoch=2)])
+    assert collections.Counter(json.loads(t) for t in output(out)) == prefixes(offsets)
+    assert any("injected CrashAtRecord" in f for f in result.failures)
     ran = processes(pids)
     assert sorted(ran) == [f"s{s}" for s in range(SPLITS)]
     if failover == "region":
-        assert len(result.failovers) == 1 and result.failovers[0]["tasks"] == [t for t in result.failovers[0]["tasks"]
-                                                                               if t.endswith("[2]")]
+        assert [f["tasks"] for f in result.failovers] == [["gen[2]"]] and result.attempts == 2, result.failures
         assert result.failovers[0]["restored_epoch"] >= 2
         assert 0 < result.failovers[0]["down_s"] <= result.failovers[0]["running_s"]
         assert len(ran["s2"]) == 2 and all(len(ran[f"s{s}"]) == 1 for s in (0, 1, 3)), ran
@@ -172,18 +205,21 @@ def test_a_sigkilled_pipeline_restarts_alone_on_spark(tmp_path, spark):
     """Four pipelines on embedded Spark (one barrier stage each). Once an epoch completed,
     the test SIGKILLs pipeline 2's task process from outside while every pipeline runs:
     only that pipeline restarts (a second process for split 2, one for each other split),
-    and the output equals the oracle."""
+    and the committed output is exactly each split's records before the stop's savepoint."""
     out, pids = unique_dir(tmp_path, "out"), unique_dir(tmp_path, "pids")
     os.makedirs(pids)
-    n = 3000
-    handle = pipelines("spark-failover", out, pids, n, rate=1000.0).start(
-        spark=spark, checkpoint=ep.CheckpointConfig(interval=0.1, storage="file://" + unique_dir(tmp_path, "c")))
-    killer = PidFileKiller(pids, ready=lambda: handle.completed_epochs and len(os.listdir(pids)) == SPLITS,
-                           running=lambda: handle.running, only=lambda name: name.endswith("-s2"))
-    result = handle.wait(300)
-    killer.join()
-    assert killer.killed, "the pipeline ended before the kill"
-    assert collections.Counter(json.loads(t) for t in output(out)) == oracle(n)
+    killers: list = []
+
+    def killed(handle) -> bool:
+        if not killers:  # started with the job: kills pipeline 2 once an epoch completed
+            killers.append(PidFileKiller(pids, ready=lambda: handle.completed_epochs and len(os.listdir(pids)) == SPLITS,
+                                         running=lambda: handle.running, only=lambda name: name.endswith("-s2")))
+        return bool(killers[0].killed)
+
+    result, offsets = run_past_a_failure(
+        pipelines("spark-failover", out, pids, None, rate=1000.0), tmp_path, ready=killed, spark=spark,
+        checkpoint=ep.CheckpointConfig(interval=0.1, storage="file://" + unique_dir(tmp_path, "c")))
+    assert collections.Counter(json.loads(t) for t in output(out)) == prefixes(offsets)
     ran = processes(pids)
     assert [f["tasks"] for f in result.failovers] == [["gen[2]"]], result.failures
     assert len(ran["s2"]) == 2 and all(len(ran[f"s{s}"]) == 1 for s in (0, 1, 3)), ran
@@ -216,3 +252,45 @@ def test_the_dashboard_lists_a_failover_beside_the_attempts():
                      [{"generation": 3, "restored_epoch": 2, "tasks": ["gen[2]"], "cause": "killed"}])
     assert [(r["generation"], r["restored_epoch"]) for r in rows] == [(0, None), (3, 2)]
     assert rows[1]["cause"] == "failover region gen[2] restarted alone: killed"
+
+
+# ------------------------------------------------------------------ Kafka to Kafka, exactly-once
+@pytest.mark.parametrize("fault", ["crash-at-record", "crash-between-completion-and-commit"])
+def test_a_kafka_pipeline_restarts_alone_and_the_topic_stays_exactly_once(kafka_broker, tmp_path, fault):
+    """Two partitions → two forward-only pipelines (KafkaSource → map → KafkaSink). Pipeline 1
+    crashes (at a record, or after an epoch completed but before its sink committed it): it
+    restarts alone, fences its old producers, produces what it had not committed, and the
+    read_committed output equals the input exactly, with no transaction left open."""
+    from epochal.connectors.kafka import KafkaSink, KafkaSource
+    from epochal.testing import CrashDuringCommit
+    from test_kafka import Input
+
+    data = Input(kafka_broker, partitions=2, per_partition=800)
+    out = kafka_broker.create_topic(None, 2)
+    flow = ep.Dataflow(f"kafka-failover-{fault}", parallelism=2)
+    (flow.source("lines", KafkaSource(kafka_broker.servers, data.topic, stopping_offsets=data.stops,
+                                      deserializer=bytes.decode))
+     .map("value", lambda r: r.value).sink("out", KafkaSink(kafka_broker.servers, out)))
+    faults = {"crash-at-record": CrashAtRecord("value", subtask=1, record=500, how="exit", after_epoch=1),
+              "crash-between-completion-and-commit": CrashDuringCommit("out", subtask=1, epoch=2, how="exit",
+                                                                       after_epoch=1)}
+    handle = flow.start(runtime="local", faults=[faults[fault]],
+                        checkpoint=ep.CheckpointConfig(interval=0.1, storage="file://" + str(tmp_path / "ckpt")))
+
+    def wait_for(what, done):
+        deadline = time.monotonic() + 120
+        while not done():
+            assert time.monotonic() < deadline, f"no {what}"
+            time.sleep(0.01)
+
+    # the input grows in steps, so the crash always lands while both pipelines still read
+    # (a failure once every source is exhausted restarts every task, by design)
+    wait_for("checkpoint", lambda: handle.completed_epochs)
+    data._produce(data.half, data.half + 200)
+    wait_for("failover", lambda: handle.metrics().get("restarts"))
+    data._produce(data.half + 200, data.n)
+    result = handle.wait(300)
+    assert [f["tasks"] for f in result.failovers] == [["lines[1]"]], result.failures
+    got = collections.Counter(v.decode() for v in kafka_broker.values(out))
+    assert got == collections.Counter(data.lines)
+    assert kafka_broker.open_transactions(out) == {}
