@@ -111,7 +111,10 @@ def serve_ui(args, wait=None) -> int:
     except (EpochalError, OSError) as exc:
         print(f"epochal ui: error: {exc}", file=sys.stderr)
         return 1
-    print(f"dashboard of job {args.job} (read-only, from {args.storage}): {server.url}", flush=True)
+    for region, url in getattr(server, "urls", {}).items():  # a job of several regions: one page each
+        print(f"dashboard of region {region} of job {args.job} (read-only, from {args.storage}): {url}", flush=True)
+    if not hasattr(server, "urls"):
+        print(f"dashboard of job {args.job} (read-only, from {args.storage}): {server.url}", flush=True)
     try:
         (wait or threading.Event().wait)()
     except KeyboardInterrupt:

@@ -8,6 +8,7 @@ import collections
 import json
 import os
 import time
+import urllib.request
 import uuid
 
 import pytest
@@ -404,7 +405,9 @@ def test_a_sources_epoch_requests_trigger_only_its_own_regions_epochs(tmp_path):
     assert sum(output(out_a).values()) == 3 and sum(output(out_o).values()) == 100
 
 
-def test_epochal_ui_points_at_each_regions_checkpoints(tmp_path, capsys):
+def test_epochal_ui_serves_each_region_side_by_side(tmp_path, capsys):
+    """``epochal ui <storage> <job>`` of a finished job of two regions: one read-only page per
+    region, each naming its region and listing both, with their latest checkpoints and links."""
     from epochal.cli import main
 
     url = "file://" + unique_dir(tmp_path, "ckpt")
@@ -412,13 +415,29 @@ def test_epochal_ui_points_at_each_regions_checkpoints(tmp_path, capsys):
     flow.source("a", ep.sources.CollectionSource([1, 2]), region="x").sink("o", FileSink(unique_dir(tmp_path, "o")))
     flow.source("b", ep.sources.CollectionSource([3]), region="y").sink("p", FileSink(unique_dir(tmp_path, "p")))
     flow.run(runtime="local", checkpoint=ep.CheckpointConfig(storage=url))
-    assert main(["ui", url, "uijob"]) == 1
-    assert "runs in regions ['x', 'y']" in capsys.readouterr().err
     from epochal.cli import build_parser, serve_ui
 
+    pages: dict = {}
+
+    def read_pages():  # while served: every region's /api/state
+        for line in capsys.readouterr().out.splitlines():
+            region, page = line.split("dashboard of region ")[1].split(" ", 1)[0], line.rsplit(" ", 1)[1]
+            base, token = page.split("/?token=")
+            request = urllib.request.Request(f"{base}/api/state", headers={"X-Epochal-Token": token})
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                pages[region] = (page, json.loads(answer.read()))
+
+    assert serve_ui(build_parser().parse_args(["ui", url, "uijob"]), wait=read_pages) == 0
+    assert sorted(pages) == ["x", "y"]
+    for region, (page, state) in pages.items():
+        assert state["region"] == region and state["state"] == "offline"
+        assert [(r["name"], r["url"]) for r in state["regions"]] == [("x", pages["x"][0]), ("y", pages["y"][0])]
+        assert [r["last_epoch"] for r in state["regions"]] == [c[-1]["epoch"] for c in
+                                                               (pages["x"][1]["checkpoints"], pages["y"][1]["checkpoints"])]
     served: list = []
     args = build_parser().parse_args(["ui", f"{url}/uijob/regions/x", "uijob"])
     assert serve_ui(args, wait=lambda: served.append(1)) == 0 and served
+    assert main(["ui", url, "nosuchjob"]) == 1
 
 
 def test_each_regions_dashboard_lists_every_region_side_by_side(tmp_path):

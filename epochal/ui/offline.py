@@ -7,7 +7,8 @@ and no live rates — the storage holds what the job's checkpoints recorded: its
 stored, so the graph is drawn without them), the retained checkpoints (epoch, reason,
 time, referenced bytes, generation) and the savepoints recorded in the job root. Every poll
 lists the storage again; a completed checkpoint's ``_metadata`` never changes, so each is
-read once.
+read once. A job of several regions gets one dashboard per region, side by side
+(:class:`RegionDashboards`).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from epochal.errors import EpochalError
 from epochal.ui.layout import BOX_HEIGHT, BOX_WIDTH, COLUMN_GAP, MARGIN, TOP
 from epochal.ui.server import DashboardServer
 
-__all__ = ["StorageView", "serve"]
+__all__ = ["RegionDashboards", "StorageView", "serve"]
 
 
 class StorageView:
@@ -78,17 +79,71 @@ def _boxes(plan: dict) -> dict:
             "height": TOP + MARGIN + BOX_HEIGHT + 30}
 
 
-def serve(url: str, job: str, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> DashboardServer:
-    """Serve the read-only dashboard of ``job`` under ``url`` (see the module docstring)."""
+def serve(url: str, job: str, host: str = "127.0.0.1", port: int = 0, token: str | None = None):
+    """Serve the read-only dashboard of ``job`` under ``url`` (see the module docstring): a
+    :class:`DashboardServer`, or for a job of several regions (:mod:`epochal.regions`, whose
+    checkpoints live under ``<url>/<job>/regions/<region>``) a :class:`RegionDashboards` —
+    one dashboard per region, each showing every region side by side and linking them.
+
+    Raises:
+        EpochalError: no checkpoints of ``job`` under ``url``.
+    """
     view = StorageView(url, job)
     if not view.storage.has_checkpoints():
-        from epochal.regions.layout import REGIONS_DIR, regions_with_checkpoints
+        from epochal.regions.layout import regions_with_checkpoints
 
         regions = regions_with_checkpoints(view.storage, job)
         if regions:  # a job of several regions keeps each region's checkpoints apart (epochal.regions)
-            raise EpochalError(
-                f"job {job!r} runs in regions {regions}, each with its own checkpoints: serve one with "
-                f"epochal ui {url.rstrip('/')}/{job}/{REGIONS_DIR}/<region> {job}")
+            return RegionDashboards(url, job, regions, host, port, token)
         raise EpochalError(f"no checkpoints of job {job!r} under {view.storage.root_url}: check the storage URL and "
                            "the job (dataflow) name")
     return DashboardServer(view.view, None, host=host, port=port, token=token, name=job)
+
+
+class RegionDashboards:
+    """``epochal ui`` over a job of several regions: a read-only dashboard per region (the
+    first at ``port``, the others at free ports, all with one token), whose header names its
+    region and lists every region — its latest checkpoint and how many are retained — with a
+    link to each (what a running job's region dashboards show, from storage)."""
+
+    def __init__(self, url: str, job: str, regions: list[str], host: str, port: int, token: str | None):
+        import secrets
+
+        from epochal.regions.layout import REGIONS_DIR
+
+        token = token or secrets.token_hex(16)
+        self.views = {r: StorageView(f"{url.rstrip('/')}/{job}/{REGIONS_DIR}/{r}", job) for r in regions}
+        self._latest: dict[str, dict] = {}
+        self.servers: dict[str, DashboardServer] = {}
+        try:
+            for i, region in enumerate(regions):
+                self.servers[region] = DashboardServer(lambda r=region: self._view(r), None, host=host,
+                                                       port=port if i == 0 else 0, token=token, name=f"{job}/{region}")
+        except BaseException:
+            self.close()
+            raise
+
+    def _view(self, region: str) -> dict:
+        doc = self.views[region].view()
+        self._latest[region] = doc
+        return dict(doc, region=region, regions=[self._line(r) for r in self.views])
+
+    def _line(self, region: str) -> dict:
+        doc = self._latest.get(region) or self.views[region].view()  # each view read once per its own poll
+        self._latest[region] = doc
+        last = doc["progress"].get("last_completed_epoch")
+        return {"name": region, "state": "offline", "attempt": None, "restarts": None,
+                "completed_epochs": doc["counts"]["completed"], "last_epoch": last, "url": self.servers[region].url}
+
+    @property
+    def url(self) -> str:
+        """The first region's dashboard."""
+        return next(iter(self.servers.values())).url
+
+    @property
+    def urls(self) -> dict[str, str]:
+        return {r: s.url for r, s in self.servers.items()}
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            server.close()

@@ -259,7 +259,7 @@
       const a = document.createElement(link ? "a" : "span");
       a.className = "region " + (r.state || "") + (r.name === s.region ? " current" : "");
       if (link) a.href = r.url;
-      a.textContent = `${r.name}: ${r.state} · attempt ${r.attempt + 1} · ` +
+      a.textContent = `${r.name}: ${r.state} · ` + (r.attempt != null ? `attempt ${r.attempt + 1} · ` : "") +
         (r.last_epoch != null ? `epoch ${r.last_epoch} (${r.completed_epochs} done)` : "no checkpoint yet");
       return a;
     }));
