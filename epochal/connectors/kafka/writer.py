@@ -47,7 +47,7 @@ class KafkaSinkWriter(Generations, TwoPhaseCommitSink):
         self._base.setdefault("partitioner", "murmur2_random")  # keys land where Java clients put them
         self._base.setdefault("linger.ms", 5)
         self._started = False
-        self._slots: list = [None] * sink.producers  # streaming producers, created on first use
+        self._slots: list = [None] * sink.producers  # streaming producers, opened by _start (again on use after an abort)
         self._live: dict[int, int] = {}  # slot -> epoch of its open or sealed transaction (this writer)
         self._replay = None  # the replay slot's producer
         self._plain = None  # at-least-once producer
