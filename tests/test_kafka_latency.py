@@ -172,3 +172,49 @@ def test_an_epoch_produced_at_its_commit_is_not_looked_for_in_the_topic(kafka_br
     assert scans == [], "the writer scanned the topic for an epoch it began itself"
     want = [f"a{i}".encode() for i in range(30)] + [f"b{i}".encode() for i in range(40)]
     assert collections.Counter(kafka_broker.values(topic)) == collections.Counter(want)
+
+
+def test_a_commit_backlog_of_epochs_produced_at_commit_is_committed_in_one_transaction(kafka_broker, monkeypatch):
+    """The commit thread falls behind (epoch 1's commit held on purpose); with one producer
+    epochs 2–4 are produced at their commit and queue up. Once it runs again it commits
+    the three in one transaction with epoch 4's marker — one round trip for the backlog, so
+    it shrinks instead of feeding itself. Every record lands once, no transaction is left
+    open, and the marker says epoch 4."""
+    import threading
+
+    topic = kafka_broker.create_topic(None, 2)
+    sink = KafkaSink(kafka_broker.servers, topic, producers=1)
+    writer = _writer(sink, "backlog")
+    hold, running = threading.Event(), threading.Event()
+    commit_now, together = writer._commit_now, writer._commit_together
+    joined: list[list[int]] = []
+
+    def held(txn):
+        running.set()
+        assert hold.wait(60)
+        commit_now(txn)
+
+    monkeypatch.setattr(writer, "_commit_now", held)
+    monkeypatch.setattr(writer._committer, "_join", lambda txns: joined.append([t.epoch for t in txns]) or together(txns))
+    want = []
+    writer.restore(None)
+    try:
+        for epoch in (1, 2, 3, 4):
+            rows = [f"e{epoch}-{i}" for i in range(25)]
+            want += [r.encode() for r in rows]
+            writer.write_many(rows)
+            writer.snapshot(epoch)
+            durable = writer.durability_job(epoch)  # None for an epoch produced at its commit
+            if durable is not None:
+                durable()
+            writer.notify_epoch_complete(epoch)
+            assert running.wait(30)
+        hold.set()
+        writer.wait_for_commits(60)
+        assert writer._read_marker(writer._own).epoch == 4
+    finally:
+        hold.set()
+        writer.release()
+    assert joined == [[2, 3, 4]], f"the backlog was not committed together: {joined}"
+    assert collections.Counter(kafka_broker.values(topic)) == collections.Counter(want)
+    assert kafka_broker.open_transactions(topic) == {}
