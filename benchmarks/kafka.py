@@ -101,6 +101,8 @@ def sink_settings(args) -> dict:
     options = {"wal_budget": args.wal_budget} if args.wal_budget is not None else {}
     if args.producers is not None:
         options["producers"] = args.producers
+    if args.sink_config:
+        options["config"] = args.sink_config
     return options
 
 
@@ -165,7 +167,7 @@ def latency_job(broker, args, guarantee: str, epoch_s: float, src: str, out: str
     """Start KafkaSource → map → KafkaSink (records pass through: value, key) unbounded."""
     flow = ep.Dataflow(f"kafka-lat-{uuid.uuid4().hex[:6]}", parallelism=args.parallelism)
     sink_options = sink_settings(args)
-    (flow.source("in", KafkaSource(broker.servers, src))
+    (flow.source("in", KafkaSource(broker.servers, src, config=args.source_config))
          .map("pass", lambda r: r)
          .sink("out", KafkaSink(broker.servers, out, **sink_options)))
     options = {"guarantee": guarantee, "runtime": args.runtime,
@@ -252,6 +254,10 @@ def main() -> int:
     parser.add_argument("--producers", type=int, default=None, help="KafkaSink producers (default: the sink's)")
     parser.add_argument("--max-concurrent", type=int, default=1,
                         help="latency runs: checkpoint.max_concurrent (epochs pending at once)")
+    parser.add_argument("--source-config", type=json.loads, default=None,
+                        help="latency runs: more KafkaSource consumer settings, a JSON object")
+    parser.add_argument("--sink-config", type=json.loads, default=None,
+                        help="more KafkaSink producer settings, a JSON object")
     parser.add_argument("--capacity-modes", default=",".join(MODES))
     parser.add_argument("--skip-capacity", action="store_true")
     parser.add_argument("--skip-latency", action="store_true")
@@ -283,7 +289,8 @@ def main() -> int:
                         rec = run_latency(broker, args, mode, rate, None if epoch_ms is None else epoch_ms / 1000, spark)
                         doc["latency"].append(rec)
                         print(json.dumps({k: rec.get(k) for k in ("mode", "rate", "epoch_ms", "latency_ms", "seen",
-                                                                  "duplicates", "loadavg_before", "error")}),
+                                                                  "duplicates", "longest_gap_ms", "gap_at_s", "slowest",
+                                                                  "loadavg_before", "error")}),
                               flush=True)
                         if rec.get("error"):
                             doc["errors"].append(rec["error"])

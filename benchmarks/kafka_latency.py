@@ -70,6 +70,9 @@ def read(servers: str, topic: str, partitions: int, total: int, seen, results, t
     c.assign([TopicPartition(topic, q, 0) for q in range(partitions)])
     got = bytearray(total)
     lat: list[float] = []
+    produced_at = [0] * total  # µs, per sequence number
+    seen_at = [0] * total
+    out_partition = bytearray(total)
     dupes = 0
     deadline = time.monotonic() + 600
     while len(lat) < total and time.monotonic() < deadline:
@@ -88,15 +91,59 @@ def read(servers: str, topic: str, partitions: int, total: int, seen, results, t
                 dupes += 1
                 continue
             got[i] = 1
+            produced_at[i], seen_at[i], out_partition[i] = int(stamp), now_us, msg.partition()
             lat.append((now_us - int(stamp)) / 1000.0)
     c.close()
     lat.sort()
+    summary = timeline([(p, s) for p, s, g in zip(produced_at, seen_at, got) if g])
+    summary["slowest"] = slowest([(i, produced_at[i], seen_at[i], out_partition[i]) for i in range(total) if got[i]],
+                                 partitions)
 
     def pct(q):
         return lat[max(0, min(len(lat) - 1, int(q / 100.0 * len(lat) + 0.999999) - 1))] if lat else None
 
     results.put({"seen": len(lat), "duplicates": dupes, "missing": total - len(lat),
-                 "latency_ms": {"p50": pct(50), "p99": pct(99), "p999": pct(99.9), "max": lat[-1] if lat else None}})
+                 "latency_ms": {"p50": pct(50), "p99": pct(99), "p999": pct(99.9), "max": lat[-1] if lat else None},
+                 **summary})
+
+
+def slowest(rows: list[tuple[int, int, int, int]], partitions: int, share: float = 0.01) -> dict:
+    """The slowest ``share`` of the records ``(seq, produced µs, seen µs, output partition)``:
+    how many came from each input partition (``seq % partitions``, as :func:`load` writes)
+    and went to each output partition, and when (s after the first record) they were
+    produced and seen — a stall of one input partition, one output partition or one
+    stretch of time tells itself apart here."""
+    if not rows:
+        return {}
+    t0 = min(r[1] for r in rows)
+    rows = sorted(rows, key=lambda r: r[2] - r[1], reverse=True)[:max(1, int(len(rows) * share))]
+    by_in: dict[int, int] = {}
+    by_out: dict[int, int] = {}
+    for seq, _, _, out in rows:
+        by_in[seq % partitions] = by_in.get(seq % partitions, 0) + 1
+        by_out[out] = by_out.get(out, 0) + 1
+    return {"records": len(rows), "by_input_partition": by_in, "by_output_partition": by_out,
+            "produced_s": [round((min(r[1] for r in rows) - t0) / 1e6, 2), round((max(r[1] for r in rows) - t0) / 1e6, 2)],
+            "seen_s": [round((min(r[2] for r in rows) - t0) / 1e6, 2), round((max(r[2] for r in rows) - t0) / 1e6, 2)]}
+
+
+def timeline(stamps: list[tuple[int, int]], bucket_s: float = 0.5) -> dict:
+    """Where in the run the latency went: ``max_ms_by_produce_time`` is the highest
+    latency (ms) of the records produced in each ``bucket_s`` of the load (from its first
+    record); ``longest_gap_ms`` the longest time the reader saw no record between the first
+    and the last, and ``gap_at_s`` when it began (s after the first record was produced):
+    at a steady rate, a gap far above the epoch length is a stall."""
+    if not stamps:
+        return {"max_ms_by_produce_time": [], "longest_gap_ms": None, "gap_at_s": None}
+    t0 = min(p for p, _ in stamps)
+    buckets: dict[int, float] = {}
+    for p, s in stamps:
+        b = int((p - t0) / 1e6 / bucket_s)
+        buckets[b] = max(buckets.get(b, 0.0), (s - p) / 1000.0)
+    seen = sorted(s for _, s in stamps)
+    gap, at = max(((b - a, a) for a, b in zip(seen, seen[1:])), default=(0, t0))
+    return {"max_ms_by_produce_time": [round(buckets.get(b, 0.0)) for b in range(max(buckets) + 1)],
+            "longest_gap_ms": round(gap / 1000.0, 1), "gap_at_s": round((at - t0) / 1e6, 2)}
 
 
 def clients(servers: str, transactional: bool, linger_ms: float = 1, **consumer_conf):

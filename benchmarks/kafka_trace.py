@@ -14,7 +14,8 @@ fetches) in milliseconds:
 * ``complete → commit sent``: waiting for the commit thread (earlier commits);
 * ``commit sent → ack``: the Kafka commit itself (marker offsets + commit_transaction);
   ``produced at commit``: the same for the epochs that found no free producer and were
-  produced from their handle at commit (``n`` counts them);
+  produced from their handle at commit (``n`` counts them); ``joined at commit``: those
+  of them committed together with others, when the commit thread fell behind;
 * ``oldest → ack``: the sum, for an epoch's oldest record: its latency up to visibility
   (the read_committed reader adds its own poll delay).
 
@@ -84,13 +85,15 @@ def breakdown(events: list[dict], skip_s: float = 1.0) -> dict:
             stages["commit sent -> ack"].append(1000 * (ack["t"] - sent["t"]))
             if not sent.get("streamed", True):
                 stages["produced at commit"].append(1000 * (ack["t"] - sent["t"]))
+            if sent.get("joined", 1) > 1:
+                stages["joined at commit"].append(1000 * (ack["t"] - sent["t"]))
     for ts in seals.values():
         stages["epoch length"] += [1000 * (b - a) for a, b in zip(ts, ts[1:])]
     out = {"fetch lag": {"p50": pct(fetch, 50), "p99": pct(fetch, 99), "n": len(fetch)},
            "fetch batch records": {"p50": pct(fetch_n, 50), "p99": pct(fetch_n, 99), "n": len(fetch_n)}}
     for name in ("epoch length", "oldest -> seal", "seal -> complete", "seal -> flushed", "flushed -> complete",
                  "complete -> commit sent",
-                 "commit sent -> ack", "produced at commit", "oldest -> ack"):
+                 "commit sent -> ack", "produced at commit", "joined at commit", "oldest -> ack"):
         xs = stages.get(name, [])
         out[name] = {"p50": pct(xs, 50), "p99": pct(xs, 99), "n": len(xs)}
     return out

@@ -4,16 +4,23 @@ KafkaSource's fetch keeps a short epoch fed: a poll takes what the consumer
 already holds without waiting, and when it holds nothing it waits for the *first* message
 only — never for a whole batch, which librdkafka's ``consume(n, timeout)`` does until n
 messages came or the timeout passed (up to ``POLL_WAIT_S`` of every poll at low rates,
-holding the records and the next barrier back)."""
+holding the records and the next barrier back).
+
+KafkaSink keeps the task thread and the commit thread off slow Kafka calls: its producers
+are all initialised when the writer starts, and an epoch produced at its commit is not
+looked for in the topic when the writer began it itself."""
 from __future__ import annotations
 
+import collections
 import logging
 import time
 
 import epochal as ep
 from epochal.alignment.factory import SinkMode
+from epochal.connectors.kafka import probes
 from epochal.connectors.kafka import source as kafka_source
-from epochal.sinks import KafkaSink
+from epochal.epochs.lineage import Lineage
+from epochal.sinks import KafkaSink, SinkContext
 from epochal.sources import KafkaSource
 
 pytest_plugins = ["kafka_broker"]
@@ -103,3 +110,111 @@ def test_stage_tracing_records_every_stage_of_every_committed_epoch(kafka_broker
         assert {"write", "seal", "flushed", "complete", "commit_sent", "commit_ack"} <= set(kinds), (n, sorted(kinds))
         assert kinds["seal"]["t"] <= kinds["complete"]["t"] <= kinds["commit_sent"]["t"] <= kinds["commit_ack"]["t"]
     assert sum(len(v) for v in kafka_broker.read_committed(out).values()) == 200
+
+
+def _writer(sink: KafkaSink, job: str):
+    """A fresh job's writer, driven by hand: its lineage's marker group does not exist yet."""
+    ctx = SinkContext("out", subtask=0, parallelism=1, job=job, generation=0, mode=SinkMode.TRANSACTIONAL,
+                      lineage=Lineage("5a1b2c3d4e5f"))
+    return sink.create_writer(ctx)
+
+
+def test_every_producer_is_initialised_before_the_first_record(kafka_broker, monkeypatch):
+    """``init_transactions`` takes 50–550 ms against this broker; done on the task thread
+    when an epoch first needed its producer, the first three epochs after start each held
+    their records and the barrier behind them back that long. A started writer opens its
+    whole pool at once: streaming three epochs creates no producer."""
+    topic = kafka_broker.create_topic(None, 1)
+    writer = _writer(KafkaSink(kafka_broker.servers, topic, producers=3), "pool")
+    writer.restore(None)
+    created = []
+    new_producer = writer._new_producer
+    monkeypatch.setattr(writer, "_new_producer", lambda slot: created.append(slot) or new_producer(slot))
+    try:
+        for epoch in (1, 2, 3):  # none completes: each needs a producer of its own
+            writer.write_many([f"e{epoch}-{i}" for i in range(20)])
+            writer.snapshot(epoch)
+            writer.durability_job(epoch)()
+        assert created == [], f"producers of slots {created} were created while records streamed"
+        for epoch in (1, 2, 3):
+            writer.notify_epoch_complete(epoch)
+        writer.wait_for_commits(60)
+    finally:
+        writer.release()
+    want = [f"e{e}-{i}".encode() for e in (1, 2, 3) for i in range(20)]
+    assert collections.Counter(kafka_broker.values(topic)) == collections.Counter(want)
+
+
+def test_an_epoch_produced_at_its_commit_is_not_looked_for_in_the_topic(kafka_broker, monkeypatch):
+    """With one producer, epoch 2 begins while epoch 1's transaction awaits its commit:
+    epoch 2 is produced at its commit, from its handle. Its writer began it, so the topic
+    cannot hold it: the writer must not scan the topic for it, although its (fresh) marker
+    group had no marker at the start — that scan cost ~100 ms per epoch and fed a commit
+    backlog that stalled the pipeline for seconds (issue 34). Every record lands once."""
+    topic = kafka_broker.create_topic(None, 2)
+    scans = []
+    scan = probes.epoch_in_topic
+    monkeypatch.setattr(probes, "epoch_in_topic", lambda *a, **k: scans.append(a[2]) or scan(*a, **k))
+    writer = _writer(KafkaSink(kafka_broker.servers, topic, producers=1), "at-commit")
+    writer.restore(None)
+    try:
+        writer.write_many([f"a{i}" for i in range(30)])
+        writer.snapshot(1)
+        writer.durability_job(1)()
+        writer.write_many([f"b{i}" for i in range(40)])  # the only producer still holds epoch 1
+        handle = dict(writer.snapshot(2).pending)[2]
+        assert handle.slot is None and handle.count == 40, "epoch 2 was streamed, not produced at its commit"
+        writer.notify_epoch_complete(1)
+        writer.notify_epoch_complete(2)
+        writer.wait_for_commits(60)
+    finally:
+        writer.release()
+    assert scans == [], "the writer scanned the topic for an epoch it began itself"
+    want = [f"a{i}".encode() for i in range(30)] + [f"b{i}".encode() for i in range(40)]
+    assert collections.Counter(kafka_broker.values(topic)) == collections.Counter(want)
+
+
+def test_a_commit_backlog_of_epochs_produced_at_commit_is_committed_in_one_transaction(kafka_broker, monkeypatch):
+    """The commit thread falls behind (epoch 1's commit held on purpose); with one producer
+    epochs 2–4 are produced at their commit and queue up. Once it runs again it commits
+    the three in one transaction with epoch 4's marker — one round trip for the backlog, so
+    it shrinks instead of feeding itself. Every record lands once, no transaction is left
+    open, and the marker says epoch 4."""
+    import threading
+
+    topic = kafka_broker.create_topic(None, 2)
+    sink = KafkaSink(kafka_broker.servers, topic, producers=1)
+    writer = _writer(sink, "backlog")
+    hold, running = threading.Event(), threading.Event()
+    commit_now, together = writer._commit_now, writer._commit_together
+    joined: list[list[int]] = []
+
+    def held(txn):
+        running.set()
+        assert hold.wait(60)
+        commit_now(txn)
+
+    monkeypatch.setattr(writer, "_commit_now", held)
+    monkeypatch.setattr(writer._committer, "_join", lambda txns: joined.append([t.epoch for t in txns]) or together(txns))
+    want = []
+    writer.restore(None)
+    try:
+        for epoch in (1, 2, 3, 4):
+            rows = [f"e{epoch}-{i}" for i in range(25)]
+            want += [r.encode() for r in rows]
+            writer.write_many(rows)
+            writer.snapshot(epoch)
+            durable = writer.durability_job(epoch)  # None for an epoch produced at its commit
+            if durable is not None:
+                durable()
+            writer.notify_epoch_complete(epoch)
+            assert running.wait(30)
+        hold.set()
+        writer.wait_for_commits(60)
+        assert writer._read_marker(writer._own).epoch == 4
+    finally:
+        hold.set()
+        writer.release()
+    assert joined == [[2, 3, 4]], f"the backlog was not committed together: {joined}"
+    assert collections.Counter(kafka_broker.values(topic)) == collections.Counter(want)
+    assert kafka_broker.open_transactions(topic) == {}

@@ -14,6 +14,14 @@ checkpoint of that epoch carries them, and a restored writer commits the carried
 first (idempotently: the marker says which Kafka holds). The first failed commit stops
 the thread — a later epoch's marker must never cover an epoch that did not commit — and
 :meth:`raise_if_failed` raises it on the task thread, which fails the writer.
+
+**Catching up.** A commit submitted as *joinable* (an epoch the writer produces at its
+commit, from its handle) runs together with the joinable commits queued right behind it:
+``join(handles)`` commits them all in one Kafka transaction. When the thread fell behind
+— a slow broker, a descheduled process — it so takes the whole backlog of such epochs in
+one round trip instead of one each, and the backlog shrinks instead of feeding itself
+(each epoch that finds every producer still awaiting its commit is one more produced at
+commit). Handles of a joined commit are in flight until it finished, like any other.
 """
 from __future__ import annotations
 
@@ -26,29 +34,31 @@ from typing import Any
 class Committer:
     """One thread running submitted commits in order (thread-safe; see the module docstring)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, join: Callable[[list], None] | None = None):
         self._name = name
-        self._queue: deque[tuple[Any, Callable[[], None]]] = deque()
-        self._busy: Any = None  # the handle being committed
+        self._join = join
+        self._queue: deque[tuple[Any, Callable[[], None], bool]] = deque()
+        self._busy: tuple = ()  # the handles being committed
         self._cond = threading.Condition()
         self._failed: BaseException | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
 
-    def submit(self, handle: Any, commit: Callable[[], None]) -> None:
-        """Queue ``commit`` (of ``handle``) after every commit submitted before it."""
+    def submit(self, handle: Any, commit: Callable[[], None], joinable: bool = False) -> None:
+        """Queue ``commit`` (of ``handle``) after every commit submitted before it;
+        ``joinable``: it may run within a ``join`` of consecutive joinable commits instead
+        (module docstring)."""
         with self._cond:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
-            self._queue.append((handle, commit))
+            self._queue.append((handle, commit, joinable and self._join is not None))
             self._cond.notify_all()
 
     def in_flight(self) -> tuple:
         """The handles submitted and not yet committed (oldest first), including a failed one."""
         with self._cond:
-            busy = () if self._busy is None else (self._busy,)
-            return busy + tuple(h for h, _ in self._queue)
+            return self._busy + tuple(h for h, _, _ in self._queue)
 
     def raise_if_failed(self) -> None:
         if self._failed is not None:
@@ -58,7 +68,7 @@ class Committer:
         """Wait until every submitted commit ran, or one failed (:meth:`raise_if_failed`
         tells). False on timeout."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._failed is not None or (not self._queue and self._busy is None),
+            return self._cond.wait_for(lambda: self._failed is not None or (not self._queue and not self._busy),
                                        timeout)
 
     def stop(self, timeout: float) -> None:
@@ -77,16 +87,21 @@ class Committer:
                 self._cond.wait_for(lambda: self._stopping or (self._queue and self._failed is None))
                 if self._stopping or self._failed is not None:
                     return
-                handle, commit = self._queue[0]
-                self._busy = handle
-                self._queue.popleft()
+                handle, commit, joinable = self._queue.popleft()
+                handles = [handle]
+                while joinable and self._queue and self._queue[0][2]:
+                    handles.append(self._queue.popleft()[0])
+                self._busy = tuple(handles)
             try:
-                commit()
+                if len(handles) == 1:
+                    commit()
+                else:
+                    self._join(handles)  # type: ignore[misc]  # joinable only with a join
             except BaseException as exc:  # noqa: BLE001 — handed to the task thread
                 with self._cond:
                     self._failed = exc
                     self._cond.notify_all()
                 return
             with self._cond:
-                self._busy = None
+                self._busy = ()
                 self._cond.notify_all()

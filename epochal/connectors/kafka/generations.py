@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from epochal.connectors.kafka import probes, recovery, wal
+from epochal.connectors.kafka import probes, recovery, trace, wal
 from epochal.connectors.kafka.client import describe_error
 from epochal.connectors.kafka.handle import KafkaTransaction
 from epochal.sinks.base import SinkCommitError
@@ -40,6 +41,7 @@ class Generations:
     _transactional: bool
     _plain: Any
     _replay: Any
+    _slots: list
     _lineage: str
     _parent: str | None
     _own: tuple[str, int]
@@ -63,7 +65,10 @@ class Generations:
            before any answer is trusted, so no zombie can move a marker after it was read,
            and no open transaction of a killed producer holds readers at the last stable
            offset until ``transaction.timeout.ms``.
-        2. Register: commit this generation's metadata into its own group.
+        2. Open the producers: the replay slot's and every streaming slot's, at once
+           (:meth:`_new_producers`) — never later on the task thread, where an epoch's
+           first record would wait for its slot's ``init_transactions`` (issue 34).
+        3. Register: commit this generation's metadata into its own group.
         """
         if self._started:
             return
@@ -78,7 +83,8 @@ class Generations:
             self._settle_subtask_and_absorbed(lineage)
         self._say_if_rolled_back()
         # Step 2
-        self._replay = self._new_producer(recovery.REPLAY_SLOT)
+        self._replay, *self._slots = self._new_producers([recovery.REPLAY_SLOT, *range(len(self._slots))])
+        # Step 3
         self._kafka_call("register the generation", self._marker_only, self._markers.get(self._own, 0))
 
     def _say_if_rolled_back(self) -> None:
@@ -132,11 +138,21 @@ class Generations:
         producer.init_transactions(KAFKA_CALL_TIMEOUT_S)
         producer.flush(0)
 
+    def _new_producers(self, slots: list) -> list:
+        """:meth:`_new_producer` of every slot in ``slots``, in parallel: each waits for the
+        broker and for librdkafka's own timers in ``init_transactions`` (50–550 ms each on
+        the test broker), with the GIL released. Raises the first failure."""
+        with ThreadPoolExecutor(len(slots), thread_name_prefix=f"kafka-init-{self.ctx.subtask}") as pool:
+            return list(pool.map(self._new_producer, slots))
+
     def _new_producer(self, slot):
         txid = recovery.transactional_id(self._prefix, self.ctx.subtask, self.ctx.generation, slot, self._lineage)
+        started = time.monotonic()
         producer = self._ck.Producer(dict(self._base, **{"transactional.id": txid,
                                                          "transaction.timeout.ms": self._timeout_ms()}))
         self._kafka_call(f"initialise producer {txid!r}", producer.init_transactions, KAFKA_CALL_TIMEOUT_S)
+        if trace.ON:
+            trace.event("producer", subtask=self.ctx.subtask, slot=slot, init_s=time.monotonic() - started)
         return producer
 
     def _timeout_ms(self) -> int:
@@ -186,14 +202,24 @@ class Generations:
 
     def _replay_epoch(self, txn: KafkaTransaction) -> None:
         """Step 2 of :meth:`commit`: produce ``txn`` from its handle unless Kafka holds it —
-        as the marker of the lineage and subtask that wrote it says, once settled."""
+        as the marker of the lineage and subtask that wrote it says, once settled.
+
+        When that marker group was gone at the start (:attr:`_missing`), the topic itself
+        is asked (:meth:`_epoch_in_topic`) — but only for an epoch an earlier writer began:
+        one of this writer's own generation (produced at its commit, having found no free
+        producer) cannot be in Kafka yet, since this writer fenced every earlier one before
+        it began any epoch. Asking there scanned the topic from the epoch's first record on
+        for every such epoch of a fresh job (whose group is "missing" until it registers):
+        ~100 ms each, growing with the topic, and it made a commit backlog feed itself
+        (issue 34's stall)."""
         g = txn.group
         if g not in self._markers:
             self._settle(g)
         todo = recovery.epochs_to_produce([(txn.epoch, g)], self._markers)
         if not todo:
             return
-        if g in self._missing and self._epoch_in_topic(txn):
+        mine = txn.generation == self.ctx.generation and g == self._own
+        if g in self._missing and not mine and self._epoch_in_topic(txn):
             log.warning("%s: the marker group of lineage %s subtask %d is gone (expired while the job was down? "
                         "offsets.retention.minutes), but epoch %d is in topic %r already: not produced again",
                         self._where(), g[0] or "(legacy)", g[1], txn.epoch, self._topic)

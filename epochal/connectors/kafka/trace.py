@@ -17,7 +17,9 @@ Events (``benchmarks/kafka_trace.py`` reads them):
 * ``seal``: ``pre_commit`` of ``epoch`` (``count`` records, oldest Kafka timestamp
   ``min_ts``);
 * ``complete``: the writer learnt the epoch's checkpoint completed (``commit`` hook);
-* ``commit_sent`` / ``commit_ack``: the commit thread began / finished the epoch's commit.
+* ``commit_sent`` / ``commit_ack``: the commit thread began / finished the epoch's commit;
+* ``producer``: the sink created and initialised (``init_transactions``) the transactional
+  producer of ``slot``, taking ``init_s`` seconds.
 """
 from __future__ import annotations
 

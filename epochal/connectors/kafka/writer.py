@@ -47,7 +47,7 @@ class KafkaSinkWriter(Generations, TwoPhaseCommitSink):
         self._base.setdefault("partitioner", "murmur2_random")  # keys land where Java clients put them
         self._base.setdefault("linger.ms", 5)
         self._started = False
-        self._slots: list = [None] * sink.producers  # streaming producers, created on first use
+        self._slots: list = [None] * sink.producers  # streaming producers, opened by _start (again on use after an abort)
         self._live: dict[int, int] = {}  # slot -> epoch of its open or sealed transaction (this writer)
         self._replay = None  # the replay slot's producer
         self._plain = None  # at-least-once producer
@@ -66,7 +66,8 @@ class KafkaSinkWriter(Generations, TwoPhaseCommitSink):
         self._missing: set[tuple] = set()  # settled groups Kafka held no marker for
         self._budget = wal.Budget(sink.wal_budget)  # the write-ahead log this writer holds in memory
         self._oldest: dict[int, int] = {}  # epoch -> oldest Kafka timestamp written (tracing only)
-        self._committer = committer.Committer(f"kafka-commit-{ctx.sink_name}-{ctx.subtask}")
+        self._committer = committer.Committer(f"kafka-commit-{ctx.sink_name}-{ctx.subtask}",
+                                              join=self._commit_together)
 
     # ------------------------------------------------------------------ hooks
 
@@ -176,9 +177,11 @@ class KafkaSinkWriter(Generations, TwoPhaseCommitSink):
         self._raise_if_commit_failed()
         if trace.ON:
             trace.event("complete", epoch=txn.epoch, subtask=self.ctx.subtask)
-        if txn.generation != self.ctx.generation or txn.group != self._own:
+        mine = txn.generation == self.ctx.generation and txn.group == self._own
+        if not mine:
             self._submit_carried(txn)  # own carried epochs were submitted before
-        self._committer.submit(txn, functools.partial(self._commit_now, txn))
+        # an epoch of this writer produced at its commit may join the ones queued with it
+        self._committer.submit(txn, functools.partial(self._commit_now, txn), joinable=mine and txn.slot is None)
 
     def _submit_carried(self, txn: KafkaTransaction) -> None:
         for earlier in getattr(txn, "carried", ()):  # handles pickled before the commit thread have none
@@ -218,6 +221,38 @@ class KafkaSinkWriter(Generations, TwoPhaseCommitSink):
         txn.carried = ()
         if trace.ON:
             trace.event("commit_ack", epoch=txn.epoch, subtask=self.ctx.subtask)
+
+    def _commit_together(self, txns: list[KafkaTransaction]) -> None:
+        """The commit of consecutive epochs of this writer that are produced at their
+        commit (commit thread, when it fell behind: :mod:`~epochal.connectors.kafka.committer`):
+        their records from their handles, in epoch order, in one transaction of the replay
+        slot with the marker of the last — atomic like one epoch's, so the marker still
+        says exactly which epochs Kafka holds. Idempotent: epochs at or below the marker
+        are not produced again."""
+        if trace.ON:
+            for txn in txns:
+                trace.event("commit_sent", epoch=txn.epoch, subtask=self.ctx.subtask, count=txn.count,
+                            streamed=False, joined=len(txns))
+        todo = [t for t in txns if t.count and t.epoch > self._markers.get(self._own, 0)]
+        if todo:
+            producer, last = self._replay, txns[-1].epoch
+
+            def produce_and_commit():
+                producer.begin_transaction()
+                try:
+                    for txn in todo:
+                        for key, value, headers, ts in txn.rows():
+                            self._produce(producer, self._topic, key, value, headers, ts, None)
+                except wal.WalMissingError as exc:
+                    raise SinkCommitError(f"{self._where()}: cannot produce epochs {todo[0].epoch}-{last}: {exc}") from exc
+                self._commit_with_marker(producer, last)
+
+            self._kafka_call(f"commit epochs {txns[0].epoch}-{last}", produce_and_commit)
+        for txn in txns:
+            self._release_wal(txn)
+            txn.carried = ()
+            if trace.ON:
+                trace.event("commit_ack", epoch=txn.epoch, subtask=self.ctx.subtask)
 
     def wait_for_commits(self, timeout: float | None = None) -> None:
         """Return once every commit handed over so far is in Kafka (exactly-once); raise
