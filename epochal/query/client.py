@@ -125,9 +125,14 @@ class QueryClient:
             try:
                 wait = min(5.0, max(0.5, self._deadline - time.monotonic()))  # the handshake, within the lookup's time
                 conn = wire.connect(address, self.key, hello, timeout=wait, tls=self.tls)
-            except (wire.AuthenticationError, wire.ConnectionClosed) as exc:
+            except wire.AuthenticationError as exc:
                 raise QueryError(f"query endpoint {address[0]}:{address[1]} refused the token or the TLS "
                                  f"handshake (an encrypted job needs tls=JobHandle.query_tls): {exc}") from exc
+            except wire.ConnectionClosed as exc:  # closed before it spoke: an endpoint going away (a task
+                self._routes = None  # handing over to its sidecar, a task ending), not a refusal: ask again
+                raise _Retry(f"query endpoint {address[0]}:{address[1]} closed the connection before the handshake "
+                             "(it refused the TLS handshake — an encrypted job needs tls=JobHandle.query_tls — or "
+                             f"it was going away): {exc}") from exc
             except OSError as exc:
                 raise _Retry(f"{address[0]}:{address[1]} unreachable: {exc}") from exc
             self._conns[address] = conn
