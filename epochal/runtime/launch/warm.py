@@ -21,14 +21,16 @@ Contract:
   (a changed ``os.environ`` — a test's fault-injection variable — must reach the tasks);
   otherwise the spare is closed and the launcher starts its own zygote, as without
   :func:`prewarm`. A spare that died is never handed out.
-* :func:`disable` stops making spares and closes the one kept. A spare whose driver exits
-  sees its pipe close and exits too (the zygote's own rule): nothing outlives the driver.
+* :func:`disable` stops making spares and kills the one kept (it never forked a task); it
+  runs at the driver's exit too. A spare whose driver dies sees its pipe close and exits
+  (the zygote's own rule): nothing outlives the driver.
 
 Not thread-safe across concurrent local jobs started from several threads: each takes the
 spare or starts its own, both are correct; only the saving is lost.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import select
 import subprocess
@@ -91,6 +93,8 @@ def prewarm(wait: bool = True, timeout: float = 60.0) -> None:
     ``timeout`` s). Idempotent: a usable spare is kept, not replaced."""
     global _enabled, _spare
     with _lock:
+        if not _enabled:
+            atexit.register(disable)  # the spare goes with the driver, without a word
         _enabled = True
         if _spare is not None and (not _spare.alive() or _spare.fingerprint != _fingerprint()):
             _spare.close()

@@ -54,7 +54,10 @@ def main() -> None:
     inp = sys.stdin.fileno()
     out = os.dup(sys.stdout.fileno())  # the protocol pipe; fd 1 becomes stderr so prints
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # of user code never corrupt it
-    write_message(out, ("ready",))  # imported: a spare zygote (launch.warm) may be handed out
+    try:
+        write_message(out, ("ready",))  # imported: a spare zygote (launch.warm) may be handed out
+    except BrokenPipeError:  # the parent went away while we imported
+        return
     children: set[int] = set()
     while True:
         ready, _, _ = select.select([inp], [], [], 0.05)
