@@ -17,7 +17,8 @@ For each query (benchmarks/nexmark_queries.py: q1, q2, q3, q4, q5, q7, q8) and e
    included; the zygote the tasks fork from has imported the runtime before the clock
    starts — ``epochal.runtime.launch.warm.prewarm`` —, as Spark's session is up before its); ``cpu_s`` is the CPU time of this process tree over the run (tasks, driver,
    and for Spark its JVM), ``events_per_cpu_s`` the events per CPU-second. Spark: the events were written to Parquet beforehand (not timed); ``trigger(availableNow=True)``
-   reads them all, ``local[2]``, 2 shuffle partitions, the JSON file sink (exactly-once);
+   reads them all, ``local[2]``, 2 shuffle partitions, the Parquet file sink (exactly-once;
+   like epochal's: no compression, no dictionary pages);
    the time is ``start()`` → ``awaitTermination()`` (the session exists already); the
    data files come in one micro-batch (``maxFilesPerTrigger``: all of them). A last
    file holds sentinel events far past the input so that Spark's watermark passes the last
@@ -40,7 +41,6 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
-import json
 import os
 import shutil
 import sys
@@ -63,16 +63,15 @@ def _ship_queries() -> None:
 
 
 def _rows(directory: str) -> collections.Counter:
-    """The rows of Spark's JSON file sink (its data files, not its log)."""
+    """The rows of Spark's Parquet file sink (its data files, not its log)."""
+    import pyarrow.parquet as pq
+
     out = collections.Counter()
-    for path in glob.glob(os.path.join(directory, "**", "*.json*"), recursive=True):
-        if "_staging" in path or "_spark_metadata" in path or path.endswith(".crc"):
+    for path in glob.glob(os.path.join(directory, "**", "*.parquet"), recursive=True):
+        if "_staging" in path or "_spark_metadata" in path:
             continue
-        with open(path) as f:
-            for line in f:
-                if line.strip():
-                    row = json.loads(line)
-                    out[tuple(row.values()) if isinstance(row, dict) else tuple(row)] += 1
+        table = pq.read_table(path)
+        out.update(zip(*(table.column(i).to_pylist() for i in range(table.num_columns))))
     return out
 
 
@@ -174,7 +173,8 @@ def run_spark(spark, query: str, n: int, work: str, tag: str) -> dict:
     events = spark.readStream.schema(nq.SPARK_SCHEMA).option("maxFilesPerTrigger", files - 1).parquet(indir)
     frame = nq.spark_query(query, events)
     cpu0, t0 = harness.tree_cpu_seconds(), time.monotonic()
-    q = (frame.writeStream.format("json").outputMode("append").option("path", out)
+    q = (frame.writeStream.format("parquet").outputMode("append").option("path", out)
+         .option("compression", "none").option("parquet.enable.dictionary", "false")  # as epochal's sink
          .option("checkpointLocation", ck).trigger(availableNow=True).start())
     q.awaitTermination()
     seconds = time.monotonic() - t0
