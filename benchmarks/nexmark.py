@@ -15,7 +15,8 @@ For each query (benchmarks/nexmark_queries.py: q1, q2, q3, q4, q5, q7, q8) and e
    events from JSON-lines files written beforehand (one per source subtask, not timed);
    the time is the job's ``duration_s`` (driver: start → final commit, task start-up
    included; the zygote the tasks fork from has imported the runtime before the clock
-   starts — ``epochal.runtime.launch.warm.prewarm`` —, as Spark's session is up before its); ``cpu_s`` is the CPU time of this process tree over the run (tasks, driver,
+   starts — ``epochal.runtime.launch.warm.prewarm`` —, as Spark's session is up before its
+   query starts); ``cpu_s`` is the CPU time of this process tree over the run (tasks, driver,
    and for Spark its JVM), ``events_per_cpu_s`` the events per CPU-second. Spark: the events were written to Parquet beforehand (not timed); ``trigger(availableNow=True)``
    reads them all, ``local[2]``, 2 shuffle partitions, the Parquet file sink (exactly-once;
    like epochal's: no compression, no dictionary pages);
@@ -30,7 +31,8 @@ For each query (benchmarks/nexmark_queries.py: q1, q2, q3, q4, q5, q7, q8) and e
    likewise ``marginal_events_per_cpu_s`` from the CPU seconds of both runs (less sensitive
    to other tenants of the machine than wall time). Not from the check run: Spark's first
    query of the session pays the JVM's warm-up there (q1's check took more CPU than its 4M
-   run). The columnar path reads only the columns its query uses
+   run), nor from a run that pays the JIT's warm-up of the query the next run no longer
+   pays: ``--warmup-events W`` runs W events first, untimed. The columnar path reads only the columns its query uses
    (``ArrowFileSource(columns=...)``, nexmark_queries.COLUMNS), as Spark's Parquet scan does.
 
 Writes ``benchmarks/results/nexmark.json`` and prints events/s per query and engine and
@@ -247,6 +249,9 @@ def main(argv=None) -> int:
                    help="epochal-columnar runs the queries in nexmark_queries.COLUMNAR only")
     p.add_argument("--baseline-events", type=int, default=None,
                    help="also run this many events (after the check, before the capacity run): marginal rates")
+    p.add_argument("--warmup-events", type=int, default=None,
+                   help="first run this many events, not timed (before the baseline: its time must not hold the "
+                        "JIT's warm-up that the capacity run no longer pays)")
     p.add_argument("--parallelism", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "nexmark.json")
     p.add_argument("--work", default=None)
@@ -287,6 +292,8 @@ def main(argv=None) -> int:
                         raise AssertionError(f"{engine} {query}: output differs from the oracle: "
                                              f"{sum(missing.values())} missing (e.g. {list(missing)[:2]}), "
                                              f"{sum(extra.values())} extra (e.g. {list(extra)[:2]})")
+                    if args.warmup_events:  # not timed: the JVM's JIT (Spark) compiles this query's code here
+                        run(args.warmup_events, "warmup")
                     base = run(args.baseline_events, "baseline") if args.baseline_events else None
                     full = run(args.events, "capacity")
                     rec.update({"events": args.events, "seconds": full["seconds"],
