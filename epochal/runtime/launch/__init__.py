@@ -1,7 +1,8 @@
 """Launching task processes: the only package that imports pyspark.
 
 * ``launcher`` — the :class:`~epochal.runtime.launch.launcher.Launcher` interface and the
-  local launcher (tasks forked from a pre-imported ``zygote`` process);
+  local launcher (tasks forked from a pre-imported ``zygote`` process); ``warm`` — a spare
+  zygote imported before the next local job asks for it (opt-in, ``warm.prewarm()``);
 * ``spark`` — :class:`~epochal.runtime.launch.spark.SparkLauncher`: every task one
   long-running task of a Spark barrier stage; ``cluster`` — checks for a real cluster
   (storage every host sees); ``java`` — a Java for the embedded Spark;

@@ -6,7 +6,6 @@ decides where the processes live and how to stop them.
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 from abc import ABC, abstractmethod
 from typing import Callable
@@ -64,11 +63,11 @@ class LocalLauncher(Launcher):
     """
 
     def __init__(self):
-        from epochal.runtime.launch import zygote
+        from epochal.runtime.launch import warm, zygote
 
         self._zygote_mod = zygote
-        self._proc = subprocess.Popen([sys.executable, "-m", "epochal.runtime.launch.zygote"],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        # a spare zygote already imported (warm.prewarm, opt-in), else a new one
+        self._proc = warm.take() or warm.spawn()
         self._lock = threading.Lock()
         self._running: dict[int, tuple[_Unit, int]] = {}  # pid -> (unit, task index)
         self._starting: dict[int, _Unit] = {}  # task index -> unit, until its pid is known
@@ -81,6 +80,8 @@ class LocalLauncher(Launcher):
             msg = self._zygote_mod.read_message(fd)
             if msg is None:
                 return
+            if msg[0] == "ready":  # the zygote has imported the runtime
+                continue
             with self._lock:
                 if msg[0] == "pid":
                     self._running[msg[2]] = (self._starting.pop(msg[1]), msg[1])
@@ -130,6 +131,9 @@ class LocalLauncher(Launcher):
             self._proc.wait(10)
         except subprocess.TimeoutExpired:
             self._proc.kill()
+        from epochal.runtime.launch import warm
+
+        warm.after_close()
 
 
 class _Unit:

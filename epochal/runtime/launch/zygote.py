@@ -6,8 +6,8 @@ per task (a few ms). It is single-threaded (``select`` loop) so forking is safe.
 
 Protocol with its parent (the driver) over stdin/stdout pipes — a private channel
 between a parent and the child it spawned, not a network peer: length-prefixed pickles
-``("run", index, attempt_bytes)`` / ``("kill", pid)`` in, ``("pid", index, pid)`` /
-``("exit", pid, code)`` out.
+``("run", index, attempt_bytes)`` / ``("kill", pid)`` in, ``("ready",)`` (once, after the
+imports: :mod:`epochal.runtime.launch.warm`), ``("pid", index, pid)`` / ``("exit", pid, code)`` out.
 """
 from __future__ import annotations
 
@@ -54,6 +54,10 @@ def main() -> None:
     inp = sys.stdin.fileno()
     out = os.dup(sys.stdout.fileno())  # the protocol pipe; fd 1 becomes stderr so prints
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # of user code never corrupt it
+    try:
+        write_message(out, ("ready",))  # imported: a spare zygote (launch.warm) may be handed out
+    except BrokenPipeError:  # the parent went away while we imported
+        return
     children: set[int] = set()
     while True:
         ready, _, _ = select.select([inp], [], [], 0.05)

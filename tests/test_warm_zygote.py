@@ -1,0 +1,66 @@
+"""epochal.runtime.launch.warm: a spare zygote imported before the next local job.
+
+The tasks of a job report their parent (the zygote that forked them) and an environment
+variable, so each test sees which zygote ran them: the spare when it was started under the
+job's environment, a fresh one otherwise (a changed environment must reach the tasks)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import cloudpickle
+import pytest
+
+import epochal as ep
+from epochal.runtime.launch import warm
+from epochal.sinks import FileSink, read_committed
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+MARK = "EPOCHAL_WARM_TEST_MARK"
+
+
+@pytest.fixture
+def spare_zygotes():
+    yield
+    warm.disable()  # never leave a spare behind, even when a test fails
+
+
+def _run(tmp_path, name: str) -> list:
+    """A local job whose output is ``(zygote pid, MARK)`` per record, one per task process."""
+    out = str(tmp_path / name)
+    flow = ep.Dataflow(name, parallelism=2)
+    (flow.source("src", ep.sources.CollectionSource(list(range(4))))
+     .map("who", lambda x: [x, os.getppid(), os.environ.get(MARK)]).sink("out", FileSink(out)))
+    flow.run(runtime="local", checkpoint=ep.CheckpointConfig(storage=f"file://{tmp_path / (name + '-ck')}",
+                                                             interval=0.05))
+    return sorted(read_committed(out))
+
+
+def test_the_spare_forks_the_next_jobs_tasks_and_another_is_kept(tmp_path, spare_zygotes):
+    warm.prewarm()
+    first = warm._spare
+    assert first is not None and first._ready and first.alive()
+    rows = _run(tmp_path, "a")
+    assert [r[0] for r in rows] == [0, 1, 2, 3]
+    assert {r[1] for r in rows} == {first.proc.pid}  # the spare forked every task
+    assert not first.alive()  # closed with its job
+    second = warm._spare
+    assert second is not None and second is not first and second.alive()  # the next job's spare
+
+
+def test_a_spare_from_another_environment_is_not_used(tmp_path, spare_zygotes, monkeypatch):
+    warm.prewarm(wait=False)
+    stale = warm._spare
+    monkeypatch.setenv(MARK, "set-after-the-spare")
+    rows = _run(tmp_path, "c")
+    assert {r[2] for r in rows} == {"set-after-the-spare"}  # the tasks see the job's environment
+    assert stale.proc.pid not in {r[1] for r in rows}
+    assert not stale.alive()  # the stale spare was closed, not leaked
+
+
+def test_without_prewarm_no_spare_is_kept(tmp_path, spare_zygotes):
+    warm.disable()
+    rows = _run(tmp_path, "d")
+    assert [r[0] for r in rows] == [0, 1, 2, 3]
+    assert warm._spare is None
