@@ -11,7 +11,6 @@ view of it (wait, trigger, cancel, savepoints).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import secrets
@@ -32,6 +31,7 @@ from epochal.runtime.driver.coordinator_server import AttemptOutcome, Coordinato
 from epochal.runtime.driver.query_directory import QueryDirectory, routes_of
 from epochal.runtime.driver.result import JobResult
 from epochal.runtime.driver.savepoints import SavepointRequest, SavepointTracker
+from epochal.runtime.driver.units import LaunchUnits
 from epochal.runtime.task.attempt import AttemptSpec
 from epochal.runtime.transport import wire
 
@@ -463,60 +463,13 @@ class JobDriver:
                               inline_state=self.checkpoint.inline_state, lineage=self.lineage,
                               query_key=query_key(self.query_token), query_tls=self.query_tls)
         payload = cloudpickle.dumps(attempt)
-        index = {t.id: i for i, t in enumerate(self.plan.tasks)}
-        groups = server.groups or [tuple(index)]  # one launch unit per failover region
-        exited = threading.Event()
-        ended: set[int] = set()
-        current = [0] * len(groups)  # each failover region's running incarnation
-
-        def on_exit_of(group: int, incarnation: int):
-            def on_exit(ok: bool, cause: str, primary: bool = False, fatal: bool = False) -> None:
-                if incarnation != current[group]:
-                    return  # a failover region's earlier launch, stopped when it restarted
-                if not ok:
-                    if server.groups is not None and not fatal:
-                        server.fail_group(group, incarnation, cause, secondary=not primary)
-                    else:
-                        server.fail(cause, secondary=not (primary or fatal), fatal=fatal)
-                    return
-                ended.add(group)
-                if len(ended) < len(groups):
-                    return
-                exited.set()
-                if server.outcome is None:
-                    # all tasks returned: give the coordinator a moment to read their goodbyes
-                    if server.wait(5.0) is None:
-                        server.fail("all tasks exited but the coordinator did not see the job finish")
-            return on_exit
-
+        units = LaunchUnits(self, server, attempt)  # one per failover region, relaunched alone
         entry["launched_s"] = time.monotonic() - t0
         self.state = "running"
-        units = [self.launcher.launch(payload, [index[t] for t in g], on_exit_of(i, 0)) for i, g in enumerate(groups)]
-        while True:  # failover regions restart here, while the others run on
-            event = server.events.get()
-            if event[0] == "outcome":
-                break
-            _, group, incarnation, cause = event
-            current[group] = incarnation  # from now on the stopped launch's reports are stale
-            self.launcher.cancel(units[group])
-            if self._restarts_left <= 0:
-                server.fail(f"failover region {group} failed and restart.max_attempts="
-                            f"{self.restart.max_attempts} restarts are spent: {cause}")
-                continue
-            self._restarts_left -= 1
-            time.sleep(self.restart.delay)
-            regenerated = self.storage.next_generation()
-            self.generation = regenerated
-            self.restarts.append({"generation": regenerated, "cause": (cause or "").splitlines()[0][:500],
-                                  "tasks": list(groups[group])})
-            log.warning("job %s: failover region %d (%s) restarts alone as generation %d", self.plan.job, group,
-                        ", ".join(groups[group]), regenerated)
-            server.relaunched(group, incarnation, regenerated)
-            units[group] = self.launcher.launch(cloudpickle.dumps(dataclasses.replace(attempt, generation=regenerated)),
-                                                [index[t] for t in groups[group]], on_exit_of(group, incarnation))
+        units.run(payload)
         outcome: AttemptOutcome = server.wait()
         if outcome.ok:
-            exited.wait(30.0)  # tasks said goodbye; let them exit on their own
+            units.exited.wait(30.0)  # tasks said goodbye; let them exit on their own
         self.launcher.cancel()  # stops whatever still runs (every task, after a failure)
         server.close()
         if not outcome.ok and server.lost_hosts:
