@@ -10,6 +10,8 @@ snapshots, restores and rescaling by key group need nothing of their own here.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from epochal.coprocess.functions import CoContext, CoProcessFunction, KeyedCoProcessFunction
 from epochal.operators.base import OperatorContext, RuntimeOperator
 from epochal.operators.keyed import _CurrentKey, _KeyedOperator
@@ -17,7 +19,7 @@ from epochal.operators.timer_firing import TimerFiring
 from epochal.time.units import MIN_TIME, to_seconds
 from epochal.time.watermarks import WatermarkTracker
 
-__all__ = ["CoProcessOperator", "KeyedCoProcessOperator", "create_co_operator"]
+__all__ = ["CoProcessOperator", "InputTimes", "KeyedCoProcessOperator", "create_co_operator"]
 
 
 def _side_ports(function, where: str) -> dict:
@@ -27,13 +29,33 @@ def _side_ports(function, where: str) -> dict:
     return {p: [] for p in ports}
 
 
+@dataclass(frozen=True)
+class InputTimes:
+    """The operator state of a two-input operator: each input's own event time at the cut.
+
+    Restored, so that records replayed after a restore — an unaligned checkpoint's
+    in-flight records, or a source's replay — are judged late or on time against the same
+    input watermark as in the run that snapshotted them (without it they met ``MIN_TIME``
+    until the first watermark arrived, and a late row among them joined as on time)."""
+
+    times: tuple
+
+    @classmethod
+    def rescale(cls, states: dict, subtask: int, parallelism: int) -> InputTimes | None:
+        """After a rescale, each input's earliest time over the old subtasks: never a newer
+        watermark than any of them had, so no record that was on time becomes late."""
+        held = [s.times for s in states.values() if s is not None]
+        return cls(tuple(min(t[side] for t in held) for side in (0, 1))) if held else None
+
+
 class _InputClocks:
     """Each input's own event time (a :class:`WatermarkTracker` over its channels), beside
     the task's combined one: ``input_time[side]``, for the input of the current batch
-    ``self.side``."""
+    ``self.side``; snapshotted and restored as :class:`InputTimes`."""
 
     side = 0
     input_time = (MIN_TIME, MIN_TIME)
+    _restored_times = (MIN_TIME, MIN_TIME)
 
     def bind_input_channels(self, inputs: list[int]) -> None:
         sides = [0 if i < self.first_inputs else 1 for i in inputs]
@@ -43,7 +65,17 @@ class _InputClocks:
             self._slot.append((side, counts[side]))
             counts[side] += 1
         self._clocks = (WatermarkTracker(counts[0]), WatermarkTracker(counts[1]))
-        self.input_time = [MIN_TIME, MIN_TIME]
+        self.input_time = list(self._restored_times)  # (the task binds after restoring)
+
+    def restore(self, state) -> None:
+        super().restore(state)
+        if isinstance(state, InputTimes):
+            self._restored_times = tuple(state.times)
+            self.input_time = list(state.times)
+
+    def snapshot(self, epoch: int):
+        held = super().snapshot(epoch)
+        return InputTimes(tuple(self.input_time)) if held is None else held
 
     def input_watermark(self, channel: int, watermark: int, idle: bool) -> None:
         side, position = self._slot[channel]
