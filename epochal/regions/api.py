@@ -83,15 +83,15 @@ class Autonomous(Region):
         restart: its :class:`~epochal.config.RestartStrategy`; ``None``: the job's.
 
     Raises:
-        PipelineDefinitionError: a guarantee other than at-least-once, or a checkpoint
+        PipelineDefinitionError: a guarantee (it is always at-least-once), or a checkpoint
             interval (an autonomous region takes no periodic snapshot).
     """
 
     def __post_init__(self):
-        if self.guarantee is not None and Guarantee.parse(self.guarantee) is not Guarantee.AT_LEAST_ONCE:
+        if self.guarantee is not None:  # it has one guarantee: none is chosen here
             raise PipelineDefinitionError(f"autonomous region {self.name!r}: guarantee={self.guarantee!r}: an "
-                                          "autonomous region takes no snapshot, so it is at-least-once; use "
-                                          "epochal.Region for a consistent one")
+                                          "autonomous region takes no snapshot, so it is always at-least-once and "
+                                          "takes no guarantee; use epochal.Region for a consistent one")
         if self.checkpoint is not None and self.checkpoint.interval is not None:
             raise PipelineDefinitionError(f"autonomous region {self.name!r}: checkpoint.interval="
                                           f"{self.checkpoint.interval}: an autonomous region takes no periodic "
