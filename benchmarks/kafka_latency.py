@@ -15,6 +15,8 @@ from __future__ import annotations
 import time
 import uuid
 
+from epochal.connectors.kafka.source import FETCH_PACING  # every consumer here fetches as the KafkaSource does
+
 PARTITION_KEYS = 1000
 
 
@@ -66,7 +68,7 @@ def read(servers: str, topic: str, partitions: int, total: int, seen, results, t
     from confluent_kafka import Consumer, TopicPartition
 
     c = Consumer({"bootstrap.servers": servers, "group.id": uuid.uuid4().hex, "isolation.level": "read_committed",
-                  "fetch.wait.max.ms": 1, "fetch.min.bytes": 1})
+                  "fetch.wait.max.ms": 1, "fetch.min.bytes": 1, **FETCH_PACING})
     c.assign([TopicPartition(topic, q, 0) for q in range(partitions)])
     got = bytearray(total)
     lat: list[float] = []
@@ -154,7 +156,7 @@ def clients(servers: str, transactional: bool, linger_ms: float = 1, **consumer_
 
     group = uuid.uuid4().hex
     c = Consumer({"bootstrap.servers": servers, "group.id": group, "enable.auto.commit": False,
-                  "isolation.level": "read_committed", **consumer_conf})
+                  "isolation.level": "read_committed", **FETCH_PACING, **consumer_conf})
     conf = {"bootstrap.servers": servers, "linger.ms": linger_ms, "enable.idempotence": True}
     if transactional:
         conf["transactional.id"] = f"bench-{group}"

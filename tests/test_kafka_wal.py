@@ -13,6 +13,7 @@ import pytest
 
 import test_kafka
 from epochal.alignment.factory import SinkMode
+from epochal.connectors.kafka import wal
 from epochal.errors import ConfigError
 from epochal.sinks import KafkaSink, SinkContext
 from epochal.testing import CrashDuringCommit
@@ -158,3 +159,22 @@ def test_a_cluster_refuses_a_spill_directory_not_every_host_sees(tmp_path):
     shared = str(tmp_path / "nfs")
     check_storage_visible_from_every_host(plan(wal_dir=shared + "/wal"), "s3://b/ckpt", (shared,), "spark://m:7077")
     check_storage_visible_from_every_host(plan(wal_budget=None), "s3://b/ckpt", (), "spark://m:7077")
+
+
+def test_a_segment_travels_in_a_checkpoint_as_it_was_written():
+    """The records in memory are pickled as one blob without a memo (wal.WalSegment.__getstate__):
+    every row comes back equal and in order — shared objects, headers, None keys and values —
+    and a segment pickled before the blob existed (its ``records`` in the state) still loads."""
+    shared = b"same object in many rows"
+    rows = [(None if i % 3 == 0 else b"k%d" % i, shared if i % 2 else b"v%d" % i,
+             [("h", b"x"), ("epoch", b"%d" % i)] if i % 5 == 0 else None, 1_700_000_000_000 + i) for i in range(1000)]
+    rows.append((b"k", None, None, 1))  # a tombstone
+    segment = wal.WalSegment()
+    segment.append_many(rows, sum(len(r[1] or b"") for r in rows), wal.Budget(None), lambda: "unused")
+    back = pickle.loads(pickle.dumps({"handle": segment}))["handle"]
+    assert list(back) == rows and back.mem_bytes == segment.mem_bytes and back.first_ts == rows[0][3]
+    assert "records" not in segment.__getstate__(), "the records were not pickled as one blob"
+    legacy = wal.WalSegment.__new__(wal.WalSegment)
+    legacy.__setstate__({"records": rows[:3], "mem_bytes": 7, "path": None, "spilled": 0, "spilled_bytes": 0,
+                         "first_ts": rows[0][3]})
+    assert list(legacy) == rows[:3]
