@@ -9,7 +9,9 @@ The pipeline is the same everywhere: records pass through unchanged (value, key)
 * ``at-least-once``: the same job, the sink's idempotent producer flushed at each barrier;
 * ``client``: confluent-kafka alone in one process, a consumer feeding an idempotent producer;
 * ``client-transactional``: confluent-kafka alone, consume → produce in transactions that
-  commit the consumed offsets with the records every E ms: the hand-written exactly-once loop.
+  commit the consumed offsets with the records every E ms: the hand-written exactly-once loop;
+* ``broker`` (latency only): no pipeline — the reader reads the input topic itself: the
+  floor every mode stands on (producer, broker, reader and this machine's scheduling).
 
 **Latency** (``--rates`` × ``--epochs``): a producer process writes R records/s for
 ``--latency-seconds`` into the input topic, each value carrying its produce time; a
@@ -51,7 +53,8 @@ from epochal.sources import KafkaSource  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results" / "kafka.json"
 PAYLOAD = b"x" * 100
 ENGINE_MODES = ("exactly-once", "at-least-once")
-LATENCY_MODES = ["exactly-once", "at-least-once", "client", "client-transactional"]
+LATENCY_MODES = ["exactly-once", "at-least-once", "client", "client-transactional", "broker"]
+UNTIMED_MODES = ("client", "broker")  # latency modes without epochs or commit intervals
 MODES = ["exactly-once", "at-least-once", "client", "client-transactional"]
 
 
@@ -185,7 +188,7 @@ def run_latency(broker, args, mode: str, rate: float, epoch_s: float | None, spa
     seen exactly once by the read_committed reader."""
     ctx = mp.get_context("spawn")
     src = broker.create_topic(None, args.partitions)
-    out = broker.create_topic(None, args.partitions)
+    out = src if mode == "broker" else broker.create_topic(None, args.partitions)
     total = int(rate * args.latency_seconds)
     seen, go, stop, results = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Queue()
     reader = ctx.Process(target=kafka_latency.read, args=(broker.servers, out, args.partitions, total, seen, results,
@@ -200,7 +203,7 @@ def run_latency(broker, args, mode: str, rate: float, epoch_s: float | None, spa
     try:
         if mode in ENGINE_MODES:
             handle = latency_job(broker, args, mode, epoch_s, src, out, spark)
-        else:
+        elif mode != "broker":
             piper = ctx.Process(target=kafka_latency.pipe, args=(
                 broker.servers, src, out, args.partitions,
                 None if mode == "client" else epoch_s * 1000, stop), daemon=True)
@@ -285,7 +288,7 @@ def main() -> int:
         if not args.skip_latency:
             for rate in rates:
                 for mode in modes:
-                    for epoch_ms in ([None] if mode == "client" else epochs):
+                    for epoch_ms in ([None] if mode in UNTIMED_MODES else epochs):
                         rec = run_latency(broker, args, mode, rate, None if epoch_ms is None else epoch_ms / 1000, spark)
                         doc["latency"].append(rec)
                         print(json.dumps({k: rec.get(k) for k in ("mode", "rate", "epoch_ms", "latency_ms", "seen",
