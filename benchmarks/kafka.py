@@ -175,6 +175,7 @@ def latency_job(broker, args, guarantee: str, epoch_s: float, src: str, out: str
          .sink("out", KafkaSink(broker.servers, out, **sink_options)))
     options = {"guarantee": guarantee, "runtime": args.runtime,
                "checkpoint": ep.CheckpointConfig(interval=epoch_s, max_concurrent=args.max_concurrent,
+                                                 inline_state=args.inline_state,
                                                  storage="file://" + tempfile.mkdtemp(dir=args.tmp))}
     if spark is not None:
         options["spark"] = spark
@@ -257,6 +258,8 @@ def main() -> int:
     parser.add_argument("--producers", type=int, default=None, help="KafkaSink producers (default: the sink's)")
     parser.add_argument("--max-concurrent", type=int, default=1,
                         help="latency runs: checkpoint.max_concurrent (epochs pending at once)")
+    parser.add_argument("--inline-state", type=int, default=ep.CheckpointConfig.inline_state,
+                        help="latency runs: CheckpointConfig.inline_state (bytes)")
     parser.add_argument("--source-config", type=json.loads, default=None,
                         help="latency runs: more KafkaSource consumer settings, a JSON object")
     parser.add_argument("--sink-config", type=json.loads, default=None,
