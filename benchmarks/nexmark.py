@@ -247,6 +247,8 @@ def spark_session(parallelism: int):
     spark = (SparkSession.builder.master(f"local[{parallelism}]").appName("nexmark")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", str(parallelism))
+             # q4's one micro-batch of 1M events ran out of the default 1 GB heap (its join state)
+             .config("spark.driver.memory", "4g")
              .config("spark.sql.session.timeZone", "UTC")
              .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
              .getOrCreate())
@@ -382,9 +384,13 @@ def main(argv=None) -> int:
                 if r.get("marginal_events_per_cpu_s") and s.get("marginal_events_per_cpu_s"):
                     entry[f"marginal_cpu_ratio_{name}_to_spark"] = (r["marginal_events_per_cpu_s"]
                                                                     / s["marginal_events_per_cpu_s"])
+            harness.write_json(args.out, doc)  # so far: a later query's crash keeps these
     finally:
         if spark is not None:
-            spark.stop()
+            try:
+                spark.stop()
+            except Exception as exc:  # noqa: BLE001 — a JVM that died (its error is in the doc already)
+                doc["errors"].append(f"spark.stop: {type(exc).__name__}: {exc}"[:500])
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
     harness.finish(doc, info)
