@@ -236,7 +236,7 @@ def write_parquet(n: int, work: str, files: int = 8, workers: int = 2) -> str:
     return d
 
 
-def spark_session(parallelism: int):
+def spark_session(parallelism: int, memory: str = "4g"):
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from epochal.runtime.launch.java import ensure_java
@@ -247,8 +247,9 @@ def spark_session(parallelism: int):
     spark = (SparkSession.builder.master(f"local[{parallelism}]").appName("nexmark")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", str(parallelism))
-             # q4's one micro-batch of 1M events ran out of the default 1 GB heap (its join state)
-             .config("spark.driver.memory", "4g")
+             # the default 1 GB heap: q4's one micro-batch of 1M events ran out of it (its join
+             # state), and the other queries' large micro-batches ran slower (docs/joins.md, run 6)
+             .config("spark.driver.memory", memory)
              .config("spark.sql.session.timeZone", "UTC")
              .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
              .getOrCreate())
@@ -309,6 +310,7 @@ def main(argv=None) -> int:
     p.add_argument("--query-events", default="",
                    help="smaller backlogs for slow queries, e.g. q4=1000000,q5=1000000: that query's --events; "
                         "its warm-up and baseline scale by the same factor")
+    p.add_argument("--spark-memory", default="4g", help="Spark's driver (= executor, local) heap")
     p.add_argument("--parallelism", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "nexmark.json")
     p.add_argument("--work", default=None)
@@ -323,7 +325,7 @@ def main(argv=None) -> int:
     doc = harness.new_doc("nexmark", args, info)
     doc.update({"queries": {}, "errors": []})
     work = args.work or tempfile.mkdtemp(prefix="nexmark-")
-    spark = spark_session(args.parallelism) if "spark" in engines else None
+    spark = spark_session(args.parallelism, args.spark_memory) if "spark" in engines else None
     try:
         for query in queries:
             entry = doc["queries"][query] = {}
