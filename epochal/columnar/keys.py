@@ -4,7 +4,11 @@ A row's key group is the record path's: :func:`~epochal.backends.keygroups.key_g
 of its key's Python value — so a key lands on the same subtask whichever kind of stream
 carries it, and keyed state, checkpoints and rescaling do not care. Per batch the hash runs
 once per *distinct* key: the key column is dictionary-encoded, its dictionary hashed in
-Python (through a bounded cache), and the per-row key groups are one ``take``.
+Python (through a bounded cache), and the per-row key groups are one ``take``. An integer
+key column without nulls (int8–int64, uint8–uint32) is hashed row by row in numpy instead
+(:func:`~epochal.backends.keygroups.key_groups_of_int64`: the MurmurHash3 finalizer that
+:func:`~epochal.backends.keygroups.stable_hash` applies to 64-bit integers), for ids, where
+nearly every key is distinct, the dictionary saves nothing.
 
     >>> import pyarrow as pa
     >>> b = pa.record_batch({"word": ["a", "b", "a"]})
