@@ -384,21 +384,6 @@ def _q1_euros(batch):
     return pc.divide(pc.multiply(batch["price"], 908), 1000)
 
 
-def _q7_partial(batch):
-    """A batch of bids → its highest price per 10 s window, stamped with the window's newest
-    bid time (so each row stays in its window and is no later than the bids it stands for):
-    the partial aggregate Spark runs before its exchange, so one row per window and batch
-    crosses the shuffle instead of every bid."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    t = batch["t"]
-    g = (pa.table({"w": pc.divide(t, WINDOW_MS), "price": batch["price"], "t": t})
-         .group_by("w", use_threads=False).aggregate([("price", "max"), ("t", "max")]))
-    return pa.record_batch({"kind": pa.array([2] * g.num_rows, batch.schema.field("kind").type),
-                            "price": g["price_max"].combine_chunks(), "t": g["t_max"].combine_chunks()})
-
-
 #: rows per batch read from the Parquet files (the source's default is 64k): fewer calls per
 #: event into every kernel and the sink
 BATCH_ROWS = 1 << 18
@@ -469,8 +454,9 @@ def epochal_columnar_flow(query: str, parquet_dir: str, out: str, parallelism: i
                   .window(Tumbling(Q5_SLIDE_MS / 1000)).aggregate("q5", top=amax("score"))
                   .map_batches("q5-row", _q5_decode))
     elif query == "q7":
-        result = (events.filter("bids", _Kind(2)).map_batches("q7-partial", _q7_partial)
-                  .key_by("kind").window(window).aggregate("q7", price=amax("price"))
+        # local=True: each batch's highest price per window, before the shuffle (Spark's partial aggregate)
+        result = (events.filter("bids", _Kind(2))
+                  .key_by("kind").window(window).aggregate("q7", price=amax("price"), local=True)
                   .with_column("q7-start", "start", _millis("window_start")).select("q7-row", "start", "price"))
     elif query == "q8":
         rows = events.filter("q8-rows", _Kind(0, or_kind=1))  # chained into the source: 8% of the events go on

@@ -234,17 +234,26 @@ def _key_groups_of_int(keys: list, max_parallelism: int) -> list[int]:
     complement (``key & _M64``) when every key fits in 64 bits."""
     if _np is not None and len(keys) >= _VECTOR_MIN:
         try:
-            k = _np.array(keys, dtype=_np.int64).view(_np.uint64)
+            k = _np.array(keys, dtype=_np.int64)
         except OverflowError:  # a key beyond 64 bits takes stable_hash's encoded path
             pass
         else:
-            k ^= k >> _np.uint64(33)
-            k *= _np.uint64(0xFF51AFD7ED558CCD)
-            k ^= k >> _np.uint64(33)
-            k *= _np.uint64(0xC4CEB9FE1A85EC53)
-            k ^= k >> _np.uint64(33)
-            return (k % _np.uint64(max_parallelism)).tolist()
+            return key_groups_of_int64(k, max_parallelism).tolist()
     return [stable_hash(key) % max_parallelism for key in keys]
+
+
+def key_groups_of_int64(keys, max_parallelism: int):
+    """Key groups (a numpy ``int64`` array) of a numpy array of signed 64-bit integer keys:
+    :func:`key_group_for` of each (:func:`_fmix64` of the two's complement), vectorized.
+    ``keys`` is not modified. Needs numpy."""
+    assert _np is not None
+    k = _np.asarray(keys, dtype=_np.int64).view(_np.uint64).copy()
+    k ^= k >> _np.uint64(33)
+    k *= _np.uint64(0xFF51AFD7ED558CCD)
+    k ^= k >> _np.uint64(33)
+    k *= _np.uint64(0xC4CEB9FE1A85EC53)
+    k ^= k >> _np.uint64(33)
+    return (k % _np.uint64(max_parallelism)).astype(_np.int64)
 
 
 class KeyGroupAssigner:

@@ -98,8 +98,11 @@ class ColumnJoinSpec:
 
 
 def _column(table, name: str):
+    """Column ``name`` of ``table`` as one array (a copy only when it has several chunks)."""
     c = table.column(name)
-    return c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
+    if isinstance(c, pa.ChunkedArray):
+        return c.chunk(0) if c.num_chunks == 1 else c.combine_chunks()
+    return c
 
 
 class ColumnJoinOperator(_InputClocks, RuntimeOperator):
@@ -153,6 +156,10 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
         watermark as every key group's floor."""
         if self.dirty:
             kgs = sorted(self.dirty)
+            for side in (0, 1):  # one copy of each buffer here, instead of one per key group's take
+                buffer = self.buffers[side]
+                if buffer is not None and buffer.num_rows and buffer.column(0).num_chunks > 1:
+                    self.buffers[side] = buffer.combine_chunks()
             split = [self._split(self.buffers[side], kgs) for side in (0, 1)]
             for i, kg in enumerate(kgs):
                 left, right = split[0][i], split[1][i]

@@ -99,6 +99,8 @@ class ColumnWindowSpec:
     ttl_us: int | None = None
     #: the ttl's clock: "event" (STAMP is the newest event time) or "processing" (the newest arrival)
     ttl_time: str = _EVENT
+    #: the input batches are partials of a ``<name>.local`` node (:class:`PaneLocal`), not raw rows
+    partial_input: bool = False
 
 
 @register_builder("columnar.window")
@@ -128,9 +130,17 @@ class ColumnWindowedStream:
         self._ttl = ttl
 
     def aggregate(self, name: str, *, parallelism: int | None = None, budget_bytes: int = 64 << 20,
-                  queryable: bool = False, **aggregations) -> "ColumnWindowOutput":
+                  queryable: bool = False, local: bool = False, **aggregations) -> "ColumnWindowOutput":
         """One row per key and window: ``aggregate("w", n=count(), total=sum("v"))``.
-        ``queryable=True`` is refused: windows of batches are not queryable yet."""
+        ``queryable=True`` is refused: windows of batches are not queryable yet.
+
+        ``local=True`` adds ``<name>.local`` before the shuffle, chained into the producer's
+        task: each batch becomes one partial row per (key, pane) — its aggregations'
+        partials and the pane's newest event time, so the row stays in its pane and is late
+        exactly when its rows would be (:class:`PaneLocal`) — and only those cross to the
+        window (Spark's partial aggregation before its exchange). The output is the same;
+        ``.late()`` then carries late *partial* rows (key, event time, partial columns), not
+        the input rows. Not with a ``ttl``."""
         from epochal.columnar.aggregates import Aggregation
 
         keyed, assigner, where = self._keyed, self._assigner, f"window {name!r}"
@@ -168,12 +178,27 @@ class ColumnWindowedStream:
                 raise PipelineDefinitionError(f"{where}: output column {out!r} is taken; name the aggregation "
                                               "otherwise")
         time, ttl = event_time_of(keyed, where), _window_ttl(where, self._ttl)
+        if not isinstance(local, bool):
+            raise PipelineDefinitionError(f"{where}: local must be True or False, got {local!r}")
+        if local and ttl is not None:
+            raise PipelineDefinitionError(f"{where}: local=True with a ttl is not supported (a key's stamp needs its "
+                                          "rows); drop one of the two")
+        if local and time.column in aggregations:
+            raise PipelineDefinitionError(f"{where}: with local=True the partial rows carry the event-time column "
+                                          f"{time.column!r}; name the aggregation otherwise")
         ttl_time, ttl_us = ttl if ttl is not None else (_EVENT, None)
         if ttl_us is not None:
             from epochal.columnar.aggregates import max as amax
 
             aggregations = dict(aggregations, **{STAMP: amax(time.column if ttl_time == _EVENT else ARRIVAL)})
-        spec = ColumnWindowSpec(column, time, assigner.spec(), dict(aggregations), budget_bytes, ttl_us, ttl_time)
+        spec = ColumnWindowSpec(column, time, assigner.spec(), dict(aggregations), budget_bytes, ttl_us, ttl_time,
+                                partial_input=local)
+        if local:
+            from epochal.streams import KeyedStream
+
+            forward = Stream(keyed.flow, tuple(Input(p.node, FORWARD, p.feedback, p.port) for p in keyed._ports))
+            partials = forward.map_batches(f"{name}.local", PaneLocal(column, time, spec.panes, spec.aggregations))
+            keyed = KeyedStream(keyed.flow, partials._repartition(keyed._ports[0].partitioning), keyed._key_fn)
         node = keyed._then(NodeKind.WINDOW, name, spec, parallelism, keyed._key_fn, accepts="batches", timed=False)
         return ColumnWindowOutput(keyed.flow, (Input(node.name, FORWARD),), node.name)
 
@@ -200,7 +225,11 @@ class ColumnWindowOperator(RuntimeOperator):
         self.spec, self.time, p = spec, spec.time, spec.panes
         self.size, self.slide, self.offset, self.pane = p.size, p.slide, p.offset, p.pane
         self.plan = PartialPlan(spec.column, spec.aggregations, groups=(PANE,))
-        self.buffer = PartialBuffer(self.plan, spec.budget_bytes)
+        self.partial_input = getattr(spec, "partial_input", False)
+        self.buffer = PartialBuffer(self.plan, spec.budget_bytes, partial_input=self.partial_input)
+        #: the columns a batch is buffered with (PANE goes in at 1)
+        self.columns = ([spec.column] + self.plan.partial_names if self.partial_input
+                        else self.plan.inputs[:1] + self.plan.inputs[2:])
         self.groups = KeyGroups(spec.column, ctx.max_parallelism)
         self.backend = ctx.keyed_backend
         self.panes_state, self.fired_state = f"{ctx.operator}/panes", f"{ctx.operator}/fired"
@@ -310,8 +339,7 @@ class ColumnWindowOperator(RuntimeOperator):
                     self._buffered = min(self._buffered, arrival + self.ttl)
                 elif self.ttl is not None and len(us):
                     self._buffered = min(self._buffered, int(us.min()) + self.ttl)
-                self.buffer.add(batch.select(self.plan.inputs[:1] + self.plan.inputs[2:])
-                                .add_column(1, PANE, pa.array(pane, pa.int64())))
+                self.buffer.add(batch.select(self.columns).add_column(1, PANE, pa.array(pane, pa.int64())))
             except Exception as exc:
                 self.reject(f"<RecordBatch of {batch.num_rows} rows, columns {batch.schema.names}>", exc)
                 continue
@@ -469,3 +497,53 @@ class ColumnWindowOperator(RuntimeOperator):
         newest = pa.table({"k": keys, "s": stamps}).group_by("k", use_threads=False).aggregate([("s", "max")])
         at = pc.index_in(keys, value_set=newest.column("k").combine_chunks()).to_numpy(zero_copy_only=False)
         return newest.column("s_max").to_numpy()[at] + self.ttl
+
+
+class PaneLocal:
+    """``<name>.local`` of a window ``aggregate(..., local=True)`` (a ``map_batches``
+    function, chained into the producer's task): a batch → one partial row per (key, pane)
+    of its rows — the key, the event-time column holding the pane's newest time (same type),
+    the aggregations' partial columns (:class:`~epochal.columnar.partials.PartialPlan`).
+
+    Why the window's result and lateness do not change: every row of a pane belongs to the
+    same windows (a pane is ``gcd(size, slide)`` long and windows start on its grid), so the
+    newest time puts the partial row in that pane and its last window is its rows' last
+    window; the window combines partials as it combines its own. Stateless: a batch's
+    partials leave with it (nothing is held across a watermark or a barrier), so each
+    epoch's rows reach the window in that epoch, as without it. A batch with a row without a
+    usable timestamp raises, naming the column (the task fails, or with dead letters the
+    batch goes there)."""
+
+    def __init__(self, key: str, time: ColumnTime, panes: PaneSpec, aggregations: dict):
+        self.key, self.time, self.panes = key, time, panes
+        self.aggregations = dict(aggregations)
+        self._plan: PartialPlan | None = None
+
+    def __getstate__(self):
+        return {"key": self.key, "time": self.time, "panes": self.panes, "aggregations": self.aggregations}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _plan=None)
+
+    def _plan_of(self) -> PartialPlan:
+        if self._plan is None:
+            from epochal.columnar.aggregates import max as amax
+
+            self._plan = PartialPlan(self.key, dict(self.aggregations, **{STAMP: amax(self.time.column)}),
+                                     groups=(PANE,))
+        return self._plan
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        plan = self._plan_of()
+        us, valid = self.time.micros(batch)
+        if valid is not None and not valid.all():
+            raise ValueError(f"event-time column {self.time.column!r} has no usable timestamp in row "
+                             f"{int((~valid).argmax())}")
+        p = self.panes
+        pane = us - (us - p.offset) % p.pane
+        rows = batch.select(plan.inputs[:1] + plan.inputs[2:]).add_column(1, PANE, pa.array(pane, pa.int64()))
+        table = plan.of_raw([rows])
+        names = [self.key, self.time.column] + plan.partial_names[:-1]
+        columns = [table.column(self.key), table.column(STAMP)] + [table.column(n) for n in plan.partial_names[:-1]]
+        return pa.RecordBatch.from_arrays([c.combine_chunks() for c in columns], names=names)
+

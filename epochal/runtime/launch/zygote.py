@@ -49,6 +49,7 @@ def read_message(fd: int):
 
 def main() -> None:
     import epochal.runtime.task.task  # noqa: F401  (the point: import once, fork many)
+    import numpy.ma  # noqa: F401  (pa.array(ndarray) looks it up: numpy imports it lazily, 0.1 CPU-s in a task)
     from epochal.runtime.launch.worker import run_task
 
     inp = sys.stdin.fileno()
