@@ -245,7 +245,9 @@ def run_latency(broker, args, mode: str, rate: float, epoch_s: float | None, spa
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runtime", default="spark", choices=["spark", "local"])
-    parser.add_argument("--records", type=int, default=600_000)
+    parser.add_argument("--records", type=int, default=600_000,
+                        help="capacity backlog; noida-db answers a fetch of a bigger one with >100 MB, "
+                             "which librdkafka refuses (receive.message.max.bytes): the run hangs")
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--interval", type=float, default=1.0, help="capacity runs: checkpoint interval (s)")
@@ -303,6 +305,7 @@ def main() -> int:
                             broker.stop()
                             broker = None
                         doc["latency"].append(rec)
+                        harness.write_json(args.out, doc)  # what finished survives a run killed later
                         print(json.dumps({k: rec.get(k) for k in ("mode", "rate", "epoch_ms", "latency_ms", "seen",
                                                                   "duplicates", "longest_gap_ms", "gap_at_s", "slowest",
                                                                   "loadavg_before", "error")}),
@@ -322,6 +325,7 @@ def main() -> int:
                         rec.update(run_raw(broker, args, src, mode))
                     rec["repetition"] = rep
                     doc["runs"].append(rec)
+                    harness.write_json(args.out, doc)
                     print(json.dumps({k: rec.get(k) for k in ("mode", "repetition", "records_per_s",
                                                               "checkpoint_bytes_p50", "loadavg_before", "error")}),
                           flush=True)
