@@ -5,7 +5,6 @@ window than the input has, late partial rows on ``.late()``, and the build-time 
 from __future__ import annotations
 
 import collections
-import random
 
 import pyarrow as pa
 import pytest
@@ -20,20 +19,8 @@ from epochal.windows import Sliding, Tumbling
 
 from pipelines import unique_dir
 
-SCHEMA = pa.schema([("k", pa.string()), ("ts", pa.float64()), ("v", pa.int64())])
-SPLITS, PER_SPLIT, ROWS, KEYS = 4, 1500, 100, 7
-
-
-def event(split: int, i: int) -> tuple:
-    """Event ``i`` of ``split``, out of order within the split by less than the 1 s bound."""
-    g = i * SPLITS + split
-    return f"k{g % KEYS}", i * 0.01 * (1 + split) - random.Random(g).random() * 0.5, g % 10
-
-
-def batches(split: int, offset: int):
-    for start in range(offset * ROWS, PER_SPLIT, ROWS):
-        rows = [event(split, i) for i in range(start, min(PER_SPLIT, start + ROWS))]
-        yield pa.record_batch([pa.array(c) for c in zip(*rows)], schema=SCHEMA)
+# the same out-of-order events as the columnar event-time tests
+from test_columnar_time import PER_SPLIT, SCHEMA, SPLITS, batches, event
 
 
 def oracle(assigner) -> dict:
