@@ -51,7 +51,11 @@ class Fault:
 @dataclass(frozen=True)
 class CrashAtRecord(Fault):
     """Fail when ``operator`` is about to process its ``record``-th record (1-based,
-    counted from the start of the attempt)."""
+    counted from the start of the attempt). With ``after_epoch``, the fault fires at the
+    first record once the task was told that epoch completed — or, if the ``record``-th
+    went by before that and no record follows, right after the task handled that
+    completion (its sinks committed): a test that waits for a completed epoch in the
+    driver and then feeds the rest of the input cannot know when the task hears of it."""
 
     record: int = 1
 
@@ -145,9 +149,17 @@ class FaultInjector:
                                         for f in (faults or ()))
 
         self.completed = 0
+        self._crashing: list[_CrashingOperator] = []
 
     def on_epoch_complete(self, epoch: int) -> None:
         self.completed = max(self.completed, epoch)
+
+    def after_epoch_complete(self, epoch: int) -> None:
+        """Task thread, once every operator was told ``epoch`` completed (sinks committed):
+        a :class:`CrashAtRecord` whose record went by before its ``after_epoch`` was
+        known fires now."""
+        for op in self._crashing:
+            op.fire_if_overdue(epoch)
 
     def _ready(self, f: Fault) -> bool:
         return self.completed >= f.after_epoch
@@ -163,7 +175,8 @@ class FaultInjector:
         for f in self._faults:
             if isinstance(f, CrashAtRecord) and f.operator == name:
                 self._faults.remove(f)
-                return _CrashingOperator(op, f, self)
+                self._crashing.append(_CrashingOperator(op, f, self))
+                return self._crashing[-1]
         return op
 
     def on_alignment(self, epoch: int) -> None:
@@ -222,6 +235,12 @@ class _CrashingOperator(RuntimeOperator):
             self.fault.fire(f"record {self.seen + before + 1}: {records[before]!r}")
         self.seen += len(records)
         return self.inner.process_batch(records)
+
+    def fire_if_overdue(self, epoch: int) -> None:
+        if not self.fired and self.seen >= self.fault.record and self.injector._ready(self.fault):
+            self.fired = True
+            self.fault.fire(f"record {self.fault.record} went by before epoch {self.fault.after_epoch} was known "
+                            f"to be complete; fired after epoch {epoch}'s completion")
 
     def restore(self, state):
         self.inner.restore(state)

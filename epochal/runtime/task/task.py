@@ -432,6 +432,7 @@ class Task(ReadSteps, BarrierSteps, QuerySteps):
                     op.notify_epoch_complete(msg[1])
                 if self.backend is not None:
                     self.backend.notify_epoch_complete(msg[1])
+                self.faults.after_epoch_complete(msg[1])
                 self.query_versions.completed(msg[1])
                 if self.reader is not None:
                     offsets = self._source_offsets.pop(msg[1], None)
