@@ -15,15 +15,9 @@ from __future__ import annotations
 import time
 import uuid
 
+from epochal.connectors.kafka.source import FETCH_PACING  # every consumer here fetches as the KafkaSource does
+
 PARTITION_KEYS = 1000
-#: the reader's and the client pipelines' consumers wait 1 ms before fetching again while
-#: records are still queued in the client: librdkafka otherwise sends the next fetch the
-#: moment a response arrives (a partition at 25k records/s: ~16k fetches a second, 40 % of a
-#: core in its thread, lag p99 35 ms; paced: 6x less CPU, p99 4 ms). The engine's source had
-#: it as a default for one stop (benchmarks/results/kafka.json was measured so, with
-#: --source-config of these settings being the way to reproduce it now) and dropped it: in one
-#: CI run a source paced so stopped receiving new records (cause not understood yet).
-FETCH_PACING = {"queued.min.messages": 1, "fetch.queue.backoff.ms": 1}
 
 
 def load(servers: str, topic: str, rate: float, seconds: float, partitions: int, go) -> None:
