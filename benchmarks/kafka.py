@@ -11,7 +11,10 @@ The pipeline is the same everywhere: records pass through unchanged (value, key)
 * ``client-transactional``: confluent-kafka alone, consume → produce in transactions that
   commit the consumed offsets with the records every E ms: the hand-written exactly-once loop;
 * ``broker`` (latency only): no pipeline — the reader reads the input topic itself: the
-  floor every mode stands on (producer, broker, reader and this machine's scheduling).
+  floor every mode stands on (producer, broker, reader and this machine's scheduling);
+* ``broker-transactional`` (latency only): no pipeline either, but the producer writes in
+  transactions committed every E ms: the floor of any exactly-once pipeline whose last hop
+  commits every E ms on this broker (one producer; an engine has one per sink subtask).
 
 **Latency** (``--rates`` × ``--epochs``), each run on a broker of its own: a producer process writes R records/s for
 ``--latency-seconds`` into the input topic, each value carrying its produce time; a
@@ -53,7 +56,7 @@ from epochal.sources import KafkaSource  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results" / "kafka.json"
 PAYLOAD = b"x" * 100
 ENGINE_MODES = ("exactly-once", "at-least-once")
-LATENCY_MODES = ["exactly-once", "at-least-once", "client", "client-transactional", "broker"]
+LATENCY_MODES = ["exactly-once", "at-least-once", "client", "client-transactional", "broker", "broker-transactional"]
 UNTIMED_MODES = ("client", "broker")  # latency modes without epochs or commit intervals
 MODES = ["exactly-once", "at-least-once", "client", "client-transactional"]
 
@@ -189,13 +192,15 @@ def run_latency(broker, args, mode: str, rate: float, epoch_s: float | None, spa
     seen exactly once by the read_committed reader."""
     ctx = mp.get_context("spawn")
     src = broker.create_topic(None, args.partitions)
-    out = src if mode == "broker" else broker.create_topic(None, args.partitions)
+    floor = mode.startswith("broker")
+    out = src if floor else broker.create_topic(None, args.partitions)
     total = int(rate * args.latency_seconds)
     seen, go, stop, results = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Queue()
     reader = ctx.Process(target=kafka_latency.read, args=(broker.servers, out, args.partitions, total, seen, results,
                                                           args.latency_seconds + 60), daemon=True)
+    commit_ms = epoch_s * 1000 if mode == "broker-transactional" else None
     loader = ctx.Process(target=kafka_latency.load, args=(broker.servers, src, rate, args.latency_seconds,
-                                                          args.partitions, go), daemon=True)
+                                                          args.partitions, go, commit_ms), daemon=True)
     reader.start()
     loader.start()
     rec = {"mode": mode, "rate": rate, "epoch_ms": None if epoch_s is None else round(epoch_s * 1000),
@@ -204,7 +209,7 @@ def run_latency(broker, args, mode: str, rate: float, epoch_s: float | None, spa
     try:
         if mode in ENGINE_MODES:
             handle = latency_job(broker, args, mode, epoch_s, src, out, spark)
-        elif mode != "broker":
+        elif not floor:
             piper = ctx.Process(target=kafka_latency.pipe, args=(
                 broker.servers, src, out, args.partitions,
                 None if mode == "client" else epoch_s * 1000, stop), daemon=True)

@@ -20,14 +20,25 @@ from epochal.connectors.kafka.source import FETCH_PACING  # every consumer here 
 PARTITION_KEYS = 1000
 
 
-def load(servers: str, topic: str, rate: float, seconds: float, partitions: int, go) -> None:
+def load(servers: str, topic: str, rate: float, seconds: float, partitions: int, go,
+         commit_ms: float | None = None) -> None:
     """Produce ``rate`` records/s for ``seconds`` once ``go`` is set, paced in 1 ms ticks
     (every record due by now is produced at each tick; its value carries its due time's
-    actual produce time)."""
+    actual produce time). ``commit_ms``: in transactions, committed every ``commit_ms`` ms
+    (the ``broker-transactional`` floor); a commit holds the ticks up, as it would a sink's
+    last hop, and records produced after it carry their own produce time."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": servers, "linger.ms": 1, "queue.buffering.max.messages": 1_000_000})
+    conf = {"bootstrap.servers": servers, "linger.ms": 1, "queue.buffering.max.messages": 1_000_000}
+    if commit_ms is not None:
+        conf["transactional.id"] = f"floor-{uuid.uuid4().hex}"
+    producer = Producer(conf)
+    if commit_ms is not None:
+        producer.init_transactions(30)
     go.wait()
+    if commit_ms is not None:
+        producer.begin_transaction()
+        last = time.monotonic()
     total = int(rate * seconds)
     t0 = time.monotonic()
     i = 0
@@ -43,7 +54,13 @@ def load(servers: str, topic: str, rate: float, seconds: float, partitions: int,
                 continue
             i += 1
         producer.poll(0)
+        if commit_ms is not None and (time.monotonic() - last) * 1000 >= commit_ms:
+            producer.commit_transaction(30)
+            producer.begin_transaction()
+            last = time.monotonic()
         time.sleep(0.001)
+    if commit_ms is not None:
+        producer.commit_transaction(30)
     producer.flush(60)
 
 

@@ -15,7 +15,7 @@ class JobResult:
     acknowledgement), ``metadata_s`` (writing ``_metadata`` afterwards), ``bytes`` /
     ``state_bytes``, the maxima over tasks ``max_alignment_s`` / ``max_sync_s`` /
     ``max_upload_s``, and ``tasks``: each task's ``barrier_s``, ``alignment_s``, ``sync_s``,
-    ``upload_wait_s``, ``upload_s`` and ``ack_s`` (see :func:`epochal.runtime.driver.coordinator_server._task_sample`).
+    ``upload_wait_s``, ``upload_s`` and ``ack_s`` (see :func:`epochal.runtime.driver.completion._task_sample`).
 
     ``attempt_timeline``: one entry per attempt, times in seconds since the job started
     (driver clock): ``started_s`` (the driver began the attempt: restore point chosen and
