@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 
+import cloudpickle
 import pyarrow as pa
 import pytest
 
@@ -20,7 +21,12 @@ from epochal.windows import Sliding, Tumbling
 from pipelines import unique_dir
 
 # the same out-of-order events as the columnar event-time tests
+import test_columnar_time
 from test_columnar_time import PER_SPLIT, SCHEMA, SPLITS, batches, event
+
+# tasks unpickle `batches`: by value, also when this file runs alone (conftest registers only
+# the modules it collected)
+cloudpickle.register_pickle_by_value(test_columnar_time)
 
 
 def oracle(assigner) -> dict:
