@@ -1,7 +1,12 @@
 """Logical graph → physical task graph (DESIGN.md "graph" layer).
 
 Chaining: an operator joins its producer's task when it has exactly one input, that input
-is FORWARD with equal parallelism, and the producer feeds nothing else. Every other edge
+is FORWARD with equal parallelism, and the producer feeds nothing else. A **fan-out** is
+chained too (the task's operators then form a tree, see
+:mod:`epochal.runtime.task.chain`) when the producer's output is Arrow batches (immutable:
+its consumers can share them), every consumer of its main output could chain (one FORWARD
+input of equal parallelism) and no operator reachable from it by such edges generates
+watermarks (so every output of the task carries one event time). Every other edge
 becomes channels between tasks: FORWARD i→i (REBALANCE when parallelisms differ), HASH
 by key group, REBALANCE round-robin, BROADCAST to all.
 
@@ -165,25 +170,51 @@ def compile_plan(flow) -> PhysicalPlan:
     check_acyclic(nodes)
     _check_exclusive_outputs(flow.name, nodes)
 
-    # Chains: follow chainable forward edges from each chain head.
-    def chains_into_producer(node: Node) -> bool:
+    # Chains: follow chainable forward edges from each chain head (a tree when fan-outs chain).
+    def forward_edge(node: Node) -> bool:
+        """One FORWARD main input of equal parallelism: the edge could be chained."""
         if len(node.inputs) != 1 or node.kind in (NodeKind.SOURCE, NodeKind.LOOP_HEAD):
             return False
         inp = node.inputs[0]
-        producer = nodes[inp.node]
-        return (
-            inp.port == "main"
-            and inp.partitioning.kind == PartitionKind.FORWARD
-            and producer.parallelism == node.parallelism
-            and len(consumers[producer.name]) == 1
-        )
+        return (inp.port == "main" and not inp.feedback and inp.partitioning.kind == PartitionKind.FORWARD
+                and nodes[inp.node].parallelism == node.parallelism)
+
+    def generates_below(name: str) -> bool:
+        """An operator reachable from ``name``'s consumers over chainable edges generates watermarks."""
+        todo, seen = [c for c, _ in consumers[name]], set()
+        while todo:
+            n = todo.pop()
+            if n in seen or not forward_edge(nodes[n]):
+                continue
+            seen.add(n)
+            if nodes[n].kind is NodeKind.WATERMARKS:
+                return True
+            todo.extend(c for c, _ in consumers[n])
+        return False
+
+    fans_out: dict[str, bool] = {}
+
+    def chains_fan_out(producer: Node) -> bool:
+        if producer.name not in fans_out:
+            fans_out[producer.name] = (producer.columnar
+                                       and all(forward_edge(nodes[c]) for c, _ in consumers[producer.name])
+                                       and not generates_below(producer.name))
+        return fans_out[producer.name]
+
+    def chains_into_producer(node: Node) -> bool:
+        if not forward_edge(node):
+            return False
+        producer = nodes[node.inputs[0].node]
+        return len(consumers[producer.name]) == 1 or chains_fan_out(producer)
 
     heads = [n for n in nodes.values() if not chains_into_producer(n)]
     chain_of: dict[str, tuple[str, ...]] = {}
     for head in heads:
-        chain = [head.name]
-        while len(consumers[chain[-1]]) == 1 and chains_into_producer(nodes[consumers[chain[-1]][0][0]]):
-            chain.append(consumers[chain[-1]][0][0])
+        chain, todo = [], [head.name]
+        while todo:  # depth first, consumers in the order they were declared
+            name = todo.pop()
+            chain.append(name)
+            todo.extend(reversed([c for c, _ in consumers[name] if chains_into_producer(nodes[c])]))
         for name in chain:
             chain_of[name] = tuple(chain)
 

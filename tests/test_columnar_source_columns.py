@@ -75,3 +75,18 @@ def test_bad_columns_fail_at_build_time_naming_the_source(tmp_path):
         ArrowFileSource(str(d), pattern="*.csv", format="csv", columns="a")
     with pytest.raises(PipelineDefinitionError, match="not for format='lines'"):
         ArrowFileSource(str(d), pattern="*.csv", columns=["line"])
+
+
+def test_parquet_is_decoded_a_row_group_at_a_time_and_cut_to_batch_rows(tmp_path):
+    """Row groups of 1000 rows (2500 in all) with batch_rows=300: each group is cut into
+    batches of at most 300 rows; a reader resumed mid-group goes on with the next row."""
+    d = _files(tmp_path)
+    src = ArrowFileSource(str(d), pattern="*.parquet", format="parquet", batch_rows=300)
+    reader = src.create_reader(src.splits(), None)
+    got = reader.poll(1).records + reader.poll(1).records
+    resumed = src.create_reader(src.splits(), reader.snapshot())
+    while not (p := resumed.poll(1)).finished:
+        got += p.records
+    assert [b.num_rows for b in got] == [300, 300, 300, 100, 300, 300, 300, 100, 300, 200]
+    table = pa.Table.from_batches(got)
+    assert table.column("a").to_pylist() == list(range(N)) and table.column("s").to_pylist() == [f"x{i}" for i in range(N)]

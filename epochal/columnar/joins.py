@@ -29,7 +29,8 @@ column holds the key of either side (outer rows). The window join adds ``window_
 
 **State and exactly-once**: the buffers are keyed state — before each barrier the rows of
 every key group that changed in the epoch are written as ``"<op>/rows"`` → ``{kg: (left
-table, right table)}`` (both backends; rescaled by key group), and ``"<op>/floor"`` → the
+rows, right rows)}``, each side an Arrow IPC stream (bytes; a table in checkpoints written
+before, still read) (both backends; rescaled by key group), and ``"<op>/floor"`` → the
 operator's watermark per key group. A restored operator's watermark starts over; a row at
 or behind its key group's ``floor`` is late, as it would have been in the run that took the
 snapshot, so no window fires twice and no expired row joins again.
@@ -134,7 +135,7 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
             entry = self.backend.get(self.rows_state, kg, kg)
             if entry is not None:
                 for side in (0, 1):
-                    parts[side].append(entry[side])
+                    parts[side].append(_decoded(entry[side]))
             floor = self.backend.get(self.floor_state, kg, kg)
             if floor is not None:
                 self.floors[kg] = floor
@@ -156,14 +157,14 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
         watermark as every key group's floor."""
         if self.dirty:
             kgs = sorted(self.dirty)
-            for side in (0, 1):  # one copy of each buffer here, instead of one per key group's take
+            for side in (0, 1):  # one chunk per buffer (the probes read its columns without a copy)
                 buffer = self.buffers[side]
                 if buffer is not None and buffer.num_rows and buffer.column(0).num_chunks > 1:
                     self.buffers[side] = buffer.combine_chunks()
             split = [self._split(self.buffers[side], kgs) for side in (0, 1)]
             for i, kg in enumerate(kgs):
-                left, right = split[0][i], split[1][i]
-                if not (left is not None and left.num_rows) and not (right is not None and right.num_rows):
+                (left, n_left), (right, n_right) = split[0][i], split[1][i]
+                if not n_left and not n_right:
                     self.backend.delete(self.rows_state, kg, kg)
                 else:
                     self.backend.put(self.rows_state, kg, kg, (left, right))
@@ -176,18 +177,19 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
         return []
 
     def _split(self, table: pa.Table | None, kgs: list) -> list:
-        """``table``'s rows of each key group in ``kgs`` (empty tables keep the schema;
-        ``None`` for no table)."""
+        """``(IPC stream bytes, rows)`` of ``table``'s rows of each key group in ``kgs`` (no
+        rows: the schema alone; ``(None, 0)`` for no table). The table is sorted by key group once and
+        each group's rows are a slice of it, written compactly by the IPC writer (a pickled
+        slice would carry the whole table's buffers): 2.5x less CPU than a ``take`` per key
+        group and pickling its table (64 key groups of a 200k-row buffer: 36 against 89 ms)."""
         if table is None:
-            return [None] * len(kgs)
+            return [(None, 0)] * len(kgs)
         column = _column(table, KG).to_numpy()
         order = np.argsort(column, kind="stable")
+        ordered = table.take(pa.array(order)).combine_chunks()
         sorted_kgs = column[order]
-        out = []
-        for kg in kgs:
-            s, e = np.searchsorted(sorted_kgs, kg, "left"), np.searchsorted(sorted_kgs, kg, "right")
-            out.append(table.take(pa.array(order[s:e])))
-        return out
+        starts, ends = np.searchsorted(sorted_kgs, kgs, "left"), np.searchsorted(sorted_kgs, kgs, "right")
+        return [(_encoded(ordered.slice(s, e - s)), int(e - s)) for s, e in zip(starts, ends)]
 
     # -- input -----------------------------------------------------------------------------
     def process_batch(self, records: list) -> list:
@@ -413,6 +415,22 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
             names += ["window_start", "window_end"]
             arrays += [start.cast(_UTC), end.cast(_UTC)]
         return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def _encoded(table: pa.Table) -> bytes:
+    """``table`` as the bytes of an Arrow IPC stream (a slice: its rows only)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _decoded(value) -> pa.Table | None:
+    """A buffered side of a key group's snapshot entry: IPC bytes, or a table (checkpoints
+    written before the entries were IPC), or ``None``."""
+    if isinstance(value, bytes):
+        return pa.ipc.open_stream(pa.py_buffer(value)).read_all()
+    return value
 
 
 def _ids(table: pa.Table, key: str, k: str, t: str, i: str, *, time: str = T, positions: bool = False) -> pa.Table:

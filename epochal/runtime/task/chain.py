@@ -6,6 +6,14 @@ Task thread only (:mod:`epochal.runtime.task.task`). The rules, in the order the
   the next, and routes what the last one emits. After every operator call, records the
   operator put in a side output (a window's late records) are routed on that output's
   channels; a side output nobody reads is counted and logged once, never dropped silently.
+* **Trees.** When the plan chained a fan-out (:mod:`epochal.plan`: Arrow batches, which
+  consumers share without copying), ``parents[i]`` names operator ``i``'s producer in the
+  task (``-1``: the task's input, i.e. the source or the input channels). An operator's
+  output goes to each of its chained consumers, depth first in chain order, and on the
+  channels of the operator's own edges (:meth:`Router.route_from`) when it has any. The
+  plan allows no watermark generator below a fan-out, so generators sit on the trunk, the
+  chain order puts every operator after its producer, and the walks below stay in chain
+  order.
 * **Generators.** An operator with ``generates_watermarks`` (``with_watermarks``) owns
   event time from its position on: after each batch the task calls
   :meth:`OperatorChain.after_batch`, which asks it for a new watermark and advances the
@@ -42,8 +50,20 @@ def _implements(op: RuntimeOperator, method: str) -> bool:
 class OperatorChain:
     """The operators of one task, in chain order (see the module docstring)."""
 
-    def __init__(self, operators: list[RuntimeOperator], router, task: str, metrics: dict):
+    def __init__(self, operators: list[RuntimeOperator], router, task: str, metrics: dict,
+                 parents: list[int] | None = None, input_name: str | None = None):
         self.ops = operators
+        n = len(operators)
+        self.parents = list(range(-1, n - 1)) if parents is None else list(parents)
+        #: a line: each operator feeds the next, the last one's output is routed (the fast path)
+        self.linear = self.parents == list(range(-1, n - 1))
+        self._children: list[list[int]] = [[] for _ in range(n + 1)]  # [k + 1]: fed by operator k (0: the input)
+        for i, p in enumerate(self.parents):
+            self._children[p + 1].append(i)
+        routed = router.main_producers() if not self.linear else set()
+        names = [input_name] + [op.ctx.operator for op in operators]
+        self._routed = [name is not None and name in routed for name in names]  # [k + 1]: operator k has channels
+        self._names = names
         self.router = router
         self.task = task
         self.metrics = metrics
@@ -57,6 +77,12 @@ class OperatorChain:
 
     # -- records -------------------------------------------------------------------------
     def process(self, records: list, start: int = 0) -> None:
+        if not self.linear:
+            if start == 0:
+                self._emit(-1, records)  # the task's input
+            else:
+                self._feed(start, records)
+            return
         ops, counts = self.ops, self.counts
         for i in range(start, len(ops)):
             op = ops[i]
@@ -69,6 +95,27 @@ class OperatorChain:
             if not records:
                 return
         self.router.route(records)
+
+    def _emit(self, i: int, records: list) -> None:
+        """Operator ``i``'s output (``-1``: the task's input) to its consumers: chained, then channels."""
+        if self.linear:
+            self.process(records, i + 1)
+            return
+        children = self._children[i + 1]
+        if self._routed[i + 1]:
+            self.router.route_from(self._names[i + 1], records)
+        for j in children:
+            self._feed(j, records if len(children) == 1 else list(records))
+
+    def _feed(self, j: int, records: list) -> None:
+        op, count = self.ops[j], self.counts[j]
+        count[0] += rows(records)
+        out = op.process_batch(records)
+        count[1] += rows(out)
+        if op.side_output:
+            self._route_side(op)
+        if out:
+            self._emit(j, out)
 
     def _route_side(self, op: RuntimeOperator) -> None:
         name = op.ctx.operator
@@ -91,7 +138,7 @@ class OperatorChain:
             out = self.ops[i].prepare_snapshot_pre_barrier(epoch)
             if out:
                 self.counts[i][1] += rows(out)
-                self.process(out, i + 1)
+                self._emit(i, out)
 
     def operator_counts(self) -> dict:
         """``{operator: [records in, records out]}`` since the task started."""
@@ -128,7 +175,7 @@ class OperatorChain:
                     self._route_side(op)
                 if out:
                     self.counts[i][1] += len(out)
-                    self.process(out, i + 1)
+                    self._emit(i, out)
         self._forward(change)
 
     def _forward(self, change: WatermarkChange) -> None:
@@ -157,5 +204,5 @@ class OperatorChain:
                 self._route_side(op)
             if out:
                 self.counts[i][1] += len(out)
-                self.process(out, i + 1)
+                self._emit(i, out)
         self.after_batch()  # a generator may have turned idle

@@ -169,6 +169,7 @@ class Router:
         self._outlets: list[tuple[list, tuple]] = []
         self._sources: list[tuple[str, str]] = []  # per outlet: (producing operator, a channel id)
         self._gates = []  # of the chain's main output
+        self._main: dict[str, list[_Gate]] = {}  # producer -> its main gates (several in a chained fan-out)
         self._side: dict[tuple[str, str], list[_Gate]] = {}  # (producer, port) -> gates
         for g in gates:
             outs = tuple(channels[cid] for cid in g.channels)
@@ -183,6 +184,7 @@ class Router:
             gate = _Gate(g, buffers, max_parallelism, task)
             if g.port == "main":
                 self._gates.append(gate)
+                self._main.setdefault(g.producer, []).append(gate)
             else:
                 self._side.setdefault((g.producer, g.port), []).append(gate)
         self._buffers = [buf for buf, _ in self._outlets]
@@ -201,6 +203,15 @@ class Router:
         if not records or not self._gates:
             return
         self._route(self._gates, records)
+
+    def main_producers(self) -> set[str]:
+        """The operators whose main output leaves the task on channels."""
+        return set(self._main)
+
+    def route_from(self, producer: str, records: list) -> None:
+        """Route ``producer``'s main output (a task whose chain is a tree has several)."""
+        if records and producer in self._main:
+            self._route(self._main[producer], records)
 
     def route_side(self, producer: str, port: str, records: list) -> bool:
         """Route records of ``producer``'s side output ``port``; ``False`` (nothing routed)

@@ -247,14 +247,20 @@ class Task(ReadSteps, BarrierSteps, QuerySteps):
             op = self.faults.wrap(name, create_operator(nodes[name], ctx))
             op.restore(restored.operators.get(name))
             self.operators.append(op)
-        self.chain = OperatorChain(self.operators, self.router, self.spec.id, self.metrics)
+        # each operator's producer in this task (-1: the task's input); a tree when a fan-out is chained
+        index = {name: i for i, name in enumerate(op_names)}
+        parents = [index.get(nodes[name].inputs[0].node, -1) if k or self.spec.is_source else -1
+                   for k, name in enumerate(op_names)]
+        self.chain = OperatorChain(self.operators, self.router, self.spec.id, self.metrics, parents,
+                                   self.spec.chain[0] if self.spec.is_source else None)
         self._inputs_apart = self._input_selector()
         if self.spec.is_source:
             source = nodes[self.spec.chain[0]].payload
             # a source of Arrow batches returns whole batches: one per poll keeps barriers prompt
             self._poll_size = 1 if source.schema is not None else self.attempt.channels.batch_size
-            if self.operators:  # e.g. with_watermarks tracks event time per split
-                self.operators[0].bind_source_splits(list(self.spec.source_splits))
+            for i, op in enumerate(self.operators):  # e.g. with_watermarks tracks event time per split
+                if parents[i] == -1:
+                    op.bind_source_splits(list(self.spec.source_splits))
             self.reader = source.create_reader(
                 list(self.spec.source_splits), restored.source,
                 subtask=self.spec.subtask, parallelism=self.spec.parallelism,
