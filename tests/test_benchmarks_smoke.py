@@ -192,7 +192,8 @@ def test_kafka_smoke(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["errors"] == []
     assert all(m["records_per_s"]["median"] for m in doc["modes"].values())
-    assert {r["mode"] for r in doc["latency"]} == {"exactly-once", "at-least-once", "client", "client-transactional"}
+    assert {r["mode"] for r in doc["latency"]} == {"exactly-once", "at-least-once", "client", "client-transactional",
+                                                   "broker", "broker-transactional"}
     assert all(r["seen"] == r["records"] and not r["duplicates"] for r in doc["latency"])
 
 
