@@ -29,16 +29,17 @@ def load(servers: str, topic: str, rate: float, seconds: float, partitions: int,
     last hop, and records produced after it carry their own produce time."""
     from confluent_kafka import Producer
 
+    transactional = commit_ms is not None
     conf = {"bootstrap.servers": servers, "linger.ms": 1, "queue.buffering.max.messages": 1_000_000}
-    if commit_ms is not None:
+    if transactional:
         conf["transactional.id"] = f"floor-{uuid.uuid4().hex}"
     producer = Producer(conf)
-    if commit_ms is not None:
+    if transactional:
         producer.init_transactions(30)
     go.wait()
-    if commit_ms is not None:
+    if transactional:
         producer.begin_transaction()
-        last = time.monotonic()
+    last = time.monotonic()
     total = int(rate * seconds)
     t0 = time.monotonic()
     i = 0
@@ -54,12 +55,12 @@ def load(servers: str, topic: str, rate: float, seconds: float, partitions: int,
                 continue
             i += 1
         producer.poll(0)
-        if commit_ms is not None and (time.monotonic() - last) * 1000 >= commit_ms:
+        if transactional and (time.monotonic() - last) * 1000 >= commit_ms:
             producer.commit_transaction(30)
             producer.begin_transaction()
             last = time.monotonic()
         time.sleep(0.001)
-    if commit_ms is not None:
+    if transactional:
         producer.commit_transaction(30)
     producer.flush(60)
 
