@@ -256,6 +256,17 @@ def git_state() -> dict:
     }
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds (user + system, with its reaped children's) of process ``pid`` so far;
+    ``None`` when it is gone or ``/proc`` is missing."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = stat[stat.rindex(")") + 2:].split()
+    return sum(int(v) for v in rest[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
 def tree_cpu_seconds() -> float | None:
     """CPU seconds (user + system) used so far by this process and all its descendants.
 

@@ -24,7 +24,12 @@ the load starts once a warm-up record came through (:mod:`kafka_latency`).
 
 **Capacity**: a topic of ``--records`` records (100-byte values, 1,000 keys) is read from
 its start (bounded at its end offsets); steady rate = output records / (last − first
-record's write time) — the writers' timestamps. Exactly-once runs report the checkpoint
+record's write time) — the writers' timestamps. Beside it, the CPU seconds each run cost
+apart from the broker's (``cpu_s``: the engine's process tree, or the client's process)
+and the broker's own (``broker_cpu_s``): on a machine where the broker shares the cores,
+records per CPU-second is the steadier comparison. ``--runtime local`` only: under Spark
+the process tree did not hold all of the tasks' CPU (0.2–1.2 CPU-s measured for 600k
+records that the local runtime's tasks need 4 CPU-s for), so no per-CPU figure is given. Exactly-once runs report the checkpoint
 size per epoch: the sink's write-ahead log is most of it (``--wal-budget`` spills it).
 
     python benchmarks/kafka.py [--runtime spark|local] [--rates 10000,100000] [--epochs 10,20,50,100]
@@ -159,11 +164,13 @@ def run_raw(broker, args, src: str, mode: str) -> dict:
         if msg.error().code() == KafkaError._PARTITION_EOF and msg.offset() >= ends[msg.partition()]:
             done.add(msg.partition())
 
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), time.process_time()
     kafka_latency.relay(c, p, out, args.interval * 1000 if transactional else None,
                         lambda: len(done) >= len(ends), at_end, wait_s=1.0)
+    cpu = time.process_time() - cpu0  # this process's threads: the loop and librdkafka's
     stamps = output_stamps(broker, out)
-    rec = {"output_records": len(stamps), "records_per_s": steady_rate(stamps), "wall_s": time.monotonic() - t0}
+    rec = {"output_records": len(stamps), "records_per_s": steady_rate(stamps), "wall_s": time.monotonic() - t0,
+           "cpu_s": cpu}
     if len(stamps) != args.records:
         rec["error"] = f"{mode}: {len(stamps)} output records for {args.records} input records"
     return rec
@@ -324,14 +331,25 @@ def main() -> int:
             for rep in range(args.repetitions):
                 for mode in harness.rotated([m for m in args.capacity_modes.split(",") if m], rep):
                     rec = {"mode": mode, "records": args.records, "loadavg_before": list(os.getloadavg())}
+                    broker_cpu0 = harness.process_cpu_seconds(broker.proc.pid)
                     if mode in ENGINE_MODES:
                         rec.update(run_engine(broker, mode, args, src, spark))
                     else:
                         rec.update(run_raw(broker, args, src, mode))
+                    broker_cpu = harness.process_cpu_seconds(broker.proc.pid)
+                    if broker_cpu0 is not None and broker_cpu is not None:
+                        rec["broker_cpu_s"] = broker_cpu - broker_cpu0
+                        if mode in ENGINE_MODES and rec.get("cpu_s") is not None:
+                            rec["cpu_s"] -= rec["broker_cpu_s"]  # the tree includes the broker (our child)
+                    if args.runtime == "spark" and mode in ENGINE_MODES:
+                        rec.pop("cpu_s", None)  # not all of it (module docstring)
+                    elif rec.get("cpu_s") and rec.get("output_records"):
+                        rec["records_per_cpu_s"] = rec["output_records"] / rec["cpu_s"]
                     rec["repetition"] = rep
                     doc["runs"].append(rec)
                     harness.write_json(args.out, doc)
-                    print(json.dumps({k: rec.get(k) for k in ("mode", "repetition", "records_per_s",
+                    print(json.dumps({k: rec.get(k) for k in ("mode", "repetition", "records_per_s", "records_per_cpu_s",
+                                                              "broker_cpu_s",
                                                               "checkpoint_bytes_p50", "loadavg_before", "error")}),
                           flush=True)
                     if rec.get("error"):
@@ -345,6 +363,12 @@ def main() -> int:
                                        sorted({r["mode"] for r in doc["runs"]}, key=MODES.index))
         lines += [f"capacity {mode:22s} {harness.fmt(m['records_per_s']['median'])} rec/s  vs client "
                   f"{[round(x, 2) for x in m['vs_client_per_repetition']]}" for mode, m in doc["modes"].items()]
+        if all(r.get("records_per_cpu_s") for r in doc["runs"]):
+            doc["modes_per_cpu_s"] = harness.compare(doc["runs"], "records_per_cpu_s", "mode", "client",
+                                                     sorted({r["mode"] for r in doc["runs"]}, key=MODES.index))
+            lines += [f"per CPU-s {mode:21s} {harness.fmt(m['records_per_cpu_s']['median'])} rec/CPU-s  vs client "
+                      f"{[round(x, 2) for x in m['vs_client_per_repetition']]}"
+                      for mode, m in doc["modes_per_cpu_s"].items()]
     lines += [f"latency {r['mode']:22s} {r['rate']:>8,.0f}/s {str(r['epoch_ms']):>4s} ms  "
               f"p50/p99/p999 {(r.get('latency_ms') or {}).get('p50')}/{(r.get('latency_ms') or {}).get('p99')}/"
               f"{(r.get('latency_ms') or {}).get('p999')} ms  load {r['loadavg_before'][0]:.1f}"
