@@ -44,6 +44,9 @@ def main() -> None:
     failed = preload()
     if failed:
         print("epochal daemon: could not preload " + "; ".join(failed), file=sys.stderr, flush=True)
+    from epochal.runtime.launch.zygote import freeze_imports
+
+    freeze_imports()  # as the local zygote does: no full collection in a worker walks these
     from pyspark import daemon
 
     daemon.manager()

@@ -47,11 +47,24 @@ def read_message(fd: int):
     return None if body is None else pickle.loads(body)
 
 
+def freeze_imports() -> None:
+    """Move every object the imports made into the collector's permanent generation
+    (``gc.freeze``), before the first fork: a full collection in a task then walks only the
+    task's own objects — 0 ms instead of 31 ms for the runtime's ~47k objects, a pause that
+    landed on whichever record or barrier was being handled — and the collector no longer
+    writes to the shared pages, so they stay shared between the forked tasks. Idempotent."""
+    import gc
+
+    gc.collect()  # what is garbage now need not live for ever
+    gc.freeze()
+
+
 def main() -> None:
     import epochal.runtime.task.task  # noqa: F401  (the point: import once, fork many)
     import numpy.ma  # noqa: F401  (pa.array(ndarray) looks it up: numpy imports it lazily, 0.1 CPU-s in a task)
     from epochal.runtime.launch.worker import run_task
 
+    freeze_imports()
     inp = sys.stdin.fileno()
     out = os.dup(sys.stdout.fileno())  # the protocol pipe; fd 1 becomes stderr so prints
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # of user code never corrupt it
