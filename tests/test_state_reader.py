@@ -122,16 +122,20 @@ def hop_until(tmp_path, make_flow, logged, hops=6, channels=None, **run):
         while len(handle.completed_epochs) < 2:
             assert time.monotonic() < deadline and handle.running, handle.wait(0)
             time.sleep(0.01)
+        asked = time.monotonic()
         url = handle.stop_with_savepoint(str(tmp_path / f"sp{hop}"), timeout=60)
         result = handle.wait(10)
         assert result.stopped_with_savepoint == url and result.attempts == 1, result.failures
+        # the tasks end at once (a loop's feedback tasks once failed on the head's closed
+        # channel, and the driver waited 30 s for them to "exit on their own")
+        assert time.monotonic() - asked < 15, f"stopping with a savepoint took {time.monotonic() - asked:.1f} s"
         if logged(url, result.completed_epochs[-1]):
             return url
         previous = url
     pytest.fail(f"no savepoint with records in transit after {hops} stops")
 
 
-def test_loop_logs_are_listed_copied_and_replayed_after_a_rescale(tmp_path):
+def test_loop_logs_are_listed_copied_and_replayed_after_a_rescale(tmp_path, capfd):
     out = unique_dir(tmp_path, "out")
 
     def logged(url, epoch):
@@ -146,6 +150,7 @@ def test_loop_logs_are_listed_copied_and_replayed_after_a_rescale(tmp_path):
 
     url = hop_until(tmp_path, lambda hop: visits_loop("visits", out, 2, 400, log_memory_records=3), logged,
                     interval=0.1)
+    assert "failed" not in capfd.readouterr().err  # no task failed on its way out (the tasks' stderr is ours)
     moved = str(tmp_path / "moved")
     shutil.move(url, moved)
     visits_loop("visits", out, 3, 400).run(runtime="local", restore_from=moved, checkpoint=ep.CheckpointConfig(

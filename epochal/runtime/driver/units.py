@@ -35,7 +35,8 @@ class LaunchUnits:
         self.driver, self.server, self.attempt = driver, server, attempt
         self.index = {t.id: i for i, t in enumerate(driver.plan.tasks)}
         self.groups = server.groups or [tuple(self.index)]
-        #: set once every unit's tasks returned normally
+        #: set once every unit's tasks returned normally (or exited in any way after the
+        #: attempt had ended well: nothing is left to wait for)
         self.exited = threading.Event()
         self._ended: set[int] = set()
         self._current = [0] * len(self.groups)  # each unit's running incarnation
@@ -81,7 +82,7 @@ class LaunchUnits:
         def on_exit(ok: bool, cause: str, primary: bool = False, fatal: bool = False) -> None:
             if incarnation != self._current[group]:
                 return  # a failover region's earlier launch, stopped when it restarted
-            if not ok:
+            if not ok and not (server.outcome is not None and server.outcome.ok):
                 if server.groups is not None and not fatal:
                     server.fail_group(group, incarnation, cause, secondary=not primary)
                 else:

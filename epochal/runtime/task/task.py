@@ -475,7 +475,12 @@ class Task(ReadSteps, BarrierSteps, QuerySteps):
         """Clean end: the final epoch completed, so nothing is in flight anywhere."""
         for op in self.operators:
             op.close()
-        self.router.broadcast((END,))
+        try:
+            self.router.broadcast((END,))
+        except ChannelFailure:
+            # a consumer that finished first closed its end (a loop head, before the tasks
+            # feeding it back): the final epoch completed, so it needs nothing more from us
+            pass
         self.finished = True
         self._send(("metrics", self.spec.id, self.live_metrics()))  # the final counts for the live metrics
         self._send(("finished", self.spec.id, self._final_metrics()))
