@@ -125,7 +125,7 @@ class SegmentStore:
         if not written.any():
             return
         rows, seqs = rows[written], seqs[written]
-        kgs, pos = _taken(table, "\x00kg", rows).astype(np.int64), _taken(table, POS, rows)
+        kgs, pos = _taken(table, _KG, rows).astype(np.int64), _taken(table, POS, rows)
         order, uniq, starts, ends = _groups((kgs << 32) | seqs)
         pos = pos[order]
         segments, touched = self.segments[side], self.touched[side]
