@@ -158,13 +158,8 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
         """Write the rows added in this epoch as segments and what changed about the
         segments written before (:meth:`SegmentStore.write`), and the watermark as every
         key group's floor. Costs O(rows added, dropped or matched in the epoch), not O(buffer)."""
-        first = []
-        for side in (0, 1):  # one chunk per buffer (the probes read its columns without a copy)
-            buffer = self.buffers[side]
-            if buffer is not None and buffer.num_rows and buffer.column(0).num_chunks > 1:
-                self.buffers[side] = buffer = buffer.combine_chunks()
-            ids = _column(buffer, ID).to_numpy() if buffer is not None else np.empty(0, np.int64)
-            first.append(int(np.searchsorted(ids, self.unwritten_from[side])))  # rows are kept in id order
+        first = [0 if buffer is None else _first_at_least(buffer.column(ID), self.unwritten_from[side])
+                 for side, buffer in enumerate(self.buffers)]
         self.buffers = self.store.write(self.buffers, first, self.schemas, self.ctx.key_groups)
         self.unwritten_from = [self.next_id, self.next_id]
         if self.watermark > self.floor_written:
@@ -401,6 +396,17 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
             names += ["window_start", "window_end"]
             arrays += [start.cast(_UTC), end.cast(_UTC)]
         return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def _first_at_least(ids: pa.ChunkedArray, mark: int) -> int:
+    """The first row whose id is ``>= mark`` (buffers keep their rows in id order; the
+    chunks are searched from the newest, so the rows before are not read)."""
+    end = len(ids)
+    for chunk in reversed(ids.chunks):
+        end -= len(chunk)
+        if len(chunk) and chunk[0].as_py() < mark:
+            return end + int(np.searchsorted(chunk.to_numpy(), mark))
+    return 0
 
 
 def _ids(table: pa.Table, key: str, k: str, t: str, i: str, *, time: str = T, positions: bool = False) -> pa.Table:
