@@ -27,13 +27,18 @@ column holds the key of either side (outer rows). The window join adds ``window_
 ``window_end`` (``timestamp[us, UTC]``). The output carries no event time: call
 ``with_watermarks`` on it to window it again.
 
-**State and exactly-once**: the buffers are keyed state — before each barrier the rows of
-every key group that changed in the epoch are written as ``"<op>/rows"`` → ``{kg: (left
-rows, right rows)}``, each side an Arrow IPC stream (bytes; a table in checkpoints written
-before, still read) (both backends; rescaled by key group), and ``"<op>/floor"`` → the
-operator's watermark per key group. A restored operator's watermark starts over; a row at
-or behind its key group's ``floor`` is late, as it would have been in the run that took the
-snapshot, so no window fires twice and no expired row joins again.
+**State and exactly-once**: the buffers are keyed state, snapshotted incrementally
+(:mod:`epochal.columnar.segments`, issue 31): before each barrier the rows added to a key
+group in the epoch are written once as their own segment (``"<op>/seg"`` ``(side, seq)``,
+Arrow IPC bytes), a written segment whose rows were dropped (expired, window fired) or
+matched (outer interval joins) gets a small mask of live/matched bits (``"<op>/mask"``) or is
+deleted when all its rows are gone, and a key group's many or mostly dropped segments are
+compacted — O(rows added or changed), not O(buffer), per checkpoint (both backends;
+rescaled by key group). ``"<op>/floor"`` holds the operator's watermark per key group. A
+restored operator's watermark starts over; a row at or behind its key group's ``floor`` is
+late, as it would have been in the run that took the snapshot, so no window fires twice and
+no expired row joins again. Snapshots written before (``"<op>/rows"``: a key group's whole
+buffers) still restore; the first checkpoint after rewrites them as segments.
 
 Not vectorized (a build-time error names the record-path equivalent, ``to_records``):
 session windows, the temporal join, ``connect``.
