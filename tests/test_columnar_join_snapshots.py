@@ -179,7 +179,7 @@ def _play(driver: Driver, script) -> None:
 @pytest.mark.parametrize("kind", ["interval", "window"])
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(script=steps, how=st.sampled_from(sorted(HOWS)), bounds=st.sampled_from([(-5, 3), (-10, -2), (2, 8), (-30, 30)]),
-       panes=st.sampled_from([(10, 10), (12, 4)]), max_segments=st.sampled_from([2, 16]),
+       panes=st.sampled_from([(10, 10), (12, 4)]), max_segments=st.sampled_from([1, 2, 16]),
        backend=st.sampled_from(["heap", "rocksdb"]))
 def test_a_restore_at_any_point_rebuilds_the_live_buffer(kind, script, how, bounds, panes, max_segments, backend):
     """Random batches, watermarks, snapshots and restarts (compaction forced often with
@@ -365,3 +365,30 @@ def test_a_snapshot_written_by_the_previous_code_restores(tmp_path):
     assert _buffered(driver.op) == driver.model.live()
     driver.restart()
     driver.finish()
+
+
+@pytest.mark.parametrize("max_segments", [1, 3])
+def test_compactions_of_many_key_groups_with_partly_dropped_segments_restore_the_live_buffer(max_segments):
+    """Rows live about five epochs, every key group compacts often (``max_segments``), its
+    merged segments then lose rows and gain matches; restarts every 7 epochs rebuild the
+    model's live buffer and the whole run's output equals the oracle's."""
+    spec = ColumnJoinSpec(("k", "key"), TIMES, (True, True), lower=-25, upper=25)
+    driver = Driver(spec, interval.IntervalSpec(-25, 25, True, True), _recording("heap"))
+    rng = random.Random(max_segments)
+    saved, segments.MAX_SEGMENTS = segments.MAX_SEGMENTS, max_segments
+    try:
+        compactions = 0
+        for epoch in range(1, 36):
+            for side in (0, 1):
+                driver.rows(side, [(rng.choice(KEYS), 10 * epoch + rng.randrange(10)) for _ in range(12)])
+            driver.watermark(10 * epoch - 20)
+            seq = driver.op.store.seq
+            driver.snapshot()
+            compactions += driver.op.store.seq - seq - 1
+            if epoch % 7 == 0:
+                driver.restart()
+        assert compactions > 10
+        driver.restart()
+        driver.finish()
+    finally:
+        segments.MAX_SEGMENTS = saved
