@@ -26,6 +26,7 @@ from epochal.columnar.joins import MATCHED, WSTART, ColumnJoinOperator, ColumnJo
 from epochal.columnar.segments import decoded
 from epochal.columnar.time import ColumnTime
 from epochal.joins import interval
+from epochal.operators.base import OperatorContext
 from epochal.time.units import MAX_TIME, MIN_TIME
 from epochal.windows.assigners import PaneSpec
 from test_columnar_join_logic import HOWS, MAXP, Oracle, _batch, _ctx, _pairs
@@ -392,3 +393,25 @@ def test_compactions_of_many_key_groups_with_partly_dropped_segments_restore_the
         driver.finish()
     finally:
         segments.MAX_SEGMENTS = saved
+
+
+def test_segments_restore_by_key_group_into_two_subtasks():
+    """Rescale 1 → 2: each new subtask reads the segments and masks of its own key groups;
+    together they hold the live buffer."""
+    spec = ColumnJoinSpec(("k", "key"), TIMES, (True, False), lower=-25, upper=25)
+    driver = Driver(spec, interval.IntervalSpec(-25, 25, True, False), _recording("rocksdb"))
+    rng = random.Random(11)
+    for epoch in range(1, 12):
+        for side in (0, 1):
+            driver.rows(side, [(rng.choice(KEYS), 10 * epoch + rng.randrange(10)) for _ in range(12)])
+        driver.watermark(10 * epoch - 20)
+        driver.snapshot()
+    restored: collections.Counter = collections.Counter()
+    for kgs in (range(0, MAXP // 2), range(MAXP // 2, MAXP)):
+        ctx = OperatorContext("j", "j[0]", 0, 2, 0, "job", MAXP, keyed_backend=driver.backend, key_groups=kgs)
+        op = ColumnJoinOperator(ctx, spec, 1)
+        op.restore(None)
+        for table in op.buffers:
+            assert table is None or set(table.column("\x00kg").to_pylist()) <= set(kgs)
+        restored += _buffered(op)
+    assert restored == driver.model.live() and sum(restored.values()) > 50
