@@ -27,13 +27,18 @@ column holds the key of either side (outer rows). The window join adds ``window_
 ``window_end`` (``timestamp[us, UTC]``). The output carries no event time: call
 ``with_watermarks`` on it to window it again.
 
-**State and exactly-once**: the buffers are keyed state — before each barrier the rows of
-every key group that changed in the epoch are written as ``"<op>/rows"`` → ``{kg: (left
-rows, right rows)}``, each side an Arrow IPC stream (bytes; a table in checkpoints written
-before, still read) (both backends; rescaled by key group), and ``"<op>/floor"`` → the
-operator's watermark per key group. A restored operator's watermark starts over; a row at
-or behind its key group's ``floor`` is late, as it would have been in the run that took the
-snapshot, so no window fires twice and no expired row joins again.
+**State and exactly-once**: the buffers are keyed state, snapshotted incrementally
+(:mod:`epochal.columnar.segments`, issue 31): before each barrier the rows added to a key
+group in the epoch are written once as their own segment (``"<op>/seg"`` ``(side, seq)``,
+Arrow IPC bytes), a written segment whose rows were dropped (expired, window fired) or
+matched (outer interval joins) gets a small mask of live/matched bits (``"<op>/mask"``) or is
+deleted when all its rows are gone, and a key group's many or mostly dropped segments are
+compacted — O(rows added or changed), not O(buffer), per checkpoint (both backends;
+rescaled by key group). ``"<op>/floor"`` holds the operator's watermark per key group. A
+restored operator's watermark starts over; a row at or behind its key group's ``floor`` is
+late, as it would have been in the run that took the snapshot, so no window fires twice and
+no expired row joins again. Snapshots written before (``"<op>/rows"``: a key group's whole
+buffers) still restore; the first checkpoint after rewrites them as segments.
 
 Not vectorized (a build-time error names the record-path equivalent, ``to_records``):
 session windows, the temporal join, ``connect``.
@@ -48,6 +53,7 @@ import pyarrow.compute as pc
 
 from epochal.columnar.keys import ColumnKey, KeyGroups
 from epochal.columnar.matching import equal_key_pairs
+from epochal.columnar.segments import POS, SEG, UNWRITTEN, SegmentStore
 from epochal.columnar.time import event_time_of
 from epochal.coprocess.operator import _InputClocks
 from epochal.errors import PipelineDefinitionError
@@ -61,7 +67,7 @@ from epochal.windows.assigners import PaneSpec, SessionSpec
 __all__ = ["ColumnJoinOperator", "ColumnJoinOutput", "ColumnJoinSpec", "build_column_join"]
 
 T, KG, ID, MATCHED, WSTART = "\x00t", "\x00kg", "\x00id", "\x00matched", "\x00w"
-HIDDEN = (T, KG, ID, MATCHED, WSTART)
+HIDDEN = (T, KG, ID, MATCHED, WSTART, SEG, POS)
 _UTC = pa.timestamp("us", tz="UTC")
 _SIDES = ("left", "right")
 MAX_CHUNKS = 64  # a buffer's chunks (one per batch added) before they are combined into one
@@ -114,12 +120,14 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
         self.spec, self.first_inputs = spec, first_inputs
         self.groups = (KeyGroups(spec.keys[0], ctx.max_parallelism), KeyGroups(spec.keys[1], ctx.max_parallelism))
         self.backend = ctx.keyed_backend
-        self.rows_state, self.floor_state = f"{ctx.operator}/rows", f"{ctx.operator}/floor"
+        self.floor_state = f"{ctx.operator}/floor"
+        self.store = SegmentStore(self.backend, ctx.operator, (ID, SEG, POS), MATCHED,
+                                  (False, False) if spec.windowed else spec.outer)
         self.buffers: list[pa.Table | None] = [None, None]
         self.schemas: list[pa.Schema | None] = [None, None]  # the inputs' visible columns
         self.next_id = 0
         self.due = [np.iinfo(np.int64).max] * 2  # lowest expiry per side
-        self.dirty: set[int] = set()
+        self.unwritten_from = [0, 0]  # per side: the id of the first row not in a segment yet
         self.watermark = MIN_TIME
         self.floors = np.full(ctx.max_parallelism, MIN_TIME, np.int64)
         self.floor_written = MIN_TIME
@@ -130,66 +138,41 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
 
     # -- state -----------------------------------------------------------------------------
     def restore(self, state) -> None:
-        parts: list[list[pa.Table]] = [[], []]
+        """Rebuild the buffers from the segments (and old-layout entries) of this subtask's
+        key groups (:mod:`epochal.columnar.segments`), and the floors."""
+        written, unwritten, schemas = self.store.read(self.ctx.key_groups)
         for kg in self.ctx.key_groups:
-            entry = self.backend.get(self.rows_state, kg, kg)
-            if entry is not None:
-                for side in (0, 1):
-                    parts[side].append(_decoded(entry[side]))
             floor = self.backend.get(self.floor_state, kg, kg)
             if floor is not None:
                 self.floors[kg] = floor
         for side in (0, 1):
-            tables = [t for t in parts[side] if t is not None]
-            if not tables:
+            tables = written[side] + unwritten[side]
+            self.schemas[side] = schemas[side] if schemas[side] is not None else (
+                _visible(tables[0].schema) if tables else None)
+            n_written = sum(t.num_rows for t in written[side])
+            self.unwritten_from[side] = self.next_id + n_written
+            table = pa.concat_tables(tables, promote_options="default") if tables else None
+            if table is None or not table.num_rows:
                 continue
-            self.schemas[side] = _visible(tables[0].schema)
-            table = pa.concat_tables(tables)
-            if table.num_rows:
-                ids = pa.array(np.arange(self.next_id, self.next_id + table.num_rows, dtype=np.int64))
-                self.next_id += table.num_rows
-                table = table.set_column(table.schema.get_field_index(ID), ID, ids)
-                self.buffers[side] = table
-                self.due[side] = int(self.spec.expiry(side, self._times(table)).min())
+            ids = pa.array(np.arange(self.next_id, self.next_id + table.num_rows, dtype=np.int64))
+            self.next_id += table.num_rows
+            self.buffers[side] = table.add_column(table.schema.get_field_index(KG) + 1, ID, ids)
+            self.due[side] = int(self.spec.expiry(side, self._times(table)).min())
 
     def prepare_snapshot_pre_barrier(self, epoch: int) -> list:
-        """Write the buffered rows of the key groups changed in this epoch, and the
-        watermark as every key group's floor."""
-        if self.dirty:
-            kgs = sorted(self.dirty)
-            for side in (0, 1):  # one chunk per buffer (the probes read its columns without a copy)
-                buffer = self.buffers[side]
-                if buffer is not None and buffer.num_rows and buffer.column(0).num_chunks > 1:
-                    self.buffers[side] = buffer.combine_chunks()
-            split = [self._split(self.buffers[side], kgs) for side in (0, 1)]
-            for i, kg in enumerate(kgs):
-                (left, n_left), (right, n_right) = split[0][i], split[1][i]
-                if not n_left and not n_right:
-                    self.backend.delete(self.rows_state, kg, kg)
-                else:
-                    self.backend.put(self.rows_state, kg, kg, (left, right))
-            self.dirty.clear()
+        """Write the rows added in this epoch as segments and what changed about the
+        segments written before (:meth:`SegmentStore.write`), and the watermark as every
+        key group's floor. Costs O(rows added, dropped or matched in the epoch), not O(buffer)."""
+        first = [0 if buffer is None else _first_at_least(buffer.column(ID), self.unwritten_from[side])
+                 for side, buffer in enumerate(self.buffers)]
+        self.buffers = self.store.write(self.buffers, first, self.schemas, self.ctx.key_groups)
+        self.unwritten_from = [self.next_id, self.next_id]
         if self.watermark > self.floor_written:
             for kg in self.ctx.key_groups:
                 if self.watermark > self.floors[kg]:
                     self.backend.put(self.floor_state, kg, kg, self.watermark)
             self.floor_written = self.watermark
         return []
-
-    def _split(self, table: pa.Table | None, kgs: list) -> list:
-        """``(IPC stream bytes, rows)`` of ``table``'s rows of each key group in ``kgs`` (no
-        rows: the schema alone; ``(None, 0)`` for no table). The table is sorted by key group once and
-        each group's rows are a slice of it, written compactly by the IPC writer (a pickled
-        slice would carry the whole table's buffers): 2.5x less CPU than a ``take`` per key
-        group and pickling its table (64 key groups of a 200k-row buffer: 36 against 89 ms)."""
-        if table is None:
-            return [(None, 0)] * len(kgs)
-        column = _column(table, KG).to_numpy()
-        order = np.argsort(column, kind="stable")
-        ordered = table.take(pa.array(order)).combine_chunks()
-        sorted_kgs = column[order]
-        starts, ends = np.searchsorted(sorted_kgs, kgs, "left"), np.searchsorted(sorted_kgs, kgs, "right")
-        return [(_encoded(ordered.slice(s, e - s)), int(e - s)) for s, e in zip(starts, ends)]
 
     # -- input -----------------------------------------------------------------------------
     def process_batch(self, records: list) -> list:
@@ -232,12 +215,14 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
         return table
 
     def _add(self, side: int, rows: pa.Table) -> list:
-        self.dirty.update(np.unique(_column(rows, KG).to_numpy()).tolist())
         out: list = []
         if self.spec.windowed:
             rows = self._windows_of(rows)
         else:
             rows, out = self._probe(side, rows)
+        n = rows.num_rows
+        rows = rows.append_column(SEG, pa.array(np.full(n, UNWRITTEN, np.int64))).append_column(
+            POS, pa.array(np.zeros(n, np.int32)))
         self.due[side] = min(self.due[side], int(self.spec.expiry(side, self._times(rows)).min()))
         buffer = self.buffers[side]
         if buffer is not None:
@@ -282,6 +267,7 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
                     matched[np.unique(p0)] = True
                     if spec.outer[1 - side]:
                         flags = _column(other, MATCHED).to_numpy(zero_copy_only=False).copy()
+                        self.store.matched(1 - side, other, np.unique(p1[~flags[p1]]))
                         flags[p1] = True
                         self.buffers[1 - side] = other.set_column(other.schema.get_field_index(MATCHED), MATCHED,
                                                                   pa.array(flags))
@@ -330,7 +316,7 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
         return self.spec.outer[side] and self.schemas[1 - side] is None and wm < MAX_TIME
 
     def _drop(self, side: int, table: pa.Table, gone: np.ndarray, expiry: np.ndarray) -> None:
-        self.dirty.update(np.unique(_column(table, KG).to_numpy()[gone]).tolist())
+        self.store.dropped(side, table, gone)
         keep = ~gone
         self.buffers[side] = table.filter(pa.array(keep))
         self.due[side] = int(expiry[keep].min()) if keep.any() else np.iinfo(np.int64).max
@@ -417,20 +403,15 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
         return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
-def _encoded(table: pa.Table) -> bytes:
-    """``table`` as the bytes of an Arrow IPC stream (a slice: its rows only)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def _decoded(value) -> pa.Table | None:
-    """A buffered side of a key group's snapshot entry: IPC bytes, or a table (checkpoints
-    written before the entries were IPC), or ``None``."""
-    if isinstance(value, bytes):
-        return pa.ipc.open_stream(pa.py_buffer(value)).read_all()
-    return value
+def _first_at_least(ids: pa.ChunkedArray, mark: int) -> int:
+    """The first row whose id is ``>= mark`` (buffers keep their rows in id order; the
+    chunks are searched from the newest, so the rows before are not read)."""
+    end = len(ids)
+    for chunk in reversed(ids.chunks):
+        end -= len(chunk)
+        if len(chunk) and chunk[0].as_py() < mark:
+            return end + int(np.searchsorted(chunk.to_numpy(), mark))
+    return 0
 
 
 def _ids(table: pa.Table, key: str, k: str, t: str, i: str, *, time: str = T, positions: bool = False) -> pa.Table:
