@@ -268,14 +268,14 @@ class SegmentStore:
         buffer's key group and segment columns whole (12 bytes a row), copies only the rows
         merged."""
         kgs, seqs = _numpy(buffer, _KG), _numpy(buffer, SEG)
-        merged = np.zeros((int(kgs.max()) + 1 if len(kgs) else 1, self.seq + 1), bool)  # [kg, seq]
+        wanted = np.array([(kg << 32) | seq for kg, chosen in merges for seq in chosen], np.int64)
         for kg, chosen in merges:
-            if kg < len(merged):
-                merged[kg, chosen] = True
             for seq in chosen:
                 self._delete(side, kg, seq)
-        written = seqs != UNWRITTEN
-        rows = np.flatnonzero(written)[merged[kgs[written], seqs[written]]]
+        written = np.flatnonzero(seqs != UNWRITTEN)
+        # (kg, seq) as one int64 (seq < 2**32): a sparse lookup — a dense [kg, seq] table would
+        # grow with the epochs a job has run (months of 1-s epochs: millions of columns)
+        rows = written[np.isin((kgs[written].astype(np.int64) << 32) | seqs[written], wanted)]
         seq = self._next_seq()
         order, positions = self._put_segments(side, buffer.take(pa.array(rows)), seq, set())
         self.last["compacted_rows"] += len(rows)
