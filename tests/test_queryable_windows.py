@@ -46,7 +46,7 @@ SPLITS = 2
 STEP_MS = 2  # event time runs at twice the wall clock at 1000 events/s per split
 BOUND_MS = 100  # max_out_of_orderness
 SIZE_MS, SLIDE_MS = 1000, 500
-PER_SPLIT = 1500  # events per split (1.5 s of input)
+READS = 3  # distinct epochs the reader must have read, with windows listed, before the job stops
 
 
 def event(split: int, i: int) -> tuple[int, int, int]:
@@ -80,9 +80,12 @@ class SumCount(ep.windows.AggregateFunction):
         return tuple(acc)
 
 
-def flow_of(name: str, out: str, per_split: int) -> ep.Dataflow:
+def flow_of(name: str, out: str) -> ep.Dataflow:
+    """Endless input (1000 events/s per split): the test stops the job once its reader has
+    read enough (a bounded input raced the reader: on a loaded machine it once read two
+    epochs before the input ended)."""
     flow = ep.Dataflow(name, parallelism=2)
-    source = ep.sources.GeneratorSource(events_from, num_splits=SPLITS, limit=per_split, records_per_second=1000.0)
+    source = ep.sources.GeneratorSource(events_from, num_splits=SPLITS, records_per_second=1000.0)
     keyed = (flow.source("events", source)
                  .with_watermarks("ts", timestamp=lambda e: e[1], timestamp_unit="ms",
                                   max_out_of_orderness=BOUND_MS / 1000)
@@ -105,6 +108,8 @@ class Reader(threading.Thread):
         self.live: list[dict] = []
         self.unknown: QueryError | None = None
         self.error: BaseException | None = None
+        #: set once reads of READS distinct epochs were made, windows listed in some
+        self.enough = threading.Event()
 
     def run(self):
         keys = list(range(KEYS))
@@ -122,6 +127,9 @@ class Reader(threading.Thread):
                 self.elements.append((e.epoch, e.values))
                 self.live.append(self.handle.query("elements", "windows", keys, isolation="read-uncommitted",
                                                    timeout=60).values)
+                if (len({epoch for epoch, _ in self.windows}) >= READS
+                        and any(got for _, values in self.windows for got in values.values())):
+                    self.enough.set()
         except JobEnded:
             pass
         except BaseException as exc:
@@ -129,16 +137,15 @@ class Reader(threading.Thread):
 
 
 def cut_events(storage: str, job: str, epoch: int) -> tuple[list, float]:
-    """The events read at ``epoch``'s cut, and the lowest over splits still reading of the
-    highest timestamp read (ms; the watermark at the cut is below it minus the bound; a
-    split that read all its input ended event time on its channel)."""
+    """The events read at ``epoch``'s cut, and the lowest over splits of the highest
+    timestamp read (ms; the watermark at the cut is below it minus the bound; every split
+    is still reading: the input is endless)."""
     offsets: dict = {}
     for entry in ep.state.list_source_offsets(f"{storage}/{job}/chk-{epoch}"):
         offsets.update(entry["offsets"])
     assert set(offsets) == {str(s) for s in range(SPLITS)}, offsets
     events = [event(int(s), i) for s, n in offsets.items() for i in range(n)]
-    high = min((event(int(s), n - 1)[1] if n else 0 for s, n in offsets.items() if n < PER_SPLIT),
-               default=float("inf"))
+    high = min(event(int(s), n - 1)[1] if n else 0 for s, n in offsets.items())
     return events, high
 
 
@@ -158,13 +165,16 @@ def oracle_windows(events: list, key: int) -> dict:
 def test_read_committed_windows_and_reduce_equal_the_oracle_of_their_epoch(tmp_path, backend):
     job = f"winq-{uuid.uuid4().hex[:8]}"
     storage = f"file://{tmp_path}/ckpt"
-    handle = flow_of(job, str(tmp_path / "out"), per_split=PER_SPLIT).start(
+    handle = flow_of(job, str(tmp_path / "out")).start(
         runtime="local", backend=backend, checkpoint=ep.CheckpointConfig(interval=0.1, storage=storage, retained=100_000))
     reader = Reader(handle)
     reader.start()
-    handle.wait(120)
+    read_enough = reader.enough.wait(90)
+    handle.stop_with_savepoint(str(tmp_path / "stopped"), timeout=60)
+    handle.wait(60)
     reader.join(60)
     assert reader.error is None, f"the reader failed: {reader.error!r}"
+    assert read_enough, f"the reader read too little while the job ran: epochs {sorted(e for e, _ in reader.windows)}"
     assert reader.unknown is not None and "no queryable state 'panes' (queryable: ['windows'])" in str(reader.unknown)
     epochs = {e for e, _ in reader.totals} | {e for e, _ in reader.windows} | {e for e, _ in reader.elements}
     assert len(epochs) >= 3, f"too few epochs read: {sorted(epochs)}"
