@@ -8,6 +8,7 @@ one block per key group, RocksDB one entry per key: both layouts are read.
 """
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import uuid
@@ -21,7 +22,8 @@ from epochal.errors import PipelineDefinitionError
 from epochal.query import JobEnded
 from epochal.windows import Tumbling
 
-KEYS, SPLITS, ROWS, BATCHES = 12, 2, 50, 60
+KEYS, SPLITS, ROWS = 12, 2, 50
+READS = 3  # distinct epochs read before the test stops the job
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.int64())])
 
 
@@ -31,7 +33,9 @@ def row(split: int, i: int) -> tuple[int, int]:
 
 
 def batches(split: int, offset: int):
-    for b in range(offset, BATCHES):
+    """Endless: the system test stops the job once its reader has read enough (a bounded
+    input raced the reader on a loaded machine)."""
+    for b in itertools.count(offset):
         rows = [row(split, b * ROWS + j) for j in range(ROWS)]
         yield pa.record_batch([pa.array([k for k, _ in rows], pa.int64()), pa.array([v for _, v in rows], pa.int64())],
                               schema=SCHEMA)
@@ -58,12 +62,15 @@ def test_read_committed_aggregate_results_equal_the_oracle_of_their_epoch(tmp_pa
                         checkpoint=ep.CheckpointConfig(interval=0.1, storage=storage, retained=100_000))
     reads: list = []
     failure: list = []
+    enough = threading.Event()
 
     def reader():
         try:
             while True:
                 r = handle.query("stats", "results", list(range(KEYS)), timeout=60)
                 reads.append((r.epoch, r.values))
+                if len({e for e, _ in reads}) >= READS and any(v is not None for _, vs in reads for v in vs.values()):
+                    enough.set()
         except JobEnded:
             pass
         except BaseException as exc:
@@ -71,9 +78,12 @@ def test_read_committed_aggregate_results_equal_the_oracle_of_their_epoch(tmp_pa
 
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
-    handle.wait(120)
+    read_enough = enough.wait(90)
+    handle.stop_with_savepoint(str(tmp_path / "stopped"), timeout=60)
+    handle.wait(60)
     thread.join(60)
     assert not failure, f"the reader failed: {failure[0]!r}"
+    assert read_enough, f"the reader read too little while the job ran: epochs {sorted({e for e, _ in reads})}"
     epochs = sorted({e for e, _ in reads})
     assert len(epochs) >= 3, f"too few epochs read: {epochs}"
     expected = {}

@@ -56,7 +56,8 @@ class Last(ep.KeyedProcessFunction):
         self.seen.put("i", event[1])
 
 
-def flow_of(name: str, out: str, n: int, rate: float) -> ep.Dataflow:
+def flow_of(name: str, out: str, n: int | None, rate: float) -> ep.Dataflow:
+    """``n`` records (``None``: endless, the test stops the job) at ``rate`` per second."""
     flow = ep.Dataflow(name, parallelism=2)
     (flow.source("events", ep.sources.GeneratorSource(events, num_splits=1, limit=n, records_per_second=rate),
                  parallelism=1)
@@ -130,13 +131,14 @@ def test_a_queryable_reduce_with_a_ttl_is_built():
 def test_read_committed_never_returns_values_expired_at_the_epoch(tmp_path, backend):
     job = f"qttl-{uuid.uuid4().hex[:8]}"
     storage = f"file://{tmp_path}/ckpt"
-    flow = flow_of(job, str(tmp_path / "out"), n=2000, rate=1000.0)
+    flow = flow_of(job, str(tmp_path / "out"), n=None, rate=1000.0)  # stopped once the reader read enough
     handle = flow.start(
         runtime="local", backend=backend, checkpoint=ep.CheckpointConfig(interval=0.05, storage=storage,
                                                                         retained=100_000))
     answers: list = []
     uncommitted: list = []
     errors: list = []
+    enough = threading.Event()
 
     def read():
         try:
@@ -144,6 +146,8 @@ def test_read_committed_never_returns_values_expired_at_the_epoch(tmp_path, back
                 r = handle.query("last", "last", list(range(K)), timeout=60)
                 m = handle.query("last", "seen", list(range(K)), timeout=60)
                 answers.append((r.epoch, r.values, m.epoch, m.values))
+                if len({a[0] for a in answers} | {a[2] for a in answers}) >= 4:
+                    enough.set()
                 uncommitted.append(handle.query("last", "last", list(range(K)), isolation="read-uncommitted",
                                                 timeout=60).values)
         except JobEnded:
@@ -153,9 +157,12 @@ def test_read_committed_never_returns_values_expired_at_the_epoch(tmp_path, back
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    handle.wait(120)
+    read_enough = enough.wait(90)
+    handle.stop_with_savepoint(str(tmp_path / "stopped"), timeout=60)
+    handle.wait(60)
     reader.join(60)
     assert not errors, f"the reader failed: {errors[0]!r}"
+    assert read_enough, f"the reader read too little while the job ran: {len(answers)} answers"
     epochs = sorted({a[0] for a in answers} | {a[2] for a in answers})
     assert len(epochs) >= 3, f"too few epochs read: {epochs}"
     expected = {e: oracle(*cut(f"{storage}/{job}/chk-{e}"), flow.max_parallelism) for e in epochs}
