@@ -256,15 +256,22 @@ def git_state() -> dict:
     }
 
 
-def process_cpu_seconds(pid: int) -> float | None:
-    """CPU seconds (user + system, with its reaped children's) of process ``pid`` so far;
-    ``None`` when it is gone or ``/proc`` is missing."""
+def _stat(path: Path) -> tuple[int, float] | None:
+    """``(parent pid, CPU seconds)`` of a ``/proc/<pid>/stat`` file — utime, stime and its
+    reaped children's cutime, cstime; ``None`` when the process is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = path.read_text()
     except OSError:
         return None
     rest = stat[stat.rindex(")") + 2:].split()
-    return sum(int(v) for v in rest[11:15]) / os.sysconf("SC_CLK_TCK")
+    return int(rest[1]), sum(int(v) for v in rest[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds (user + system, with its reaped children's) of process ``pid`` so far;
+    ``None`` when it is gone or ``/proc`` is missing."""
+    stat = _stat(Path(f"/proc/{pid}/stat"))
+    return None if stat is None else stat[1]
 
 
 def tree_cpu_seconds() -> float | None:
@@ -279,20 +286,17 @@ def tree_cpu_seconds() -> float | None:
     proc = Path("/proc")
     if not proc.is_dir():
         return None
-    tick = os.sysconf("SC_CLK_TCK")
     children: dict[int, list[int]] = {}
     times: dict[int, float] = {}
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # exited meanwhile
+        stat = _stat(entry / "stat")
+        if stat is None:  # exited meanwhile
             continue
-        rest = stat[stat.rindex(")") + 2:].split()
-        pid, ppid = int(entry.name), int(rest[1])
-        children.setdefault(ppid, []).append(pid)
-        times[pid] = sum(int(v) for v in rest[11:15]) / tick  # utime stime cutime cstime
+        pid = int(entry.name)
+        children.setdefault(stat[0], []).append(pid)
+        times[pid] = stat[1]
     own = os.times()
     total = own.user + own.system + own.children_user + own.children_system
     stack = list(children.get(os.getpid(), []))

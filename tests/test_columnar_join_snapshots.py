@@ -7,7 +7,6 @@ snapshots keep restoring."""
 from __future__ import annotations
 
 import collections
-import importlib.util
 import random
 import subprocess
 import sys
@@ -33,7 +32,6 @@ from test_columnar_join_logic import HOWS, MAXP, Oracle, _batch, _ctx, _pairs
 
 KEYS = tuple("abcdefghij")
 TIMES = (ColumnTime("t", "us"), ColumnTime("t", "us"))
-OLD_LAYOUT_COMMIT = "88eb607e747ae19ab96fd66ac939c3dd179ecd1b"  # main before issue 31
 
 
 def _recording(kind):
@@ -330,26 +328,21 @@ def test_an_old_layout_snapshot_restores_and_is_rewritten_as_segments(as_tables)
     driver.finish()
 
 
-def _old_operator_class(tmp_path: Path):
-    """ColumnJoinOperator as of main before issue 31 (from git)."""
+def _old_operator_class():
+    """ColumnJoinOperator as of main before issue 31 (from git, as the benchmark loads it)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import join_snapshots
+
     try:
-        source = subprocess.run(["git", "show", f"{OLD_LAYOUT_COMMIT}:epochal/columnar/joins.py"],
-                                cwd=Path(__file__).parent, capture_output=True, text=True, check=True).stdout
+        return join_snapshots.old_operator_class()
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("the commit before issue 31 is not in this checkout")
-    path = tmp_path / "old_column_joins.py"
-    path.write_text(source)
-    module_spec = importlib.util.spec_from_file_location("old_column_joins", path)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules["old_column_joins"] = module  # (its dataclass looks its module up)
-    module_spec.loader.exec_module(module)
-    return module.ColumnJoinOperator
 
 
 def test_a_snapshot_written_by_the_previous_code_restores(tmp_path):
     """The previous operator's own snapshot (not a rebuilt one): run it, snapshot, restore
     with the new operator, go on; the output of the whole run equals the oracle's."""
-    old = _old_operator_class(tmp_path)
+    old = _old_operator_class()
     spec = ColumnJoinSpec(("k", "key"), TIMES, (True, False), lower=-8, upper=2)
     driver = Driver(spec, interval.IntervalSpec(-8, 2, True, False), _recording("rocksdb"))
     driver.op = old(_ctx(driver.backend), spec, 1)
