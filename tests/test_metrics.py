@@ -70,6 +70,13 @@ def test_metrics_while_running_and_progress_events(tmp_path):
     assert sum(t["records_in"] for name, t in final["tasks"].items() if name.startswith("nums")) == 2 * N
     assert final["operators"]["out"]["records_in"] == 2 * N == result.records_in
     assert final["last_completed_epoch"] == result.completed_epochs[-1]["epoch"]
+    # CPU seconds per task: "slow" spins 0.3 ms on each of 2N records (2.4 CPU-s, less only
+    # while descheduled mid-spin); the sources sleep to their rate
+    slow_cpu = [result.task_metrics[f"slow[{i}]"]["cpu_s"] for i in range(2)]
+    assert 1.2 < sum(slow_cpu) < 10 and all(final["tasks"][f"slow[{i}]"]["cpu_s"] <= c for i, c in enumerate(slow_cpu))
+    assert max(result.task_metrics[f"nums[{i}]"]["cpu_s"] for i in range(2)) < sum(slow_cpu) / 2, result.task_metrics
+    loads = [t["cpu_load"] for e in events for t in e["tasks"].values() if t.get("cpu_load") is not None]
+    assert loads and max(loads) > 0.1 and all(0 <= x < 4 for x in loads), loads
 
 
 def test_restarts_and_their_causes_are_reported(tmp_path):

@@ -11,7 +11,9 @@ latest ones, the completed epochs and the driver's attempt history into one JSON
   by the sinks), per task and per operator too, as rates between this event and the
   previous one;
 * ``late_dropped``: late records of windows whose ``.late()`` output nothing reads;
-* ``rss_bytes`` and ``pid`` per task: its process's resident memory and id;
+* ``rss_bytes`` and ``pid`` per task: its process's resident memory and id; ``cpu_s``, the CPU
+  seconds its process used since the task started, and ``cpu_load``, the cores it kept busy
+  over the last interval (1.0: one core);
 * ``backpressure_ratio`` per task (the share of the last interval it waited for credit),
   ``queued_batches`` (its input queues), ``watermark`` (its output event time, seconds);
 * checkpoints: ``last_completed_epoch``, its age, the attempt's completed and aborted
@@ -80,6 +82,8 @@ class ProgressBuilder:
                 "watermark": None if m["watermark"] <= MIN_TIME else to_seconds(m["watermark"]),
                 "idle": m.get("idle", False), "snapshots": m.get("snapshots", 0),
                 "late_dropped": m.get("late_dropped", 0), "rss_bytes": m.get("rss_bytes"), "pid": m.get("pid"),
+                "cpu_s": m.get("cpu_s"),
+                "cpu_load": None if m.get("cpu_s") is None else rate(m["cpu_s"], (prev or {}).get("cpu_s") or 0.0),
             }
             tasks[task] = entry
             if task in self.sources:

@@ -126,6 +126,7 @@ class Task(ReadSteps, BarrierSteps, QuerySteps):
         self.metrics = {"task": self.spec.id, "host": self.node, "source": self.spec.is_source, "records_in": 0,
                         "snapshots": 0, "unaligned_snapshots": 0, "channel_state_replayed": 0, "channel_state_watermarks": 0,
                         "alignment_s": Summary(), "sync_s": Summary(), "loop_replayed": 0}
+        self._cpu_start = time.process_time()  # a reused Spark worker ran other tasks before this one
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> dict:
@@ -498,12 +499,19 @@ class Task(ReadSteps, BarrierSteps, QuerySteps):
             "watermark": self.chain.output.watermark, "idle": self.chain.output.idle,
             "operators": operators, "snapshots": self.metrics["snapshots"],
             "late_dropped": self.metrics.get("late_dropped", 0), "host": self.node, "time": time.time(),
-            "rss_bytes": _rss_bytes(), "pid": os.getpid(),
+            "rss_bytes": _rss_bytes(), "pid": os.getpid(), "cpu_s": self.cpu_seconds(),
         }
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds (user + system) of this task's process since the task started: its
+        task thread and its uploader, commit and query threads — a process runs one task at a
+        time (local runtime: a process per task; Spark: a Python worker per running task)."""
+        return time.process_time() - self._cpu_start
 
     def _final_metrics(self) -> dict:
         m = {k: v.to_dict() if isinstance(v, Summary) else v for k, v in self.metrics.items()}
         m["records_out"] = self.router.records_out
+        m["cpu_s"] = self.cpu_seconds()
         m["backpressure_s"] = sum(o.blocked_seconds for o in self.outputs.values())
         m["max_buffered_batches"] = self.gate.buffered_batches_max
         m["feedback_spilled_frames"] = self.gate.spilled_frames  # loop feedback beyond its memory budget
