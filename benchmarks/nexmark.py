@@ -17,7 +17,8 @@ For each query (benchmarks/nexmark_queries.py: q1, q2, q3, q4, q5, q7, q8) and e
    included; the zygote the tasks fork from has imported the runtime before the clock
    starts — ``epochal.runtime.launch.warm.prewarm`` —, as Spark's session is up before its
    query starts); ``cpu_s`` is the CPU time of this process tree over the run (tasks, driver,
-   and for Spark its JVM), ``events_per_cpu_s`` the events per CPU-second. Spark: the events were written to Parquet beforehand (not timed); ``trigger(availableNow=True)``
+   and for Spark its JVM), ``events_per_cpu_s`` the events per CPU-second, ``task_cpu_s`` epochal's
+   CPU seconds per task (its own metrics). Spark: the events were written to Parquet beforehand (not timed); ``trigger(availableNow=True)``
    reads them all, ``local[2]``, 2 shuffle partitions, the Parquet file sink (exactly-once;
    like epochal's: no compression, no dictionary pages);
    the time is ``start()`` → ``awaitTermination()`` (the session exists already); the
@@ -137,7 +138,14 @@ def run_epochal(query: str, n: int, work: str, parallelism: int, tag: str) -> di
         raise RuntimeError(rec.get("error"))
     assert result.records_in == n, (result.records_in, n)
     rows = collections.Counter(tuple(r) for r in ep.sinks.read_committed(out))
-    return {"seconds": result.duration_s, "cpu_s": rec.get("cpu_s"), "rows": rows, "attempts": result.attempts}
+    return {"seconds": result.duration_s, "cpu_s": rec.get("cpu_s"), "rows": rows, "attempts": result.attempts,
+            "task_cpu_s": _task_cpu(result)}
+
+
+def _task_cpu(result) -> dict:
+    """CPU seconds per task name (``events[0]``, ``q3[1]``: the task's first operator), from
+    the tasks' own final metrics: where a run's CPU goes."""
+    return {task: round(m["cpu_s"], 3) for task, m in sorted(result.task_metrics.items()) if "cpu_s" in m}
 
 
 def run_epochal_columnar(query: str, n: int, work: str, parallelism: int, tag: str) -> dict:
@@ -159,7 +167,8 @@ def run_epochal_columnar(query: str, n: int, work: str, parallelism: int, tag: s
     late = len(ep.sinks.read_committed(out + "-late", format="parquet")) if os.path.isdir(out + "-late") else 0
     if late:  # rows a window dropped as late: the output misses them
         raise AssertionError(f"columnar {query}: {late} late rows dropped by a window")
-    return {"seconds": result.duration_s, "cpu_s": rec.get("cpu_s"), "rows": rows, "attempts": result.attempts}
+    return {"seconds": result.duration_s, "cpu_s": rec.get("cpu_s"), "rows": rows, "attempts": result.attempts,
+            "task_cpu_s": _task_cpu(result)}
 
 
 def _parquet_schema():
@@ -369,6 +378,8 @@ def main(argv=None) -> int:
                             rec["marginal_events_per_s"] = more / (full["seconds"] - base["seconds"])
                         if more > 0 and full.get("cpu_s") and base.get("cpu_s") and full["cpu_s"] > base["cpu_s"]:
                             rec["marginal_events_per_cpu_s"] = more / (full["cpu_s"] - base["cpu_s"])
+                    if full.get("task_cpu_s"):
+                        rec["task_cpu_s"] = full["task_cpu_s"]
                     if full.get("cpu_s"):  # this process tree's CPU seconds (Spark: the JVM's too)
                         rec["cpu_s"] = full["cpu_s"]
                         rec["events_per_cpu_s"] = events / full["cpu_s"]
