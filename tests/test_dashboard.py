@@ -4,6 +4,7 @@ the configuration's errors. The browser tests are in ``test_dashboard_browser.py
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -112,11 +113,23 @@ def test_model_series_take_each_progress_event():
     state = {"state": "running", "generation": 0, "history": None}
     model, plan = _model(state)
     source_task = next(t.id for t in plan.tasks if t.is_source)
+    other = next(t.id for t in plan.tasks if not t.is_source)
     model.on_progress({"time": 50.0, "records_in_per_s": 10.0, "records_out_per_s": 7.0,
-                       "tasks": {source_task: {"watermark": 45.0, "rss_bytes": 1000, "backpressure_ratio": 0.5}}})
+                       "tasks": {source_task: {"watermark": 45.0, "rss_bytes": 1000, "backpressure_ratio": 0.5,
+                                               "cpu_load": 0.25},
+                                 other: {"cpu_load": 0.5}}})
     (point,) = model.view()["series"]
     assert point["records_in_per_s"] == 10.0 and point["watermark_lag_s"] == {"lines": 5.0}
     assert point["tasks_rss"] == 1000 and point["backpressure"] == 0.5 and point["driver_rss"] > 0
+    assert point["tasks_cpu"] == 0.75 and point["driver_cpu"] is None  # the driver's: a rate, from the next event on
+    ops = model._operators({"tasks": {source_task: {"cpu_load": 0.25}}})
+    source_ops = set(next(t.chain for t in plan.tasks if t.id == source_task))
+    assert {n for n, o in ops.items() if o["cpu_load"] == 0.25} == source_ops
+    end = time.process_time() + 0.05
+    while time.process_time() < end:  # the driver busy between two events
+        pass
+    model.on_progress({"time": 50.1, "tasks": {}})
+    assert model.view()["series"][-1]["driver_cpu"] > 0.2
 
 
 def _get(url, headers=None):

@@ -92,6 +92,10 @@ def test_dashboard_shows_a_running_job_and_its_restart(tmp_path, browser):
         assert latest["value"] == pytest.approx(expected, abs=1e-6)
         assert 0 < latest["value"] < 30
         assert float(page.get_attribute("#chart-throughput circle.latest[data-label=in]", "data-value")) > 0
+        # CPU: the tasks' cores busy as a series, and per operator in the graph
+        page.wait_for_selector("#chart-cpu circle.latest[data-label=tasks]")
+        assert 0 < float(page.get_attribute("#chart-cpu circle.latest[data-label=tasks]", "data-value")) < 8
+        assert "CPU" in page.text_content("#graph g.op[data-name=count] .op-pressure")
         # a savepoint from the page's button is in storage
         page.click("#btn-savepoint")
         page.wait_for_function("document.getElementById('action-result').dataset.url")

@@ -102,6 +102,7 @@ class DashboardModel:
         self._aborted_seen: set[int] = set()
         self._series: collections.deque = collections.deque(maxlen=MAX_POINTS)
         self._generation = None
+        self._cpu_at: tuple[float, float] | None = None  # (progress time, this process's CPU seconds)
 
     # ------------------------------------------------------------------ inputs
     def on_progress(self, progress: dict) -> None:
@@ -109,6 +110,7 @@ class DashboardModel:
         lags = {}
         rss_tasks = 0
         rss_known = False
+        loads = [t["cpu_load"] for t in progress.get("tasks", {}).values() if t.get("cpu_load") is not None]
         for task, t in progress.get("tasks", {}).items():
             node = self._source_nodes.get(task)
             if node is not None and t.get("watermark") is not None:
@@ -120,11 +122,20 @@ class DashboardModel:
         point = {"time": progress["time"], "records_in_per_s": progress.get("records_in_per_s", 0.0),
                  "records_out_per_s": progress.get("records_out_per_s", 0.0), "watermark_lag_s": lags,
                  "driver_rss": process_rss(), "tasks_rss": rss_tasks if rss_known else None,
+                 "driver_cpu": self._driver_cpu(progress["time"]), "tasks_cpu": sum(loads) if loads else None,
                  "backpressure": max((t.get("backpressure_ratio", 0.0) for t in progress.get("tasks", {}).values()),
                                      default=0.0)}
         with self._lock:
             self._series.append(point)
         self._merge(self._source())
+
+    def _driver_cpu(self, now: float) -> float | None:
+        """Cores this process (the driver) kept busy since the previous progress event."""
+        cpu = time.process_time()
+        before, self._cpu_at = self._cpu_at, (now, cpu)
+        if before is None or now <= before[0]:
+            return None
+        return max(0.0, cpu - before[1]) / (now - before[0])
 
     def _merge(self, state: dict) -> None:
         """Take the current attempt's newest epochs into the rows of every attempt."""
@@ -207,9 +218,11 @@ class DashboardModel:
 
     def _operators(self, progress: dict) -> dict:
         """Per operator: records/s in and out, records, parallelism, back-pressure (the
-        highest share of the last interval any of its tasks waited for credit)."""
+        highest share of the last interval any of its tasks waited for credit), CPU (the cores
+        its tasks kept busy over the last interval; operators chained into one task share it)."""
         ops = {n["name"]: {"records_in_per_s": 0.0, "records_out_per_s": 0.0, "records_in": 0, "records_out": 0,
-                           "backpressure": 0.0, "parallelism": n["parallelism"]} for n in self.graph["nodes"]}
+                           "backpressure": 0.0, "cpu_load": None, "parallelism": n["parallelism"]}
+               for n in self.graph["nodes"]}
         for name, o in progress.get("operators", {}).items():
             if name in ops:
                 ops[name].update({k: o[k] for k in ("records_in_per_s", "records_out_per_s", "records_in",
@@ -218,6 +231,8 @@ class DashboardModel:
             for name in self._chains.get(task, ()):
                 if name in ops:
                     ops[name]["backpressure"] = max(ops[name]["backpressure"], t.get("backpressure_ratio") or 0.0)
+                    if t.get("cpu_load") is not None:
+                        ops[name]["cpu_load"] = (ops[name]["cpu_load"] or 0.0) + t["cpu_load"]
         return ops
 
     def _sinks_view(self, rows: list[dict], state: dict, now: float) -> list[dict]:  # rows: the newest

@@ -101,7 +101,8 @@
       if (!o) continue;
       g.querySelector(".op-rates").textContent =
         `in ${fmtRate(o.records_in_per_s)} / out ${fmtRate(o.records_out_per_s)} rec/s`;
-      g.querySelector(".op-pressure").textContent = `back-pressure ${(100 * o.backpressure).toFixed(0)} %`;
+      g.querySelector(".op-pressure").textContent = `back-pressure ${(100 * o.backpressure).toFixed(0)} %` +
+        (o.cpu_load === null || o.cpu_load === undefined ? "" : ` · CPU ${(100 * o.cpu_load).toFixed(0)} %`);
       g.querySelector(".op-box").setAttribute("fill", pressureColour(o.backpressure));
       g.dataset.in = o.records_in;
       g.dataset.out = o.records_out;
@@ -157,6 +158,9 @@
     lineChart("chart-memory", [
       {label: "driver", points: series.map((p) => [p.time, mib(p.driver_rss)])},
       {label: "tasks", points: series.map((p) => [p.time, mib(p.tasks_rss)])}], (v) => v.toFixed(0));
+    lineChart("chart-cpu", [
+      {label: "driver", points: series.map((p) => [p.time, p.driver_cpu ?? null])},
+      {label: "tasks", points: series.map((p) => [p.time, p.tasks_cpu ?? null])}], (v) => v.toFixed(2));
   }
 
   // ---------------------------------------------------------------- checkpoints
