@@ -33,11 +33,20 @@ def _backend(kind):
     return HeapStateBackend(range(MAXP), snapshot_mode="thread") if kind == "heap" else RocksDBStateBackend(range(MAXP))
 
 
-def _batch(side: int, rows: list) -> pa.RecordBatch:
+#: the key columns' types (left, right): strings are matched by a scan of the other side's
+#: buffer, integers and timestamps through its probe index (epochal/columnar/probe_index.py)
+KEY_TYPES = {"string": (pa.string(), pa.string()), "int64": (pa.int64(), pa.int64()),
+             "int32-int64": (pa.int32(), pa.int64())}
+
+
+def _batch(side: int, rows: list, key_type: str = "string") -> pa.RecordBatch:
     """Left rows ``(k, t, id)`` as columns k, t, id; right rows as key, t, id (the right key
-    has another name, ``t`` and ``id`` collide with the left's)."""
+    has another name, ``t`` and ``id`` collide with the left's). A key ``"a"``-``"d"`` of
+    another type than a string is ``KEYS.index(k) * 7 - 9`` of it."""
     key = "k" if side == 0 else "key"
-    return pa.record_batch({key: pa.array([r[0] for r in rows], pa.string()),
+    type_ = KEY_TYPES[key_type][side]
+    values = [r[0] if pa.types.is_string(type_) else KEYS.index(r[0]) * 7 - 9 for r in rows]
+    return pa.record_batch({key: pa.array(values, type_),
                             "t": pa.array([r[1] for r in rows], pa.int64()),
                             "id": pa.array([r[2] for r in rows], pa.int64())})
 
@@ -89,7 +98,7 @@ def _pairs(batches) -> collections.Counter:
     return out
 
 
-def _run(spec: ColumnJoinSpec, oracle_spec, script, backend_kind) -> None:
+def _run(spec: ColumnJoinSpec, oracle_spec, script, backend_kind, key_type: str = "string") -> None:
     backend = _backend(backend_kind)
     op = ColumnJoinOperator(_ctx(backend), spec, 1)
     op.bind_input_channels([0, 1])
@@ -103,7 +112,7 @@ def _run(spec: ColumnJoinSpec, oracle_spec, script, backend_kind) -> None:
                 oracle.add(side, k, wm + dt - 10, next_id)
                 next_id += 1
             op.select_input(side)
-            out += op.process_batch([_batch(side, rows)])
+            out += op.process_batch([_batch(side, rows, key_type)])
         elif step[0] == "watermark":
             wm += step[1]
             for channel in (0, 1):
@@ -139,11 +148,12 @@ def _late(op) -> list:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(script=steps, how=st.sampled_from(sorted(HOWS)), bounds=st.sampled_from([(-5, 3), (0, 0), (-10, -2), (2, 8)]),
        backend=st.sampled_from(["heap", "rocksdb"]))
-def test_interval_join_of_batches_equals_the_record_path(script, how, bounds, backend):
+@pytest.mark.parametrize("key_type", sorted(KEY_TYPES))
+def test_interval_join_of_batches_equals_the_record_path(key_type, script, how, bounds, backend):
     outer = HOWS[how]
     spec = ColumnJoinSpec(("k", "key"), (ColumnTime("t", "us"), ColumnTime("t", "us")), outer,
                           lower=bounds[0], upper=bounds[1])
-    _run(spec, interval.IntervalSpec(bounds[0], bounds[1], *outer), script, backend)
+    _run(spec, interval.IntervalSpec(bounds[0], bounds[1], *outer), script, backend, key_type)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,7 +9,9 @@ what is vectorized is how rows meet:
 
 * **interval join** — a left row ``l`` and a right row ``r`` of one key match when
   ``l.t + lower <= r.t <= l.t + upper``. Each on-time batch is matched on the key with
-  the other side's buffer (:mod:`epochal.columnar.matching`), the time condition is one numpy mask, the
+  the other side's buffer — through that side's probe index when both keys are integers
+  (:mod:`epochal.columnar.probe_index`: O(batch × log buffer)), else by a scan of it
+  (:mod:`epochal.columnar.matching`) —, the time condition is one numpy mask, the
   pairs come out at once; the batch's rows are appended to its side's buffer. When the
   watermark passes a row's expiry (``l.t + upper`` / ``r.t - lower``) it is dropped, and
   an outer side's row that never matched comes out with nulls for the other side.
@@ -53,6 +55,7 @@ import pyarrow.compute as pc
 
 from epochal.columnar.keys import ColumnKey, KeyGroups
 from epochal.columnar.matching import equal_key_pairs
+from epochal.columnar.probe_index import KeyIndex, RowIds, comparable, int_keys
 from epochal.columnar.segments import POS, SEG, UNWRITTEN, SegmentStore
 from epochal.columnar.time import event_time_of
 from epochal.coprocess.operator import _InputClocks
@@ -132,6 +135,9 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
         self.floors = np.full(ctx.max_parallelism, MIN_TIME, np.int64)
         self.floor_written = MIN_TIME
         self.side_output = {"late_left": [], "late_right": []}
+        # the interval join's probe index of each side's buffer (probe_index.py; a cache, not state)
+        self.index = (KeyIndex(), KeyIndex())
+        self.row_ids = (RowIds(), RowIds())
 
     def select_input(self, index: int) -> None:
         self.side = 0 if index < self.first_inputs else 1
@@ -158,6 +164,7 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
             self.next_id += table.num_rows
             self.buffers[side] = table.add_column(table.schema.get_field_index(KG) + 1, ID, ids)
             self.due[side] = int(self.spec.expiry(side, self._times(table)).min())
+            self._reindex(side)
 
     def prepare_snapshot_pre_barrier(self, epoch: int) -> list:
         """Write the rows added in this epoch as segments and what changed about the
@@ -223,6 +230,11 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
         n = rows.num_rows
         rows = rows.append_column(SEG, pa.array(np.full(n, UNWRITTEN, np.int64))).append_column(
             POS, pa.array(np.zeros(n, np.int32)))
+        if self._indexed(side):
+            ids = _column(rows, ID).to_numpy()
+            self.row_ids[side].append(ids)
+            keys, valid = int_keys(_column(rows, self.spec.keys[side]))
+            self.index[side].add(keys, ids, _column(rows, T).to_numpy(), valid)
         self.due[side] = min(self.due[side], int(self.spec.expiry(side, self._times(rows)).min()))
         buffer = self.buffers[side]
         if buffer is not None:
@@ -256,14 +268,27 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
         matched = np.zeros(rows.num_rows, bool)
         out = []
         if other is not None and other.num_rows:
-            # equal keys (matching.py: cheaper than Arrow's join for a batch against a buffer)
-            p0, p1 = equal_key_pairs(_column(rows, spec.keys[side]), _column(other, spec.keys[1 - side]))
+            keys = _column(rows, spec.keys[side])
+            other_key = other.schema.field(spec.keys[1 - side]).type
+            indexed = self._indexed(1 - side) and comparable(keys.type, other_key)
+            if indexed:  # the other side's index (probe_index.py): O(batch × log buffer)
+                values, valid = int_keys(keys)
+                p0, ids, t1 = self.index[1 - side].pairs(values, valid)
+            else:  # equal keys by a scan of the buffer (matching.py)
+                p0, p1 = equal_key_pairs(keys, _column(other, spec.keys[1 - side]))
+                t1 = _column(other, T).to_numpy()[p1] if len(p0) else p1
             if len(p0):
-                t0, t1 = _column(rows, T).to_numpy()[p0], _column(other, T).to_numpy()[p1]
+                t0 = _column(rows, T).to_numpy()[p0]
                 lt, rt = (t0, t1) if side == 0 else (t1, t0)
                 hit = (lt + spec.lower <= rt) & (rt <= lt + spec.upper)
+                if indexed:  # the index's hits: where they are in the buffer (if still there)
+                    p1, present = self.row_ids[1 - side].positions(ids[hit])
+                    hit[hit] = present
+                    p1 = p1[present]
+                else:
+                    p1 = p1[hit]
                 if hit.any():
-                    p0, p1 = p0[hit], p1[hit]
+                    p0 = p0[hit]
                     matched[np.unique(p0)] = True
                     if spec.outer[1 - side]:
                         flags = _column(other, MATCHED).to_numpy(zero_copy_only=False).copy()
@@ -320,6 +345,34 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
         keep = ~gone
         self.buffers[side] = table.filter(pa.array(keep))
         self.due[side] = int(expiry[keep].min()) if keep.any() else np.iinfo(np.int64).max
+        if self._indexed(side):
+            ids = self.row_ids[side]
+            ids.reset(ids.view()[keep])
+            if self.index[side].on_dropped(int(gone.sum())):
+                self._reindex(side)
+
+    # -- the probe index (interval join) -----------------------------------------------------
+    def _indexed(self, side: int) -> bool:
+        """Whether ``side``'s buffered rows are in its probe index: an interval join whose
+        ``side`` key is an integer or temporal column (probe_index.py)."""
+        schema = self.schemas[side]
+        if self.spec.windowed or schema is None:
+            return False
+        t = schema.field(self.spec.keys[side]).type
+        return comparable(t, t)
+
+    def _reindex(self, side: int) -> None:
+        """The row ids and the probe index of exactly the rows ``side`` buffers now."""
+        if not self._indexed(side):
+            return
+        buffer = self.buffers[side]
+        ids = _column(buffer, ID).to_numpy() if buffer is not None else np.zeros(0, np.int64)
+        self.row_ids[side].reset(ids)
+        if not len(ids):
+            self.index[side].rebuild(ids, ids, ids)
+            return
+        keys, valid = int_keys(_column(buffer, self.spec.keys[side]))
+        self.index[side].rebuild(keys, ids, _column(buffer, T).to_numpy(), valid)
 
     def _fire(self, wm: int) -> list:
         """Window join: join the due windows' rows of both sides on (key, window start)."""
@@ -375,8 +428,10 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
                 if table is None or isinstance(pos, pa.NullArray) or (isinstance(pos, pa.Array) and pos.null_count == n):
                     columns[field.name] = pa.nulls(n, field.type)
                 else:
-                    columns[field.name] = _column(table, field.name).take(pa.array(pos) if isinstance(pos, np.ndarray)
-                                                                           else pos)
+                    got = table.column(field.name).take(pa.array(pos) if isinstance(pos, np.ndarray) else pos)
+                    if isinstance(got, pa.ChunkedArray):  # a buffer's chunks: taken from, not combined first
+                        got = got.chunk(0) if got.num_chunks == 1 else got.combine_chunks()
+                    columns[field.name] = got
             taken.append(columns)
         left, right = taken
         key_l, key_r = spec.keys
