@@ -9,9 +9,11 @@ import random
 
 import pyarrow as pa
 import pytest
+from hypothesis import example, given, settings, strategies as st
 
 import epochal as ep
 from epochal.columnar import count, max as amax, sum as asum
+from epochal.columnar.time import ColumnTime
 from epochal.errors import JobFailedError, PipelineDefinitionError
 from epochal.sinks import FileSink, read_committed
 from epochal.testing import CrashAtRecord, CrashDuringSnapshotUpload
@@ -184,3 +186,31 @@ def test_build_errors_name_what_columnar_windows_do_not_do():
         keyed.window(Tumbling("1s", processing_time=True)).aggregate("w4", n=count())
     with pytest.raises(PipelineDefinitionError, match="output column 'window_start' is taken"):
         keyed.window(Tumbling("1s")).aggregate("w5", window_start=count())
+
+
+RANGE_US = 253_402_300_800 * 10**6  # the year 10000
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(st.one_of(st.none(), st.integers(-2**62, 2**62), st.integers(-10**7, 10**7)), max_size=8),
+       kind=st.sampled_from(["int64:s", "int64:ms", "int64:us", "int64:ns", "int32:s",
+                             "ts:s", "ts:ms", "ts:us", "ts:ns"]))
+@example(values=[18_446_744_073_710], kind="int64:s")  # × 10**6 wraps around int64 to 448384 µs
+def test_the_one_pass_highest_timestamp_agrees_with_the_per_row_conversion(values, kind):
+    """ColumnTime.highest (one min_max, the watermark operator's fast path) is the highest of
+    micros() exactly when every row is usable, and None whenever a row is not."""
+    type_, unit = kind.split(":")
+    if type_ == "int32":
+        values = [v if v is None or -2**31 <= v < 2**31 else v % 2**31 for v in values]
+    arrow_type = {"int64": pa.int64(), "int32": pa.int32(), "ts": pa.timestamp(unit)}[type_]
+    batch = pa.record_batch({"t": pa.array(values, arrow_type)})
+    time_ = ColumnTime("t", unit)
+    top = time_.highest(batch)
+    us, valid = time_.micros(batch)
+    usable = len(values) > 0 and (valid is None or bool(valid.all()))
+    assert top == (int(us.max()) if usable else None)
+    per = {"s": 10**6, "ms": 10**3, "us": 1, "ns": None}[unit]  # the oracle: exact integers
+    expected = [None if v is None else (v * per if per else v // 1000) for v in values]
+    ok = [e is not None and -RANGE_US < e < RANGE_US for e in expected]
+    assert (valid is None and all(ok)) or (valid is not None and valid.tolist() == ok)
+    assert [int(u) for u, good in zip(us, ok) if good] == [e for e, good in zip(expected, ok) if good]

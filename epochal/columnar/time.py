@@ -41,6 +41,26 @@ class ColumnTime:
     column: str
     unit: str = "s"
 
+    def highest(self, batch: pa.RecordBatch) -> int | None:
+        """The highest timestamp of ``batch`` in µs when every row has a usable one (an
+        integer or timestamp column without nulls, all in range), from one ``min_max`` pass
+        and no copy; ``None`` otherwise (an empty batch, nulls, floats, a value out of
+        range, a missing column): :meth:`micros` then says which rows and why."""
+        values = batch.column(self.column) if self.column in batch.schema.names else None
+        if values is None or not len(values) or values.null_count:
+            return None
+        t = values.type
+        if pa.types.is_timestamp(t):
+            per, values = UNITS[t.unit], values.view(pa.int64())
+        elif pa.types.is_integer(t):
+            per = UNITS[self.unit]
+        else:
+            return None
+        bounds = pc.min_max(values)
+        low, high = bounds["min"].as_py(), bounds["max"].as_py()
+        low, high = (low * per, high * per) if per is not None else (low // 1_000, high // 1_000)
+        return high if -_RANGE < low and high < _RANGE else None
+
     def micros(self, batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray | None]:
         """``(µs since the epoch as int64, rows that are invalid or None)`` of ``batch``.
 
@@ -61,27 +81,26 @@ class ColumnTime:
         else:
             def filled(v, zero):
                 return v.fill_null(zero)
-        if pa.types.is_timestamp(t):
-            us = filled(pc.cast(values, pa.int64()), 0).to_numpy()
-            us = {"s": us * 1_000_000, "ms": us * 1_000, "us": us, "ns": us // 1_000}[t.unit]
-        elif pa.types.is_integer(t):
+        if pa.types.is_timestamp(t) or pa.types.is_integer(t):
             raw = filled(pc.cast(values, pa.int64()), 0).to_numpy()
-            per = UNITS[self.unit]
-            us = raw * per if per is not None else raw // 1_000
-        elif pa.types.is_floating(t):
+            per = UNITS[t.unit if pa.types.is_timestamp(t) else self.unit]
+            if per is None:  # nanoseconds: every int64 is within range as µs
+                return raw // 1_000, valid
+            # the range is checked on the raw values: scaled, a far one would wrap around
+            in_range = (raw > -(_RANGE // per)) & (raw < _RANGE // per)
+            if not in_range.all():
+                valid = in_range if valid is None else valid & in_range
+            return raw * per, valid
+        if pa.types.is_floating(t):
             raw = filled(pc.cast(values, pa.float64()), 0.0).to_numpy()
             per = UNITS[self.unit]
             scaled = raw * per if per is not None else raw / 1_000
             finite = np.isfinite(scaled) & (np.abs(scaled) < _RANGE)
             valid = finite if valid is None else valid & finite
             us = np.rint(np.where(finite, scaled, 0.0)).astype(np.int64)
-        else:
-            raise TypeError(f"event-time column {self.column!r} is {t}; expected a timestamp or a number "
-                            f"(in timestamp_unit {self.unit!r})")
-        in_range = (us > -_RANGE) & (us < _RANGE)
-        if not in_range.all():
-            valid = in_range if valid is None else valid & in_range
-        return us, valid
+            return us, valid
+        raise TypeError(f"event-time column {self.column!r} is {t}; expected a timestamp or a number "
+                        f"(in timestamp_unit {self.unit!r})")
 
 
 @dataclass(frozen=True)
@@ -100,6 +119,11 @@ class ColumnWatermarkOperator(WatermarkOperator):
     def process_batch(self, records: list) -> list:
         out, high = [], None
         for batch in records:
+            top = self.time.highest(batch)  # every row usable: one pass, no copy
+            if top is not None:
+                high = top if high is None or top > high else high
+                out.append(batch)
+                continue
             try:
                 us, valid = self.time.micros(batch)
             except Exception as exc:
