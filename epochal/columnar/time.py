@@ -46,6 +46,12 @@ class ColumnTime:
         integer or timestamp column without nulls, all in range), from one ``min_max`` pass
         and no copy; ``None`` otherwise (an empty batch, nulls, floats, a value out of
         range, a missing column): :meth:`micros` then says which rows and why."""
+        bounds = self.bounds(batch)
+        return None if bounds is None else bounds[1]
+
+    def bounds(self, batch: pa.RecordBatch) -> tuple[int, int] | None:
+        """``(lowest, highest)`` timestamp of ``batch`` in µs when every row has a usable
+        one; ``None`` otherwise (as :meth:`highest`)."""
         values = batch.column(self.column) if self.column in batch.schema.names else None
         if values is None or not len(values) or values.null_count:
             return None
@@ -59,7 +65,7 @@ class ColumnTime:
         bounds = pc.min_max(values)
         low, high = bounds["min"].as_py(), bounds["max"].as_py()
         low, high = (low * per, high * per) if per is not None else (low // 1_000, high // 1_000)
-        return high if -_RANGE < low and high < _RANGE else None
+        return (low, high) if -_RANGE < low and high < _RANGE else None
 
     def micros(self, batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray | None]:
         """``(µs since the epoch as int64, rows that are invalid or None)`` of ``batch``.

@@ -499,6 +499,11 @@ class ColumnWindowOperator(RuntimeOperator):
         return newest.column("s_max").to_numpy()[at] + self.ttl
 
 
+def _pane_of(us: int, p: PaneSpec) -> int:
+    """The start of the pane holding time ``us`` (as ``us - (us - offset) % pane`` per row)."""
+    return us - (us - p.offset) % p.pane
+
+
 class PaneLocal:
     """``<name>.local`` of a window ``aggregate(..., local=True)`` (a ``map_batches``
     function, chained into the producer's task): a batch → one partial row per (key, pane)
@@ -535,12 +540,17 @@ class PaneLocal:
 
     def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         plan = self._plan_of()
-        us, valid = self.time.micros(batch)
-        if valid is not None and not valid.all():
-            raise ValueError(f"event-time column {self.time.column!r} has no usable timestamp in row "
-                             f"{int((~valid).argmax())}")
         p = self.panes
-        pane = us - (us - p.offset) % p.pane
+        bounds = self.time.bounds(batch)  # every timestamp usable: one min_max pass
+        if bounds is not None and _pane_of(bounds[0], p) == _pane_of(bounds[1], p):
+            # the batch lies in one pane (batches of a time-ordered stream mostly do)
+            pane = np.full(batch.num_rows, _pane_of(bounds[0], p), np.int64)
+        else:
+            us, valid = self.time.micros(batch)
+            if valid is not None and not valid.all():
+                raise ValueError(f"event-time column {self.time.column!r} has no usable timestamp in row "
+                                 f"{int((~valid).argmax())}")
+            pane = us - (us - p.offset) % p.pane
         rows = batch.select(plan.inputs[:1] + plan.inputs[2:]).add_column(1, PANE, pa.array(pane, pa.int64()))
         table = plan.of_raw([rows])
         names = [self.key, self.time.column] + plan.partial_names[:-1]
