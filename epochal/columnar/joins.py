@@ -354,7 +354,7 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
     # -- the probe index (interval join) -----------------------------------------------------
     def _indexed(self, side: int) -> bool:
         """Whether ``side``'s buffered rows are in its probe index: an interval join whose
-        ``side`` key is an integer or temporal column (probe_index.py)."""
+        ``side`` key is an integer column (probe_index.py)."""
         schema = self.schemas[side]
         if self.spec.windowed or schema is None:
             return False

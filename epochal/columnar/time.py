@@ -68,7 +68,8 @@ class ColumnTime:
         return (low, high) if -_RANGE < low and high < _RANGE else None
 
     def micros(self, batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray | None]:
-        """``(µs since the epoch as int64, rows that are invalid or None)`` of ``batch``.
+        """``(µs since the epoch as int64, the mask of rows with a usable timestamp — None
+        when all are)`` of ``batch``; an unusable row's µs value is meaningless.
 
         Raises:
             KeyError: the column is not in the batch; TypeError: it is not a timestamp
