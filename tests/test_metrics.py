@@ -106,6 +106,8 @@ def test_prometheus_endpoint_serves_the_progress(tmp_path):
     assert 'epochal_up{job="prom"} 1.0' in text
     assert 'epochal_task_records_in_per_second{job="prom",task="slow[1]"}' in text
     assert 'epochal_operator_records_out_per_second{job="prom",operator="ts"}' in text
+    assert 'epochal_task_cpu_seconds_total{job="prom",task="slow[1]"}' in text
+    assert 'epochal_task_cpu_load{job="prom",task="slow[0]"}' in text
 
 
 def test_run_shows_a_status_line_when_asked(tmp_path, capsys):

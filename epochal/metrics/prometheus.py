@@ -80,6 +80,7 @@ class _Collector:
             "epochal_task_backpressure_ratio": ("backpressure_ratio", "share of time a task waited for credit"),
             "epochal_task_queued_batches": ("queued_batches", "batches queued in a task's inputs"),
             "epochal_task_watermark_seconds": ("watermark", "a task's output event time"),
+            "epochal_task_cpu_load": ("cpu_load", "CPU cores a task's process kept busy over the last interval"),
         }
         for name, (key, doc) in per_task.items():
             g = GaugeMetricFamily(name, doc, labels=["job", "task"])
@@ -87,6 +88,12 @@ class _Collector:
                 if t.get(key) is not None:
                     g.add_metric([job, task], t[key])
             yield g
+        cpu = CounterMetricFamily("epochal_task_cpu_seconds", "CPU seconds of a task's process since the task "
+                                  "(its attempt) started", labels=["job", "task"])
+        for task, t in p["tasks"].items():
+            if t.get("cpu_s") is not None:
+                cpu.add_metric([job, task], t["cpu_s"])
+        yield cpu
         for name, key, doc in (("epochal_operator_records_in_per_second", "records_in_per_s", "records per second"),
                                ("epochal_operator_records_out_per_second", "records_out_per_s", "records per second")):
             g = GaugeMetricFamily(name, doc, labels=["job", "operator"])
