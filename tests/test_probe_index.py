@@ -31,7 +31,7 @@ def test_pairs_are_every_equal_key_of_the_live_rows_once(batches, probe, drop_ev
         keep = np.array([i % drop_every != 0 for i in range(len(order))], bool)
         for i in np.flatnonzero(~keep):
             del live[order[i]]
-        row_ids.reset(row_ids.view()[keep])
+        row_ids.keep(keep)
         if index.on_dropped(int((~keep).sum())):
             ids_now = np.array(list(live), np.int64)
             values, ok = int_keys(pa.array(list(live.values()), pa.int64()))

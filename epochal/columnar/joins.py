@@ -346,8 +346,7 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
         self.buffers[side] = table.filter(pa.array(keep))
         self.due[side] = int(expiry[keep].min()) if keep.any() else np.iinfo(np.int64).max
         if self._indexed(side):
-            ids = self.row_ids[side]
-            ids.reset(ids.view()[keep])
+            self.row_ids[side].keep(keep)
             if self.index[side].on_dropped(int(gone.sum())):
                 self._reindex(side)
 

@@ -138,8 +138,10 @@ class RowIds:
         self._ids[self.n:need] = ids
         self.n = need
 
-    def view(self) -> np.ndarray:
-        return self._ids[:self.n]
+    def keep(self, mask: np.ndarray) -> None:
+        """Only the rows ``mask`` selects stay (the buffer dropped the others), in order."""
+        self._ids = self._ids[:self.n][mask]  # a fresh array: one copy
+        self.n = len(self._ids)
 
     def positions(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(positions, present)``: where each of ``ids`` is in the buffer, and whether it is
