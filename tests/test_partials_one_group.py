@@ -63,7 +63,7 @@ def test_floats_nulls_and_lists_take_the_hash_path():
 def test_pane_local_is_the_same_whether_a_batch_spans_one_pane_or_more(span):
     """PaneLocal's one-pane shortcut (a constant pane column) against the per-row panes."""
     from epochal.columnar.time import ColumnTime
-    from epochal.columnar.windows import PaneLocal
+    from epochal.columnar.panes import PaneLocal
     from epochal.windows.assigners import PaneSpec
 
     t = [1_000, 5_000, 9_999] if span == "one pane" else [9_000, 10_000, 19_999]

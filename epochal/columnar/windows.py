@@ -66,6 +66,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from epochal.columnar.keys import KeyGroups
+from epochal.columnar.panes import PANE, STAMP, PaneLocal
 from epochal.columnar.partials import PartialBuffer, PartialPlan
 from epochal.columnar.state import KeyBlock, _concat, _take
 from epochal.columnar.time import ColumnTime, event_time_of
@@ -79,8 +80,6 @@ from epochal.windows.assigners import PaneSpec, Session, Sliding, Tumbling
 
 __all__ = ["ColumnWindowOperator", "ColumnWindowOutput", "ColumnWindowSpec", "ColumnWindowedStream"]
 
-PANE = "\x00pane"  # the pane-start column while rows are buffered and stored
-STAMP = "\x00ttl"  # with a ttl: the hidden aggregation, newest event time per (key, pane)
 ARRIVAL = "\x00arrival"  # processing-time ttl: the wall clock (µs) at which a row arrived
 _EVENT, _PROCESSING = "event", "processing"
 _UTC = pa.timestamp("us", tz="UTC")
@@ -497,63 +496,3 @@ class ColumnWindowOperator(RuntimeOperator):
         newest = pa.table({"k": keys, "s": stamps}).group_by("k", use_threads=False).aggregate([("s", "max")])
         at = pc.index_in(keys, value_set=newest.column("k").combine_chunks()).to_numpy(zero_copy_only=False)
         return newest.column("s_max").to_numpy()[at] + self.ttl
-
-
-def _pane_of(us: int, p: PaneSpec) -> int:
-    """The start of the pane holding time ``us`` (as ``us - (us - offset) % pane`` per row)."""
-    return us - (us - p.offset) % p.pane
-
-
-class PaneLocal:
-    """``<name>.local`` of a window ``aggregate(..., local=True)`` (a ``map_batches``
-    function, chained into the producer's task): a batch → one partial row per (key, pane)
-    of its rows — the key, the event-time column holding the pane's newest time (same type),
-    the aggregations' partial columns (:class:`~epochal.columnar.partials.PartialPlan`).
-
-    Why the window's result and lateness do not change: every row of a pane belongs to the
-    same windows (a pane is ``gcd(size, slide)`` long and windows start on its grid), so the
-    newest time puts the partial row in that pane and its last window is its rows' last
-    window; the window combines partials as it combines its own. Stateless: a batch's
-    partials leave with it (nothing is held across a watermark or a barrier), so each
-    epoch's rows reach the window in that epoch, as without it. A batch with a row without a
-    usable timestamp raises, naming the column (the task fails, or with dead letters the
-    batch goes there)."""
-
-    def __init__(self, key: str, time: ColumnTime, panes: PaneSpec, aggregations: dict):
-        self.key, self.time, self.panes = key, time, panes
-        self.aggregations = dict(aggregations)
-        self._plan: PartialPlan | None = None
-
-    def __getstate__(self):
-        return {"key": self.key, "time": self.time, "panes": self.panes, "aggregations": self.aggregations}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state, _plan=None)
-
-    def _plan_of(self) -> PartialPlan:
-        if self._plan is None:
-            from epochal.columnar.aggregates import max as amax
-
-            self._plan = PartialPlan(self.key, dict(self.aggregations, **{STAMP: amax(self.time.column)}),
-                                     groups=(PANE,))
-        return self._plan
-
-    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        plan = self._plan_of()
-        p = self.panes
-        bounds = self.time.bounds(batch)  # every timestamp usable: one min_max pass
-        if bounds is not None and _pane_of(bounds[0], p) == _pane_of(bounds[1], p):
-            # the batch lies in one pane (batches of a time-ordered stream mostly do)
-            pane = np.full(batch.num_rows, _pane_of(bounds[0], p), np.int64)
-        else:
-            us, valid = self.time.micros(batch)
-            if valid is not None and not valid.all():
-                raise ValueError(f"event-time column {self.time.column!r} has no usable timestamp in row "
-                                 f"{int((~valid).argmax())}")
-            pane = us - (us - p.offset) % p.pane
-        rows = batch.select(plan.inputs[:1] + plan.inputs[2:]).add_column(1, PANE, pa.array(pane, pa.int64()))
-        table = plan.of_raw([rows])
-        names = [self.key, self.time.column] + plan.partial_names[:-1]
-        columns = [table.column(self.key), table.column(STAMP)] + [table.column(n) for n in plan.partial_names[:-1]]
-        return pa.RecordBatch.from_arrays([c.combine_chunks() for c in columns], names=names)
-

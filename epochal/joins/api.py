@@ -87,7 +87,7 @@ class _Join:
                                           f"got {fn!r}")
         columnar = [s._columnar(name) for s in (self._left, self._right)]
         if all(columnar) and self.kind in ("interval_join", "window_join"):
-            from epochal.columnar.joins import build_column_join
+            from epochal.columnar.join_build import build_column_join
 
             return build_column_join(self, name, fn, parallelism, right_suffix)
         for s, batches in zip((self._left, self._right), columnar):

@@ -1,0 +1,78 @@
+"""Building a columnar join node: ``interval_join`` / ``window_join`` of two keyed streams
+of Arrow batches (:mod:`epochal.joins.api` calls :func:`build_column_join` when both inputs
+carry batches) — the checks made at build time and the node's output stream. The operator
+that runs it is :class:`epochal.columnar.joins.ColumnJoinOperator`.
+"""
+from __future__ import annotations
+
+from epochal.columnar.joins import ColumnJoinSpec
+from epochal.columnar.keys import ColumnKey
+from epochal.columnar.time import event_time_of
+from epochal.errors import PipelineDefinitionError
+from epochal.graph import FORWARD, Input, NodeKind
+from epochal.joins.functions import pair
+from epochal.streams import Stream
+from epochal.windows.assigners import SessionSpec
+
+__all__ = ["ColumnJoinOutput", "build_column_join"]
+
+_SIDES = ("left", "right")
+
+
+def build_column_join(join, name: str, fn, parallelism, right_suffix: str):
+    """The node of ``join`` (an :class:`~epochal.joins.api.IntervalJoin` or
+    :class:`~epochal.joins.api.WindowJoin` over two streams of batches); returns its output.
+
+    Raises:
+        PipelineDefinitionError: a function other than the default pair, a key that is not a
+            column, no event time, or a variant with no vectorized version (it names the
+            record-path equivalent).
+    """
+    where = f"{join.kind} {name!r}"
+    record_path = ("convert both inputs with to_records(name) and use the record-path " + join.kind)
+    if fn is not pair:
+        raise PipelineDefinitionError(
+            f"{where}: on Arrow batches the join emits joined rows (the left columns, then the right ones) — drop "
+            f"the function and follow it with map_batches(...), or {record_path} with your function")
+    if not isinstance(right_suffix, str) or not right_suffix:
+        raise PipelineDefinitionError(f"{where}: right_suffix must be a non-empty string, got {right_suffix!r}")
+    left, right = join._left, join._right
+    keys = []
+    for s in (left, right):
+        if not isinstance(s._key_fn, ColumnKey):
+            raise PipelineDefinitionError(f"{where}: key both streams of batches by a column (key_by('column'))")
+        keys.append(s._key_fn.column)
+        if not s._timed(name):
+            raise PipelineDefinitionError(
+                f"{where} joins in event time but {', '.join(repr(p.node) for p in s._ports)} has no event time: "
+                "call .with_watermarks(name, timestamp='column') on both inputs before key_by")
+    times = (event_time_of(left, f"{where} (left input)"), event_time_of(right, f"{where} (right input)"))
+    how = join._how
+    outer = (how in ("left", "full"), how in ("right", "full"))
+    if join.kind == "interval_join":
+        spec = ColumnJoinSpec(tuple(keys), times, outer, lower=join._spec.lower, upper=join._spec.upper,
+                              right_suffix=right_suffix)
+    elif join.kind == "window_join" and not isinstance(join._spec, SessionSpec):
+        spec = ColumnJoinSpec(tuple(keys), times, outer, panes=join._spec, right_suffix=right_suffix)
+    else:
+        what = "session windows" if join.kind == "window_join" else "this join"
+        raise PipelineDefinitionError(f"{where}: {what} on Arrow batches are not vectorized — {record_path}")
+    both = Stream(left.flow, left._ports + right._ports)
+    node = both._then(NodeKind.KEYED_CO_PROCESS, name, spec, parallelism, (left._key_fn, right._key_fn),
+                      (len(left._ports),), timed=False, accepts="batches")
+    return ColumnJoinOutput(left.flow, (Input(node.name, FORWARD),), node.name)
+
+
+class ColumnJoinOutput(Stream):
+    """The joined batches; :meth:`late` holds each input's late rows."""
+
+    def __init__(self, flow, ports, operator: str):
+        super().__init__(flow, ports)
+        self._operator = operator
+
+    def late(self, side: str = "left") -> Stream:
+        """The rows of input ``side`` (``"left"`` or ``"right"``) that arrived at or behind
+        its watermark, unchanged (batches). Read them, or they are only counted."""
+        if side not in _SIDES:
+            raise PipelineDefinitionError(f"join {self._operator!r}: late(side) takes 'left' or 'right', got {side!r}")
+        return Stream(self._flow, (Input(self._operator, FORWARD, port=f"late_{side}"),))
