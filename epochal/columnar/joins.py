@@ -12,7 +12,9 @@ what is vectorized is how rows meet:
   the other side's buffer — through that side's probe index when both keys are integers
   (:mod:`epochal.columnar.probe_index`: O(batch × log buffer)), else by a scan of it
   (:mod:`epochal.columnar.matching`) —, the time condition is one numpy mask, the
-  pairs come out at once; the batch's rows are appended to its side's buffer. When the
+  pairs come out at once (their columns taken from the buffer's chunks that hold them,
+  :mod:`epochal.columnar.gather`: O(pairs), not O(buffer)); the batch's rows are appended
+  to its side's buffer. When the
   watermark passes a row's expiry (``l.t + upper`` / ``r.t - lower``) it is dropped, and
   an outer side's row that never matched comes out with nulls for the other side.
 * **window join** (tumbling, sliding) — each on-time row is kept once per window holding it;
@@ -53,6 +55,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from epochal.columnar.gather import Gather
 from epochal.columnar.keys import KeyGroups
 from epochal.columnar.matching import equal_key_pairs
 from epochal.columnar.probe_index import KeyIndex, RowIds, comparable, int_keys
@@ -321,7 +324,7 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
                 if alone.any():
                     pos = np.flatnonzero(alone)
                     none = pa.nulls(len(pos), pa.int64())
-                    positions = (pa.array(pos), none) if side == 0 else (none, pa.array(pos))
+                    positions = (pos, none) if side == 0 else (none, pos)
                     tables = (table, self.buffers[1]) if side == 0 else (self.buffers[0], table)
                     out.append(self._assemble(tables, positions))
             self._drop(side, table, gone, expiry)
@@ -418,12 +421,16 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
             table, pos = tables[side], positions[side]
             n = len(pos)
             columns = {}
+            # numpy positions (no nulls) of a buffer: taken per chunk, the chunks not combined
+            gather = Gather.of(table, pos) if table is not None and isinstance(pos, np.ndarray) else None
             for field in (schema or []):
                 if table is None or isinstance(pos, pa.NullArray) or (isinstance(pos, pa.Array) and pos.null_count == n):
                     columns[field.name] = pa.nulls(n, field.type)
+                elif gather is not None:
+                    columns[field.name] = gather.take(table.column(field.name))
                 else:
-                    got = table.column(field.name).take(pa.array(pos) if isinstance(pos, np.ndarray) else pos)
-                    if isinstance(got, pa.ChunkedArray):  # a buffer's chunks: taken from, not combined first
+                    got = table.column(field.name).take(pos)
+                    if isinstance(got, pa.ChunkedArray):
                         got = got.chunk(0) if got.num_chunks == 1 else got.combine_chunks()
                     columns[field.name] = got
             taken.append(columns)
