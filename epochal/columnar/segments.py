@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from epochal.columnar.gather import Gather
+
 __all__ = ["MAX_SEGMENTS", "POS", "SEG", "SegmentStore", "UNWRITTEN", "decoded", "encoded"]
 
 SEG, POS = "\x00seg", "\x00pos"
@@ -92,8 +94,10 @@ def _numpy(table: pa.Table, name: str) -> np.ndarray:
 
 
 def _taken(table: pa.Table, name: str, rows: np.ndarray) -> np.ndarray:
-    """Column ``name`` at ``rows`` (without combining the column's chunks)."""
-    return table.column(name).take(pa.array(rows)).to_numpy()
+    """Column ``name`` at ``rows``, taken from the chunks holding them (Arrow's ``take``
+    would combine the column's chunks first: :mod:`epochal.columnar.gather`)."""
+    column = table.column(name)
+    return Gather(tuple(len(c) for c in column.chunks), rows).take(column).to_numpy()
 
 
 def _groups(keys: np.ndarray):
