@@ -273,6 +273,40 @@ def test_savepoint_of_a_job_with_regions_restores_every_region(tmp_path, capsys)
         assert [r["epoch"] for r in rows if r["status"] == "complete"][-1] == last, (name, rows)
 
 
+def test_stop_with_drain_drains_every_region(tmp_path):
+    """``stop_with_savepoint(drain=True)`` on a job of regions: each region stops with its
+    own drained savepoint — region 'sums' fired every window of the readings it read (the
+    open ones too), region 'counts' committed its running counts up to its cut."""
+    out_a, out_b = unique_dir(tmp_path, "a"), unique_dir(tmp_path, "b")
+    flow = two_regions("drain", out_a, out_b, n_a=3000, n_b=2000, rate_a=300.0, rate_b=300.0,
+                       region_a="counts", region_b="sums")
+    handle = flow.start(runtime="local", checkpoint=ep.CheckpointConfig(
+        interval=0.1, storage="file://" + unique_dir(tmp_path, "c")))
+    deadline = time.monotonic() + 60
+    while min(len(h.completed_epochs) for h in handle.regions.values()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    url = handle.stop_with_savepoint("file://" + unique_dir(tmp_path, "sp"), timeout=60, drain=True)
+    assert handle.wait(60).stopped_with_savepoint == url
+
+    def cut(region: str, source: str) -> dict:
+        merged: dict = {}
+        for row in ep.state.list_source_offsets(f"{url}/{region}", source):
+            merged.update(row["offsets"])
+        return {int(k): v for k, v in merged.items()}
+
+    read = cut("sums", "readings")
+    assert 0 < sum(read.values()) < 2000, f"region 'sums' not stopped midway: {read}"
+    sums: dict = collections.defaultdict(int)
+    for split, n in read.items():
+        for (key, ts, value), _ in zip(reading(split, 0), range(n)):
+            sums[(key, ts // 1000)] += value
+    assert output(out_b) == collections.Counter(
+        json.dumps({"end": float(w + 1), "key": k, "start": float(w), "value": [k, v]}, sort_keys=True)
+        for (k, w), v in sums.items())
+    words = collections.Counter(w for split, n in cut("counts", "words").items() for w, _ in zip(word(split, 0), range(n)))
+    assert output(out_a) == collections.Counter(json.dumps([w, k]) for w, c in words.items() for k in range(1, c + 1))
+
+
 # ------------------------------------------------------------------ Spark, a SIGKILL from outside
 @pytest.mark.spark
 def test_a_sigkill_in_one_region_on_spark_leaves_the_other_untouched(tmp_path, spark):

@@ -147,3 +147,39 @@ def test_savepoints_refuse_non_empty_targets_and_import_claims_a_higher_generati
     assert import_checkpoint(open_checkpoint(str(tmp_path / "sp")), target) == marker["bytes"]
     assert target.completed_checkpoints() == [6] and target.read_metadata(6) == meta
     assert target.next_generation() == 6  # the old job's was 4; the import claimed 5
+
+
+def test_a_drain_marks_its_trigger_fails_the_attempt_on_abort_and_stops_when_its_copy_fails(tmp_path):
+    """Drain bookkeeping: only the stop epoch's trigger says "drain"; an abort of it reports
+    that the attempt must fail (and a FINAL epoch's does not: it is retried); a failed copy
+    still makes the stop ready, with the request failed naming the drained checkpoint."""
+    s = storage(tmp_path / "ckpt")
+    tr = Tracker(s)
+    plain = SavepointRequest(None, stop=False, drain=True)
+    assert plain.drain is False  # only a stop drains
+    req = SavepointRequest(str(tmp_path / "sp"), stop=True, drain=True)
+    tr.t.add(req)
+    tr.t.on_trigger(4)
+    assert tr.t.stop_epoch == tr.t.drain_epoch == 4
+    assert tr.t.trigger(4, 1.5) == ("trigger", 4, 1.5, "drain") and tr.t.trigger(5, 1.5) == ("trigger", 5, 1.5)
+    assert tr.t.on_abort(4, "declined", final=False) is True
+    assert tr.t.stop_epoch is None and tr.t.drain_epoch is None
+    with pytest.raises(SavepointError, match=r"ended event time \(drain\)"):
+        req.wait(0)
+
+    final = SavepointRequest(None, stop=True, drain=True)  # a FINAL epoch's abort: retried, not failed
+    tr.t.add(final)
+    tr.t.on_trigger(6)
+    assert tr.t.on_abort(6, "declined", final=True) is False and not final.done
+
+    again = SavepointRequest(str(tmp_path / "taken"), stop=True, drain=True)
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "x").write_text("not empty")  # the copy fails: the target is not empty
+    tr.t._waiting.clear()
+    tr.t.add(again)
+    tr.t.on_trigger(7)
+    tr.t.on_complete(7, complete(s, 7))
+    tr.copy_done()
+    ready = tr.t.stop_ready()
+    assert ready is again and again.error is not None
+    assert "the job drained and stops all the same" in again.error and "chk-0000000007" in again.error

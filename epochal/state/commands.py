@@ -7,7 +7,7 @@ checkpoints and savepoints from a shell, without running the job.
     epochal state file:///tmp/sp-1 count --format parquet --output count.parquet
     epochal savepoint create file:///tmp/ckpt/wordcount file:///backups/sp-1
     epochal savepoint verify file:///backups/sp-1
-    epochal savepoint trigger file:///tmp/ckpt wordcount --to file:///backups/sp-2 [--stop]
+    epochal savepoint trigger file:///tmp/ckpt wordcount --to file:///backups/sp-2 [--stop [--drain]]
     epochal sinks lingering file:///tmp/ckpt wordcount --dataflow job.py:flow [--abort]
 
 A URL is a savepoint, a ``chk-<epoch>`` directory or a job's checkpoint directory (its
@@ -80,6 +80,8 @@ def add_parsers(sub) -> None:
     p.add_argument("job", help="the job (dataflow) name")
     p.add_argument("--to", default=None, help="an empty or absent location (default: <storage>/<job>/savepoints/...)")
     p.add_argument("--stop", action="store_true", help="stop the job with the savepoint (stop_with_savepoint)")
+    p.add_argument("--drain", action="store_true",
+                   help="with --stop: end event time first, so every window fires (stop_with_savepoint(drain=True))")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the driver's answer")
     sk = sub.add_parser("sinks", help="what a job's sinks left open in external systems")
     sks = sk.add_subparsers(dest="action", required=True)
@@ -306,8 +308,10 @@ def _create(args) -> int:
 def _trigger(args) -> int:
     from epochal.runtime.driver import requests
 
+    if args.drain and not args.stop:
+        raise ConfigError("savepoint trigger: --drain ends event time before stopping: it needs --stop")
     storage = CheckpointStorage(args.storage, args.job)
-    rid = requests.submit(storage, args.to, args.stop)
+    rid = requests.submit(storage, args.to, args.stop, args.drain)
     answer = requests.wait_answer(storage, rid, args.timeout)
     if answer is None:
         if requests.taken(storage, rid):
@@ -319,7 +323,7 @@ def _trigger(args) -> int:
     if "error" in answer:
         raise EpochalError(f"the savepoint failed: {answer['error']}")
     print(answer["url"])
-    print(f"savepoint of job {args.job} at epoch {answer.get('epoch')}" + (", job stopped" if args.stop else ""),
+    print(f"savepoint of job {args.job} at epoch {answer.get('epoch')}" + (", job drained and stopped" if args.drain else ", job stopped" if args.stop else ""),
           file=sys.stderr)
     return 0
 

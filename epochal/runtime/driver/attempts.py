@@ -38,6 +38,24 @@ from epochal.runtime.transport import wire
 log = logging.getLogger("epochal")
 
 
+def check_drain(plan, checkpoint) -> None:
+    """Refuse ``stop_with_savepoint(drain=True)`` where the end of event time could not
+    precede the drain's barrier everywhere (:mod:`epochal.runtime.driver.savepoints`).
+
+    Raises:
+        ConfigError: unaligned checkpoints (``checkpoint.unaligned`` /
+            ``checkpoint.aligned_timeout``: a barrier may overtake the watermark), or loops
+            (their end of event time waits for the loop's quiescence)."""
+    if checkpoint.unaligned or checkpoint.aligned_timeout is not None:
+        key = "checkpoint.unaligned" if checkpoint.unaligned else "checkpoint.aligned_timeout"
+        raise ConfigError(f"stop_with_savepoint(drain=True) needs aligned checkpoints, but {key} is set: an "
+                          "unaligned barrier overtakes the end of event time, which would land after the "
+                          "savepoint — stop without drain, or run the job with aligned checkpoints")
+    if plan.loop_head_tasks:
+        raise ConfigError(f"stop_with_savepoint(drain=True): job {plan.job!r} has loops, whose end of event time "
+                          "waits for the loop to go quiet — stop without drain, or let the input end")
+
+
 class JobHandle:
     """A running job: :meth:`wait` for its result, :meth:`trigger_epoch`, :meth:`cancel`,
     :meth:`savepoint`, :meth:`stop_with_savepoint`."""
@@ -87,7 +105,8 @@ class JobHandle:
         """
         return self._driver.request_savepoint(url, stop=False).wait(timeout)
 
-    def stop_with_savepoint(self, url: str | None = None, timeout: float | None = None) -> str:
+    def stop_with_savepoint(self, url: str | None = None, timeout: float | None = None, *,
+                            drain: bool = False) -> str:
         """Take a savepoint (as :meth:`savepoint`), make sure every sink transaction up to
         its epoch is committed, and stop the job cleanly: no epoch after it is triggered,
         the tasks commit the savepoint's epoch, then finish (open transactions, holding
@@ -96,12 +115,24 @@ class JobHandle:
 
         A job started with ``restore_from=url`` continues exactly where this one stopped.
 
+        ``drain=True`` (Flink's ``stop --drain``): the sources stop reading and end event
+        time before the savepoint's barrier, so every event-time window and timer fires and
+        its output is committed with the savepoint's epoch — for a job you retire, not one
+        you will resume: a job restored from a drained savepoint starts with every window
+        of its keys fired (rows for them are late, or open a window again). Needs aligned
+        checkpoints (the end of event time must not fall behind the barrier into channel
+        state) and a job without loops (their end of event time waits for quiescence).
+
         Raises:
             As :meth:`savepoint`; if it fails the job keeps running (a failed attempt
-            restarts it from its latest checkpoint). The job's own failure, from :meth:`wait`.
+            restarts it from its latest checkpoint) — a drain's abort fails the attempt
+            (its sources stopped: it restarts from its latest checkpoint), a drain whose
+            savepoint could not be copied stops all the same (the error names the
+            checkpoint holding the drained state). The job's own failure, from :meth:`wait`.
+            ConfigError: ``drain`` with unaligned checkpoints or loops.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        url = self._driver.request_savepoint(url, stop=True).wait(timeout)
+        url = self._driver.request_savepoint(url, stop=True, drain=drain).wait(timeout)
         self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return url
 
@@ -284,10 +315,12 @@ class JobDriver:
                 return
         server.trigger_epoch()
 
-    def request_savepoint(self, url: str | None, stop: bool) -> SavepointRequest:
+    def request_savepoint(self, url: str | None, stop: bool, drain: bool = False) -> SavepointRequest:
+        if drain:
+            check_drain(self.plan, self.checkpoint)
         if url is not None:
             _check_savepoint_target(url, self.storage)
-        request = SavepointRequest(url, stop)
+        request = SavepointRequest(url, stop, drain)
         self.savepoints.add(request)
         return request
 

@@ -46,7 +46,11 @@ class EpochOutcomes:
             except Exception as exc:
                 self.log(f"could not delete aborted checkpoint {aborted.epoch}: {exc}")
             final = aborted.trigger_reason is TriggerReason.FINAL
-            self.savepoints.on_abort(aborted.epoch, aborted.detail, final)
+            if self.savepoints.on_abort(aborted.epoch, aborted.detail, final):  # a drain's: the sources stopped
+                self._finish_attempt(False, f"stop-with-savepoint (drain): epoch {aborted.epoch} was aborted after "
+                                            f"the sources ended event time ({aborted.detail}); the job restarts from "
+                                            "its latest checkpoint")
+                return
             if final:
                 self.coordinator.request_final(time.monotonic())
         for completed in progress.completed:

@@ -34,7 +34,10 @@ confirmed and the savepoint is written, the tasks get ``("finish",)`` upstream f
 once every task feeding it finished, so no task sends into a finished one; feedback edges of
 loops excepted). From then on the attempt is stopping: a task that fails or disconnects
 instead of finishing (a loop's finished head broke its feedback channel) ends like a
-finished one — it confirmed its commits already.
+finished one — it confirmed its commits already. A stop that drains sends its epoch's
+trigger as ``("trigger", n, ts, "drain")`` (the sources end event time before the barrier);
+an abort of it fails the attempt, and a failed copy of it stops the job all the same
+(:mod:`epochal.runtime.driver.savepoints`).
 """
 from __future__ import annotations
 
@@ -124,7 +127,8 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
         self._finish_held = False  # the job may finish once the savepoints in progress are written
         #: the savepoint URL the job stopped with (stop_with_savepoint), once it stops
         self.stopped_with_savepoint: str | None = None
-        self._stop_url: str | None = None  # the stop's savepoint is written
+        self._stop_url: str | None = None  # the stop's savepoint is written ("": a drain's failed)
+        self._stopping = False  # every task committed the stop epoch: the tasks finish
         self._committed: set[str] = set()  # tasks that confirmed committing the stop epoch
         self._stopped: set[str] = set()  # tasks gone (failed, lost) after the stop's "finish"
         self._finish_sent: set[str] = set()
@@ -256,8 +260,9 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
             self.savepoints.on_trigger(pending.epoch)
             self.highest_triggered = pending.epoch
             ts = time.time()
+            message = self.savepoints.trigger(pending.epoch, ts)  # a drain's carries "drain"
             for task in self.sources:
-                self._send(task, ("trigger", pending.epoch, ts))
+                self._send(task, message)
 
     def _handle(self, msg: tuple) -> None:
         kind = msg[0]
@@ -267,7 +272,7 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
                 return
             kind = msg[0]
         now = time.monotonic()
-        if self.stopped_with_savepoint is not None and kind in ("failed", "lost"):
+        if self._stopping and kind in ("failed", "lost"):
             self._gone_while_stopping(msg[1], msg[2])
         elif kind == "group_failed":
             self._group_failed(msg[1], msg[2], msg[3], msg[4], now)
@@ -320,8 +325,8 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
         elif kind == "savepoint_done":
             self._retain(f"the savepoint copy of epoch {msg[1]}")  # unpinned: it may be deleted now
             stopping = self.savepoints.stop_ready()
-            if stopping is not None:
-                self._stop_url = stopping.url
+            if stopping is not None:  # "": a drain whose copy failed stops all the same
+                self._stop_url = stopping.url if stopping.error is None else ""
                 self._maybe_stop()
             elif self._finish_held and not self.savepoints.busy and self._stop_url is None:
                 self._finish_held = False
@@ -344,7 +349,7 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
             self._stopped.discard(msg[1])
             if len(self.finished) + len(self._stopped) >= len(self.tasks):
                 self._finish_attempt(True)
-            elif self.stopped_with_savepoint is not None:
+            elif self._stopping:
                 self._finish_upstream_first()
         elif kind == "failed":
             self._reported.add(msg[1])
@@ -377,9 +382,11 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
 
     def _maybe_stop(self) -> None:
         """Stop with a savepoint: finish once it is written and every task committed."""
-        if self._stop_url is not None and self._committed >= set(self.tasks) and self.stopped_with_savepoint is None:
-            self.stopped_with_savepoint = self._stop_url
-            self.log(f"every task committed epoch {self.savepoints.stop_epoch} and the savepoint is written: stopping")
+        if self._stop_url is not None and self._committed >= set(self.tasks) and not self._stopping:
+            self._stopping = True
+            self.stopped_with_savepoint = self._stop_url or None
+            self.log(f"every task committed epoch {self.savepoints.stop_epoch} and "
+                     f"{'the savepoint is written' if self._stop_url else 'it drained (its savepoint failed)'}: stopping")
             self._finish_upstream_first()
 
     def _finish_upstream_first(self) -> None:

@@ -137,7 +137,7 @@ class FailoverRegions:
         c = self.coordinator
         return (self.started and self.outcome is None and not c.final_requested and not c.is_finished
                 and not any(p.reason is TriggerReason.FINAL for p in c.pending)
-                and self.savepoints.stop_epoch is None and self.stopped_with_savepoint is None
+                and self.savepoints.stop_epoch is None and not self._stopping
                 and self._releasing is None and not self._finish_sent and not self.finished
                 and not self._finish_held)
 

@@ -364,17 +364,19 @@ class RegionsHandle:
         after the other, not at one instant across regions."""
         return self._savepoints(url, timeout, stop=False)
 
-    def stop_with_savepoint(self, url: str | None = None, timeout: float | None = None) -> str:
-        """Stop every region with a savepoint (as :meth:`savepoint`); returns its URL."""
-        return self._savepoints(url, timeout, stop=True)
+    def stop_with_savepoint(self, url: str | None = None, timeout: float | None = None, *,
+                            drain: bool = False) -> str:
+        """Stop every region with a savepoint (as :meth:`savepoint`; ``drain``: each region
+        ends event time first, :meth:`JobHandle.stop_with_savepoint`); returns its URL."""
+        return self._savepoints(url, timeout, stop=True, drain=drain)
 
-    def _savepoints(self, url: str | None, timeout: float | None, stop: bool) -> str:
+    def _savepoints(self, url: str | None, timeout: float | None, stop: bool, drain: bool = False) -> str:
         url = (url or f"{self._base.rstrip('/')}/{self.job}/savepoints/sp-{uuid.uuid4().hex[:12]}").rstrip("/")
         deadline = None if timeout is None else time.monotonic() + timeout
         for name, handle in self.regions.items():
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if stop:
-                handle.stop_with_savepoint(f"{url}/{name}", left)
+                handle.stop_with_savepoint(f"{url}/{name}", left, drain=drain)
             else:
                 handle.savepoint(f"{url}/{name}", left)
         CheckpointStorage.at_root(url).write_document(REGIONS_DOCUMENT,

@@ -7,7 +7,7 @@ every ``CheckpointConfig.requests_poll`` seconds, takes each one as if
 and publishes the outcome next to it; the command waits for that answer and prints the
 savepoint's URL::
 
-    <storage>/<job>/_requests/sp-<id>.json        {"url", "stop", "requested"}   ← the command
+    <storage>/<job>/_requests/sp-<id>.json        {"url", "stop", "drain", "requested"}   ← the command
     <storage>/<job>/_requests/sp-<id>.taken.json  {"taken"}                       ← the driver, first
     <storage>/<job>/_requests/sp-<id>.done.json   {"url", "epoch"} or {"error"}   ← the driver, last
 
@@ -70,11 +70,12 @@ def _rel(rid: str, suffix: str = "") -> str:
     return f"{DIR}/{rid}{suffix}.json"
 
 
-def submit(storage, url: str | None, stop: bool) -> str:
-    """Publish a savepoint request for the job whose checkpoints ``storage`` holds; returns
-    its id (for :func:`wait_answer`)."""
+def submit(storage, url: str | None, stop: bool, drain: bool = False) -> str:
+    """Publish a savepoint request for the job whose checkpoints ``storage`` holds (``drain``:
+    a stop that ends event time first); returns its id (for :func:`wait_answer`)."""
     rid = f"sp-{int(time.time() * 1000):013d}-{uuid.uuid4().hex[:8]}"
-    storage.write_document(_rel(rid), {"url": url, "stop": bool(stop), "requested": time.time()})
+    storage.write_document(_rel(rid), {"url": url, "stop": bool(stop), "drain": bool(stop and drain),
+                                       "requested": time.time()})
     return rid
 
 
@@ -111,7 +112,7 @@ def withdraw(storage, rid: str) -> None:
 
 class RequestWatcher:
     """The driver's side: a daemon thread polling ``<job root>/_requests`` every ``poll``
-    seconds and handing each new request to ``take(url, stop)`` (the driver's
+    seconds and handing each new request to ``take(url, stop, drain)`` (the driver's
     ``request_savepoint``, which returns a
     :class:`~epochal.runtime.driver.savepoints.SavepointRequest`); one short thread per request
     waits for it and publishes the answer. A failing listing or document is logged and
@@ -175,7 +176,7 @@ class RequestWatcher:
                     f"savepoint location {url!r} is not allowed for requests through the checkpoint storage: "
                     f"it must lie under {' or '.join(self.targets)} (add a prefix to the job's "
                     "CheckpointConfig.savepoint_targets to allow another one)")
-            pending = self.take(url, bool(request.get("stop")))
+            pending = self.take(url, bool(request.get("stop")), bool(request.get("drain")))
             url = pending.wait()
             answer = {"url": url, "epoch": pending.epoch}
         except (EpochalError, ValueError, OSError) as exc:

@@ -26,6 +26,16 @@ finishes; records after barrier n are in the sinks' open transactions, which a c
 finish aborts. No epoch after n ever completes: the committed output ends exactly at the
 savepoint. If n is aborted or the copy fails, the request fails and the job runs on; if the
 attempt fails, the stop request fails (the job restarts from its latest checkpoint).
+
+**Drain** (``stop_with_savepoint(drain=True)``, Flink's ``stop --drain``): the sources get
+epoch n's trigger as ``("trigger", n, ts, "drain")`` (:meth:`SavepointTracker.trigger`):
+each stops reading, ends event time (the end-of-input watermark, as when its input ends)
+and then injects barrier n — so every event-time window and timer fires into epoch n and is
+committed with it; the savepoint holds the sources' positions and state with event time
+ended. Its sources having stopped, a drained job cannot run on: an abort of n fails the
+attempt (it restarts from its latest checkpoint, before the drain), and a failed copy still
+stops it (the request fails naming the completed checkpoint that holds the drained state,
+which ``epochal savepoint create`` copies).
 """
 from __future__ import annotations
 
@@ -41,9 +51,10 @@ __all__ = ["SavepointRequest", "SavepointTracker"]
 class SavepointRequest:
     """One ``savepoint`` / ``stop_with_savepoint`` call: a small thread-safe future."""
 
-    def __init__(self, url: str | None, stop: bool):
+    def __init__(self, url: str | None, stop: bool, drain: bool = False):
         self.url = url
         self.stop = stop
+        self.drain = drain and stop  # only a stop drains
         self.epoch: int | None = None
         self.marker: dict | None = None
         self.error: str | None = None
@@ -96,6 +107,8 @@ class SavepointTracker:
         self._copying: dict[int, int] = {}  # epoch → copies in progress (pinned)
         self._in_copy: list[SavepointRequest] = []
         self.stop_epoch: int | None = None
+        #: the stop epoch when the stop drains: its trigger ends event time at the sources
+        self.drain_epoch: int | None = None
         self._stop_written: SavepointRequest | None = None
         self.written: list[dict] = []  # every savepoint written: epoch, url, bytes, copy_s
         self._post = lambda msg: None
@@ -150,11 +163,22 @@ class SavepointTracker:
             self._bound.setdefault(epoch, []).append(req)
             if req.stop and self.stop_epoch is None:
                 self.stop_epoch = epoch
-                self.log(f"stopping with a savepoint at epoch {epoch}: no further epochs are triggered")
+                self.drain_epoch = epoch if req.drain else None
+                self.log(f"stopping with a savepoint at epoch {epoch}"
+                         f"{' (drain: the sources end event time first)' if req.drain else ''}: "
+                         "no further epochs are triggered")
 
-    def on_abort(self, epoch: int, detail: str, final: bool) -> None:
+    def trigger(self, epoch: int, ts: float) -> tuple:
+        """The message that triggers ``epoch`` at a source: a drain's epoch carries "drain"."""
+        return ("trigger", epoch, ts, "drain") if epoch == self.drain_epoch else ("trigger", epoch, ts)
+
+    def on_abort(self, epoch: int, detail: str, final: bool) -> bool:
         """Epoch ``epoch`` was aborted: a FINAL epoch is retried (its requests wait for the
-        retry), any other fails its requests; a failed stop lets the job run on."""
+        retry), any other fails its requests; a failed stop lets the job run on — unless it
+        drained: returns True then (the sources stopped: the attempt must fail)."""
+        drained = epoch == self.drain_epoch and not final
+        if epoch == self.drain_epoch:
+            self.drain_epoch = None
         reqs = self._bound.pop(epoch, [])
         if final:
             for req in reqs:
@@ -163,11 +187,14 @@ class SavepointTracker:
                 self._waiting[:0] = reqs
             if self.stop_epoch == epoch:
                 self.stop_epoch = None  # re-bound to the FINAL epoch's retry
-            return
+            return False
         for req in reqs:
-            req.fail(f"epoch {epoch} of the savepoint was aborted: {detail}")
+            req.fail(f"epoch {epoch} of the savepoint was aborted: {detail}"
+                     + (" — the sources had ended event time (drain), so the job restarts from its latest "
+                        "checkpoint" if drained else ""))
         if self.stop_epoch == epoch:
             self.stop_epoch = None
+        return drained
 
     def on_complete(self, epoch: int, meta: dict) -> None:
         """Epoch ``epoch`` completed (``_metadata`` written): pin it and start copying it
@@ -180,7 +207,8 @@ class SavepointTracker:
                              name=f"epochal-savepoint-{epoch}").start()
 
     def stop_ready(self) -> SavepointRequest | None:
-        """The stop request whose savepoint is written (once), else ``None``."""
+        """The stop request whose savepoint is written — or a drain's whose copy failed
+        (``req.error`` set: the drained job stops without one) — once, else ``None``."""
         req, self._stop_written = self._stop_written, None
         return req
 
@@ -202,6 +230,7 @@ class SavepointTracker:
                     req.fail(f"{why} while the savepoint of epoch {req.epoch} was written, so it did not stop; "
                              "it restarts from its latest checkpoint")
         self.stop_epoch = None
+        self.drain_epoch = None
         self._stop_written = None
 
     # --------------------------------------------------------------- copy thread
@@ -220,9 +249,15 @@ class SavepointTracker:
             if req.stop and epoch == self.stop_epoch and not req.done:
                 self._stop_written = req
             req.resolve(url, marker)
-        except Exception as exc:  # storage errors, a non-empty target: the job runs on
-            req.fail(f"writing the savepoint of epoch {epoch} to {url} failed: {type(exc).__name__}: {exc}")
-            if req.stop and epoch == self.stop_epoch:
+        except Exception as exc:  # storage errors, a non-empty target: the job runs on (a drained one stops)
+            drained = req.drain and epoch == self.stop_epoch
+            req.fail(f"writing the savepoint of epoch {epoch} to {url} failed: {type(exc).__name__}: {exc}"
+                     + (f" — the job drained and stops all the same: its checkpoint of epoch {epoch} "
+                        f"({self.storage.file_url(f'chk-{epoch:010d}')}) holds the drained state; `epochal "
+                        "savepoint create` copies it" if drained else ""))
+            if drained:
+                self._stop_written = req  # stops without a savepoint (stop_ready: req.error is set)
+            elif req.stop and epoch == self.stop_epoch:
                 self.stop_epoch = None
         finally:
             with self._lock:

@@ -431,6 +431,8 @@ class Task(ReadSteps, BarrierSteps, QuerySteps):
             kind = msg[0]
             if kind == "trigger":
                 if self.spec.is_source:
+                    if len(msg) > 3 and msg[3] == "drain":  # stop-with-savepoint (drain): runtime/driver/savepoints.py
+                        self._drain_source()
                     self._snapshot_and_forward(msg[1], msg[2])
             elif kind == "complete":
                 self.faults.on_epoch_complete(msg[1])
@@ -471,6 +473,16 @@ class Task(ReadSteps, BarrierSteps, QuerySteps):
                 return
             elif kind in ("cancel", "lost"):
                 raise TaskCancelled(f"task {self.spec.id}: {kind}: {msg[1] if len(msg) > 1 else ''}")
+
+    def _drain_source(self) -> None:
+        """A drain's trigger: stop reading and end event time — the end-of-input watermark
+        goes out ahead of the drain's barrier, so every window and timer downstream fires
+        into its epoch. Unlike the end of the input, the coordinator is not told: no FINAL
+        epoch follows; the job stops with the drain's savepoint."""
+        if not self.exhausted:
+            self.exhausted = True
+            self.chain.end_of_input()
+            self.router.flush()
 
     def _finish(self) -> None:
         """Clean end: the final epoch completed, so nothing is in flight anywhere."""
