@@ -153,7 +153,7 @@ def _post(url, body, headers=None):
 
 def test_server_needs_the_token_for_data_and_the_header_for_actions():
     calls = []
-    server = DashboardServer(lambda: {"x": float("inf"), "y": 1.5}, lambda stop, timeout: calls.append(stop) or "file:///sp-1")
+    server = DashboardServer(lambda: {"x": float("inf"), "y": 1.5}, lambda stop, timeout, drain: calls.append((stop, drain)) or "file:///sp-1")
     try:
         base = f"http://{server.address[0]}:{server.address[1]}"
         assert server.address[0] == "127.0.0.1"  # loopback by default
@@ -171,8 +171,12 @@ def test_server_needs_the_token_for_data_and_the_header_for_actions():
         assert _post(base + "/api/savepoint", {"stop": "yes"}, {"X-Epochal-Token": server.token})[0] == 400
         assert calls == []
         assert _post(base + "/api/savepoint", {"stop": True}, {"X-Epochal-Token": server.token}) == \
-            (200, {"url": "file:///sp-1", "stop": True})
-        assert calls == [True]
+            (200, {"url": "file:///sp-1", "stop": True, "drain": False})
+        assert _post(base + "/api/savepoint", {"drain": True}, {"X-Epochal-Token": server.token})[0] == 400
+        assert _post(base + "/api/savepoint", {"stop": True, "drain": 1}, {"X-Epochal-Token": server.token})[0] == 400
+        assert _post(base + "/api/savepoint", {"stop": True, "drain": True}, {"X-Epochal-Token": server.token}) == \
+            (200, {"url": "file:///sp-1", "stop": True, "drain": True})
+        assert calls == [(True, False), (True, True)]
     finally:
         server.close()
     read_only = DashboardServer(lambda: {}, None, token="s" * 20)
@@ -184,7 +188,7 @@ def test_server_needs_the_token_for_data_and_the_header_for_actions():
 
 
 def test_server_reports_a_savepoint_failure_to_the_page():
-    def fail(stop, timeout):
+    def fail(stop, timeout, drain):
         raise SavepointError("epoch 7 was aborted")
     server = DashboardServer(lambda: {}, fail)
     try:

@@ -6,7 +6,8 @@ operators, the checkpoint table grows, the latency chart's latest point equals t
 computed from the job's own completed epochs, a savepoint triggered by the page's button is
 in storage, and a task process SIGKILLed from outside shows up as a restart with its cause —
 while the job's committed output still equals the plain-Python oracle. The Spark test stops
-a job on embedded Spark with the page's "stop with savepoint" button.
+a job on embedded Spark with the page's "stop with savepoint" button; a local job is drained
+and stopped with "Drain and stop".
 
 Screenshots go to the test's tmp dir (and to ``$EPOCHAL_SCREENSHOTS`` when set, which is how
 ``docs/img/dashboard.png`` was made).
@@ -157,6 +158,47 @@ def test_stop_with_savepoint_from_the_page_on_spark(tmp_path, browser):
     assert point.kind == "savepoint" and point.epoch == result.savepoints[-1]["epoch"]
     committed = pipelines.output(out)
     assert 0 < sum(committed.values()) and pipelines.contains_all(pipelines.wordcount_oracle(40_000), committed)
+
+
+def test_drain_and_stop_from_the_page(tmp_path, browser):
+    """The page's "Drain and stop" button: the job stops with a drained savepoint, and its
+    committed output holds every window of the events the savepoint's sources read —
+    the plain-Python oracle of test_drain.py."""
+    import cloudpickle
+
+    import test_event_time
+    from epochal.windows import Tumbling
+
+    cloudpickle.register_pickle_by_value(test_event_time)
+    out = pipelines.unique_dir(tmp_path, "out")
+    flow = test_event_time.windows_flow("dashboard_drain", out, Tumbling(1.0), rate=200.0)  # 15 s of input
+    handle = flow.start(runtime="local", checkpoint=ep.CheckpointConfig(interval="0.3s",
+                                                                        storage=f"file://{tmp_path}/ckpt"),
+                        metrics=ep.MetricsConfig(ui=True, interval=0.3))
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(TIMEOUT_MS)
+    dialogs = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.accept()))
+    try:
+        page.goto(handle.ui_url + "&poll=300")
+        page.wait_for_function("document.getElementById('state').textContent === 'running'")
+        page.wait_for_function("document.querySelectorAll('#checkpoints tr[data-status=completed]').length >= 2")
+        page.click("#btn-drain")
+        page.wait_for_function("document.getElementById('action-result').dataset.url")
+        url = page.get_attribute("#action-result", "data-url")
+        result = handle.wait(60)
+    finally:
+        page.close()
+        if handle.running:
+            handle.cancel()
+    assert dialogs and dialogs[0].startswith("End event time")
+    assert result.stopped_with_savepoint == url
+    read: dict = {}
+    for row in ep.state.list_source_offsets(url, "events"):
+        read.update(row["offsets"])
+    assert 0 < sum(read.values()) < test_event_time.SPLITS * test_event_time.N, f"not stopped midway: {read}"
+    events = [test_event_time.event(int(s), i) for s, n in read.items() for i in range(n)]
+    assert test_event_time.results(out) == test_event_time.pane_oracle(1.0, 1.0, events)
 
 
 def test_a_regions_dashboard_links_every_region(tmp_path, browser):

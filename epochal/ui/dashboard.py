@@ -12,7 +12,7 @@ class Dashboard:
     """Serves ``plan``'s dashboard on ``config.ui_host:ui_port`` with ``config.ui_token``.
 
     ``source`` and ``latest_progress``: see :class:`~epochal.ui.model.DashboardModel`;
-    ``savepoint(stop, timeout) -> url``: the actions (``None``: read-only). The caller feeds
+    ``savepoint(stop, timeout, drain) -> url``: the actions (``None``: read-only). The caller feeds
     :attr:`model` every progress event (:meth:`~epochal.ui.model.DashboardModel.on_progress`).
 
     Raises:

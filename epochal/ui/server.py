@@ -6,8 +6,9 @@ Routes (``MetricsConfig.ui``; :class:`DashboardServer`):
   Static files carry no job data and need no token;
 * ``GET /api/state`` — everything the page shows (:meth:`epochal.ui.model.DashboardModel.view`);
   the page polls it;
-* ``POST /api/savepoint`` with ``{"stop": false}`` or ``{"stop": true}`` — take a savepoint
-  (and stop the job with it); answers ``{"url": ...}`` once it is written, or
+* ``POST /api/savepoint`` with ``{"stop": false}`` or ``{"stop": true}`` (and
+  ``"drain": true``: end event time first, :meth:`JobHandle.stop_with_savepoint`) — take a
+  savepoint (and stop the job with it); answers ``{"url": ...}`` once it is written, or
   ``{"error": ...}`` (HTTP 409).
 
 Every ``/api`` call needs the job's token: in the ``X-Epochal-Token`` header, or — for GET
@@ -140,17 +141,20 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(min(length, 4096)) or b"{}")
-            stop = body.get("stop", False)
-            if not isinstance(stop, bool):
-                raise ValueError(f"'stop' must be true or false, got {stop!r}")
+            stop, drain = body.get("stop", False), body.get("drain", False)
+            for name, value in (("stop", stop), ("drain", drain)):
+                if not isinstance(value, bool):
+                    raise ValueError(f"{name!r} must be true or false, got {value!r}")
+            if drain and not stop:
+                raise ValueError("'drain' ends event time before stopping: it needs 'stop': true")
         except (ValueError, AttributeError) as exc:
             return self._json(400, {"error": f"bad request body: {exc}"})
-        log.info("dashboard: savepoint requested%s", " (then stop)" if stop else "")
+        log.info("dashboard: savepoint requested%s", " (then drain and stop)" if drain else " (then stop)" if stop else "")
         try:
-            url = self.dashboard._savepoint(stop, ACTION_TIMEOUT)
+            url = self.dashboard._savepoint(stop, ACTION_TIMEOUT, drain)
         except Exception as exc:
             return self._json(409, {"error": f"{type(exc).__name__}: {exc}"})
-        return self._json(200, {"url": url, "stop": stop})
+        return self._json(200, {"url": url, "stop": stop, "drain": drain})
 
 
 def _finite(doc):

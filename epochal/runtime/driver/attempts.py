@@ -288,9 +288,9 @@ class JobDriver:
                 "savepoints": list(self.savepoints.written),
                 "region": self.region, "regions": self.siblings() if self.siblings is not None else []}
 
-    def _savepoint_for_page(self, stop: bool, timeout: float) -> str:
-        """The dashboard's actions: a savepoint at the default location (then stop)."""
-        return self.request_savepoint(None, stop).wait(timeout)
+    def _savepoint_for_page(self, stop: bool, timeout: float, drain: bool = False) -> str:
+        """The dashboard's actions: a savepoint at the default location (then stop, drained)."""
+        return self.request_savepoint(None, stop, drain).wait(timeout)
 
     def _query_routes(self) -> dict | str | None:
         """Routes of the running attempt; ``None`` between attempts, ``"ended"`` once the job ended."""

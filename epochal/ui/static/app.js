@@ -279,7 +279,7 @@
       `${fmtRate(p.records_in_per_s)} rec/s in, ${fmtRate(p.records_out_per_s)} out`,
       p.last_completed_epoch != null ? `epoch ${p.last_completed_epoch}` : "no checkpoint yet",
       `checkpoints in ${s.checkpoint_root || "–"}`].join(" · ");
-    for (const id of ["btn-savepoint", "btn-stop"]) $(id).disabled = !s.actions || s.state !== "running";
+    for (const id of ["btn-savepoint", "btn-stop", "btn-drain"]) $(id).disabled = !s.actions || s.state !== "running";
   }
 
   // ---------------------------------------------------------------- loop
@@ -298,12 +298,13 @@
     }
     setTimeout(poll, POLL_MS);
   }
-  async function action(stop) {
+  async function action(stop, drain = false) {
     const out = $("action-result");
-    out.textContent = stop ? "stopping with a savepoint…" : "taking a savepoint…";
+    out.textContent = drain ? "draining, then stopping with a savepoint…" : stop ? "stopping with a savepoint…"
+      : "taking a savepoint…";
     try {
       const r = await fetch("/api/savepoint", {method: "POST", headers: {"X-Epochal-Token": token,
-        "Content-Type": "application/json"}, body: JSON.stringify({stop})});
+        "Content-Type": "application/json"}, body: JSON.stringify({stop, drain})});
       const doc = await r.json();
       out.textContent = r.ok ? `savepoint written: ${doc.url}` : `failed: ${doc.error}`;
       out.dataset.url = r.ok ? doc.url : "";
@@ -314,6 +315,9 @@
   $("btn-savepoint").addEventListener("click", () => action(false));
   $("btn-stop").addEventListener("click", () => {
     if (confirm("Stop the job with a savepoint?")) action(true);
+  });
+  $("btn-drain").addEventListener("click", () => {
+    if (confirm("End event time (every open window fires), then stop the job with a savepoint?")) action(true, true);
   });
   poll();
 })();
