@@ -53,3 +53,23 @@ def test_a_column_chunked_otherwise_falls_back_to_arrow():
     other = pa.chunked_array([whole.slice(0, 8), whole.slice(8)])
     assert gather.take(other).to_pylist() == [14, 0, 7, 7]
     assert gather.take(whole).to_pylist() == [14, 0, 7, 7]
+
+
+@settings(max_examples=100, deadline=None)
+@given(sizes=st.lists(st.integers(1, 300), min_size=1, max_size=60))
+def test_a_join_buffer_keeps_its_rows_in_order_in_chunks_that_double_in_length(sizes):
+    """columnar/joins.py ``_tiered``, applied after each batch is appended: the rows stay in
+    order, every chunk is at least twice as long as the next (newer) one, so a buffer of n
+    rows has at most log2(n) + 1 chunks."""
+    from epochal.columnar.joins import _tiered
+
+    table, start = None, 0
+    for n in sizes:
+        batch = pa.table({"i": np.arange(start, start + n, dtype=np.int64), "s": [f"r{k}" for k in range(n)]})
+        start += n
+        table = _tiered(batch if table is None else pa.concat_tables([table, batch]))
+        lengths = [len(c) for c in table.column("i").chunks]
+        assert all(a >= 2 * b for a, b in zip(lengths, lengths[1:])), lengths
+        assert len(lengths) <= np.log2(start) + 1
+    assert table.column("i").to_pylist() == list(range(start))
+    assert [len(c) for c in table.column("s").chunks] == [len(c) for c in table.column("i").chunks]

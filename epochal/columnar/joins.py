@@ -71,7 +71,6 @@ T, KG, ID, MATCHED, WSTART = "\x00t", "\x00kg", "\x00id", "\x00matched", "\x00w"
 HIDDEN = (T, KG, ID, MATCHED, WSTART, SEG, POS)
 _UTC = pa.timestamp("us", tz="UTC")
 _SIDES = ("left", "right")
-MAX_CHUNKS = 64  # a buffer's chunks (one per batch added) before they are combined into one
 
 
 @dataclass(frozen=True)
@@ -237,7 +236,7 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
         buffer = self.buffers[side]
         if buffer is not None:
             buffer = pa.concat_tables([buffer, rows], promote_options="default")
-            rows = buffer.combine_chunks() if buffer.column(0).num_chunks > MAX_CHUNKS else buffer
+            rows = _tiered(buffer)
         self.buffers[side] = rows
         return out
 
@@ -457,6 +456,27 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
             names += ["window_start", "window_end"]
             arrays += [start.cast(_UTC), end.cast(_UTC)]
         return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def _tiered(table: pa.Table) -> pa.Table:
+    """A buffer that just gained a chunk, its newest chunks merged while the chunk before
+    them is less than twice as long: chunk lengths at least double from the newest to the
+    oldest, so a buffer of n rows has O(log n) chunks (output rows are taken per chunk,
+    :mod:`epochal.columnar.gather`) and a row is copied O(log n) times over its life —
+    the probe index's runs (:mod:`epochal.columnar.probe_index`) are kept the same way."""
+    column = table.column(0)
+    if column.num_chunks < 2:
+        return table
+    lengths = [len(c) for c in column.chunks]
+    first, tail = len(lengths) - 1, lengths[-1]
+    while first > 0 and lengths[first - 1] < 2 * tail:
+        first -= 1
+        tail += lengths[first]
+    if first == len(lengths) - 1:
+        return table
+    start = sum(lengths[:first])
+    merged = table.slice(start).combine_chunks()
+    return pa.concat_tables([table.slice(0, start), merged]) if start else merged
 
 
 def _first_at_least(ids: pa.ChunkedArray, mark: int) -> int:
