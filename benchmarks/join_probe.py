@@ -19,12 +19,10 @@ Writes ``benchmarks/results/join_probe.json``.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -42,15 +40,9 @@ def _operator_class(commit: str | None):
         from epochal.columnar.joins import ColumnJoinOperator
 
         return ColumnJoinOperator
-    source = subprocess.run(["git", "show", f"{commit}:epochal/columnar/joins.py"], cwd=ROOT,
-                            capture_output=True, text=True, check=True).stdout
-    path = Path(tempfile.mkdtemp()) / "old_column_joins.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("old_column_joins", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["old_column_joins"] = module
-    spec.loader.exec_module(module)
-    return module.ColumnJoinOperator
+    from join_snapshots import old_operator_class
+
+    return old_operator_class(commit)
 
 
 def _data(pairs: int, rows: int) -> list:

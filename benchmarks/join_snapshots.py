@@ -49,8 +49,10 @@ OLD_COMMIT = "88eb607e747ae19ab96fd66ac939c3dd179ecd1b"  # main before issue 31
 DAY_US = 86_400 * 10**6
 
 
-def old_operator_class():
-    source = subprocess.run(["git", "show", f"{OLD_COMMIT}:epochal/columnar/joins.py"], cwd=ROOT,
+def old_operator_class(commit: str = OLD_COMMIT):
+    """``ColumnJoinOperator`` as ``epochal/columnar/joins.py`` of ``commit`` has it (loaded from
+    git beside the current package, whose other modules it imports)."""
+    source = subprocess.run(["git", "show", f"{commit}:epochal/columnar/joins.py"], cwd=ROOT,
                             capture_output=True, text=True, check=True).stdout
     path = Path(tempfile.mkdtemp()) / "old_column_joins.py"
     path.write_text(source)

@@ -459,11 +459,9 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
 
 
 def _tiered(table: pa.Table) -> pa.Table:
-    """A buffer that just gained a chunk, its newest chunks merged while the chunk before
-    them is less than twice as long: chunk lengths at least double from the newest to the
-    oldest, so a buffer of n rows has O(log n) chunks (output rows are taken per chunk,
-    :mod:`epochal.columnar.gather`) and a row is copied O(log n) times over its life —
-    the probe index's runs (:mod:`epochal.columnar.probe_index`) are kept the same way."""
+    """A buffer that just gained a chunk, its newest chunks merged while the chunk before them
+    is less than twice as long: O(log n) chunks for n rows (output rows are taken per chunk,
+    :mod:`epochal.columnar.gather`), each row copied O(log n) times, as the probe index's runs."""
     column = table.column(0)
     if column.num_chunks < 2:
         return table
