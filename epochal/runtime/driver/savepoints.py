@@ -107,8 +107,7 @@ class SavepointTracker:
         self._copying: dict[int, int] = {}  # epoch → copies in progress (pinned)
         self._in_copy: list[SavepointRequest] = []
         self.stop_epoch: int | None = None
-        #: the stop epoch when the stop drains: its trigger ends event time at the sources
-        self.drain_epoch: int | None = None
+        self._stop_drains = False  # the stop request bound to stop_epoch drains (drain_epoch)
         self._stop_written: SavepointRequest | None = None
         self.written: list[dict] = []  # every savepoint written: epoch, url, bytes, copy_s
         self._post = lambda msg: None
@@ -163,10 +162,15 @@ class SavepointTracker:
             self._bound.setdefault(epoch, []).append(req)
             if req.stop and self.stop_epoch is None:
                 self.stop_epoch = epoch
-                self.drain_epoch = epoch if req.drain else None
+                self._stop_drains = req.drain
                 self.log(f"stopping with a savepoint at epoch {epoch}"
                          f"{' (drain: the sources end event time first)' if req.drain else ''}: "
                          "no further epochs are triggered")
+
+    @property
+    def drain_epoch(self) -> int | None:
+        """The stop epoch when its stop drains: its trigger ends event time at the sources."""
+        return self.stop_epoch if self._stop_drains else None
 
     def trigger(self, epoch: int, ts: float) -> tuple:
         """The message that triggers ``epoch`` at a source: a drain's epoch carries "drain"."""
@@ -177,8 +181,6 @@ class SavepointTracker:
         retry), any other fails its requests; a failed stop lets the job run on — unless it
         drained: returns True then (the sources stopped: the attempt must fail)."""
         drained = epoch == self.drain_epoch and not final
-        if epoch == self.drain_epoch:
-            self.drain_epoch = None
         reqs = self._bound.pop(epoch, [])
         if final:
             for req in reqs:
@@ -230,7 +232,6 @@ class SavepointTracker:
                     req.fail(f"{why} while the savepoint of epoch {req.epoch} was written, so it did not stop; "
                              "it restarts from its latest checkpoint")
         self.stop_epoch = None
-        self.drain_epoch = None
         self._stop_written = None
 
     # --------------------------------------------------------------- copy thread

@@ -54,11 +54,17 @@ class ReadSteps:
         if poll.request_epoch:
             self._send(("request_epoch", self.spec.id))
         if poll.finished:
-            self.exhausted = True
-            self.chain.end_of_input()  # the final watermark precedes the final barrier
-            self.router.flush()
+            self._end_input()  # the final watermark precedes the final barrier
             self._send(("exhausted", self.spec.id))
         return bool(poll.records) or not poll.idle
+
+    def _end_input(self) -> None:
+        """A source task reads no more — its input ended, or a drain stopped it
+        (``Task._drain_source``): event time ends, its watermark sent before any barrier
+        that follows."""
+        self.exhausted = True
+        self.chain.end_of_input()
+        self.router.flush()
 
     def _step_inputs(self) -> bool:
         if self.priority:  # barriers that arrived, ahead of the data queued before them

@@ -480,9 +480,7 @@ class Task(ReadSteps, BarrierSteps, QuerySteps):
         into its epoch. Unlike the end of the input, the coordinator is not told: no FINAL
         epoch follows; the job stops with the drain's savepoint."""
         if not self.exhausted:
-            self.exhausted = True
-            self.chain.end_of_input()
-            self.router.flush()
+            self._end_input()
 
     def _finish(self) -> None:
         """Clean end: the final epoch completed, so nothing is in flight anywhere."""
