@@ -4,6 +4,7 @@ example that does not exist, or an API reference to a module that does not impor
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,5 +25,31 @@ def test_mkdocs_build_strict(tmp_path):
     assert (site / "dashboard" / "index.html").exists() and (site / "img" / "dashboard.png").exists()
     api = (site / "api" / "config" / "index.html").read_text()
     assert "MetricsConfig" in api and "ui_token" in api  # generated from the docstrings
+    _no_raw_markup(site)
     readme_lines = (REPO / "README.md").read_text().count("\n")
     assert readme_lines < 250, f"README.md has {readme_lines} lines: it is the front door, the pages hold the rest"
+
+
+#: what a docstring's reStructuredText leaves in HTML when nothing renders it
+_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|attr|mod|data|exc|obj|const|type|ref):`?")
+_CODE = re.compile(r"<(pre|code)\b.*?</\1>", re.DOTALL)
+
+
+def _no_raw_markup(site: Path) -> None:
+    """Every page of the API reference shows roles as links or code and doctests as code
+    blocks (docs/griffe_markup.py): outside ``<pre>``/``<code>`` no ``:class:`` role, no
+    ``>>>`` prompt, no block quote (a doctest's prompts read as Markdown), and no private
+    placeholder as a default value."""
+    pages = sorted((site / "api").glob("*/index.html"))
+    assert len(pages) >= 9, pages
+    problems = []
+    for page in pages:
+        whole = page.read_text()
+        prose = _CODE.sub("", whole)
+        for what, pattern, text in (("a raw role", _ROLE, prose), ("a doctest prompt", re.compile("&gt;&gt;&gt;"), prose),
+                                    ("a block quote", re.compile("<blockquote"), prose),
+                                    ("a private default", re.compile(r"=\s*(?:<[^>]*>)*_MISSING"), whole)):
+            found = pattern.findall(text)
+            if found:
+                problems.append(f"{page.parent.name}: {len(found)} x {what}")
+    assert not problems, problems
