@@ -53,3 +53,18 @@ def _no_raw_markup(site: Path) -> None:
             if found:
                 problems.append(f"{page.parent.name}: {len(found)} x {what}")
     assert not problems, problems
+
+
+def test_getting_started_runs_as_written():
+    """docs/getting-started.md builds examples/first_pipeline.py piece by piece and quotes its
+    output: the script runs (local runtime: the page's pipeline, not Spark's start-up, is what is
+    checked here; the README's example runs on Spark), its committed output equals the
+    plain-Python count, and the lines the page quotes are the ones it prints."""
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "first_pipeline.py")], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "EPOCHAL_RUNTIME": "local"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    printed = proc.stdout.strip().splitlines()[-2:]
+    assert printed[-1] == "equal to a plain-Python count: True", printed
+    page = (REPO / "docs" / "getting-started.md").read_text()
+    for line in printed:
+        assert line in page, f"the page does not quote the script's output line {line!r}"
