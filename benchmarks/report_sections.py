@@ -130,7 +130,7 @@ def section_coldstart(doc: dict) -> str:
         "epoch completed, the first committed record seen by a reader, the process gone. *example*: "
         "`examples/wordcount.py` whole. Modes interleaved: `now` (the JVM class archive made beforehand, as every "
         "run after a machine's first finds it), `no-archive` (a machine's first run), `base` (the tree before "
-        f"issue 24). A later `run()` in the same process: first record after {_n(_median(later), '.2f')} s "
+        f"the fast start). A later `run()` in the same process: first record after {_n(_median(later), '.2f')} s "
         f"({_command(doc)}):",
         ["mode", "runs", "import s", "launched s", "connected s", "first commit s", "first record s", "exit s",
          "example s", "load"], rows)
