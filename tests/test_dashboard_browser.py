@@ -66,6 +66,8 @@ def test_dashboard_shows_a_running_job_and_its_restart(tmp_path, browser):
                         metrics=ep.MetricsConfig(ui=True, interval=0.3))
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_timeout(TIMEOUT_MS)
+    console_errors = []  # a missing favicon, a script error: none while the job runs
+    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
     try:
         assert handle.ui_url.startswith("http://127.0.0.1:") and "token=" in handle.ui_url
         page.goto(handle.ui_url + "&poll=500")  # the page polls every 2 s by default
@@ -106,6 +108,10 @@ def test_dashboard_shows_a_running_job_and_its_restart(tmp_path, browser):
         page.wait_for_function(f"[...document.querySelectorAll('#savepoints .sp-url')].some(e => e.textContent"
                                f" === {url!r})")
         _shot(page, tmp_path, "dashboard")
+        # the running attempt says so, not a dash
+        page.wait_for_function("document.querySelector(\"#attempts tbody tr[data-generation='0'] td:nth-child(5)\")"
+                               ".textContent === 'running'")
+        assert console_errors == []
         # SIGKILL a task process from outside: the page shows the restart and its cause
         assert handle.running
         victim = next(t for t in handle.metrics()["tasks"] if t.startswith("count"))
@@ -188,6 +194,11 @@ def test_drain_and_stop_from_the_page(tmp_path, browser):
         page.wait_for_function("document.getElementById('action-result').dataset.url")
         url = page.get_attribute("#action-result", "data-url")
         result = handle.wait(60)
+        # the job and its dashboard server are gone: the page says how the job ended, acts no more
+        page.wait_for_function("document.getElementById('error').textContent.includes('has ended')")
+        assert page.text_content("#state") == "stopped at a savepoint"
+        assert all(page.is_disabled(b) for b in ("#btn-savepoint", "#btn-stop", "#btn-drain"))
+        assert "has ended" in page.text_content("#error") and url in page.text_content("#error")
     finally:
         page.close()
         if handle.running:

@@ -256,6 +256,7 @@ class JobDriver:
         self.holds: list = []
         self._abort_reason: str | None = None
         self.timeline: list[dict] = []  # JobResult.attempt_timeline, filled attempt by attempt
+        self._t0 = time.monotonic()  # the run's start (reset by run): timeline times count from it
         self.dashboard = None
         if self.metrics_config.ui:  # the web dashboard (epochal.ui), closed with the reporter
             from epochal.ui.dashboard import Dashboard
@@ -283,10 +284,20 @@ class JobDriver:
                 "checkpoint_root": f"{self.url}/{self.plan.job}", "generation": self.generation,
                 "history": server.history if started else None,
                 "highest_triggered": server.highest_triggered if server is not None else None,
-                "timeline": list(self.timeline), "restarts": list(self.restarts),
+                "timeline": self._live_timeline(server if started else None), "restarts": list(self.restarts),
                 "failovers": list(server.failover_log) if started else [],
                 "savepoints": list(self.savepoints.written),
                 "region": self.region, "regions": self.siblings() if self.siblings is not None else []}
+
+    def _live_timeline(self, server) -> list[dict]:
+        """The attempts so far; the running one with the times its server has seen already
+        (``_attempt`` fills them into the entry only when the attempt ends)."""
+        timeline = [dict(e) for e in self.timeline]
+        if server is not None and timeline and "stopped_s" not in timeline[-1]:
+            for name in ("connected", "running"):
+                if name in server.times:
+                    timeline[-1][f"{name}_s"] = server.times[name] - self._t0
+        return timeline
 
     def _savepoint_for_page(self, stop: bool, timeout: float, drain: bool = False) -> str:
         """The dashboard's actions: a savepoint at the default location (then stop, drained)."""
@@ -367,7 +378,7 @@ class JobDriver:
                     log.warning("job %s: releasing %r failed: %s", self.plan.job, held, exc)
 
     def _run(self) -> JobResult:
-        t0 = time.monotonic()
+        t0 = self._t0 = time.monotonic()
         failures: list[str] = []
         restored_from: list = []
         timeline = self.timeline

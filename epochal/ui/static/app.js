@@ -235,11 +235,16 @@
   }
   function drawTables(s) {
     const a = document.querySelector("#attempts tbody");
-    a.replaceChildren(...s.attempts.map((e) => {
+    const current = s.attempts.filter((e) => e.started_s != null).length - 1;
+    a.replaceChildren(...s.attempts.map((e, i) => {
       const tr = document.createElement("tr");
       tr.dataset.generation = e.generation;
-      cell(tr, e.generation); cell(tr, fmtS(e.started_s)); cell(tr, fmtS(e.running_s));
-      cell(tr, e.restored_epoch ?? "–"); cell(tr, fmtS(e.failed_s)); cell(tr, e.cause || "", "text cause");
+      // the newest attempt has not failed: say what it does now rather than a dash
+      const now = i === current && e.failed_s == null ? (s.state === "running" && e.running_s == null ? "starting"
+        : s.state) : null;
+      cell(tr, e.generation); cell(tr, fmtS(e.started_s)); cell(tr, e.running_s != null ? fmtS(e.running_s)
+        : now === "starting" ? "starting" : "–");
+      cell(tr, e.restored_epoch ?? "–"); cell(tr, now ?? fmtS(e.failed_s)); cell(tr, e.cause || "", "text cause");
       return tr;
     }));
     document.querySelector("#sinks tbody").replaceChildren(...s.sinks.map((k) => {
@@ -272,8 +277,9 @@
     $("job").textContent = s.region ? `${s.job} / region ${s.region}` : s.job;
     drawRegions(s);
     const st = $("state");
-    st.textContent = s.state;
-    st.className = "state " + s.state;
+    const stopped = stoppedAt !== null && s.state !== "running";  // this page stopped it with a savepoint
+    st.textContent = stopped ? "stopped at a savepoint" : s.state;
+    st.className = "state " + (stopped ? "stopped" : s.state);
     const p = s.progress || {};
     $("summary").textContent = [`${s.runtime || ""} · ${s.guarantee || ""}`,
       `${fmtRate(p.records_in_per_s)} rec/s in, ${fmtRate(p.records_out_per_s)} out`,
@@ -283,20 +289,46 @@
   }
 
   // ---------------------------------------------------------------- loop
+  // The page's view of the job: the last state the server gave, and whether this page stopped it.
+  let last = null, stoppedAt = null;
+  const ENDED = ["finished", "failed", "stopped"];
+  function gone(message) {  // the server does not answer: what the page can still say truthfully
+    const st = $("state");
+    const ended = stoppedAt !== null || (last && (ENDED.includes(last.state) || last.state === "stopping"));
+    st.textContent = stoppedAt !== null ? "stopped at a savepoint" : ended ? (last.state === "stopping" ? "stopped"
+      : last.state) : last ? "unreachable" : "connecting";
+    st.className = "state " + (stoppedAt !== null || ended ? "stopped" : "unreachable");
+    for (const id of ["btn-savepoint", "btn-stop", "btn-drain"]) $(id).disabled = true;
+    if (last) {
+      const p = last.progress || {};
+      $("summary").textContent = [`${last.runtime || ""} · ${last.guarantee || ""}`,
+        p.last_completed_epoch != null ? `last epoch ${p.last_completed_epoch}` : "no checkpoint",
+        `checkpoints in ${last.checkpoint_root || "–"}`].join(" · ");
+    }
+    $("error").hidden = false;
+    $("error").textContent = ended
+      ? "the job has ended, and its dashboard with it: the figures below are its last ones" +
+        (stoppedAt ? ` (savepoint ${stoppedAt})` : "") + ". `epochal ui <storage> <job>` shows its checkpoints."
+      : `cannot read the job's state (${message}); retrying`;
+    document.body.dataset.ended = ended ? "yes" : "";
+    return ended;
+  }
   async function poll() {
+    let ended = false;
     try {
       const r = await fetch("/api/state", {headers: {"X-Epochal-Token": token}, cache: "no-store"});
       const s = await r.json();
       if (!r.ok) throw new Error(s.error || r.status);
       if (!graphDrawn) drawGraph(s.graph);
       drawHeader(s); updateGraph(s.operators); drawCharts(s); drawCheckpoints(s); drawTables(s);
+      last = s;
+      document.body.dataset.ended = ENDED.includes(s.state) ? "yes" : "";
       $("error").hidden = true;
       document.body.dataset.polls = Number(document.body.dataset.polls || 0) + 1;
     } catch (e) {
-      $("error").hidden = false;
-      $("error").textContent = "cannot read the job's state: " + e.message;
+      ended = gone(e.message);
     }
-    setTimeout(poll, POLL_MS);
+    setTimeout(poll, ended ? 5 * POLL_MS : POLL_MS);  // an ended job's page still looks, less often
   }
   async function action(stop, drain = false) {
     const out = $("action-result");
@@ -308,6 +340,7 @@
       const doc = await r.json();
       out.textContent = r.ok ? `savepoint written: ${doc.url}` : `failed: ${doc.error}`;
       out.dataset.url = r.ok ? doc.url : "";
+      if (r.ok && stop) { stoppedAt = doc.url; gone("stopped"); }
     } catch (e) {
       out.textContent = "failed: " + e.message;
     }
