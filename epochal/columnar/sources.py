@@ -20,7 +20,6 @@ a reader created from a snapshot continues with exactly the next row.
 """
 from __future__ import annotations
 
-import posixpath
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,6 +28,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from epochal.errors import DataError, PipelineDefinitionError
 from epochal.sources.base import Poll, Source, SourceReader, check_positive_int
+from epochal.sources.files import matching_files
 
 __all__ = ["ArrowFileSource"]
 
@@ -110,8 +110,7 @@ class ArrowFileSource(Source):
             fs, root = url_to_fs(self._path)
             if not fs.isdir(root):
                 raise FileNotFoundError(f"{self.name}: directory {root!r} does not exist")
-            found = fs.glob(posixpath.join(root.rstrip("/"), self._pattern), detail=True)
-            self._planned = sorted(p for p, info in found.items() if info.get("type") == "file")
+            self._planned = matching_files(self._path, self._pattern)  # no _SUCCESS, .crc, ...
         return list(self._planned)
 
     def _infer(self) -> pa.Schema:
@@ -120,7 +119,7 @@ class ArrowFileSource(Source):
             raise PipelineDefinitionError(f"{self.name}: no file matches {self._pattern!r} to infer the {self._format} "
                                           "schema from; pass schema=")
         fs, _ = url_to_fs(self._path)
-        reader = _open(fs, files[0], self._format, None, self._batch_rows, True, None)
+        reader = _open(fs, files[0], self._format, None, self._batch_rows, True, None, self.name)
         try:
             return reader.schema
         finally:
@@ -135,9 +134,17 @@ class ArrowFileSource(Source):
 PARQUET_DECODE_ROWS = 1 << 20
 
 
-def _open(fs, path: str, fmt: str, schema, batch_rows: int, header: bool, columns: list[str] | None):
+def _open(fs, path: str, fmt: str, schema, batch_rows: int, header: bool, columns: list[str] | None, where: str):
     """A pyarrow record-batch reader of one csv / jsonl / parquet file (``header``: csv only;
-    ``columns``: parquet and csv read only those, in that order; jsonl: all)."""
+    ``columns``: parquet and csv read only those, in that order; jsonl: all). A file Arrow
+    cannot open is a :class:`DataError` naming the source ``where`` and the file."""
+    try:
+        return _open_format(fs, path, fmt, schema, batch_rows, header, columns)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
+        raise DataError(f"{where}: cannot read {path!r} as {fmt}: {type(exc).__name__}: {exc}") from exc
+
+
+def _open_format(fs, path: str, fmt: str, schema, batch_rows: int, header: bool, columns: list[str] | None):
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
@@ -208,7 +215,8 @@ class _ArrowFileReader(SourceReader):
             self._file.seek(offset)
             self._carry = b""
             return
-        self._file = _open(self._fs, path, src._format, src._file_schema, src._batch_rows, src._header, src._columns)
+        self._file = _open(self._fs, path, src._format, src._file_schema, src._batch_rows, src._header, src._columns,
+                           src.name)
         skip = offset
         while skip > 0:  # a restored reader skips the rows it emitted before
             batch = self._file.read_next_batch()

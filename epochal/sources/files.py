@@ -31,6 +31,21 @@ def owner_of(path: str, parallelism: int) -> int:
     return zlib.crc32(path.encode("utf-8")) % parallelism
 
 
+def is_data_file(path: str) -> bool:
+    """Whether a directory source reads ``path``: not a hidden or marker file. Names starting
+    with ``_`` or ``.`` are what writers leave beside their data (Spark's and Hadoop's
+    ``_SUCCESS``, ``.crc`` checksums, epochal's own ``_staging``); Spark skips them too."""
+    return not posixpath.basename(path).startswith(("_", "."))
+
+
+def matching_files(path: str, pattern: str) -> list[str]:
+    """The data files (:func:`is_data_file`) under directory ``path`` that ``pattern`` matches,
+    sorted (filesystem paths, without protocol)."""
+    fs, root = url_to_fs(path)
+    found = fs.glob(posixpath.join(root.rstrip("/"), pattern), detail=True)
+    return sorted(p for p, info in found.items() if info.get("type") == "file" and is_data_file(p))
+
+
 class DirectorySource(Source):
     """The files of a directory matching ``pattern``, as lines or JSON objects.
 
@@ -90,10 +105,8 @@ class DirectorySource(Source):
         return (self._path,)
 
     def list_files(self) -> list[str]:
-        """The matching files now, sorted (filesystem paths, without protocol)."""
-        fs, root = url_to_fs(self._path)
-        found = fs.glob(posixpath.join(root.rstrip("/"), self._pattern), detail=True)
-        return sorted(p for p, info in found.items() if info.get("type") == "file")
+        """The matching data files now, sorted (filesystem paths, without protocol)."""
+        return matching_files(self._path, self._pattern)
 
     def splits(self) -> list[str]:
         if self._planned is None:
