@@ -116,3 +116,27 @@ def test_local_windows_refuse_what_they_cannot_do():
         keyed.window(Tumbling("1s")).aggregate("w2", local=True, ts=amax("v"))
     with pytest.raises(PipelineDefinitionError, match="local must be True or False"):
         keyed.window(Tumbling("1s")).aggregate("w3", local="yes", n=count())
+
+
+def test_keyed_by_the_column_its_watermark_reads(tmp_path):
+    """``key_by("ts")`` where ``ts`` is also the event time (windows per timestamp): the
+    partial rows carry one ``ts`` column, key and time at once (the pane's newest time of a
+    key that is a timestamp is that timestamp). Was a run-time KeyError in ``win.local``
+    ('Field "ts" exists 2 times in schema') on every attempt."""
+    out = unique_dir(tmp_path, "out")
+    flow = ep.Dataflow("cwin-local-ts", parallelism=2)
+    (flow.source("ev", ep.sources.GeneratorSource(batches, num_splits=SPLITS, schema=SCHEMA))
+         .with_watermarks("wm", timestamp="ts", max_out_of_orderness="1s")
+         .key_by("ts").window(Tumbling("2s")).aggregate("win", local=True, n=count(), total=asum("v"), top=amax("ts"))
+         .sink("out", FileSink(out, format="parquet")))
+    flow.run(runtime="local", restart=ep.RestartStrategy(max_attempts=0),
+             checkpoint=ep.CheckpointConfig(interval=0.5, storage="file://" + unique_dir(tmp_path, "c")))
+    spec, expected = Tumbling("2s").spec(), collections.defaultdict(lambda: [0, 0])
+    for _, t, v in (event(s, i) for s in range(SPLITS) for i in range(PER_SPLIT)):
+        (start,) = spec.window_starts(round(t * 1_000_000))
+        expected[(t, start)][0] += 1
+        expected[(t, start)][1] += v
+    rows = read_committed(out, format="parquet")
+    assert {(r["ts"], round(r["window_start"].timestamp() * 1_000_000)): [r["n"], r["total"]] for r in rows} == \
+        dict(expected)
+    assert all(r["top"] == r["ts"] for r in rows) and len(rows) == len(expected)

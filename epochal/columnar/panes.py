@@ -75,7 +75,9 @@ class PaneLocal:
             pane = us - (us - p.offset) % p.pane
         rows = batch.select(plan.inputs[:1] + plan.inputs[2:]).add_column(1, PANE, pa.array(pane, pa.int64()))
         table = plan.of_raw([rows])
-        names = [self.key, self.time.column] + plan.partial_names[:-1]
-        columns = [table.column(self.key), table.column(STAMP)] + [table.column(n) for n in plan.partial_names[:-1]]
+        # keyed by its own event-time column: a partial row's newest time is its key (one column)
+        stamp = [] if self.key == self.time.column else [table.column(STAMP)]
+        names = list(dict.fromkeys([self.key, self.time.column])) + plan.partial_names[:-1]
+        columns = [table.column(self.key)] + stamp + [table.column(n) for n in plan.partial_names[:-1]]
         return pa.RecordBatch.from_arrays([c.combine_chunks() for c in columns], names=names)
 

@@ -50,8 +50,11 @@ class PartialPlan:
         self.partial_names = [n if a.width == 1 else f"{n}.{j}" for n, a in zip(self.names, self.aggs)
                               for j in range(a.width)]
         self.combinable = all(a.combinable for a in self.aggs)
-        self.inputs = [self.key] + self.groups + list(dict.fromkeys(a.column for a in self.aggs
-                                                                    if a.column is not None))
+        # each column once: an aggregation may read the key column (max of the timestamp a
+        # window is keyed by) or a group column
+        self.inputs = list(dict.fromkeys([self.key] + self.groups + [a.column for a in self.aggs
+                                                                     if a.column is not None]))
+        self._reads_key = any(a.column == self.key for a in self.aggs)
         self._raw = [spec for a in self.aggs for spec in a.raw()]
         pos, self._combine = 0, []
         for a in self.aggs:
@@ -88,9 +91,12 @@ class PartialPlan:
     def _group(self, table: pa.Table, specs: list) -> pa.Table:
         key = table.column(self.key)
         if pa.types.is_dictionary(key.type):  # group by the values, not the dictionary codes
-            table = table.set_column(table.schema.get_field_index(self.key), self.key,
-                                     key.cast(key.type.value_type))
-        table = table.rename_columns([_KEY if n == self.key else n for n in table.schema.names])
+            key = key.cast(key.type.value_type)
+        index = table.schema.get_field_index(self.key)
+        if self._reads_key:  # the aggregation still reads the key column under its own name
+            table = table.append_column(_KEY, key)
+        else:
+            table = table.set_column(index, _KEY, key)
         by = [_KEY] + self.groups
         grouped = _one_group(table, by, specs)
         if grouped is None:
