@@ -146,7 +146,7 @@ def _run_epochal_job(args, flow, checkpoints: bool, read_part, interval: float =
                                  "max_upload_s", "bytes", "state_bytes")} for e in result.completed_epochs]
     return {"rows": rows, "spark_ready_at": t_spark, "ended_at": t_end,
             "job_duration_s": result.duration_s, "attempts": result.attempts, "records_in": result.records_in,
-            "late_dropped": sum(m.get("late_dropped", 0) for m in result.task_metrics.values()),
+            "late_dropped": result.late_dropped,
             "tasks": tasks, "epochs": epochs}
 
 

@@ -21,8 +21,21 @@ __all__ = [
     "EpochalError",
     "Guarantee", "JobFailedError", "MetricsConfig", "KeyedProcessFunction", "KeyedStream", "OperatorError",
     "PipelineDefinitionError", "Autonomous", "Region", "RestartStrategy", "SavepointError", "StateTtl", "Stream", "columnar", "sinks", "sources", "state",
-    "testing", "time", "windows",
+    "testing", "time", "windows", "warm_up",
 ]
+
+
+def warm_up(runtime: str = "spark", *, timeout: float = 120.0) -> None:
+    """Start the embedded Spark session and its Python workers now (``runtime="local"``: a
+    spare task process), so that the first job's clock does not include them.
+
+    Example:
+        >>> import epochal as ep
+        >>> ep.warm_up()          # doctest: +SKIP
+    """
+    from epochal.runtime.launch.warmup import warm_up as start
+
+    start(runtime, timeout=timeout)
 
 
 def __getattr__(name: str):

@@ -123,7 +123,7 @@ def test_late_rows_go_to_the_late_output(tmp_path, read_late):
         fired.late().sink("late", FileSink(out + "-late", format="parquet"))
     result = flow.run(runtime="local",
                       checkpoint=ep.CheckpointConfig(interval=0.05, storage="file://" + unique_dir(tmp_path, "c")))
-    dropped = sum(m.get("late_dropped", 0) for m in result.task_metrics.values())
+    dropped = result.late_dropped
     if read_late:
         assert sorted((r["k"], r["ts"], r["v"]) for r in read_committed(out + "-late", format="parquet")) == \
             [("k0", 10.0, 7), ("k1", 11.5, 8)]

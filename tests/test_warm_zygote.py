@@ -79,3 +79,30 @@ def test_tasks_start_with_the_runtime_frozen_out_of_the_collector(tmp_path):
     rows = sorted(read_committed(out))
     assert [r[0] for r in rows] == [0, 1, 2, 3]
     assert min(r[1] for r in rows) > 10_000, rows  # the imported runtime, not a handful of objects
+
+
+def test_warm_up_local_keeps_a_spare_for_the_next_job(tmp_path, spare_zygotes):
+    """``ep.warm_up("local")``: the public way to pay the task runtime's import before a clock starts."""
+    ep.warm_up("local")
+    assert warm._spare is not None and warm._spare.alive()
+    zygotes = {row[1] for row in _run(tmp_path, "warm-up-local")}
+    assert len(zygotes) == 1  # both tasks forked from the one spare
+
+
+@pytest.mark.spark
+def test_warm_up_spark_starts_the_session_before_the_job():
+    """``ep.warm_up()``: the embedded session is up (and its Python workers started) when it
+    returns, so a job's run does not pay for them; a second call is a no-op."""
+    from epochal.runtime.launch import spark
+
+    ep.warm_up()
+    session = spark._owned_session  # the embedded session, up before any job asked for it
+    assert session is not None and session.sparkContext.master.startswith("local")
+    assert spark._session(None, 1) is session  # what a job of this process runs on now
+    ep.warm_up()
+    assert spark._session(None, 1) is session
+
+
+def test_warm_up_refuses_another_runtime():
+    with pytest.raises(ep.ConfigError, match="runtime must be 'spark' or 'local'"):
+        ep.warm_up("flink")

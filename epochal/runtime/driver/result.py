@@ -67,6 +67,12 @@ class JobResult:
     failovers: list = field(default_factory=list)
 
     @property
+    def late_dropped(self) -> int:
+        """Rows or records the final attempt's windows dropped as late (not sent to ``.late()``
+        outputs), summed over its tasks."""
+        return sum(m.get("late_dropped", 0) for m in self.task_metrics.values())
+
+    @property
     def records_in(self) -> int:
         """Records read by the sources in the final (successful) attempt."""
         return sum(m["records_in"] for t, m in self.task_metrics.items() if m.get("source"))

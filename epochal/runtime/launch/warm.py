@@ -137,3 +137,4 @@ def disable() -> None:
         spare, _spare = _spare, None
     if spare is not None:
         spare.close()
+
