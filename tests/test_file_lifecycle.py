@@ -379,3 +379,28 @@ def test_names_parse_old_and_new_and_a_rollback_abandons_only_the_future_after_t
     assert not gone("f" * 12, 9, me="f" * 12)  # the restoring run's own files
     assert not gone(B, 5, parent=B, at=5) and gone(B, 6, parent=B, at=5) and gone("e" * 12, 10, parent=B, at=5)
     assert not gone("9" * 12, 99)  # a run without a record: kept
+
+
+def test_pyarrow_dataset_reads_new_and_old_names_and_skips_the_lineage_records(tmp_path):
+    """A parquet directory with an old-style file (a writer without a lineage) and a
+    lineage-named one, plus ``_epochal_lineages/``: ``pyarrow.dataset`` and
+    :func:`read_committed` read the same rows."""
+    import pyarrow.dataset as ds
+
+    from epochal.alignment.factory import SinkMode
+    from epochal.epochs.lineage import Lineage
+    from epochal.sinks import SinkContext
+
+    out = str(tmp_path / "out")
+    for lineage, value in ((None, 1), (Lineage(P), 2)):
+        ctx = SinkContext("out", subtask=0, parallelism=1, job="j", generation=0, mode=SinkMode.TRANSACTIONAL,
+                          lineage=lineage)
+        w = FileSink(out, format="parquet").create_writer(ctx)
+        w.restore(None)
+        commit_epochs(w, {1: [value]})
+        w.close()
+    assert os.listdir(os.path.join(out, "_epochal_lineages")) == [f"{P}.json"]
+    names = sorted(n for n in os.listdir(out) if n.startswith("part-"))
+    assert len(names) == 2 and sum(f"-l{P}-" in n for n in names) == 1, names
+    assert sorted(ds.dataset(out, format="parquet").to_table().column("a").to_pylist()) == [1, 2]
+    assert sorted(r["a"] for r in read_committed(out)) == [1, 2]
