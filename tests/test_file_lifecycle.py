@@ -404,3 +404,46 @@ def test_pyarrow_dataset_reads_new_and_old_names_and_skips_the_lineage_records(t
     assert len(names) == 2 and sum(f"-l{P}-" in n for n in names) == 1, names
     assert sorted(ds.dataset(out, format="parquet").to_table().column("a").to_pylist()) == [1, 2]
     assert sorted(r["a"] for r in read_committed(out)) == [1, 2]
+
+
+def test_lingering_staged_files_are_listed_and_ended_but_never_what_a_checkpoint_promises(tmp_path):
+    """A run dies between checkpoint 2's completion and its commit, with no restart left; an
+    abandoned run of another lineage left a pre-committed, never committed epoch. Start-up
+    cleanup deletes only a run's own and its parent's staged files, so ``epochal sinks
+    lingering`` is where the other run's leftovers go: it lists both runs' staged files,
+    the checkpoint's pending ones as promised; ``end`` deletes only the others; the resume
+    commits the promised ones and the output equals the plain-Python count."""
+    from epochal.epochs.lineage import Lineage
+    from epochal.sinks import lingering
+
+    out = str(tmp_path / "out")
+    source = GatedLines(tmp_path / "gate")
+    source.open_to(source.per_split)
+    flow = keyed_count("files-linger", source, FileSink(out))
+    config = storage(tmp_path, "ckpt")
+    with pytest.raises(ep.JobFailedError):
+        flow.run(runtime="local", checkpoint=config, restart=ep.RestartStrategy(max_attempts=0),
+                 faults=[CrashDuringCommit("out", subtask=0, epoch=2, how="exit")])
+    from epochal.alignment.factory import SinkMode
+    from epochal.sinks import SinkContext
+
+    ctx = SinkContext("out", subtask=1, parallelism=2, job="files-linger", generation=7, mode=SinkMode.TRANSACTIONAL,
+                      lineage=Lineage(C))
+    zombie = FileSink(out).create_writer(ctx)
+    zombie.restore(None)
+    zombie.write({"word": "zombie", "n": 1})
+    zombie.snapshot(5)
+    zombie.durability_job(5)
+    items = lingering.find(flow, config.storage)
+    promised = {i.what for i in items if i.promised}
+    others = {i.what for i in items if not i.promised}
+    assert promised, f"the checkpoint promises no staged file: {items}"
+    assert any(f"-l{C}-" in what for what in others), f"the other run's staged file is not listed: {items}"
+    ended = lingering.end(flow, config.storage)
+    assert {i.what for i in ended} == others
+    left = {i.what for i in lingering.find(flow, config.storage)}
+    assert left == promised, left
+    resumed = flow.run(runtime="local", resume=True, checkpoint=config)
+    assert resumed.attempts == 1
+    assert output(out) == oracle(source.lines()), diff(output(out), oracle(source.lines()))
+    assert lingering.find(flow, config.storage) == []

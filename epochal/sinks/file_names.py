@@ -179,3 +179,27 @@ def read_forks(fs, root: str) -> dict[str, Fork]:
         except (ValueError, AttributeError, FileNotFoundError):
             continue
     return forks
+
+
+# ------------------------------------------------------------------ lingering staged files
+
+
+def staged_leftovers(fs, root: str, staging: str, tag: str, promised) -> list[tuple[str, bool]]:
+    """``(staged name, promised)`` for every staged part file of the sink tagged ``tag``
+    under ``staging`` (any run, any subtask): files a crash, a cancel or an abandoned run
+    left before their commit (a writer's start-up cleanup deletes only its own run's and
+    its parent's). ``promised``: a pending transaction handle of
+    :class:`~epochal.sinks.lingering.Promised` lists it — a resume commits it."""
+    wanted = {staged for handle in promised.handles for staged, _final in getattr(handle, "files", ())}
+    fs.invalidate_cache(staging)
+    try:
+        paths = fs.ls(staging, detail=False)
+    except FileNotFoundError:
+        return []
+    out = []
+    for path in sorted(paths):
+        base = posixpath.basename(path.rstrip("/"))
+        name = parse(base)
+        if name is not None and name.tag == tag:
+            out.append((posixpath.relpath(path, root), posixpath.relpath(path, root) in wanted))
+    return out

@@ -58,6 +58,7 @@ given — pass ``schema=`` for stable column types).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -74,7 +75,8 @@ from epochal.durable import fsync_dir, fsync_path
 from epochal.errors import ConfigError
 from epochal.sinks.base import Sink, SinkCommitError, SinkContext, TwoPhaseCommitSink, log
 from epochal.sinks.file_formats import FORMATS, OWNER_FILE, Parquet, Part, read_committed  # noqa: F401
-from epochal.sinks.file_names import NAMES, abandoned, name_tag, parse, read_forks, record_lineage  # noqa: F401
+from epochal.sinks.file_names import (  # noqa: F401  (name_tag: where it always was)
+    NAMES, abandoned, name_tag, parse, read_forks, record_lineage, staged_leftovers)
 
 STAGING_DIR = "_staging"
 ROLLBACKS = ("keep", "remove")  # what a restore from an older point does to the abandoned future's files
@@ -161,6 +163,27 @@ class FileSink(Sink):
         epochal did not write, or holds an earlier run's output of this very sink while the
         job starts afresh (see ``take_over``); then write the ownership marker."""
         claim_directory(self.path, job, sink, resume, self.take_over, self.format)
+
+    def lingering(self, job: str, sink: str, promised) -> list:
+        """The staged part files of this job's sink that no commit published yet, any run's
+        (:func:`~epochal.sinks.file_names.staged_leftovers`); those of the latest completed
+        checkpoint's pending transactions are promised. Run it while the job is stopped."""
+        from epochal.sinks.lingering import Lingering
+
+        fs, root = fsspec.core.url_to_fs(self.path)
+        return [Lingering(sink, "files", staged, promised=kept, detail="promised (a resume commits it)" if kept else
+                          "staged, never committed") for staged, kept in
+                staged_leftovers(fs, root, posixpath.join(root, STAGING_DIR), name_tag(job, sink), promised)]
+
+    def end_lingering(self, job: str, sink: str, items: list, promised) -> None:
+        """Delete the staged files of ``items``, never one the checkpoint promises."""
+        fs, root = fsspec.core.url_to_fs(self.path)
+        keep = {staged for staged, kept in staged_leftovers(fs, root, posixpath.join(root, STAGING_DIR),
+                                                             name_tag(job, sink), promised) if kept}
+        for item in items:
+            if not item.promised and item.what not in keep and item.what.startswith(STAGING_DIR + "/"):
+                with contextlib.suppress(FileNotFoundError):
+                    fs.rm(posixpath.join(root, item.what))
 
 
 def check_parquet_options(options, format: str) -> None:
