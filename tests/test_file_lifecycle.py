@@ -26,6 +26,8 @@ import time
 
 import cloudpickle
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import epochal as ep
 from epochal.sinks import FileSink, read_committed
@@ -447,3 +449,49 @@ def test_lingering_staged_files_are_listed_and_ended_but_never_what_a_checkpoint
     assert resumed.attempts == 1
     assert output(out) == oracle(source.lines()), diff(output(out), oracle(source.lines()))
     assert lingering.find(flow, config.storage) == []
+
+
+@st.composite
+def histories(draw):
+    """A tree of runs: run 0 fresh with epochs 1..n; each later run a branch of an earlier one
+    at one of its points (or fresh), with epochs after its fork; and a restore point."""
+    runs = {f"{0:012x}": (None, 0, draw(st.integers(1, 6)))}  # lineage -> (parent, fork, last epoch)
+    for i in range(1, draw(st.integers(1, 6))):
+        parent = draw(st.sampled_from(sorted(runs)) | st.none())
+        fork = 0 if parent is None else draw(st.integers(runs[parent][1], runs[parent][2]))
+        runs[f"{i:012x}"] = (parent, fork, fork + draw(st.integers(0, 5)))
+    at = draw(st.sampled_from(sorted(runs)))
+    return runs, at, draw(st.integers(runs[at][1], runs[at][2]))
+
+
+@given(histories())
+@settings(max_examples=300, deadline=None)
+def test_a_removal_abandons_exactly_the_points_after_the_savepoint(history):
+    """Against a model that walks the history point by point: epoch k of run L follows
+    epoch k-1 of L, or L's fork point; a file is abandoned by a branch restored at (P, e)
+    exactly when its point comes after (P, e) — never the branch's own files."""
+    from epochal.sinks.file_names import Fork, PartName, abandoned
+
+    runs, parent, epoch = history
+    me = "f" * 12
+    forks = {lin: Fork(p, None if p is None else f) for lin, (p, f, _) in runs.items()}
+    forks[me] = Fork(parent, epoch)
+
+    def after(lin: str, k: int) -> bool:
+        while True:  # step back one point at a time; (L, fork of L) is the parent's point
+            k -= 1
+            if (lin, k) == (parent, epoch):
+                return True
+            p, fork, _ = runs[lin]
+            if k <= fork:
+                if p is None:
+                    return False
+                lin, k = p, fork
+                if (lin, k) == (parent, epoch):
+                    return True
+
+    for lin, (_p, fork, last) in runs.items():
+        for k in range(fork + 1, last + 1):
+            name = PartName("3fa0c1d2", 0, lin, k, False)
+            assert abandoned(name, me, parent, epoch, forks) == after(lin, k), (lin, k)
+    assert not abandoned(PartName("3fa0c1d2", 0, me, epoch + 1, False), me, parent, epoch, forks)
