@@ -97,3 +97,69 @@ def test_a_rescale_keeps_each_key_groups_own_clock_until_the_watermark_passes_it
     cur.key, cur.kg = 6, 6
     assert value.value() == 6  # B's clock (40 s) still floors key 6's group: 35 + 10 > 40
     b.close()
+
+
+# ------------------------------------------------------------------ columnar aggregates
+
+
+def _columnar():
+    import test_columnar_event_ttl as cet
+
+    return cet
+
+
+@pytest.mark.parametrize("kind", ["heap", "rocksdb"])
+def test_a_columnar_aggregate_rescaled_keeps_each_key_groups_own_clock(kind):
+    """The same for ``aggregate(..., ttl=StateTtl(30 s, time="event"))``: old subtask A (key
+    groups 0-7, watermark 20 s at the cut) holds keys a1, a2 last seen at 10 s (deadline
+    40 s: alive at A's cut); B (8-15, 50 s) holds b1 seen at 5 s (expired at B's cut). One
+    restored task, no watermark yet: rows of a1 and a2 at 45 s merge into their
+    accumulators — as A's own replayed channel state would have found them — (before: both
+    restarted, under B's 50 s), b1's row restarts it; also after a checkpoint taken before
+    any watermark, restored again."""
+    from epochal.backends.heap import HeapStateBackend as Heap
+    from epochal.backends.rocksdb import RocksDBStateBackend as Rocks
+    from epochal.operators.base import OperatorContext
+    from epochal.columnar.operators import KeyedAggregateOperator
+
+    cet = _columnar()
+    halves = (range(0, 8), range(8, 16))
+
+    def make(key_groups):
+        b = Heap(key_groups, snapshot_mode="thread") if kind == "heap" else Rocks(key_groups)
+        ctx = OperatorContext("agg", "agg[0]", 0, 1, 0, "job", cet.MAXP, keyed_backend=b, key_groups=key_groups)
+        return b, KeyedAggregateOperator(ctx, cet._spec())
+
+    probe_b, probe = make(range(16))
+    probe.restore(None)
+    of = probe.state.groups.of_values
+    names = [f"k{i}" for i in range(200)]
+    groups = dict(zip(names, of(names)))
+    probe_b.close()
+    a1, a2 = [k for k in names if groups[k] in halves[0]][:2]
+    b1 = next(k for k in names if groups[k] in halves[1])
+    blobs = []
+    for half, cut, rows in ((halves[0], 20, [(a1, 1, 10.0), (a2, 1, 10.0)]), (halves[1], 50, [(b1, 1, 5.0)])):
+        b, op = make(half)
+        op.restore(None)
+        op.on_watermark(0)
+        op.process_batch([cet._batch(rows)])
+        op.prepare_snapshot_pre_barrier(1)
+        op.on_watermark(int(cut * 1e6))
+        op.snapshot(2)
+        blobs.append(b.snapshot(2).run())
+        b.close()
+    b, op = make(range(16))
+    b.restore(blobs)
+    op.restore(None)
+    op.process_batch([cet._batch([(a1, 5, 45.0), (b1, 3, 55.0)])])
+    assert cet._emitted(op.prepare_snapshot_pre_barrier(3)) == {a1: (2, 6), b1: (1, 3)}
+    op.snapshot(3)
+    again = b.snapshot(3).run()
+    b.close()
+    b, op = make(range(16))
+    b.restore([again])
+    op.restore(None)
+    op.process_batch([cet._batch([(a2, 7, 45.0)])])
+    assert cet._emitted(op.prepare_snapshot_pre_barrier(4)) == {a2: (2, 8)}
+    b.close()

@@ -32,7 +32,8 @@ from epochal.errors import ConfigError
 import time
 from epochal.ttl.cleanup import Sweeper, TtlTarget
 from epochal.time.units import MIN_TIME
-from epochal.ttl.expiry import EVENT, PROCESSING, StateTtl, TtlChange, clock_floor, expired, ttl_change
+from epochal.ttl.expiry import (EVENT, PROCESSING, StateTtl, TtlChange, clock_floor, expired, key_group_floors,
+                                ttl_change)
 
 __all__ = ["META", "TtlRegistry", "governs_record", "meta_state", "record_table_ttl", "units"]
 
@@ -221,14 +222,6 @@ class TtlRegistry:
             put(self._meta, kg, META_KEY,
                 record if floors is None else {**record, "clock": max(watermark, floors.get(kg, MIN_TIME))})
         self._had_meta = True
-
-
-def key_group_floors(key_groups, restored: list) -> dict[int, int] | None:
-    """``{key group: its clock at the cut}`` from the restored TTL records (one per owned key
-    group, ``None`` where there is none), or None when the recorded clocks are all equal
-    (every aligned cut; a restore without a rescale): then one floor serves them all."""
-    clocks = {kg: r["clock"] for kg, r in zip(key_groups, restored) if r and r.get("clock") is not None}
-    return clocks if len(set(clocks.values())) > 1 else None
 
 
 def governs_record(short: str, desc: tuple, stamped: bool) -> dict:
