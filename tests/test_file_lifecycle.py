@@ -9,14 +9,18 @@ plain-Python oracle (the running counts of the input lines as a multiset):
 * a **rescale** 4 → 2 through such a rollback, with a crash before a commit: the same;
 * a **second launch**: onto the same storage refused, naming the running driver; from other
   storage with ``take_over`` while run 1 runs: both outputs complete;
-* a **guarantee switch** at-least-once → exactly-once → at-least-once through savepoints,
-  each run from fresh storage: every record is there.
+* a **guarantee switch** exactly-once → at-least-once through a stop-with-savepoint, done
+  twice from the same savepoint: every record is there;
+* writer level: issue 46's a1..a8 history, the no-overwrite guard, old and new names read by
+  ``pyarrow.dataset``, lingering staged files (listed, ended, never the promised ones), and
+  a Hypothesis property of the removal decision against a point-by-point model.
 
-Before part-file names carried the run's lineage, each of these lost records: a branch or a
-rerun counts epochs (and generations) from the same numbers as the run before it, and its
-commits renamed over that run's files. Each test failed on that code (shown once by
-reverting the names, see the commit message). The source is gated (:class:`GatedLines`): a
-savepoint or a second launch happens while the input is provably unfinished.
+Before part-file names carried the run's lineage, the job-level cases lost records: a branch
+or a rerun counts epochs (and generations) from the same numbers as the run before it, and
+its commits renamed over that run's files. Each failed on that code (shown once by taking
+the lineage out of the names; ``rollback="remove"`` by disabling the removal; see the commit
+messages). The source is gated (:class:`GatedLines`): a savepoint or a second launch
+happens while the input is provably unfinished.
 """
 from __future__ import annotations
 
