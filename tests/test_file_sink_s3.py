@@ -48,5 +48,6 @@ def test_file_sink_on_s3_recovers_to_golden_and_hides_staging(tmp_path, s3_env):
     assert got == golden
     fs, path = fsspec.core.url_to_fs(out)
     visible = [p.rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)]
-    assert all(n.startswith("part-") or n in ("_staging", "_epochal_sink.json") for n in visible), visible
+    assert all(n.startswith("part-") or n in ("_staging", "_epochal_sink.json", "_epochal_lineages") for n in visible), \
+        visible
     assert not fs.exists(f"{path}/_staging") or not fs.ls(f"{path}/_staging", detail=False)

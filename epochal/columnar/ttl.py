@@ -51,7 +51,7 @@ from epochal.columnar.state import BlockState, KeyBlock, _take
 from epochal.errors import ConfigError
 from epochal.time.units import MIN_TIME
 from epochal.ttl.cleanup import ENTRIES_PER_RECORD, MIN_BUDGET, SweepCursor
-from epochal.ttl.expiry import EVENT, PROCESSING, StateTtl, clock_floor
+from epochal.ttl.expiry import EVENT, PROCESSING, StateTtl, clock_floor, key_group_floors
 from epochal.ttl.registry import META_KEY, governs_record, meta_state, units
 
 __all__ = ["OLDEST", "STAMP", "AggregateTtl", "check_restore", "drop_stamps"]
@@ -130,6 +130,11 @@ class AggregateTtl:
         # event time: a restored operator's watermark starts over; the cut's holds meanwhile
         self.floor = clock_floor(restored_ttl(self.backend, operator, state.key_groups)[1]) if self.event \
             else MIN_TIME
+        #: each key group's own clock at the cut where they differ (a rescale from unaligned
+        #: or at-least-once cuts, issue 46), else None: see :meth:`now_in`
+        self.floors = key_group_floors(state.key_groups, [self.backend.get(self.meta, kg, META_KEY) for kg in
+                                                          state.key_groups]) \
+            if self.event and self.meta in self.backend.state_names() else None
         self.cursor = SweepCursor(max(1, len(state.key_groups)))
         self._due: dict[int, int] = {}  # key group -> clock before which nothing there expires
         self.expired = 0  # keys expired since the start (a metric)
@@ -141,6 +146,19 @@ class AggregateTtl:
             return max(self._watermark(), self.floor)
         return self._wall()
 
+    def now_in(self, kg: int, now: int) -> int:
+        """The clock of key group ``kg`` given :meth:`now`'s reading ``now``: the key
+        group's own floor while the watermark is below the highest one (after a rescale from
+        cuts whose old subtasks had seen different watermarks), else ``now``."""
+        floors = self.floors
+        if floors is None:
+            return now
+        watermark = self._watermark()
+        if watermark >= self.floor:
+            self.floors = None  # passed every floor: one clock again
+            return now
+        return max(watermark, floors.get(kg, MIN_TIME))
+
     def before_merge(self, partials: pa.Table, oldest_us=None) -> None:
         """Remove the epoch's keys whose accumulators expired, so the merge starts them
         afresh; event time: ``oldest_us``, per partial row its rows' oldest event time (an
@@ -151,8 +169,9 @@ class AggregateTtl:
         now, ttl = self.now(), self.ttl
         gone: dict[int, list] = {}
         oldest = oldest_us.tolist() if self.event else [now] * len(keys)
+        now_in = self.now_in if self.floors is not None else (lambda _kg, t: t)
         for key, kg, stamp, first in zip(keys, kgs, stamps, oldest):
-            if stamp is not None and stamp + ttl <= min(now, first):
+            if stamp is not None and stamp + ttl <= min(now_in(kg, now), first):
                 gone.setdefault(kg, []).append(key)
         for kg, dead in gone.items():
             self._remove(kg, dead)
@@ -173,21 +192,23 @@ class AggregateTtl:
         record of :mod:`epochal.ttl.registry`), so the offline state reader hides the keys
         expired at read time whose removal had not run yet. Task thread, in the operator's
         synchronous snapshot."""
-        record = {"states": {}, "clock": self.now() if self.event else None,
-                  "governs": governs_record("stamp", self.desc, stamped=False)}
+        now = self.now() if self.event else None
+        record = {"states": {}, "clock": now, "governs": governs_record("stamp", self.desc, stamped=False)}
         put = self.backend.put
         for kg in self.state.key_groups:
-            put(self.meta, kg, META_KEY, record)
+            put(self.meta, kg, META_KEY, record if self.floors is None else {**record, "clock": self.now_in(kg, now)})
 
-    def sweep(self, budget: int, now: int) -> int:
+    def sweep(self, budget: int, clock: int) -> int:
         """Visit key groups round robin until ``budget`` keys were looked at or each was
-        visited once; returns the keys expired."""
+        visited once, each against its own clock (:meth:`now_in` of ``clock``); returns
+        the keys expired."""
         groups, b, ttl = self.state.key_groups, self.backend, self.ttl
         scanned = removed = 0
         for _ in range(self.cursor.n):
             if scanned >= budget or not len(groups):
                 break
             kg = groups[self.cursor.take()]
+            now = self.now_in(kg, clock) if self.event else clock
             due = self._due.get(kg)  # processing time only: a late row stamps below the watermark
             if due is not None and now < due and not self.event:
                 scanned += 1

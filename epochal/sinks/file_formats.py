@@ -1,6 +1,6 @@
 """The part-file formats of :class:`~epochal.sinks.files.FileSink`: ``jsonl``, ``csv`` and
-``parquet`` writers of one part file each, and the readers :func:`~epochal.sinks.files.read_committed`
-uses.
+``parquet`` writers of one part file each, their readers, and :func:`read_committed` (all
+records of a sink directory's committed part files, old-style names included).
 
 A format object (:class:`JsonLines`, :class:`Csv`, :class:`Parquet`) is made once per
 writer and fixes what all its part files share (csv columns, the parquet schema); its
@@ -14,16 +14,19 @@ from __future__ import annotations
 import csv
 import io
 import json
+import posixpath
 from collections.abc import Mapping
 from typing import Any
 
+import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from epochal.durable import fsync
+from epochal.errors import ConfigError
 from epochal.sinks.base import SinkWriteError
 
-__all__ = ["FORMATS", "READERS", "Csv", "JsonLines", "Parquet", "Part"]
+__all__ = ["FORMATS", "OWNER_FILE", "READERS", "Csv", "JsonLines", "Parquet", "Part", "read_committed"]
 
 _PARQUET_ROW_GROUP = 8192
 _ARROW_ERRORS = (pa.ArrowException, TypeError, ValueError, OverflowError)
@@ -293,3 +296,68 @@ READERS = {
     "csv": lambda f: [dict(r) for r in csv.DictReader(io.StringIO(f.read().decode("utf-8"), newline=""))],
     "parquet": lambda f: pq.read_table(f).to_pylist(),
 }
+
+
+# ------------------------------------------------------------------------- reading
+
+
+def read_committed(path: str, format: str | None = None) -> list:
+    """All records of the committed part files under ``path`` (staging and hidden files are
+    skipped), file by file in name order. csv values come back as strings.
+
+    ``format``: ``None`` reads the one the sink wrote, as its ownership marker
+    (``_epochal_sink.json``) says — or, in a directory without one, the one format its part
+    files have (``jsonl`` when there are none).
+
+    Raises:
+        ConfigError: an unknown ``format``, one that contradicts the marker, or (no marker)
+            part files of several formats.
+
+    >>> read_committed("memory://no-such-dir")
+    []
+    """
+    if format is not None and format not in FORMATS:
+        raise ConfigError(f"read_committed format: expected one of {sorted(FORMATS)}, got {format!r}")
+    fs, root = fsspec.core.url_to_fs(path)
+    fs.invalidate_cache(root)
+    try:
+        entries = fs.ls(root, detail=False)
+    except FileNotFoundError:
+        return []
+    format = _committed_format(fs, root, entries, format, path)
+    suffix = "." + FORMATS[format].ext
+    records: list = []
+    for p in sorted(entries):
+        name = posixpath.basename(p.rstrip("/"))
+        if name.startswith("part-") and name.endswith(suffix):
+            with fs.open(p, "rb") as f:
+                records.extend(READERS[format](f))
+    return records
+
+
+OWNER_FILE = "_epochal_sink.json"
+
+
+def _committed_format(fs, root: str, entries: list, asked: str | None, path: str) -> str:
+    """The part-file format of a sink directory (see :func:`read_committed`)."""
+    written = None
+    marker = posixpath.join(root, OWNER_FILE)
+    if any(posixpath.basename(e.rstrip("/")) == OWNER_FILE for e in entries):
+        try:
+            written = json.loads(fs.cat_file(marker)).get("file_format")
+        except (ValueError, AttributeError):
+            written = None
+    if written is not None:
+        if asked is not None and asked != written:
+            raise ConfigError(f"read_committed({path!r}, format={asked!r}): the sink wrote {written!r} part files "
+                              f"({OWNER_FILE}); pass format={written!r} or leave format out")
+        return written
+    if asked is not None:
+        return asked
+    by_ext = {fmt.ext: name for name, fmt in FORMATS.items()}
+    found = {by_ext[ext] for e in entries for name in [posixpath.basename(e.rstrip("/"))] if name.startswith("part-")
+             for ext in [name.rsplit(".", 1)[-1]] if ext in by_ext}
+    if len(found) > 1:
+        raise ConfigError(f"read_committed({path!r}): part files of several formats {sorted(found)} and no "
+                          f"{OWNER_FILE} saying which the sink wrote: pass format=")
+    return found.pop() if found else "jsonl"

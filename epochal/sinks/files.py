@@ -17,18 +17,29 @@ Abort      delete the staged files (the IBM FileSink truncates on reset, seed 00
            a staging file per transaction makes the truncation a delete)
 =========  ===============================================================================
 
-Names. Final names carry a tag of the job and sink (8 hex digits of a hash of both, so two
-jobs or sinks that share a directory with ``take_over`` never overwrite each other), epoch,
-subtask and sequence but no generation (``part-3fa0c1d2-e0000000007-s0002-0000.jsonl``): a
-later generation re-committing the same transaction targets the same name. Staged names add the generation (``...-g000003``), so a
-zombie of an older attempt never collides with the current one. Readers that skip hidden
-files (``_staging``, names starting with ``_`` or ``.``) — ``pyarrow.dataset``,
-``spark.read.parquet(dir)``, :func:`read_committed` — never see partial data.
+Names (:mod:`epochal.sinks.file_names`). Final names carry a tag of the job and sink (8 hex
+digits of a hash of both, so two jobs or sinks that share a directory with ``take_over``
+never overwrite each other), epoch, subtask, the run's lineage and a sequence but no
+generation (``part-3fa0c1d2-e0000000007-s0002-l9a41c07be2d3-0000.jsonl``): two runs — a
+rerun, a branch restored from an older savepoint, a second launch — never name a file
+alike, and a later generation re-committing the same transaction targets the same name (it
+is in the handle). Staged names add the generation (``...-g000003``), so a zombie of an
+older attempt never collides with the current one. A commit never renames over an existing
+file: a name taken by a file that is not the transaction's raises :class:`SinkCommitError`.
+Readers that skip hidden files (``_staging``, ``_epochal_lineages``, names starting with
+``_`` or ``.``) — ``pyarrow.dataset``, ``spark.read.parquet(dir)``, :func:`read_committed`
+— never see partial data.
 
 ``SinkMode.DIRECT`` (at-least-once) uses the same staging but publishes every part file at
-each barrier, named by generation instead of epoch (``part-3fa0c1d2-g000003-s0002-000011.jsonl``):
-output is visible one barrier after it was written, never half-written, and records
-replayed after a restore appear again in files of the new generation.
+each barrier, named by generation, lineage and epoch
+(``part-3fa0c1d2-g000003-s0002-l9a41c07be2d3-e0000000007-000011.jsonl``): output is visible
+one barrier after it was written, never half-written, and records replayed after a restore
+appear again in files of the new generation.
+
+Rollback (``restore_from`` an older savepoint; docs/lifecycle.md): the branch re-emits the
+epochs after the savepoint, as every sink does. ``rollback="keep"`` (default) leaves the
+files the abandoned future committed; ``rollback="remove"`` deletes them when the branch
+restores (:func:`~epochal.sinks.file_names.abandoned`), so the directory holds one history.
 
 Formats (:mod:`epochal.sinks.file_formats`; named tuples are written as dicts): ``jsonl``
 (``json.dumps`` per line), ``csv`` (dict records, header from ``schema`` or the first
@@ -47,12 +58,11 @@ given — pass ``schema=`` for stable column types).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-import hashlib
 import json
 import os
 import posixpath
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,11 +73,13 @@ from fsspec.implementations.local import LocalFileSystem
 from epochal.alignment.factory import SinkMode
 from epochal.durable import fsync_dir, fsync_path
 from epochal.errors import ConfigError
-from epochal.sinks.base import Sink, SinkCommitError, SinkContext, TwoPhaseCommitSink
-from epochal.sinks.file_formats import FORMATS, READERS, Parquet, Part
+from epochal.sinks.base import Sink, SinkCommitError, SinkContext, TwoPhaseCommitSink, log
+from epochal.sinks.file_formats import FORMATS, OWNER_FILE, Parquet, Part, read_committed  # noqa: F401
+from epochal.sinks.file_names import (  # noqa: F401  (name_tag: where it always was)
+    NAMES, abandoned, name_tag, parse, read_forks, record_lineage, staged_leftovers)
 
 STAGING_DIR = "_staging"
-_STAGED_SUBTASK = re.compile(r"-s(\d{4,})-")  # the subtask in a staged file name
+ROLLBACKS = ("keep", "remove")  # what a restore from an older point does to the abandoned future's files
 
 
 class FileSink(Sink):
@@ -89,17 +101,27 @@ class FileSink(Sink):
             for every part file (e.g. ``{"use_dictionary": False}``: no dictionary pages,
             cheaper to write for columns of mostly distinct values; ``{"compression":
             "zstd"}``). Default: pyarrow's defaults.
+        rollback: what a run restored from an earlier point of another run (``restore_from``
+            an older savepoint or checkpoint; also ``resume=True``) does to the files the
+            other run — and every run that began after that point — committed after it:
+            ``"keep"`` them (the default; the directory then holds them plus the epochs the
+            branch produces again, as Delta, Iceberg, Kafka and PostgreSQL do) or
+            ``"remove"`` them when the branch's writers restore, before it commits anything,
+            so the directory holds exactly one history. Removal assumes no other run writes
+            the directory meanwhile.
 
     Raises:
         ConfigError: for an unknown format, a non-positive ``max_records_per_file``, a
-            schema given for jsonl (where it would have no effect), or ``parquet_options``
-            that are not for parquet or that ``ParquetWriter`` refuses.
+            schema given for jsonl (where it would have no effect), ``parquet_options``
+            that are not for parquet or that ``ParquetWriter`` refuses, or an unknown
+            ``rollback``.
     """
 
     local_recovery = True  # each subtask recovers only its own output (failover regions)
 
     def __init__(self, path: str, *, format: str = "jsonl", max_records_per_file: int | None = None,
-                 schema: pa.Schema | None = None, take_over: bool = False, parquet_options: dict | None = None):
+                 schema: pa.Schema | None = None, take_over: bool = False, parquet_options: dict | None = None,
+                 rollback: str = "keep"):
         if not isinstance(path, str) or not path:
             raise ConfigError(f"FileSink path: expected a non-empty string, got {path!r}")
         if format not in FORMATS:
@@ -114,12 +136,15 @@ class FileSink(Sink):
                               f"{type(schema).__name__} for format {format!r}")
         if parquet_options is not None:
             check_parquet_options(parquet_options, format)
+        if rollback not in ROLLBACKS:
+            raise ConfigError(f"FileSink rollback: expected one of {list(ROLLBACKS)}, got {rollback!r}")
         self.path = path
         self.format = format
         self.parquet_options = dict(parquet_options or {})
         self.max_records_per_file = max_records_per_file
         self.schema = schema
         self.take_over = bool(take_over)
+        self.rollback = rollback
 
     def create_writer(self, ctx: SinkContext) -> FileSinkWriter:
         return FileSinkWriter(self, ctx)
@@ -138,6 +163,27 @@ class FileSink(Sink):
         epochal did not write, or holds an earlier run's output of this very sink while the
         job starts afresh (see ``take_over``); then write the ownership marker."""
         claim_directory(self.path, job, sink, resume, self.take_over, self.format)
+
+    def lingering(self, job: str, sink: str, promised) -> list:
+        """The staged part files of this job's sink that no commit published yet, any run's
+        (:func:`~epochal.sinks.file_names.staged_leftovers`); those of the latest completed
+        checkpoint's pending transactions are promised. Run it while the job is stopped."""
+        from epochal.sinks.lingering import Lingering
+
+        fs, root = fsspec.core.url_to_fs(self.path)
+        return [Lingering(sink, "files", staged, promised=kept, detail="promised (a resume commits it)" if kept else
+                          "staged, never committed") for staged, kept in
+                staged_leftovers(fs, root, posixpath.join(root, STAGING_DIR), name_tag(job, sink), promised)]
+
+    def end_lingering(self, job: str, sink: str, items: list, promised) -> None:
+        """Delete the staged files of ``items``, never one the checkpoint promises."""
+        fs, root = fsspec.core.url_to_fs(self.path)
+        keep = {staged for staged, kept in staged_leftovers(fs, root, posixpath.join(root, STAGING_DIR),
+                                                             name_tag(job, sink), promised) if kept}
+        for item in items:
+            if not item.promised and item.what not in keep and item.what.startswith(STAGING_DIR + "/"):
+                with contextlib.suppress(FileNotFoundError):
+                    fs.rm(posixpath.join(root, item.what))
 
 
 def check_parquet_options(options, format: str) -> None:
@@ -178,7 +224,10 @@ class FileSinkWriter(TwoPhaseCommitSink):
         self._format = FORMATS[sink.format](ctx.sink_name, sink.schema)
         if isinstance(self._format, Parquet):
             self._format.options = getattr(sink, "parquet_options", {})  # (sinks pickled before the option: none)
-        self._names = _NAMES[ctx.mode](ctx, self._format.ext)
+        self._names = NAMES[ctx.mode](ctx, self._format.ext)
+        self._rollback = getattr(sink, "rollback", "keep")  # (sinks pickled before the option: keep)
+        if ctx.lineage is not None:
+            record_lineage(self._fs, self._root, ctx.lineage)
         self._max = sink.max_records_per_file
         self._part: Part | None = None  # open part file of the open transaction
         self._local = isinstance(self._fs, LocalFileSystem)  # rolled files need a later fsync
@@ -279,34 +328,76 @@ class FileSinkWriter(TwoPhaseCommitSink):
                 self._fs.rm(self._join(staged))
 
     def cleanup_orphans(self, restored_epoch: int) -> None:
-        """Delete every staged file of this subtask, of any generation and epoch — and of
-        every old subtask ``j >= parallelism`` with ``j % parallelism == subtask``, which no
-        longer exists after a rescale and whose transactions this subtask took over.
+        """Delete the staged files of this subtask written by this run or by the run it
+        restored, of any generation and epoch — and those of every old subtask ``j >=
+        parallelism`` with ``j % parallelism == subtask``, which no longer exists after a
+        rescale and whose transactions this subtask took over. Staged files of other runs
+        (a second launch from other storage into the same directory) are never touched.
+        With ``rollback="remove"``, a branch then deletes the committed files of the future
+        it abandons (:meth:`_remove_abandoned`).
 
         A superset of the contract (epochs > ``restored_epoch``): ``restore`` calls this after
         re-committing the restored state, and a staged file of an epoch ≤ ``restored_epoch``
         that is still there belongs to no completed checkpoint of the current lineage.
+        Idempotent.
         """
-        staging = self._join(STAGING_DIR)
-        self._fs.invalidate_cache(staging)
+        lineage = self.ctx.lineage
+        runs = {self.ctx.lineage_id} | ({lineage.parent} if lineage is not None and lineage.parent is not None
+                                        else set())
+        for path, name in self._listing(self._join(STAGING_DIR)):
+            if name.lineage in runs:
+                self._fs.rm(path)
+        if self._rollback == "remove" and lineage is not None and lineage.parent is not None \
+                and lineage.forked_at is not None:
+            self._remove_abandoned(lineage)
+
+    def _remove_abandoned(self, lineage) -> None:
+        """``rollback="remove"``: delete the committed files of this subtask (and of the old
+        subtasks it absorbs) that the restored branch abandons: written after the restored
+        epoch by the run it restored, or by any other run that began after that epoch. Each
+        file has exactly one owner (its subtask mod the parallelism). Idempotent."""
+        forks = read_forks(self._fs, self._root)
+        gone = [path for path, name in self._listing(self._root)
+                if abandoned(name, lineage.id, lineage.parent, lineage.forked_at, forks)]
+        for path in gone:
+            self._fs.rm(path)
+        if gone:
+            _sync_dirs(self._fs, (self._root,))
+            log.warning("%s: this run (%s) removed %d part files that the abandoned future after epoch %d of "
+                        "lineage %s committed (FileSink rollback='remove')", self._where(), lineage.describe(),
+                        len(gone), lineage.forked_at, lineage.parent or "(written before lineages)")
+
+    def _listing(self, directory: str):
+        """``(path, PartName)`` of this job's and sink's part files in ``directory`` whose
+        subtask this subtask owns (``j % parallelism == subtask``)."""
+        self._fs.invalidate_cache(directory)
         try:
             # On an object store the directory is only its files: another subtask cleaning up at
             # the same time may delete the last one between any check and this listing.
-            staged = self._fs.ls(staging, detail=False)
+            paths = self._fs.ls(directory, detail=False)
         except FileNotFoundError:
-            return
-        own, p = self.ctx.subtask, self.ctx.parallelism
-        mine = f"part-{self._names.tag}-"  # never another job's or sink's staging (take_over)
-        for path in staged:
-            name = posixpath.basename(path)
-            m = _STAGED_SUBTASK.search(name)
-            j = int(m.group(1)) if m and name.startswith(mine) else -1
-            if j == own or (j >= p and j % p == own):
-                self._fs.rm(path)
+            return []
+        own, p, tag = self.ctx.subtask, self.ctx.parallelism, self._names.tag
+        found = []
+        for path in paths:
+            name = parse(posixpath.basename(path.rstrip("/")))
+            # never another job's or sink's files (take_over)
+            if name is not None and name.tag == tag and name.subtask % p == own:
+                found.append((path, name))
+        return found
 
     def _publish(self, staged: str, final: str) -> None:
+        """Rename one staged file to its final name, never over another file: a final name
+        that exists while the staged file does too is another run's or job's file (on an
+        object store, where a rename is a copy and a delete, a copy of the same size is a
+        rename cut short and is finished)."""
         src, dst = self._join(staged), self._join(final)
         if self._fs.exists(src):
+            if self._fs.exists(dst) and (self._local or self._fs.size(dst) != self._fs.size(src)):
+                raise SinkCommitError(
+                    f"{self._where()}: cannot commit {staged!r} -> {final!r} under {self._root!r}: a file of that "
+                    "name exists and is not this transaction's (written by another job or sink with the same name "
+                    "tag, or copied in by hand?); nothing was overwritten")
             self._fs.mv(src, dst)
         elif not self._fs.exists(dst):
             raise SinkCommitError(
@@ -315,40 +406,6 @@ class FileSinkWriter(TwoPhaseCommitSink):
 
     def _join(self, name: str) -> str:
         return posixpath.join(self._root, name)
-
-
-def name_tag(job: str, sink: str) -> str:
-    """The 8 hex digits that tag every file of job ``job``'s sink ``sink``."""
-    return hashlib.sha256(f"{job}\0{sink}".encode()).hexdigest()[:8]
-
-
-class _EpochNames:
-    """TRANSACTIONAL: ``part-{tag}-e{epoch}-s{subtask}-{seq}``, seq counting within the epoch."""
-
-    def __init__(self, ctx: SinkContext, ext: str):
-        self._subtask, self._generation, self._ext = ctx.subtask, ctx.generation, ext
-        self.tag = name_tag(ctx.job, ctx.sink_name)
-
-    def final(self, epoch: int, index: int) -> str:
-        return f"part-{self.tag}-e{epoch:010d}-s{self._subtask:04d}-{index:04d}.{self._ext}"
-
-    def staged(self, final: str) -> str:
-        return f"{final[:-len(self._ext) - 1]}-g{self._generation:06d}.{self._ext}"
-
-
-class _GenerationNames(_EpochNames):
-    """DIRECT: ``part-{tag}-g{generation}-s{subtask}-{seq}``, seq counting within the writer."""
-
-    def __init__(self, ctx: SinkContext, ext: str):
-        super().__init__(ctx, ext)
-        self._seq = 0
-
-    def final(self, epoch: int, index: int) -> str:
-        self._seq += 1
-        return f"part-{self.tag}-g{self._generation:06d}-s{self._subtask:04d}-{self._seq - 1:06d}.{self._ext}"
-
-
-_NAMES = {SinkMode.TRANSACTIONAL: _EpochNames, SinkMode.DIRECT: _GenerationNames}
 
 
 def _make_durable(fs, part: Part | None, unsynced: list[str], published: tuple[str, ...] = ()) -> None:
@@ -371,69 +428,7 @@ def _sync_dirs(fs, directories: tuple[str, ...]) -> None:
         fsync_dir(fs, directory)
 
 
-# ------------------------------------------------------------------------- reading
-
-
-def read_committed(path: str, format: str | None = None) -> list:
-    """All records of the committed part files under ``path`` (staging and hidden files are
-    skipped), file by file in name order. csv values come back as strings.
-
-    ``format``: ``None`` reads the one the sink wrote, as its ownership marker
-    (``_epochal_sink.json``) says — or, in a directory without one, the one format its part
-    files have (``jsonl`` when there are none).
-
-    Raises:
-        ConfigError: an unknown ``format``, one that contradicts the marker, or (no marker)
-            part files of several formats.
-
-    >>> read_committed("memory://no-such-dir")
-    []
-    """
-    if format is not None and format not in FORMATS:
-        raise ConfigError(f"read_committed format: expected one of {sorted(FORMATS)}, got {format!r}")
-    fs, root = fsspec.core.url_to_fs(path)
-    fs.invalidate_cache(root)
-    try:
-        entries = fs.ls(root, detail=False)
-    except FileNotFoundError:
-        return []
-    format = _committed_format(fs, root, entries, format, path)
-    suffix = "." + FORMATS[format].ext
-    records: list = []
-    for p in sorted(entries):
-        name = posixpath.basename(p.rstrip("/"))
-        if name.startswith("part-") and name.endswith(suffix):
-            with fs.open(p, "rb") as f:
-                records.extend(READERS[format](f))
-    return records
-
-
-OWNER_FILE = "_epochal_sink.json"
-
-
-def _committed_format(fs, root: str, entries: list, asked: str | None, path: str) -> str:
-    """The part-file format of a sink directory (see :func:`read_committed`)."""
-    written = None
-    marker = posixpath.join(root, OWNER_FILE)
-    if any(posixpath.basename(e.rstrip("/")) == OWNER_FILE for e in entries):
-        try:
-            written = json.loads(fs.cat_file(marker)).get("file_format")
-        except (ValueError, AttributeError):
-            written = None
-    if written is not None:
-        if asked is not None and asked != written:
-            raise ConfigError(f"read_committed({path!r}, format={asked!r}): the sink wrote {written!r} part files "
-                              f"({OWNER_FILE}); pass format={written!r} or leave format out")
-        return written
-    if asked is not None:
-        return asked
-    by_ext = {fmt.ext: name for name, fmt in FORMATS.items()}
-    found = {by_ext[ext] for e in entries for name in [posixpath.basename(e.rstrip("/"))] if name.startswith("part-")
-             for ext in [name.rsplit(".", 1)[-1]] if ext in by_ext}
-    if len(found) > 1:
-        raise ConfigError(f"read_committed({path!r}): part files of several formats {sorted(found)} and no "
-                          f"{OWNER_FILE} saying which the sink wrote: pass format=")
-    return found.pop() if found else "jsonl"
+# ------------------------------------------------------------------------- the directory
 
 
 def normalized_location(path: str) -> str:

@@ -35,7 +35,7 @@ from epochal.errors import ConfigError
 from epochal.time.units import MIN_TIME, duration_micros
 
 __all__ = ["EVENT", "PROCESSING", "ON_READ_AND_WRITE", "ON_WRITE", "StateTtl", "TtlChange", "clock_floor",
-           "expired", "next_stamp", "ttl_change"]
+           "key_group_floors", "expired", "next_stamp", "ttl_change"]
 
 PROCESSING, EVENT = "processing", "event"
 ON_WRITE, ON_READ_AND_WRITE = "write", "read_and_write"
@@ -155,5 +155,15 @@ def ttl_change(old: tuple | None, new: tuple | None, has_entries: bool) -> TtlCh
 def clock_floor(restored_clocks) -> int:
     """The event-time clock a restored operator starts from: the highest watermark any
     old subtask recorded for the key groups it now owns (``MIN_TIME`` if none), so an entry
-    expired at the checkpoint stays expired before the first watermark after a restore."""
+    expired at the checkpoint stays expired before the first watermark after a restore.
+    Where the key groups' clocks differ (:func:`key_group_floors`), each key group keeps its
+    own until the watermark passes this one."""
     return max((c for c in restored_clocks if c is not None), default=MIN_TIME)
+
+
+def key_group_floors(key_groups, restored: list) -> dict[int, int] | None:
+    """``{key group: its clock at the cut}`` from the restored TTL records (one per owned key
+    group, ``None`` where there is none), or None when the recorded clocks are all equal
+    (every aligned cut; a restore without a rescale): then one floor serves them all."""
+    clocks = {kg: r["clock"] for kg, r in zip(key_groups, restored) if r and r.get("clock") is not None}
+    return clocks if len(set(clocks.values())) > 1 else None

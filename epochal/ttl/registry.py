@@ -31,7 +31,9 @@ from typing import Callable
 from epochal.errors import ConfigError
 import time
 from epochal.ttl.cleanup import Sweeper, TtlTarget
-from epochal.ttl.expiry import EVENT, PROCESSING, StateTtl, TtlChange, clock_floor, expired, ttl_change
+from epochal.time.units import MIN_TIME
+from epochal.ttl.expiry import (EVENT, PROCESSING, StateTtl, TtlChange, clock_floor, expired, key_group_floors,
+                                ttl_change)
 
 __all__ = ["META", "TtlRegistry", "governs_record", "meta_state", "record_table_ttl", "units"]
 
@@ -73,6 +75,9 @@ class TtlRegistry:
                 self._old.update(record["states"])
         self._had_meta = any(restored)
         self.floor = clock_floor(r.get("clock") for r in restored if r)
+        #: each key group's own clock at the cut, when they differ (a rescale from cuts whose
+        #: old subtasks had seen different watermarks: unaligned or at-least-once), else None
+        self.floors = key_group_floors(key_groups, restored)
         self._targets: list[TtlTarget] = []
         self._configs: dict[str, tuple] = {}
         self.sweeper: Sweeper | None = None
@@ -89,11 +94,34 @@ class TtlRegistry:
         (:func:`units`). Event time: the watermark — or, while an event-time timer fires,
         the timer's time (:attr:`timer_time`), so what ``on_timer(t)`` sees does not depend
         on how far past ``t`` the watermark moved in one step. Processing time: the wall
-        clock (also in processing-time timers, which fire at or after their time)."""
+        clock (also in processing-time timers, which fire at or after their time).
+
+        Event time after a restore: never below the clock recorded at the cut — each key
+        group's own (:attr:`floors`) when the key groups came from old subtasks that had
+        seen different watermarks (issue 46: the highest of them expired entries early that
+        the replayed channel state of a slower subtask found alive), read through the
+        current key's group; one floor for all otherwise."""
         if config.time == EVENT:
             watermark, floor = self._watermark, self.floor
-            return lambda: max(watermark() if self.timer_time is None else self.timer_time, floor)
+            if self.floors is None:
+                return lambda: max(watermark() if self.timer_time is None else self.timer_time, floor)
+            floors, low, cur = self.floors, min(self.floors.values()), self._current
+
+            def clock() -> int:  # the key group's own floor until the watermark passes them all
+                t = watermark() if self.timer_time is None else self.timer_time
+                return t if t >= floor else max(t, floors.get(cur.kg, low))
+
+            return clock
         return self._wall
+
+    def sweep_clock(self, config: StateTtl) -> Callable[[], int]:
+        """The clock of the sweep, which visits key groups without setting the current key:
+        as :meth:`clock`, but with key groups of different floors the lowest one, so nothing
+        is deleted before its own key group's clock says it expired (issue 46)."""
+        if config.time != EVENT or self.floors is None:
+            return self.clock(config)
+        watermark, low = self._watermark, min(self.floors.values())
+        return lambda: max(watermark(), low)
 
     def stamp_time(self, config: StateTtl) -> Callable[[], int]:
         """When an update happens: the record's (or event-time timer's) event time (µs),
@@ -136,8 +164,8 @@ class TtlRegistry:
             self._rewrite(scoped, kind, lambda stored: None if expired(stored[1], life, now) else stored[0])
         if config is not None:
             self._configs[short] = new
-            self._targets.append(TtlTarget(kind, scoped, config.ttl_us * units(config.time), self.clock(config),
-                                           config.time == PROCESSING))
+            self._targets.append(TtlTarget(kind, scoped, config.ttl_us * units(config.time),
+                                           self.sweep_clock(config), config.time == PROCESSING))
 
     def _has_entries(self, scoped: str, kind: str) -> bool:
         b = self.backend
@@ -184,13 +212,15 @@ class TtlRegistry:
                 self.backend.drop_state(self._meta)
                 self._had_meta = False
             return
-        clock = max(self._watermark(), self.floor)
+        watermark = self._watermark()
+        clock = max(watermark, self.floor)
         record = {"states": dict(self._configs), "clock": clock}
         if self.governs is not None and self.governs in self._configs:
             record["governs"] = governs_record(self.governs, self._configs[self.governs], stamped=True)
-        put = self.backend.put
+        put, floors = self.backend.put, self.floors if watermark < self.floor else None
         for kg in self.key_groups:
-            put(self._meta, kg, META_KEY, record)
+            put(self._meta, kg, META_KEY,
+                record if floors is None else {**record, "clock": max(watermark, floors.get(kg, MIN_TIME))})
         self._had_meta = True
 
 
