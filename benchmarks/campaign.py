@@ -1,0 +1,114 @@
+"""The randomized campaign of job histories (issue 46; the harness is ``tests/campaign.py``).
+
+Draws ``--histories`` histories from consecutive seeds (a keyed running count into a file,
+transactional-log, PostgreSQL or Kafka sink, exactly-once or at-least-once, with one to three
+actions — SIGKILLs of task processes from outside, one during a recovery, stop and restore
+with a rescale, cancel and resume, a rollback to an older savepoint, a guarantee switch),
+runs each on the local runtime against its own PostgreSQL server and Kafka broker, and
+checks each against the plain-Python model. Writes a report: every history with its seed and
+outcome, and per sink × action how many landed mid-run and how many histories lost,
+duplicated or wedged.
+
+    python benchmarks/campaign.py --histories 300 --out benchmarks/results/campaign.json
+    python benchmarks/campaign.py --seeds 29 26        # replay histories by seed
+
+A history whose output differs from the model is a defect: fix it, then add its seed to
+``tests/test_campaign.py``'s slice.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+import campaign  # noqa: E402
+
+
+def services(sinks) -> tuple[dict, list]:
+    """The servers the histories need, started here; ``(services, stoppers)``. A sink whose
+    server cannot start here is dropped with a message (the report lists the sinks run)."""
+    out, stop = {}, []
+    if "postgres" in sinks:
+        import postgres_server
+
+        why = postgres_server.cannot_start_server()
+        if why:
+            print(f"campaign: no postgres histories: {why}", file=sys.stderr)
+        else:
+            out["postgres"] = postgres_server.start_server()
+            stop.append(out["postgres"].stop)
+    if "kafka" in sinks:
+        import kafka_broker
+
+        why = kafka_broker.cannot_start_broker()
+        if why:
+            print(f"campaign: no kafka histories: {why}", file=sys.stderr)
+        else:
+            out["kafka"] = kafka_broker.start_broker()
+            stop.append(out["kafka"].stop)
+    return out, stop
+
+
+def summary(reports: list) -> dict:
+    """Per sink × action: histories, actions that landed mid-run, outcomes."""
+    table: dict = collections.defaultdict(lambda: collections.Counter())
+    for r in reports:
+        for action, landed in zip(r["actions"], r["landed"] or [False] * len(r["actions"])):
+            cell = table[f"{r['sink']} × {action}"]
+            cell["actions"] += 1
+            cell["landed"] += bool(landed)
+            cell[r["outcome"]] += 1
+    outcomes = collections.Counter(r["outcome"] for r in reports)
+    per_action = collections.Counter(a for r in reports for a, ok in zip(r["actions"], r["landed"]) if ok)
+    return {"histories": len(reports), "outcomes": dict(outcomes), "landed_per_action": dict(per_action),
+            "per_sink_action": {k: dict(v) for k, v in sorted(table.items())}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--histories", type=int, default=20)
+    parser.add_argument("--first-seed", type=int, default=1000)
+    parser.add_argument("--seeds", type=int, nargs="*", help="replay exactly these seeds")
+    parser.add_argument("--sinks", nargs="*", default=list(campaign.SINKS))
+    parser.add_argument("--out", default=None, help="the JSON report (default: print the summary only)")
+    args = parser.parse_args()
+
+    seeds = args.seeds or list(range(args.first_seed, args.first_seed + args.histories))
+    live, stoppers = services(args.sinks)
+    runnable = [s for s in args.sinks if s in ("file", "log") or s in live]
+    reports, t0 = [], time.time()
+    try:
+        for seed in seeds:
+            history = campaign.draw(seed)
+            if history.sink not in runnable:
+                continue
+            with tempfile.TemporaryDirectory(prefix="campaign-") as work:
+                report = campaign.run(history, live, work)
+            reports.append(dataclasses.asdict(report))
+            print(f"{report.outcome:>10}  {report.seconds:6.1f} s  {report.history}"
+                  + (f"\n            {report.detail}" if report.outcome != "ok" else ""), flush=True)
+    finally:
+        for stop in stoppers:
+            stop()
+    doc = {"benchmark": "campaign", "started": t0, "seconds": round(time.time() - t0, 1),
+           "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                       "load_at_end": os.getloadavg()[0]},
+           "sinks": runnable, "command": " ".join(sys.argv), "summary": summary(reports), "reports": reports}
+    print(json.dumps(doc["summary"], indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(doc, indent=1))
+    bad = [r for r in reports if r["outcome"] not in ("ok", "not-landed")]
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
