@@ -26,7 +26,7 @@ from epochal.windows import Tumbling
 
 from pipelines import unique_dir
 import test_event_time
-from test_event_time import SPLITS, N, event, pane_oracle, results, windows_flow
+from test_event_time import BOUND, SPLITS, N, SumCount, event, events_of, pane_oracle, results, windows_flow
 
 cloudpickle.register_pickle_by_value(test_event_time)  # its functions run in task processes (not collected here)
 
@@ -171,3 +171,54 @@ def test_a_drain_whose_savepoint_cannot_be_written_stops_all_the_same(tmp_path, 
     assert result.stopped_with_savepoint is None and result.attempts == 1 and not result.failures
     checkpoint = re.search(r"\((file://\S+chk-\d+)\)", str(caught.value)).group(1)
     assert results(out) == pane_oracle(1.0, 1.0, _cut_events(checkpoint))
+
+
+class _Split:
+    """A generator of one split of ``events_of`` (pipeline b reads split 1's events)."""
+
+    def __init__(self, split: int):
+        self.split = split
+
+    def __call__(self, _split: int, offset: int):
+        return events_of(self.split, offset)
+
+
+def _two_pipelines(name: str, out_a: str, out_b: str) -> ep.Dataflow:
+    """Two windowed pipelines sharing no channel (parallelism 1): two failover regions."""
+    flow = ep.Dataflow(name, parallelism=1)
+    for p, gen, out in (("a", _Split(0), out_a), ("b", _Split(1), out_b)):
+        (flow.source(f"events-{p}", ep.sources.GeneratorSource(gen, num_splits=1, limit=N, records_per_second=RATE))
+         .with_watermarks(f"ts-{p}", timestamp=lambda e: e[1], max_out_of_orderness=BOUND)
+         .key_by(lambda e: e[0]).window(Tumbling(1.0)).aggregate(f"win-{p}", SumCount())
+         .sink(f"out-{p}", ep.sinks.FileSink(out)))
+    return flow
+
+
+def test_a_drain_reaches_a_failover_region_that_is_restarting(tmp_path):
+    """Pipeline b fails and is down (its restart waits ``restart.delay``) when the drain is
+    requested: when it rejoins, its sources get the stop epoch's trigger *with* the drain,
+    so b too fires every window of what it read — both pipelines' output equals the
+    windows of the events below the savepoint's offsets (plain Python)."""
+    from epochal.testing import CrashAtRecord
+
+    out_a, out_b = unique_dir(tmp_path, "out-a"), unique_dir(tmp_path, "out-b")
+    handle = _two_pipelines("drain-failover", out_a, out_b).start(
+        runtime="local", faults=[CrashAtRecord("win-b", subtask=0, record=300, how="exit", after_epoch=1)],
+        restart=ep.RestartStrategy(max_attempts=3, delay=2.0),
+        checkpoint=ep.CheckpointConfig(interval=0.2, storage="file://" + unique_dir(tmp_path, "ckpt")))
+    deadline = time.monotonic() + 60
+    while not getattr(handle._driver.server, "down", None):  # b failed and waits to be relaunched
+        assert time.monotonic() < deadline and handle.running, "pipeline b did not fail"
+        time.sleep(0.01)
+    url = str(tmp_path / "sp")
+    assert handle.stop_with_savepoint(url, timeout=60, drain=True) == url
+    result = handle.wait(30)
+    assert result.stopped_with_savepoint == url
+    [failover] = result.failovers
+    assert failover["pending_epochs"], f"b rejoined before the drain was requested: {failover}"
+    for p, out, split in (("a", out_a, 0), ("b", out_b, 1)):
+        [row] = ep.state.list_source_offsets(url, f"events-{p}")
+        read = row["offsets"]["0"]
+        assert 0 < read < N, f"pipeline {p} not stopped midway: {read}"
+        expected = pane_oracle(1.0, 1.0, [event(split, i) for i in range(read)])
+        assert results(out) == expected, f"pipeline {p}: not every window of what it read fired"

@@ -233,7 +233,8 @@ class FailoverRegions:
 
     def _rejoin(self, task: str, address, conn, now: float) -> None:
         """A restarted task said hello. Once its whole region did: send each the latest
-        completed epoch to restore, then its sources a trigger for every pending epoch."""
+        completed epoch to restore, then its sources a trigger for every pending epoch —
+        as the other sources got it (a drain's epoch with its drain flag)."""
         group = self.group_of[task]
         self.conns[task] = conn
         if address is not None:
@@ -249,8 +250,8 @@ class FailoverRegions:
         epochs = [p.epoch for p in self.coordinator.pending]
         for t in tasks:
             if t in self.sources:
-                for epoch in epochs:
-                    self._send(t, ("trigger", epoch, ts))
+                for epoch in epochs:  # a drain's epoch carries "drain": the rejoined sources end event time too
+                    self._send(t, self.savepoints.trigger(epoch, ts))
         entry = {"region": group, "tasks": list(tasks), "generation": info["generation"],
                  "cause": info["cause"].splitlines()[0][:500] if info["cause"] else "",
                  "restored_epoch": restore["epoch"] if restore else None,
