@@ -298,3 +298,42 @@ def test_a_kafka_pipeline_restarts_alone_and_the_topic_stays_exactly_once(kafka_
     got = collections.Counter(v.decode() for v in kafka_broker.values(out))
     assert got == collections.Counter(data.lines)
     assert kafka_broker.open_transactions(out) == {}
+
+
+# ------------------------------------------------------------------ a restart slower than checkpoint.timeout
+def test_a_pending_epochs_timeout_counts_from_the_rejoin():
+    """Scripted: epoch 1 waits for task a, which restarts alone (retract) and stays down
+    longer than the timeout; it does not time out while a is down, and after the rejoin it
+    gets a whole timeout again before it is aborted."""
+    c = EpochCoordinator(ep.CheckpointConfig(interval=None, timeout=1.0), ["a", "b"])
+    c.request_trigger(TriggerReason.MANUAL, 0.0)
+    epoch = c.maybe_trigger(0.0).epoch
+    c.acknowledge("b", epoch, {}, 0.1)
+    c.retract(["a"], 0.2)
+    assert not c.check_timeouts(5.0).aborted, "an epoch timed out while its failover region was down"
+    c.rejoin(["a"], 5.0)
+    assert not c.check_timeouts(5.9).aborted, "the timeout did not count from the rejoin"
+    assert [a.epoch for a in c.check_timeouts(6.0).aborted] == [epoch]  # a whole timeout after the rejoin
+    c.request_trigger(TriggerReason.MANUAL, 6.0)
+    later = c.maybe_trigger(6.0).epoch  # without a restart, a timeout counts from the trigger
+    assert [a.epoch for a in c.check_timeouts(7.0).aborted] == [later]
+
+
+def test_a_failover_slower_than_the_checkpoint_timeout_does_not_fail_the_job(tmp_path):
+    """Pipeline 2 crashes and waits ``restart.delay`` = 2.5 s before it is relaunched, longer
+    than ``checkpoint.timeout`` = 1 s with ``tolerable_failures=0``: the epochs pending
+    meanwhile wait for its rejoin instead of timing out, so only pipeline 2 restarts (one
+    failover, no restart of every task) and the output is exactly each split's prefix."""
+    out, pids = unique_dir(tmp_path, "out"), unique_dir(tmp_path, "pids")
+    os.makedirs(pids)
+    result, offsets = run_past_a_failure(
+        pipelines("failover-slow", out, pids, None, rate=1000.0), tmp_path, runtime="local",
+        checkpoint=ep.CheckpointConfig(interval=0.05, timeout=1.0, tolerable_failures=0,
+                                       storage=f"file://{tmp_path}/ck"),
+        restart=ep.RestartStrategy(delay=2.5, max_attempts=3),
+        faults=[CrashAtRecord("mark", subtask=2, record=400, after_epoch=2)])
+    assert [f["tasks"] for f in result.failovers] == [["gen[2]"]], result.failures
+    assert result.failovers[0]["down_s"] > 1.0, "the region came back within the timeout"
+    assert result.attempts == 2 and not [a for a in result.aborted_epochs if a["reason"] == "timeout"], \
+        (result.failures, result.aborted_epochs)
+    assert collections.Counter(json.loads(t) for t in output(out)) == prefixes(offsets)

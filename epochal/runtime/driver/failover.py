@@ -243,6 +243,7 @@ class FailoverRegions:
         if any(t not in self.conns for t in tasks):
             return
         info = self.down.pop(group)
+        self.coordinator.rejoin(tasks, now)  # the pending epochs' timeouts count from now
         restore = self.latest_restore
         for t in tasks:
             self._send(t, ("start", self.addresses, restore))
