@@ -337,3 +337,46 @@ def test_a_failover_slower_than_the_checkpoint_timeout_does_not_fail_the_job(tmp
     assert result.attempts == 2 and not [a for a in result.aborted_epochs if a["reason"] == "timeout"], \
         (result.failures, result.aborted_epochs)
     assert collections.Counter(json.loads(t) for t in output(out)) == prefixes(offsets)
+
+
+class DiesInARelaunch(MarkProcess):
+    """:class:`MarkProcess` whose unpickling — in a task process, before the task says
+    hello — exits the process once, in the first process that starts after every pipeline
+    ran (a failover region's relaunch): a relaunch that dies before it joins."""
+
+    def __init__(self, pid_dir: str):
+        super().__init__(pid_dir)
+        self.driver_pid = os.getpid()
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        died = os.path.join(self.pid_dir, "..", "died-before-hello")
+        if (os.getpid() != self.driver_pid and len(os.listdir(self.pid_dir)) >= SPLITS
+                and not os.path.exists(died)):
+            open(died, "w").close()
+            os._exit(17)
+
+
+def test_a_relaunch_that_dies_before_it_joins_is_restarted_again(tmp_path):
+    """Pipeline 2 crashes; its relaunch dies while loading the dataflow, before its task
+    says hello: that is handled as a failure at once (another relaunch, one more restart of
+    the budget), not after the start-up timeout — only pipeline 2 restarts, and the output
+    is exactly each split's prefix."""
+    out, pids = unique_dir(tmp_path, "out"), unique_dir(tmp_path, "pids")
+    os.makedirs(pids)
+    flow = ep.Dataflow("failover-relaunch", parallelism=SPLITS)
+    (flow.source("gen", ep.sources.GeneratorSource(record, num_splits=SPLITS, limit=None, records_per_second=1000.0))
+     .map("mark", DiesInARelaunch(pids)).sink("out", FileSink(out)))
+    t0 = time.monotonic()
+    result, offsets = run_past_a_failure(
+        flow, tmp_path, runtime="local", restart=ep.RestartStrategy(max_attempts=3),
+        checkpoint=ep.CheckpointConfig(interval=0.05, storage=f"file://{tmp_path}/ck"),
+        faults=[CrashAtRecord("mark", subtask=2, record=400, after_epoch=2)])
+    assert os.path.exists(os.path.join(pids, "..", "died-before-hello")), "no relaunch died before it joined"
+    assert time.monotonic() - t0 < 60, "the failed relaunch waited for a timeout"
+    assert [f["tasks"] for f in result.failovers] == [["gen[2]"]], result.failures
+    assert result.attempts == 3, (result.attempts, result.failures)  # the crash, then the relaunch that died
+    assert "injected CrashAtRecord" in result.failures[0] and "failed before its tasks joined" in result.failures[1]
+    ran = processes(pids)
+    assert len(ran["s2"]) == 2 and all(len(ran[f"s{s}"]) == 1 for s in (0, 1, 3)), ran
+    assert collections.Counter(json.loads(t) for t in output(out)) == prefixes(offsets)
