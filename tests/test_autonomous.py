@@ -285,3 +285,72 @@ def test_a_savepoint_holds_what_the_channel_carries_and_a_restore_hands_it_over(
     got, final = counted(out, CLICKS)
     assert exact(got, oracle(click, n)), ("clicks were lost or doubled across the savepoint", final,
                                           {k: c for k, c in got.items() if c > 1})
+
+
+DRIVER = """
+import sys, time
+sys.path.insert(0, {tests!r})
+import cloudpickle, epochal as ep, test_autonomous
+cloudpickle.register_pickle_by_value(test_autonomous)
+flow = test_autonomous.driver_death_job({out!r}, 600.0)
+handle = flow.start(runtime="local", checkpoint=ep.CheckpointConfig(storage={url!r}))
+deadline = time.monotonic() + 60
+taken = lambda: sum(c["taken"] for c in handle.relay.stats().values())
+main = handle.regions["main"]
+while len(main.completed_epochs) < 2 or not handle.regions["side"].completed_epochs:
+    if time.monotonic() > deadline or not handle.running:
+        sys.exit("no epochs within 60 s")
+    time.sleep(0.02)
+epochs, since = len(main.completed_epochs), taken()
+while taken() < since + 300:  # 300 clicks taken since main's latest epoch: main's checkpoint lacks them
+    if time.monotonic() > deadline or not handle.running:
+        sys.exit("no clicks crossed within 60 s")
+    if len(main.completed_epochs) != epochs:
+        epochs, since = len(main.completed_epochs), taken()
+    time.sleep(0.01)
+print("CROSSED", flush=True)
+time.sleep(60)
+"""
+
+
+DRIVER_N = 6000  # 5 s of input at 600 records/s per source subtask
+
+
+def driver_death_job(out: str, rate):
+    return figure_1c("driver-dies", out, n_orders=DRIVER_N, n_clicks=DRIVER_N, rate=rate,
+                     main=ep.Region("main", checkpoint=ep.CheckpointConfig(interval=1.0)),
+                     side=ep.Region("side", checkpoint=ep.CheckpointConfig(interval=0.05)))
+
+
+def test_a_driver_that_dies_loses_nothing_the_channel_carried(tmp_path):
+    """The driver is SIGKILLed while clicks cross, 300 clicks after main's latest epoch (the
+    relay's lanes and what main took die with it; side's latest epoch is later); resumed
+    from each region's latest checkpoint, the lanes are refilled from side's snapshots:
+    every click is counted at least once (main's count of what it took stays exact), and
+    every order exactly once."""
+    import subprocess
+    import sys
+
+    out, url = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "c")
+    script = DRIVER.format(tests=os.path.dirname(__file__), out=out, url=url)
+    log = tmp_path / "driver.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        if proc.stdout.readline().strip() != "CROSSED":
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"the driver did not get clicks across: {log.read_text()[-3000:]}")
+    finally:
+        proc.kill()
+        proc.wait()
+    _, before = counted(out, CLICKS)
+    assert sum(before.values()) < DRIVER_N, "the job had finished before its driver died"
+    result = driver_death_job(out, None).run(runtime="local", resume=True, checkpoint=ep.CheckpointConfig(storage=url))
+    assert all(r.restored_from[0] is not None for r in result.regions.values()), result.regions
+    got, _ = counted(out, ORDERS)
+    assert exact(got, oracle(order, DRIVER_N)), "main's own input is not exact"
+    got, final = counted(out, CLICKS)
+    truth = oracle(click, DRIVER_N)
+    assert all(final.get(k, 0) >= c for k, c in truth.items()), ("clicks were lost with the driver", final, truth)
+    assert exact(got, collections.Counter(final)), "main's count of the clicks it took is not exact"

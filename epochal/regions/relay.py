@@ -20,10 +20,11 @@ the consumer took after its epoch), the consumer's snapshot holds the number of 
 record it read per lane. A savepoint takes the consuming regions' cuts first, then the
 producing ones' (acks held meanwhile), so a restore refills the lanes from the producers'
 snapshots and the consumer takes what comes after its number: nothing that was queued or in
-flight is lost or taken twice — a stop with a savepoint and a restore are exactly once, and
-so is a new driver resuming from the latest checkpoints when the producers replay the same
-records in the same order (deterministic sources; otherwise at least once). What each side's
-failure does while the driver runs (seed 000 §3.2):
+flight is lost or taken twice — a stop with a savepoint and a restore are exactly once. A
+new driver resuming from each region's latest checkpoint loses nothing either: a reopened
+lane numbers above every number given before (:func:`era`), so what the reader's checkpoint
+read beyond the producer's is handed over again (at least once). What each side's failure
+does while the driver runs (seed 000 §3.2):
 
 * the **consuming** region restarts from its latest epoch, but the hub handed out what it
   took after that epoch: it is not taken again — records cross **at most once** into a
@@ -44,6 +45,7 @@ from __future__ import annotations
 import collections
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 
 from epochal.runtime.transport import wire
@@ -54,6 +56,14 @@ from epochal.sources.base import Poll, Source, SourceReader
 DEFAULT_CAPACITY = 100_000
 #: how long a relay source's poll waits for records at the hub before reporting idle
 TAKE_WAIT = 0.02
+
+
+def era() -> int:
+    """The lowest number a lane gives after a producer (re)opens it: the hub's clock in
+    seconds × 2³², above every number given before (by this hub or a driver that died) as
+    long as a lane hands over fewer than 2³² records a second and the driver's clock does
+    not go back."""
+    return int(time.time()) << 32
 
 
 class _Lane:
@@ -76,10 +86,12 @@ class RelayHub:
     """The driver's relay: one lane per ``(channel, producer subtask)``; requests
     (each answered in order on its connection; every field a str, an int or a list):
 
-    * ``("open", channel, j)``: producer subtask ``j`` (re)starts: its lane is not ended;
-    * ``("refill", channel, j, last, seqs, records)``: a restored producer hands back what its
-      snapshot holds that the consumer had not checkpointed; records whose number the lane
-      already gave are ignored, and the lane numbers on after ``last``; answers ``("ok", acked)``;
+    * ``("open", channel, j, last, seqs, records)``: producer subtask ``j`` (re)starts: its
+      lane is not ended; a restored producer hands back what its snapshot holds that the
+      consumer had not checkpointed (records whose number the lane gave already are
+      ignored), then the lane numbers on above ``last`` and above :func:`era` — above any
+      number an earlier run or incarnation gave, so a reader whose epoch is ahead of the
+      producer's is handed the replay again rather than skipping it; answers ``("ok", acked)``;
     * ``("put", channel, j, records)``: append, numbered ``last + 1 ...`` (waits while the lane
       is full, unless the job is stopping); answers ``("ok", first, acked)``;
     * ``("end", channel, j)``: subtask ``j`` finished its input;
@@ -142,20 +154,19 @@ class RelayHub:
         with self._cond:
             lane = self._lane(channel, subtask)
             if op == "open":
+                last, seqs, records = int(request[3]), request[4], request[5]
                 lane.ended = False
+                given = lane.last
+                for seq, record in zip(seqs, records):
+                    if seq > given:  # a number this hub gave already was queued or taken here
+                        lane.seqs.append(int(seq))
+                        lane.records.append(record)
+                lane.last = max(given, last, int(seqs[-1]) if seqs else 0, era())
+                self._cond.notify_all()
+                return ("ok", lane.acked)
             elif op == "end":
                 lane.ended = True
                 self._cond.notify_all()
-            elif op == "refill":
-                last, seqs, records = int(request[3]), request[4], request[5]
-                for seq, record in zip(seqs, records):
-                    if seq > lane.last:  # a number the lane gave already was queued or taken here
-                        lane.seqs.append(int(seq))
-                        lane.records.append(record)
-                        lane.last = int(seq)
-                lane.last = max(lane.last, last)
-                self._cond.notify_all()
-                return ("ok", lane.acked)
             elif op == "put":
                 records = request[3]
                 while (lane.records and len(lane.records) + len(records) > self.capacity and not self._closed
@@ -241,7 +252,7 @@ class RelaySink(Sink):
     it handed over until the consumer's completed epoch holds it (the hub's ``acked``), and
     its snapshot holds that tail — what the lane still queues and what the consumer took
     after its last epoch — with the lane's numbers; a restored subtask hands it back
-    (``refill``), and the consumer, whose snapshot holds the last number it read, takes only
+    (``open``), and the consumer, whose snapshot holds the last number it read, takes only
     what comes after. So a savepoint (or a new driver) loses nothing that crossed."""
 
     local_recovery = True  # each subtask recovers only its own output (failover regions)
@@ -266,14 +277,12 @@ class _RelayWriter(SinkWriter):
 
     def restore(self, state) -> None:
         self.conn = self.endpoint.connect("producer", self.subtask)
-        self.endpoint.ask(self.conn, "open", self.subtask)
         if state:
             self.last = int(state["last"])
             self.seqs.extend(state["seqs"])
             self.kept.extend(state["records"])
-            _, acked = self.endpoint.ask(self.conn, "refill", self.subtask, self.last, list(self.seqs),
-                                         list(self.kept))
-            self._forget(acked)
+        _, acked = self.endpoint.ask(self.conn, "open", self.subtask, self.last, list(self.seqs), list(self.kept))
+        self._forget(acked)
 
     def _forget(self, acked: int) -> None:
         while self.seqs and self.seqs[0] <= acked:
