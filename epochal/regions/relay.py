@@ -60,10 +60,10 @@ TAKE_WAIT = 0.02
 
 def era() -> int:
     """The lowest number a lane gives after a producer (re)opens it: the hub's clock in
-    seconds × 2³², above every number given before (by this hub or a driver that died) as
-    long as a lane hands over fewer than 2³² records a second and the driver's clock does
-    not go back."""
-    return int(time.time()) << 32
+    microseconds × 2¹², above every number given before (by this hub or by a driver that
+    died) as long as a lane hands over fewer than 4,096 records a microsecond and the
+    driver's clock does not go back. Below 2⁶³ until 2041."""
+    return (time.time_ns() // 1000) << 12
 
 
 class _Lane:
