@@ -44,10 +44,10 @@ def click(split: int, offset: int):
 
 
 def figure_1c(name: str, out: str, *, n_orders: int, n_clicks: int, rate: float, main, side,
-              pids_main: str | None = None, pids_side: str | None = None) -> ep.Dataflow:
+              pids_main: str | None = None, pids_side: str | None = None, parallelism: int = 2) -> ep.Dataflow:
     """Region ``main``: orders and the clicks channel → a running count per key → ``out``.
     Region ``side``: clicks → ``tag`` → the autonomous channel into main."""
-    flow = ep.Dataflow(name, parallelism=2)
+    flow = ep.Dataflow(name, parallelism=parallelism)
     orders = flow.source("orders", ep.sources.GeneratorSource(order, num_splits=2, limit=n_orders // 2,
                                                               records_per_second=rate), region=main)
     clicks = flow.source("clicks", ep.sources.GeneratorSource(click, num_splits=2, limit=n_clicks // 2,
@@ -405,3 +405,24 @@ def test_a_savepoint_while_both_regions_run_restores_every_click_exactly_once(tm
     assert final == dict(oracle(order, n)), "main's own input is not exact"
     _, final = counted(out, CLICKS)
     assert final == dict(oracle(click, n)), ("clicks were lost or doubled across the savepoint", final)
+
+
+def test_a_restore_that_changes_a_channel_producers_parallelism_is_refused(tmp_path):
+    """The lanes are per producer subtask: restoring side's relay sink at another
+    parallelism is refused, naming the channel's operator and what to keep."""
+    out = unique_dir(tmp_path, "out")
+
+    def job(rate, parallelism):
+        return figure_1c("sp-rescale", out, n_orders=3000, n_clicks=3000, rate=rate, parallelism=parallelism,
+                         main=ep.Region("main", checkpoint=ep.CheckpointConfig(interval=0.05)),
+                         side=ep.Region("side", checkpoint=ep.CheckpointConfig(interval=0.05)))
+    handle = job(600.0, 2).start(runtime="local", checkpoint=ep.CheckpointConfig(
+        storage="file://" + unique_dir(tmp_path, "c1")))
+    deadline = time.monotonic() + 60
+    while min(len(h.completed_epochs) for h in handle.regions.values()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    url = handle.stop_with_savepoint("file://" + unique_dir(tmp_path, "sp"), timeout=60)
+    handle.wait(60)
+    with pytest.raises(ep.JobFailedError, match=r"tag-clicks-in.out.*parallelism 3.*parallelism 2.*unchanged"):
+        job(None, 3).run(runtime="local", restore_from=url, restart=ep.RestartStrategy(max_attempts=0),
+                         checkpoint=ep.CheckpointConfig(storage="file://" + unique_dir(tmp_path, "c2")))
