@@ -276,7 +276,7 @@ def test_a_savepoint_holds_what_the_channel_carries_and_a_restore_hands_it_over(
     from epochal.regions import relay
 
     monkeypatch.setattr(relay, "DEFAULT_CAPACITY", 40)
-    n = 3000
+    n = 6000
     out = unique_dir(tmp_path, "out")
 
     def job(rate):
@@ -284,7 +284,7 @@ def test_a_savepoint_holds_what_the_channel_carries_and_a_restore_hands_it_over(
                          main=ep.Region("main", checkpoint=ep.CheckpointConfig(interval=0.3)),
                          side=ep.Region("side", checkpoint=ep.CheckpointConfig(interval=0.05)))
     handle = job(600.0).start(runtime="local", checkpoint=ep.CheckpointConfig(
-        storage="file://" + unique_dir(tmp_path, "c1")))  # 2.5 s of input per source subtask
+        storage="file://" + unique_dir(tmp_path, "c1")))  # 5 s of input per source subtask
     deadline = time.monotonic() + 60
     while (sum(c["taken"] for c in handle.relay.stats().values()) < 300
            or min(len(h.completed_epochs) for h in handle.regions.values()) < 2) and time.monotonic() < deadline:
@@ -293,6 +293,8 @@ def test_a_savepoint_holds_what_the_channel_carries_and_a_restore_hands_it_over(
     first = handle.wait(60)
     assert first.stopped_with_savepoint == url
     assert handle.relay.capacity == 40
+    queued = sum(c["queued"] for c in handle.relay.stats().values())
+    assert queued > 2 * 40, f"no lane filled past its capacity while the job stopped: {queued} queued"
     _, final = counted(out, CLICKS)
     assert 0 < sum(final.values()) < n, f"the stop did not land while clicks crossed: {final}"
     job(None).run(runtime="local", restore_from=url,
