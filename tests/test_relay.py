@@ -133,3 +133,22 @@ def test_a_stopping_hub_lets_a_producer_put_into_a_full_lane():
         assert hub.stats()[CH]["queued"] == 3
     finally:
         hub.close()
+
+
+def test_a_reader_without_periodic_epochs_acks_what_it_takes(hubs):
+    """An ``epochal.Autonomous`` reading region never completes a periodic epoch: it acks
+    at take, so its producer keeps (and snapshots) only what the lane still queues — but
+    not while a savepoint is taken (acks held)."""
+    hub = hubs()
+    producer = Producer(hub)
+    producer.put("a", "b", "c")
+    _, _, _, seqs = hub._answer(("take", CH, 0, 2, 0, 1))
+    producer.put("d")
+    assert producer.snapshot()["records"] == ["c", "d"]
+    hub.hold_acks()
+    hub._answer(("take", CH, 0, 1, seqs[-1], 1))
+    producer.put("e")
+    assert producer.snapshot()["records"] == ["c", "d", "e"]
+    hub.hold_acks(False)
+    producer.put("f")
+    assert producer.snapshot()["records"] == ["d", "e", "f"]

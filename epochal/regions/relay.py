@@ -95,9 +95,10 @@ class RelayHub:
     * ``("put", channel, j, records)``: append, numbered ``last + 1 ...`` (waits while the lane
       is full, unless the job is stopping); answers ``("ok", first, acked)``;
     * ``("end", channel, j)``: subtask ``j`` finished its input;
-    * ``("take", channel, j, max, after)``: up to ``max`` records numbered above ``after``
+    * ``("take", channel, j, max, after, ack)``: up to ``max`` records numbered above ``after``
       (waiting up to :data:`TAKE_WAIT` for some; ones at or below ``after`` are dropped: the
       consumer holds them), their numbers, and whether the lane ended with nothing left;
+      ``ack`` (1: a reader whose region takes no periodic epoch) acks what it takes at once;
     * ``("ack", channel, j, seq)``: the consumer's completed epoch holds every record up to
       ``seq``; the producer learns it in its next answer and forgets them.
 
@@ -149,6 +150,12 @@ class RelayHub:
                     lane.acked = max(lane.acked, seq)
                 self._held.clear()
 
+    def _ack(self, channel: str, subtask: int, lane: _Lane, seq: int) -> None:
+        if self._holding:
+            self._held[(channel, subtask)] = max(self._held.get((channel, subtask), 0), seq)
+        else:
+            lane.acked = max(lane.acked, seq)
+
     def _answer(self, request: tuple):
         op, channel, subtask = request[0], str(request[1]), int(request[2])
         with self._cond:
@@ -191,13 +198,12 @@ class RelayHub:
                 seqs = [lane.seqs.popleft() for _ in range(n)]
                 lane.taken += n
                 if out:
+                    if len(request) > 5 and request[5]:  # a reader that takes no periodic epoch
+                        self._ack(channel, subtask, lane, seqs[-1])
                     self._cond.notify_all()
                 return ("records", out, lane.ended and not lane.records, seqs)
             elif op == "ack":
-                if self._holding:
-                    self._held[(channel, subtask)] = max(self._held.get((channel, subtask), 0), int(request[3]))
-                else:
-                    lane.acked = max(lane.acked, int(request[3]))
+                self._ack(channel, subtask, lane, int(request[3]))
             else:
                 return ("error", f"unknown relay request {op!r}")
         return ("ok",)
@@ -331,8 +337,11 @@ class RelaySource(Source):
     (at most once, seed 000 §3.2); it finishes when every producer subtask finished and its
     lane is empty."""
 
-    def __init__(self, endpoint: RelayEndpoint, producers: int, schema=None):
+    def __init__(self, endpoint: RelayEndpoint, producers: int, schema=None, ack_on_take: bool = False):
         self.endpoint, self.producers, self._schema = endpoint, producers, schema
+        #: the reading region takes no periodic epoch (``epochal.Autonomous``): it acks what it
+        #: takes at once, so its producers do not keep (and snapshot) every record they hand over
+        self.ack_on_take = ack_on_take
 
     @property
     def name(self) -> str:
@@ -346,12 +355,12 @@ class RelaySource(Source):
         return list(range(self.producers))
 
     def create_reader(self, splits, state, *, subtask=0, parallelism=1) -> SourceReader:
-        return _RelayReader(self.endpoint, list(splits), state or {})
+        return _RelayReader(self.endpoint, list(splits), state or {}, self.ack_on_take)
 
 
 class _RelayReader(SourceReader):
-    def __init__(self, endpoint: RelayEndpoint, lanes: list, state: dict):
-        self.endpoint, self.lanes = endpoint, lanes
+    def __init__(self, endpoint: RelayEndpoint, lanes: list, state: dict, ack_on_take: bool = False):
+        self.endpoint, self.lanes, self.ack_on_take = endpoint, lanes, int(ack_on_take)
         self.read = {lane: int(state.get(str(lane), 0)) for lane in lanes}  # the last number read per lane
         self.conn: wire.Connection | None = None
         self.next = 0
@@ -365,7 +374,8 @@ class _RelayReader(SourceReader):
         if not self.lanes:
             return Poll([], finished=True)
         lane = self.lanes[self.next % len(self.lanes)]
-        _, records, ended, seqs = self.endpoint.ask(self._connect(), "take", lane, max_records, self.read[lane])
+        _, records, ended, seqs = self.endpoint.ask(self._connect(), "take", lane, max_records, self.read[lane],
+                                                   self.ack_on_take)
         if seqs:
             self.read[lane] = seqs[-1]
         if ended and not records:

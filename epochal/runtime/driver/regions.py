@@ -52,6 +52,7 @@ def sub_flow(flow, part: RegionPart, relay=None):
     channel was (``<channel>`` is ``"<producer>-<consumer>"``); ``relay``: the job's hub.
     """
     from epochal.graph import FORWARD, Input, Node, NodeKind
+    from epochal.regions.api import Autonomous
     from epochal.regions.relay import RelaySink, RelaySource
 
     sub = type(flow)(flow.name, parallelism=flow.parallelism, max_parallelism=flow.max_parallelism)
@@ -67,7 +68,8 @@ def sub_flow(flow, part: RegionPart, relay=None):
             producer = flow._nodes[inp.node]
             channel = channel_name(inp, name)
             nodes[f"{channel}.in"] = Node(f"{channel}.in", NodeKind.SOURCE, (), producer.parallelism,
-                                         RelaySource(relay.endpoint(channel), producer.parallelism),
+                                         RelaySource(relay.endpoint(channel), producer.parallelism,
+                                                     ack_on_take=isinstance(part.region, Autonomous)),
                                          columnar=node.columnar)
             inputs.append(dataclasses.replace(inp, node=f"{channel}.in", port="main", autonomous=False))
         nodes[name] = dataclasses.replace(node, inputs=tuple(inputs)) if inputs != list(node.inputs) else node
