@@ -397,7 +397,7 @@ def test_a_savepoint_while_both_regions_run_restores_every_click_exactly_once(tm
     url = handle.savepoint("file://" + unique_dir(tmp_path, "sp"), timeout=60)
     assert handle.running, "the job ended before its savepoint"
     handle.cancel()
-    with pytest.raises(Exception):
+    with pytest.raises(ep.JobFailedError, match="cancelled"):
         handle.wait(60)
     _, cancelled = counted(out, CLICKS)
     assert 0 < sum(cancelled.values()) < n // 2, f"not cancelled midway: {cancelled}"
