@@ -44,10 +44,10 @@ def click(split: int, offset: int):
 
 
 def figure_1c(name: str, out: str, *, n_orders: int, n_clicks: int, rate: float, main, side,
-              pids_main: str | None = None, pids_side: str | None = None) -> ep.Dataflow:
+              pids_main: str | None = None, pids_side: str | None = None, parallelism: int = 2) -> ep.Dataflow:
     """Region ``main``: orders and the clicks channel → a running count per key → ``out``.
     Region ``side``: clicks → ``tag`` → the autonomous channel into main."""
-    flow = ep.Dataflow(name, parallelism=2)
+    flow = ep.Dataflow(name, parallelism=parallelism)
     orders = flow.source("orders", ep.sources.GeneratorSource(order, num_splits=2, limit=n_orders // 2,
                                                               records_per_second=rate), region=main)
     clicks = flow.source("clicks", ep.sources.GeneratorSource(click, num_splits=2, limit=n_clicks // 2,
@@ -99,6 +99,23 @@ def test_an_autonomous_channel_keeps_two_regions_apart():
     s = plain.source("s", ep.sources.CollectionSource([1])).map("m", str)
     s.autonomous().map("n", str).sink("o", FileSink("/tmp/o"))
     assert {p.name: p.nodes for p in plain.regions()} == {"s": ("s", "m"), "m.autonomous": ("m.autonomous", "n", "o")}
+
+
+def test_savepoints_take_each_channels_reader_before_its_producer():
+    """``cut_order``: a reader's cut before its producers' (a chain side → main → report,
+    listed producer first), the layout order otherwise, and a cycle of channels still lists
+    every region once."""
+    from epochal.regions.layout import RegionPart
+    from epochal.runtime.driver.regions import cut_order, region_channels
+
+    flow = figure_1c("order", "/tmp/never", n_orders=10, n_clicks=10, rate=1.0, main="main", side="side")
+    parts = flow.regions()
+    assert region_channels(flow, parts) == [("side", "main")]
+    assert cut_order(parts, region_channels(flow, parts)) == ["main", "side"]
+    named = [RegionPart(ep.Region(n), (n,)) for n in ("side", "main", "report", "other")]
+    assert cut_order(named, [("side", "main"), ("main", "report")]) == ["report", "main", "side", "other"]
+    cyclic = cut_order(named, [("side", "main"), ("main", "side")])
+    assert sorted(cyclic) == sorted(p.name for p in named) and cyclic.index("main") < cyclic.index("side")
 
 
 def test_the_command_line_shows_the_channel(tmp_path, capsys):
@@ -247,3 +264,167 @@ def test_side_sigkilled_repeatedly_on_spark_main_stays_exact(tmp_path, spark):
     assert exact(got, oracle(order, n))
     _, final = counted(out, CLICKS)
     assert all(final.get(k, 0) >= c for k, c in oracle(click, n).items()), final
+
+
+# ------------------------------------------------------------------ savepoints: the channel is part of the cut
+def test_a_savepoint_holds_what_the_channel_carries_and_a_restore_hands_it_over(tmp_path, monkeypatch):
+    """Stop with a savepoint while clicks cross (nothing fails), restore into fresh storage:
+    what the lanes held and what main took after its last epoch belongs to the savepoint
+    (side's relay sink snapshots what main has not checkpointed yet), so over both runs
+    every click is counted exactly once — as every order is. Lanes of 40 records: main (the
+    reader) stops first, side's lane fills, and side still reaches its stop barrier."""
+    from epochal.regions import relay
+
+    monkeypatch.setattr(relay, "DEFAULT_CAPACITY", 40)
+    n = 6000
+    out = unique_dir(tmp_path, "out")
+
+    def job(rate):
+        return figure_1c("sp-channel", out, n_orders=n, n_clicks=n, rate=rate,
+                         main=ep.Region("main", checkpoint=ep.CheckpointConfig(interval=0.3)),
+                         side=ep.Region("side", checkpoint=ep.CheckpointConfig(interval=0.05)))
+    handle = job(600.0).start(runtime="local", checkpoint=ep.CheckpointConfig(
+        storage="file://" + unique_dir(tmp_path, "c1")))  # 5 s of input per source subtask
+    deadline = time.monotonic() + 60
+    while (sum(c["taken"] for c in handle.relay.stats().values()) < 300
+           or min(len(h.completed_epochs) for h in handle.regions.values()) < 2) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    url = handle.stop_with_savepoint("file://" + unique_dir(tmp_path, "sp"), timeout=60)
+    first = handle.wait(60)
+    assert first.stopped_with_savepoint == url
+    assert handle.relay.capacity == 40
+    queued = sum(c["queued"] for c in handle.relay.stats().values())
+    assert queued > 2 * 40, f"no lane filled past its capacity while the job stopped: {queued} queued"
+    _, final = counted(out, CLICKS)
+    assert 0 < sum(final.values()) < n, f"the stop did not land while clicks crossed: {final}"
+    job(None).run(runtime="local", restore_from=url,
+                  checkpoint=ep.CheckpointConfig(storage="file://" + unique_dir(tmp_path, "c2")))
+    got, _ = counted(out, ORDERS)
+    assert exact(got, oracle(order, n)), "main's own input is not exact"
+    got, final = counted(out, CLICKS)
+    assert exact(got, oracle(click, n)), ("clicks were lost or doubled across the savepoint", final,
+                                          {k: c for k, c in got.items() if c > 1})
+
+
+DRIVER = """
+import sys, time
+sys.path.insert(0, {tests!r})
+import cloudpickle, epochal as ep, test_autonomous
+cloudpickle.register_pickle_by_value(test_autonomous)
+flow = test_autonomous.driver_death_job({out!r}, 600.0)
+handle = flow.start(runtime="local", checkpoint=ep.CheckpointConfig(storage={url!r}))
+deadline = time.monotonic() + 60
+taken = lambda: sum(c["taken"] for c in handle.relay.stats().values())
+main = handle.regions["main"]
+while len(main.completed_epochs) < 2 or not handle.regions["side"].completed_epochs:
+    if time.monotonic() > deadline or not handle.running:
+        sys.exit("no epochs within 60 s")
+    time.sleep(0.02)
+epochs, since = len(main.completed_epochs), taken()
+while taken() < since + 300:  # 300 clicks taken since main's latest epoch: main's checkpoint lacks them
+    if time.monotonic() > deadline or not handle.running:
+        sys.exit("no clicks crossed within 60 s")
+    if len(main.completed_epochs) != epochs:
+        epochs, since = len(main.completed_epochs), taken()
+    time.sleep(0.01)
+print("CROSSED", flush=True)
+time.sleep(60)
+"""
+
+
+DRIVER_N = 6000  # 5 s of input at 600 records/s per source subtask
+
+
+def driver_death_job(out: str, rate):
+    return figure_1c("driver-dies", out, n_orders=DRIVER_N, n_clicks=DRIVER_N, rate=rate,
+                     main=ep.Region("main", checkpoint=ep.CheckpointConfig(interval=1.0)),
+                     side=ep.Region("side", checkpoint=ep.CheckpointConfig(interval=0.05)))
+
+
+def test_a_driver_that_dies_loses_nothing_the_channel_carried(tmp_path):
+    """The driver is SIGKILLed while clicks cross, 300 clicks after main's latest epoch (the
+    relay's lanes and what main took die with it; side's latest epoch is later); resumed
+    from each region's latest checkpoint, the lanes are refilled from side's snapshots:
+    every click is counted at least once (main's count of what it took stays exact), and
+    every order exactly once."""
+    import subprocess
+    import sys
+
+    out, url = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "c")
+    script = DRIVER.format(tests=os.path.dirname(__file__), out=out, url=url)
+    log = tmp_path / "driver.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        if proc.stdout.readline().strip() != "CROSSED":
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"the driver did not get clicks across: {log.read_text()[-3000:]}")
+    finally:
+        proc.kill()
+        proc.wait()
+    _, before = counted(out, CLICKS)
+    assert sum(before.values()) < DRIVER_N, "the job had finished before its driver died"
+    result = driver_death_job(out, None).run(runtime="local", resume=True, checkpoint=ep.CheckpointConfig(storage=url))
+    assert all(r.restored_from[0] is not None for r in result.regions.values()), result.regions
+    got, _ = counted(out, ORDERS)
+    assert exact(got, oracle(order, DRIVER_N)), "main's own input is not exact"
+    got, final = counted(out, CLICKS)
+    truth = oracle(click, DRIVER_N)
+    assert all(final.get(k, 0) >= c for k, c in truth.items()), ("clicks were lost with the driver", final, truth)
+    assert exact(got, collections.Counter(final)), "main's count of the clicks it took is not exact"
+
+
+def test_a_savepoint_while_both_regions_run_restores_every_click_exactly_once(tmp_path):
+    """``handle.savepoint()`` (no stop) while clicks cross: main's savepoint is taken before
+    side's and side keeps, in its savepoint, every click main's does not hold. The job is
+    cancelled soon after and restored from the savepoint: each key's final count equals the
+    oracle's (a lost click makes it smaller, a doubled one larger; what the cancelled run
+    committed after the savepoint is counted again from the savepoint's state)."""
+    n = 6000
+    out = unique_dir(tmp_path, "out")
+
+    def job(out, rate):
+        return figure_1c("sp-running", out, n_orders=n, n_clicks=n, rate=rate,
+                         main=ep.Region("main", checkpoint=ep.CheckpointConfig(interval=0.05)),
+                         side=ep.Region("side", checkpoint=ep.CheckpointConfig(interval=0.05)))
+    handle = job(out, 600.0).start(runtime="local", checkpoint=ep.CheckpointConfig(
+        storage="file://" + unique_dir(tmp_path, "c1")))
+    deadline = time.monotonic() + 60
+    while (sum(c["taken"] for c in handle.relay.stats().values()) < 600
+           or min(len(h.completed_epochs) for h in handle.regions.values()) < 2) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    url = handle.savepoint("file://" + unique_dir(tmp_path, "sp"), timeout=60)
+    assert handle.running, "the job ended before its savepoint"
+    handle.cancel()
+    with pytest.raises(ep.JobFailedError, match="cancelled"):
+        handle.wait(60)
+    _, cancelled = counted(out, CLICKS)
+    assert 0 < sum(cancelled.values()) < n // 2, f"not cancelled midway: {cancelled}"
+    job(out, None).run(runtime="local", restore_from=url,
+                       checkpoint=ep.CheckpointConfig(storage="file://" + unique_dir(tmp_path, "c2")))
+    _, final = counted(out, ORDERS)
+    assert final == dict(oracle(order, n)), "main's own input is not exact"
+    _, final = counted(out, CLICKS)
+    assert final == dict(oracle(click, n)), ("clicks were lost or doubled across the savepoint", final)
+
+
+def test_a_restore_that_changes_a_channel_producers_parallelism_is_refused(tmp_path):
+    """The lanes are per producer subtask: restoring side's relay sink at another
+    parallelism is refused, naming the channel's operator and what to keep."""
+    out = unique_dir(tmp_path, "out")
+
+    def job(rate, parallelism):
+        return figure_1c("sp-rescale", out, n_orders=3000, n_clicks=3000, rate=rate, parallelism=parallelism,
+                         main=ep.Region("main", checkpoint=ep.CheckpointConfig(interval=0.05)),
+                         side=ep.Region("side", checkpoint=ep.CheckpointConfig(interval=0.05)))
+    handle = job(600.0, 2).start(runtime="local", checkpoint=ep.CheckpointConfig(
+        storage="file://" + unique_dir(tmp_path, "c1")))
+    deadline = time.monotonic() + 60
+    while min(len(h.completed_epochs) for h in handle.regions.values()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    url = handle.stop_with_savepoint("file://" + unique_dir(tmp_path, "sp"), timeout=60)
+    handle.wait(60)
+    with pytest.raises(ep.JobFailedError, match=r"tag-clicks-in.out.*parallelism 3.*parallelism 2.*unchanged"):
+        job(None, 3).run(runtime="local", restore_from=url, restart=ep.RestartStrategy(max_attempts=0),
+                         checkpoint=ep.CheckpointConfig(storage="file://" + unique_dir(tmp_path, "c2")))

@@ -26,7 +26,7 @@ from epochal.windows import Tumbling
 
 from pipelines import unique_dir
 import test_event_time
-from test_event_time import SPLITS, N, event, pane_oracle, results, windows_flow
+from test_event_time import BOUND, SPLITS, N, SumCount, event, events_of, pane_oracle, results, windows_flow
 
 cloudpickle.register_pickle_by_value(test_event_time)  # its functions run in task processes (not collected here)
 
@@ -171,3 +171,90 @@ def test_a_drain_whose_savepoint_cannot_be_written_stops_all_the_same(tmp_path, 
     assert result.stopped_with_savepoint is None and result.attempts == 1 and not result.failures
     checkpoint = re.search(r"\((file://\S+chk-\d+)\)", str(caught.value)).group(1)
     assert results(out) == pane_oracle(1.0, 1.0, _cut_events(checkpoint))
+
+
+class _Split:
+    """A generator of one split of ``events_of`` (pipeline b reads split 1's events)."""
+
+    def __init__(self, split: int):
+        self.split = split
+
+    def __call__(self, _split: int, offset: int):
+        return events_of(self.split, offset)
+
+
+class _HeldRelaunch:
+    """A pass-through map that marks ``<pid>-<pipeline>`` in ``marks`` at its first record;
+    unpickled in a task process once both pipelines ran (a relaunch, before its task says
+    hello), it waits until the file ``go`` exists: the test decides when the relaunched
+    region may rejoin."""
+
+    def __init__(self, marks: str, pipeline: str, go: str):
+        self.marks, self.pipeline, self.go, self.driver_pid, self.marked = marks, pipeline, go, os.getpid(), False
+
+    def __call__(self, e):
+        if not self.marked:
+            self.marked = True
+            open(os.path.join(self.marks, f"{os.getpid()}-{self.pipeline}"), "w").close()
+        return e
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        if os.getpid() != self.driver_pid and len(os.listdir(self.marks)) >= 2:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(self.go) and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+
+def _two_pipelines(name: str, out_a: str, out_b: str, marks: str, go: str) -> ep.Dataflow:
+    """Two windowed pipelines sharing no channel (parallelism 1): two failover regions."""
+    flow = ep.Dataflow(name, parallelism=1)
+    for p, gen, out in (("a", _Split(0), out_a), ("b", _Split(1), out_b)):
+        (flow.source(f"events-{p}", ep.sources.GeneratorSource(gen, num_splits=1, limit=N, records_per_second=RATE))
+         .map(f"mark-{p}", _HeldRelaunch(marks, p, go))
+         .with_watermarks(f"ts-{p}", timestamp=lambda e: e[1], max_out_of_orderness=BOUND)
+         .key_by(lambda e: e[0]).window(Tumbling(1.0)).aggregate(f"win-{p}", SumCount())
+         .sink(f"out-{p}", ep.sinks.FileSink(out)))
+    return flow
+
+
+def test_a_drain_reaches_a_failover_region_that_is_restarting(tmp_path):
+    """Pipeline b fails; its relaunch is held before it rejoins until the drain's epoch is
+    pending: when it rejoins, its sources get that epoch's trigger *with* the drain, so b
+    too fires every window of what it read — both pipelines' output equals the windows of
+    the events below the savepoint's offsets (plain Python)."""
+    import threading
+
+    from epochal.testing import CrashAtRecord
+
+    out_a, out_b = unique_dir(tmp_path, "out-a"), unique_dir(tmp_path, "out-b")
+    marks, go = unique_dir(tmp_path, "marks"), str(tmp_path / "go")
+    os.makedirs(marks)
+    handle = _two_pipelines("drain-failover", out_a, out_b, marks, go).start(
+        runtime="local", faults=[CrashAtRecord("win-b", subtask=0, record=300, how="exit", after_epoch=1)],
+        checkpoint=ep.CheckpointConfig(interval=0.2, storage="file://" + unique_dir(tmp_path, "ckpt")))
+    deadline = time.monotonic() + 60
+    while not getattr(handle._driver.server, "down", None):  # b failed; its relaunch waits for `go`
+        assert time.monotonic() < deadline and handle.running, "pipeline b did not fail"
+        time.sleep(0.01)
+    url, stopped = str(tmp_path / "sp"), []
+    stopper = threading.Thread(target=lambda: stopped.append(handle.stop_with_savepoint(url, timeout=60, drain=True)))
+    stopper.start()
+    server = handle._driver.server
+    while server.savepoints.stop_epoch not in [p.epoch for p in server.coordinator.pending]:
+        assert time.monotonic() < deadline and server.down, "the drain's epoch was not triggered while b was down"
+        time.sleep(0.01)
+    stop_epoch = server.savepoints.stop_epoch
+    open(go, "w").close()
+    stopper.join(90)
+    assert stopped == [url]
+    result = handle.wait(30)
+    assert result.stopped_with_savepoint == url
+    [failover] = result.failovers
+    assert stop_epoch in failover["pending_epochs"], failover
+    for p, out, split in (("a", out_a, 0), ("b", out_b, 1)):
+        [row] = ep.state.list_source_offsets(url, f"events-{p}")
+        read = row["offsets"]["0"]
+        assert 0 < read < N, f"pipeline {p} not stopped midway: {read}"
+        expected = pane_oracle(1.0, 1.0, [event(split, i) for i in range(read)])
+        assert results(out) == expected, f"pipeline {p}: not every window of what it read fired"

@@ -298,3 +298,85 @@ def test_a_kafka_pipeline_restarts_alone_and_the_topic_stays_exactly_once(kafka_
     got = collections.Counter(v.decode() for v in kafka_broker.values(out))
     assert got == collections.Counter(data.lines)
     assert kafka_broker.open_transactions(out) == {}
+
+
+# ------------------------------------------------------------------ a restart slower than checkpoint.timeout
+def test_a_pending_epochs_timeout_counts_from_the_rejoin():
+    """Scripted: epoch 1 waits for task a, which restarts alone (retract) and stays down
+    longer than the timeout; it does not time out while a is down, and after the rejoin it
+    gets a whole timeout again before it is aborted."""
+    c = EpochCoordinator(ep.CheckpointConfig(interval=None, timeout=1.0), ["a", "b"])
+    c.request_trigger(TriggerReason.MANUAL, 0.0)
+    epoch = c.maybe_trigger(0.0).epoch
+    c.acknowledge("b", epoch, {}, 0.1)
+    c.retract(["a"], 0.2)
+    assert not c.check_timeouts(5.0).aborted, "an epoch timed out while its failover region was down"
+    c.rejoin(["a"], 5.0)
+    assert not c.check_timeouts(5.9).aborted, "the timeout did not count from the rejoin"
+    assert [a.epoch for a in c.check_timeouts(6.0).aborted] == [epoch]  # a whole timeout after the rejoin
+    c.request_trigger(TriggerReason.MANUAL, 6.0)
+    later = c.maybe_trigger(6.0).epoch  # without a restart, a timeout counts from the trigger
+    assert [a.epoch for a in c.check_timeouts(7.0).aborted] == [later]
+
+
+def test_a_failover_slower_than_the_checkpoint_timeout_does_not_fail_the_job(tmp_path):
+    """Pipeline 2 crashes and waits ``restart.delay`` = 2.5 s before it is relaunched, longer
+    than ``checkpoint.timeout`` = 1 s with ``tolerable_failures=0``: the epochs pending
+    meanwhile wait for its rejoin instead of timing out, so only pipeline 2 restarts (one
+    failover, no restart of every task) and the output is exactly each split's prefix."""
+    out, pids = unique_dir(tmp_path, "out"), unique_dir(tmp_path, "pids")
+    os.makedirs(pids)
+    result, offsets = run_past_a_failure(
+        pipelines("failover-slow", out, pids, None, rate=1000.0), tmp_path, runtime="local",
+        checkpoint=ep.CheckpointConfig(interval=0.05, timeout=1.0, tolerable_failures=0,
+                                       storage=f"file://{tmp_path}/ck"),
+        restart=ep.RestartStrategy(delay=2.5, max_attempts=3),
+        faults=[CrashAtRecord("mark", subtask=2, record=400, after_epoch=2)])
+    assert [f["tasks"] for f in result.failovers] == [["gen[2]"]], result.failures
+    assert result.failovers[0]["down_s"] > 1.0, "the region came back within the timeout"
+    assert result.attempts == 2 and not [a for a in result.aborted_epochs if a["reason"] == "timeout"], \
+        (result.failures, result.aborted_epochs)
+    assert collections.Counter(json.loads(t) for t in output(out)) == prefixes(offsets)
+
+
+class DiesInARelaunch(MarkProcess):
+    """:class:`MarkProcess` whose unpickling — in a task process, before the task says
+    hello — exits the process once, in the first process that starts after every pipeline
+    ran (a failover region's relaunch): a relaunch that dies before it joins."""
+
+    def __init__(self, pid_dir: str):
+        super().__init__(pid_dir)
+        self.driver_pid = os.getpid()
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        died = os.path.join(self.pid_dir, "..", "died-before-hello")
+        if (os.getpid() != self.driver_pid and len(os.listdir(self.pid_dir)) >= SPLITS
+                and not os.path.exists(died)):
+            open(died, "w").close()
+            os._exit(17)
+
+
+def test_a_relaunch_that_dies_before_it_joins_is_restarted_again(tmp_path):
+    """Pipeline 2 crashes; its relaunch dies while loading the dataflow, before its task
+    says hello: that is handled as a failure at once (another relaunch, one more restart of
+    the budget), not after the start-up timeout — only pipeline 2 restarts, and the output
+    is exactly each split's prefix."""
+    out, pids = unique_dir(tmp_path, "out"), unique_dir(tmp_path, "pids")
+    os.makedirs(pids)
+    flow = ep.Dataflow("failover-relaunch", parallelism=SPLITS)
+    (flow.source("gen", ep.sources.GeneratorSource(record, num_splits=SPLITS, limit=None, records_per_second=1000.0))
+     .map("mark", DiesInARelaunch(pids)).sink("out", FileSink(out)))
+    t0 = time.monotonic()
+    result, offsets = run_past_a_failure(
+        flow, tmp_path, runtime="local", restart=ep.RestartStrategy(max_attempts=3),
+        checkpoint=ep.CheckpointConfig(interval=0.05, storage=f"file://{tmp_path}/ck"),
+        faults=[CrashAtRecord("mark", subtask=2, record=400, after_epoch=2)])
+    assert os.path.exists(os.path.join(pids, "..", "died-before-hello")), "no relaunch died before it joined"
+    assert time.monotonic() - t0 < 60, "the failed relaunch waited for a timeout"
+    assert [f["tasks"] for f in result.failovers] == [["gen[2]"]], result.failures
+    assert result.attempts == 3, (result.attempts, result.failures)  # the crash, then the relaunch that died
+    assert "injected CrashAtRecord" in result.failures[0] and "failed before its tasks joined" in result.failures[1]
+    ran = processes(pids)
+    assert len(ran["s2"]) == 2 and all(len(ran[f"s{s}"]) == 1 for s in (0, 1, 3)), ran
+    assert collections.Counter(json.loads(t) for t in output(out)) == prefixes(offsets)

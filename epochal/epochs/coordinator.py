@@ -137,6 +137,7 @@ class EpochCoordinator:
         self._last_completion: float | None = None
         self._latest_completed: CompletedEpoch | None = None
         self._consecutive_failures = 0
+        self._down: set[str] = set()  # retracted tasks (a failover region) that did not rejoin yet
         # revoke(): per epoch completed by the latest completing call, the latest completed
         # epoch and the consecutive failures just before it completed
         self._undo: dict[int, tuple[CompletedEpoch | None, int]] = {}
@@ -310,7 +311,9 @@ class EpochCoordinator:
 
     def check_timeouts(self, now: float) -> Progress:
         """Abort (TIMEOUT) every pending epoch not fully acknowledged within
-        ``config.timeout`` (``now - trigger_time >= timeout``); complete what that releases."""
+        ``config.timeout`` (``now - timeout_from >= timeout``: from its trigger, or from the
+        rejoin of a failover region restarted meanwhile, :meth:`rejoin`; never while it waits
+        for a task that is down); complete what that releases."""
         self._observe(now)
         aborted = self._expire(now)
         return Progress(self._complete_ready(now), tuple(aborted))
@@ -324,6 +327,7 @@ class EpochCoordinator:
         aborted = tuple(self._abort(e, AbortReason.JOB_FAILED, detail, now) for e in list(self._pending))
         self._requests.clear()
         self._final_requested = False
+        self._down.clear()
         return Progress((), aborted)
 
     def retract(self, tasks: Iterable[str], now: float) -> int:
@@ -337,7 +341,19 @@ class EpochCoordinator:
         unknown = tasks - self._tasks
         if unknown:
             raise ValueError(f"retract: tasks {sorted(unknown)} are not the coordinator's")
+        self._down |= tasks
         return sum(pending.retract(task) for pending in self._pending.values() for task in tasks)
+
+    def rejoin(self, tasks: Iterable[str], now: float) -> None:
+        """The retracted ``tasks`` restarted and are triggered for every pending epoch: from
+        now on those epochs time out again, ``config.timeout`` counted from ``now`` — a
+        restart slower than the timeout must not abort the epochs it is about to
+        acknowledge. While tasks are down, no epoch waiting for them times out (the
+        driver's start-up timeout bounds how long they stay down). Idempotent."""
+        self._observe(now)
+        self._down -= set(tasks)
+        for pending in self._pending.values():
+            pending.restart_timeout(now)
 
     def revoke(self, completed: CompletedEpoch, detail: str, now: float) -> AbortedEpoch:
         """The driver could not make ``completed`` durable (writing its ``_metadata`` failed:
@@ -388,7 +404,8 @@ class EpochCoordinator:
     def _expire(self, now: float) -> list[AbortedEpoch]:
         timeout = self._config.timeout
         expired = [p.epoch for p in self._pending.values()
-                   if not p.is_fully_acknowledged and now - p.trigger_time >= timeout]
+                   if not p.is_fully_acknowledged and now - p.timeout_from >= timeout
+                   and not (self._down and p.not_yet_acknowledged & self._down)]
         return [self._abort(e, AbortReason.TIMEOUT,
                             f"epoch {e} not acknowledged within {timeout}s by "
                             f"{sorted(self._pending[e].not_yet_acknowledged)}", now)

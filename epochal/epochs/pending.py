@@ -149,8 +149,9 @@ class PendingEpoch:
     """One triggered epoch collecting acknowledgments (prepare phase, seed 004 §4.1.3).
 
     Identity fields (``epoch``, ``trigger_time``, ``reason``, ``tasks``) are fixed at
-    construction; only the ack bookkeeping and ``state`` change, and only through
-    :meth:`acknowledge`, :meth:`complete` and :meth:`abort`.
+    construction; only the ack bookkeeping, ``state`` and ``timeout_from`` change, and only
+    through :meth:`acknowledge`, :meth:`retract`, :meth:`complete`, :meth:`abort` and
+    :meth:`restart_timeout`.
 
     >>> p = PendingEpoch(3, 10.0, TriggerReason.PERIODIC, ["a", "b"])
     >>> [o.name for o in (p.acknowledge("a", {"h": 1}), p.acknowledge("a"), p.acknowledge("z"))]
@@ -159,7 +160,7 @@ class PendingEpoch:
     (False, ['b'])
     """
 
-    __slots__ = ("_epoch", "_trigger_time", "_reason", "_tasks", "_acks", "_state")
+    __slots__ = ("_epoch", "_trigger_time", "_reason", "_tasks", "_acks", "_state", "_timeout_from")
 
     def __init__(self, epoch: int, trigger_time: float, reason: TriggerReason,
                  tasks: Iterable[str]):
@@ -168,6 +169,7 @@ class PendingEpoch:
             raise ValueError(f"epoch {epoch}: an epoch needs at least one task to acknowledge it")
         self._epoch = epoch
         self._trigger_time = trigger_time
+        self._timeout_from = trigger_time
         self._reason = reason
         self._tasks = tasks
         self._acks: dict[str, Mapping] = {}
@@ -185,6 +187,17 @@ class PendingEpoch:
     @property
     def trigger_time(self) -> float:
         return self._trigger_time
+
+    @property
+    def timeout_from(self) -> float:
+        """When its ``checkpoint.timeout`` started counting: its trigger, or the latest
+        rejoin of a failover region restarted while it was pending (:meth:`restart_timeout`)."""
+        return self._timeout_from
+
+    def restart_timeout(self, now: float) -> None:
+        """A failover region rejoined and is triggered for this epoch again: its timeout
+        counts from ``now`` (never earlier than before). Idempotent."""
+        self._timeout_from = max(self._timeout_from, now)
 
     @property
     def reason(self) -> TriggerReason:

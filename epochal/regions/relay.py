@@ -12,17 +12,30 @@ How a record crosses: the producing region ends the stream in a :class:`RelaySin
 hands every batch to the job's :class:`RelayHub` on the driver at once (not per epoch); the
 consuming region begins it with a :class:`RelaySource`, whose subtask ``j`` takes what
 producer subtask ``j`` handed over. The hub keeps a bounded lane per channel and producer
-subtask. What each side's failure does (seed 000 §3.2):
+subtask, each record numbered in its lane.
 
-* the **consuming** region restarts from its latest epoch, but the relay source keeps no
-  position: what it took after that epoch is not taken again — records cross
-  **at most once** into a region behind an autonomous port;
+The channel is part of each region's cut: a producer subtask's snapshot holds what it
+handed over that the consumer's completed epochs do not hold yet (the lane's queue and what
+the consumer took after its epoch), the consumer's snapshot holds the number of the last
+record it read per lane. A savepoint takes the consuming regions' cuts first, then the
+producing ones' (acks held meanwhile), so a restore refills the lanes from the producers'
+snapshots and the consumer takes what comes after its number: nothing that was queued or in
+flight is lost or taken twice — a stop with a savepoint and a restore are exactly once. A
+new driver resuming from each region's latest checkpoint loses nothing either: a reopened
+lane numbers above every number given before (:func:`era`), so what the reader's checkpoint
+read beyond the producer's is handed over again (at least once). What each side's failure
+does while the driver runs (seed 000 §3.2):
+
+* the **consuming** region restarts from its latest epoch, but the hub handed out what it
+  took after that epoch: it is not taken again — records cross **at most once** into a
+  region behind an autonomous port;
 * the **producing** region restarts from its latest epoch and replays: what it handed over
   after that epoch is handed over again — records downstream of an autonomous port may be
   **duplicated**;
 * neither side waits for the other's barriers; a full lane (the consumer slower, or down
   for longer than ``capacity`` records last) makes the producer wait — records are never
-  dropped while both run.
+  dropped while both run — except while the job stops (:meth:`RelayHub.stopping`): a
+  producer whose consumer stopped first must still reach its stop barrier.
 
 Frames are unpickled only from peers that prove the hub's key (the wire handshake), in
 TLS pinned to the hub's certificate when the job is encrypted, like every other channel.
@@ -32,6 +45,7 @@ from __future__ import annotations
 import collections
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 
 from epochal.runtime.transport import wire
@@ -44,13 +58,25 @@ DEFAULT_CAPACITY = 100_000
 TAKE_WAIT = 0.02
 
 
-class _Lane:
-    """One producer subtask's records of one channel, oldest first."""
+def era() -> int:
+    """The lowest number a lane gives after a producer (re)opens it: the hub's clock in
+    microseconds × 2¹², above every number given before (by this hub or by a driver that
+    died) as long as a lane hands over fewer than 4,096 records a microsecond and the
+    driver's clock does not go back. Below 2⁶³ until 2041."""
+    return (time.time_ns() // 1000) << 12
 
-    __slots__ = ("records", "ended", "handed", "taken")
+
+class _Lane:
+    """One producer subtask's records of one channel, oldest first, each numbered: ``seqs[i]``
+    is the lane's sequence number of ``records[i]`` (increasing; numbers are never reused)."""
+
+    __slots__ = ("records", "seqs", "last", "acked", "ended", "handed", "taken")
 
     def __init__(self):
         self.records: collections.deque = collections.deque()
+        self.seqs: collections.deque = collections.deque()
+        self.last = 0  # the highest number given to a record of this lane
+        self.acked = 0  # the highest number the consumer's completed epochs hold
         self.ended = False
         self.handed = 0  # records handed over by the producer (replays included)
         self.taken = 0  # records taken by the consumer
@@ -58,26 +84,41 @@ class _Lane:
 
 class RelayHub:
     """The driver's relay: one lane per ``(channel, producer subtask)``; requests
-    (each answered in order on its connection):
+    (each answered in order on its connection; every field a str, an int or a list):
 
-    * ``("open", channel, j)``: producer subtask ``j`` (re)starts: its lane is not ended;
-    * ``("put", channel, j, records)``: append (waits while the lane is full);
+    * ``("open", channel, j, last, seqs, records)``: producer subtask ``j`` (re)starts: its
+      lane is not ended; a restored producer hands back what its snapshot holds that the
+      consumer had not checkpointed (records whose number the lane gave already are
+      ignored), then the lane numbers on above ``last`` and above :func:`era` — above any
+      number an earlier run or incarnation gave, so a reader whose epoch is ahead of the
+      producer's is handed the replay again rather than skipping it; answers ``("ok", acked)``;
+    * ``("put", channel, j, records)``: append, numbered ``last + 1 ...`` (waits while the lane
+      is full, unless the job is stopping); answers ``("ok", first, acked)``;
     * ``("end", channel, j)``: subtask ``j`` finished its input;
-    * ``("take", channel, j, max)``: up to ``max`` records (waiting up to :data:`TAKE_WAIT`
-      for some) and whether the lane ended with nothing left.
+    * ``("take", channel, j, max, after, ack)``: up to ``max`` records numbered above ``after``
+      (waiting up to :data:`TAKE_WAIT` for some; ones at or below ``after`` are dropped: the
+      consumer holds them), their numbers, and whether the lane ended with nothing left;
+      ``ack`` (1: a reader whose region takes no periodic epoch) acks what it takes at once;
+    * ``("ack", channel, j, seq)``: the consumer's completed epoch holds every record up to
+      ``seq``; the producer learns it in its next answer and forgets them.
 
     One per job of several regions, for its whole life (its address outlives every region's
-    restarts); :meth:`close` when the job ends.
+    restarts); :meth:`close` when the job ends. What it holds is in memory only: the
+    producers' snapshots hold it again (:class:`RelaySink`), so a savepoint or a new driver
+    loses nothing.
     """
 
     def __init__(self, host: str = "127.0.0.1", advertised_host: str | None = None, tls=None,
-                 capacity: int = DEFAULT_CAPACITY):
-        self.capacity = capacity
+                 capacity: int | None = None):
+        self.capacity = DEFAULT_CAPACITY if capacity is None else capacity
         self.token = secrets.token_bytes(32)
         self.tls = tls
         self._lanes: dict[tuple[str, int], _Lane] = {}
+        self._held: dict[tuple[str, int], int] = {}
         self._cond = threading.Condition()
         self._closed = False
+        self._stopping = False
+        self._holding = False  # a savepoint is being taken: producers are not told of new acks
         self._answering = wire.Answering(self._answer)
         self.server = wire.Server(self.token, self._answering.serve, host=host, name="relay", tls=tls)
         self.address = (advertised_host or host, self.server.address[1])
@@ -89,31 +130,80 @@ class RelayHub:
     def _lane(self, channel: str, subtask: int) -> _Lane:
         return self._lanes.setdefault((channel, subtask), _Lane())
 
+    def stopping(self, on: bool = True) -> None:
+        """The job stops (with a savepoint, or cancelled): puts no longer wait for room, so a
+        producer whose consumer stopped first still reaches its stop barrier; ``on=False``
+        when the stop failed and the job runs on. Idempotent."""
+        with self._cond:
+            self._stopping = on
+            self._cond.notify_all()
+
+    def hold_acks(self, on: bool = True) -> None:
+        """While a savepoint is taken (the consumers' regions first, then the producers'),
+        the producers keep what the consumers' savepoints may not hold: acks that arrive
+        meanwhile are told to them only after ``hold_acks(False)``. Idempotent."""
+        with self._cond:
+            self._holding = on
+            if not on:
+                for key, seq in self._held.items():
+                    lane = self._lane(*key)
+                    lane.acked = max(lane.acked, seq)
+                self._held.clear()
+
+    def _ack(self, channel: str, subtask: int, lane: _Lane, seq: int) -> None:
+        if self._holding:
+            self._held[(channel, subtask)] = max(self._held.get((channel, subtask), 0), seq)
+        else:
+            lane.acked = max(lane.acked, seq)
+
     def _answer(self, request: tuple):
         op, channel, subtask = request[0], str(request[1]), int(request[2])
         with self._cond:
             lane = self._lane(channel, subtask)
             if op == "open":
+                last, seqs, records = int(request[3]), request[4], request[5]
                 lane.ended = False
+                given = lane.last
+                for seq, record in zip(seqs, records):
+                    if seq > given:  # a number this hub gave already was queued or taken here
+                        lane.seqs.append(int(seq))
+                        lane.records.append(record)
+                lane.last = max(given, last, int(seqs[-1]) if seqs else 0, era())
+                self._cond.notify_all()
+                return ("ok", lane.acked)
             elif op == "end":
                 lane.ended = True
                 self._cond.notify_all()
             elif op == "put":
                 records = request[3]
-                while lane.records and len(lane.records) + len(records) > self.capacity and not self._closed:
+                while (lane.records and len(lane.records) + len(records) > self.capacity and not self._closed
+                       and not self._stopping):
                     self._cond.wait(1.0)
+                first = lane.last + 1
                 lane.records.extend(records)
+                lane.seqs.extend(range(first, first + len(records)))
+                lane.last += len(records)
                 lane.handed += len(records)
                 self._cond.notify_all()
+                return ("ok", first, lane.acked)
             elif op == "take":
-                limit = int(request[3])
+                limit, after = int(request[3]), int(request[4])
                 if not lane.records and not lane.ended:
                     self._cond.wait(TAKE_WAIT)
-                out = [lane.records.popleft() for _ in range(min(limit, len(lane.records)))]
-                lane.taken += len(out)
+                while lane.seqs and lane.seqs[0] <= after:  # the consumer's restored epoch holds it
+                    lane.seqs.popleft()
+                    lane.records.popleft()
+                n = min(limit, len(lane.records))
+                out = [lane.records.popleft() for _ in range(n)]
+                seqs = [lane.seqs.popleft() for _ in range(n)]
+                lane.taken += n
                 if out:
+                    if len(request) > 5 and request[5]:  # a reader that takes no periodic epoch
+                        self._ack(channel, subtask, lane, seqs[-1])
                     self._cond.notify_all()
-                return ("records", out, lane.ended and not lane.records)
+                return ("records", out, lane.ended and not lane.records, seqs)
+            elif op == "ack":
+                self._ack(channel, subtask, lane, int(request[3]))
             else:
                 return ("error", f"unknown relay request {op!r}")
         return ("ok",)
@@ -164,7 +254,12 @@ class RelaySink(Sink):
 
     Not a two-phase-commit sink: nothing waits for an epoch, so a restart of its region
     hands over again what was handed after the epoch it restarts from (duplicates
-    downstream, seed 000 §3.2)."""
+    downstream, seed 000 §3.2). But the channel is part of the cut: each subtask keeps what
+    it handed over until the consumer's completed epoch holds it (the hub's ``acked``), and
+    its snapshot holds that tail — what the lane still queues and what the consumer took
+    after its last epoch — with the lane's numbers; a restored subtask hands it back
+    (``open``), and the consumer, whose snapshot holds the last number it read, takes only
+    what comes after. So a savepoint (or a new driver) loses nothing that crossed."""
 
     local_recovery = True  # each subtask recovers only its own output (failover regions)
 
@@ -176,26 +271,47 @@ class RelaySink(Sink):
 
 
 class _RelayWriter(SinkWriter):
+    """One producer subtask's lane: ``seqs``/``kept`` are what it handed over that the
+    consumer's completed epochs do not hold yet, ``last`` the lane's number of its latest."""
+
     def __init__(self, endpoint: RelayEndpoint, subtask: int):
         self.endpoint, self.subtask = endpoint, subtask
         self.conn: wire.Connection | None = None
+        self.seqs: collections.deque = collections.deque()
+        self.kept: collections.deque = collections.deque()
+        self.last = 0
 
     def restore(self, state) -> None:
         self.conn = self.endpoint.connect("producer", self.subtask)
-        self.endpoint.ask(self.conn, "open", self.subtask)
+        if state:
+            self.last = int(state["last"])
+            self.seqs.extend(state["seqs"])
+            self.kept.extend(state["records"])
+        _, acked = self.endpoint.ask(self.conn, "open", self.subtask, self.last, list(self.seqs), list(self.kept))
+        self._forget(acked)
+
+    def _forget(self, acked: int) -> None:
+        while self.seqs and self.seqs[0] <= acked:
+            self.seqs.popleft()
+            self.kept.popleft()
 
     def write(self, record) -> None:
         self.write_many([record])
 
     def write_many(self, records: list) -> None:
         if records:
-            self.endpoint.ask(self.conn, "put", self.subtask, list(records))
+            records = list(records)
+            _, first, acked = self.endpoint.ask(self.conn, "put", self.subtask, records)
+            self.seqs.extend(range(first, first + len(records)))
+            self.kept.extend(records)
+            self.last = first + len(records) - 1
+            self._forget(acked)
 
     def write_batch(self, batch) -> None:  # Arrow batches cross as they are
         self.write_many([batch])
 
     def snapshot(self, epoch: int):
-        return None
+        return {"last": self.last, "seqs": list(self.seqs), "records": list(self.kept)}
 
     def notify_epoch_complete(self, epoch: int) -> None:
         pass
@@ -213,12 +329,19 @@ class _RelayWriter(SinkWriter):
 
 class RelaySource(Source):
     """The consuming end of an autonomous channel: subtask ``j`` takes producer subtask
-    ``j``'s records (one split per producer subtask). Its position is never restored, so
-    a restart of its region does not take again what it took before (at most once,
-    seed 000 §3.2); it finishes when every producer subtask finished and its lane is empty."""
+    ``j``'s records (one split per producer subtask). Its snapshot holds the number of the
+    last record it read of each lane: a restore from a savepoint (with the lanes refilled by
+    the producers' snapshots) takes only what came after, and each completed epoch tells the
+    hub, so the producers forget what it holds. A restart of its own region while the driver
+    runs does not take again what it took after its epoch — the hub handed it out already
+    (at most once, seed 000 §3.2); it finishes when every producer subtask finished and its
+    lane is empty."""
 
-    def __init__(self, endpoint: RelayEndpoint, producers: int, schema=None):
+    def __init__(self, endpoint: RelayEndpoint, producers: int, schema=None, ack_on_take: bool = False):
         self.endpoint, self.producers, self._schema = endpoint, producers, schema
+        #: the reading region takes no periodic epoch (``epochal.Autonomous``): it acks what it
+        #: takes at once, so its producers do not keep (and snapshot) every record they hand over
+        self.ack_on_take = ack_on_take
 
     @property
     def name(self) -> str:
@@ -232,22 +355,29 @@ class RelaySource(Source):
         return list(range(self.producers))
 
     def create_reader(self, splits, state, *, subtask=0, parallelism=1) -> SourceReader:
-        return _RelayReader(self.endpoint, list(splits))
+        return _RelayReader(self.endpoint, list(splits), state or {}, self.ack_on_take)
 
 
 class _RelayReader(SourceReader):
-    def __init__(self, endpoint: RelayEndpoint, lanes: list):
-        self.endpoint, self.lanes = endpoint, lanes
+    def __init__(self, endpoint: RelayEndpoint, lanes: list, state: dict, ack_on_take: bool = False):
+        self.endpoint, self.lanes, self.ack_on_take = endpoint, lanes, int(ack_on_take)
+        self.read = {lane: int(state.get(str(lane), 0)) for lane in lanes}  # the last number read per lane
         self.conn: wire.Connection | None = None
         self.next = 0
+
+    def _connect(self) -> wire.Connection:
+        if self.conn is None:
+            self.conn = self.endpoint.connect("consumer", self.lanes[0] if self.lanes else 0)
+        return self.conn
 
     def poll(self, max_records: int) -> Poll:
         if not self.lanes:
             return Poll([], finished=True)
-        if self.conn is None:
-            self.conn = self.endpoint.connect("consumer", self.lanes[0])
         lane = self.lanes[self.next % len(self.lanes)]
-        _, records, ended = self.endpoint.ask(self.conn, "take", lane, max_records)
+        _, records, ended, seqs = self.endpoint.ask(self._connect(), "take", lane, max_records, self.read[lane],
+                                                   self.ack_on_take)
+        if seqs:
+            self.read[lane] = seqs[-1]
         if ended and not records:
             self.lanes.remove(lane)
             return Poll([], finished=not self.lanes)
@@ -255,7 +385,13 @@ class _RelayReader(SourceReader):
         return Poll(records, idle=not records)
 
     def snapshot(self) -> dict:
-        return {}  # no position: an autonomous port is not replayed (seed 000 §3.2)
+        return {str(lane): seq for lane, seq in self.read.items()}  # finished lanes too: they are read to the end
+
+    def notify_epoch_complete(self, epoch: int, offsets: dict) -> None:
+        conn = self._connect()
+        for lane, seq in offsets.items():
+            if seq:
+                self.endpoint.ask(conn, "ack", int(lane), int(seq))
 
     def close(self) -> None:
         if self.conn is not None:

@@ -415,8 +415,11 @@ class JobDriver:
             outcome, server = self._attempt(generation, restore, highest + 1, entry, t0)
             highest = max(highest, server.highest_triggered)
             for alone in getattr(server, "failover_log", ()):  # failover regions restarted alone
-                restored_from.append(alone["restored_epoch"])
                 failures.append(alone["cause"])
+                for failed in alone.get("failed_relaunches", ()):  # a relaunch that died before it joined:
+                    restored_from.append(None)  # a restart that restored nothing, and its failure
+                    failures.append(failed)
+                restored_from.append(alone["restored_epoch"])
             self.stopped_with_savepoint = getattr(server, "stopped_with_savepoint", None)
             entry["cause"] = None if outcome.ok else outcome.cause
             if outcome.ok and self.stopped_with_savepoint:

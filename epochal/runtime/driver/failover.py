@@ -121,7 +121,9 @@ class FailoverRegions:
     # ------------------------------------------------------------------ from the driver
     def fail_group(self, group: int, incarnation: int, cause: str, secondary: bool = False) -> None:
         """The launcher saw incarnation ``incarnation`` of failover region ``group`` end
-        with a failure (thread-safe); an older incarnation's report is ignored."""
+        with a failure (thread-safe); an older incarnation's report is ignored. A relaunch
+        that fails before its tasks joined is a failure too: the region restarts again
+        (one more restart of the budget), it is not left waiting for the start-up timeout."""
         self.inbox.put(("group_failed", group, incarnation, cause, secondary))
 
     def relaunched(self, group: int, incarnation: int, generation: int) -> None:
@@ -166,7 +168,14 @@ class FailoverRegions:
             return  # the launch of an incarnation already restarted (or its cancellation)
         if not self._steady():
             self._finish_attempt(False, cause)
-        elif group not in self.down:
+        elif group in self.down:  # its relaunch failed before every task of it said hello
+            before = self.down[group]
+            failed = before.get("failed_relaunches", []) + [
+                f"failover region {group} was relaunched, but its launch failed before its tasks joined: {cause}"]
+            self._fail_over(group, failed[-1], now)
+            if group in self.down:  # down_s and the cause from the first failure; each failed relaunch kept
+                self.down[group].update(since=before["since"], cause=before["cause"], failed_relaunches=failed)
+        else:
             self._task_failed_alone(self.groups[group][0], cause, secondary, now)
 
     def _check_failovers(self, now: float) -> None:
@@ -233,7 +242,8 @@ class FailoverRegions:
 
     def _rejoin(self, task: str, address, conn, now: float) -> None:
         """A restarted task said hello. Once its whole region did: send each the latest
-        completed epoch to restore, then its sources a trigger for every pending epoch."""
+        completed epoch to restore, then its sources a trigger for every pending epoch —
+        as the other sources got it (a drain's epoch with its drain flag)."""
         group = self.group_of[task]
         self.conns[task] = conn
         if address is not None:
@@ -242,6 +252,7 @@ class FailoverRegions:
         if any(t not in self.conns for t in tasks):
             return
         info = self.down.pop(group)
+        self.coordinator.rejoin(tasks, now)  # the pending epochs' timeouts count from now
         restore = self.latest_restore
         for t in tasks:
             self._send(t, ("start", self.addresses, restore))
@@ -249,12 +260,13 @@ class FailoverRegions:
         epochs = [p.epoch for p in self.coordinator.pending]
         for t in tasks:
             if t in self.sources:
-                for epoch in epochs:
-                    self._send(t, ("trigger", epoch, ts))
+                for epoch in epochs:  # a drain's epoch carries "drain": the rejoined sources end event time too
+                    self._send(t, self.savepoints.trigger(epoch, ts))
         entry = {"region": group, "tasks": list(tasks), "generation": info["generation"],
                  "cause": info["cause"].splitlines()[0][:500] if info["cause"] else "",
                  "restored_epoch": restore["epoch"] if restore else None,
-                 "down_s": now - info["since"], "running_s": None, "pending_epochs": epochs}
+                 "down_s": now - info["since"], "running_s": None, "pending_epochs": epochs,
+                 "failed_relaunches": list(info.get("failed_relaunches", ()))}
         self.failover_log.append(entry)
         self._restoring[group] = (entry, set(tasks), info["since"])
         self.log(f"failover region {group} restarted from epoch {restore['epoch'] if restore else None} after "

@@ -52,6 +52,7 @@ def sub_flow(flow, part: RegionPart, relay=None):
     channel was (``<channel>`` is ``"<producer>-<consumer>"``); ``relay``: the job's hub.
     """
     from epochal.graph import FORWARD, Input, Node, NodeKind
+    from epochal.regions.api import Autonomous
     from epochal.regions.relay import RelaySink, RelaySource
 
     sub = type(flow)(flow.name, parallelism=flow.parallelism, max_parallelism=flow.max_parallelism)
@@ -67,7 +68,8 @@ def sub_flow(flow, part: RegionPart, relay=None):
             producer = flow._nodes[inp.node]
             channel = channel_name(inp, name)
             nodes[f"{channel}.in"] = Node(f"{channel}.in", NodeKind.SOURCE, (), producer.parallelism,
-                                         RelaySource(relay.endpoint(channel), producer.parallelism),
+                                         RelaySource(relay.endpoint(channel), producer.parallelism,
+                                                     ack_on_take=isinstance(part.region, Autonomous)),
                                          columnar=node.columnar)
             inputs.append(dataclasses.replace(inp, node=f"{channel}.in", port="main", autonomous=False))
         nodes[name] = dataclasses.replace(node, inputs=tuple(inputs)) if inputs != list(node.inputs) else node
@@ -87,6 +89,33 @@ def sub_flow(flow, part: RegionPart, relay=None):
 def channel_name(inp, consumer: str) -> str:
     """The name of the autonomous channel ``inp`` into ``consumer``."""
     return f"{inp.node}-{consumer}" + ("" if inp.port == "main" else f".{inp.port}")
+
+
+def region_channels(flow, parts: list[RegionPart]) -> list[tuple[str, str]]:
+    """``(producing region, reading region)`` of every autonomous channel between ``parts``."""
+    where = {node: part.name for part in parts for node in part.nodes}
+    return sorted({(where[inp.node], where[n.name]) for n in flow._nodes.values() for inp in n.inputs
+                   if inp.autonomous and n.name in where and inp.node in where and where[inp.node] != where[n.name]})
+
+
+def cut_order(parts: list[RegionPart], channels) -> list[str]:
+    """The regions' names, each reader of an autonomous channel before its producers (the
+    layout order otherwise; a cycle of channels keeps the layout order where it closes):
+    a reader's cut then holds no record its producer's later cut has not handed over."""
+    names = [p.name for p in parts]
+    readers = {name: {c for p, c in channels if p == name} for name in names}
+    order: list[str] = []
+
+    def place(name: str, seen: frozenset) -> None:
+        if name in order or name in seen:
+            return
+        for reader in sorted(readers[name], key=names.index):
+            place(reader, seen | {name})
+        order.append(name)
+
+    for name in names:
+        place(name, frozenset())
+    return order
 
 
 def crosses(flow, part: RegionPart) -> bool:
@@ -215,7 +244,7 @@ def _start_all(flow, parts, start_one, relay, *, guarantee, checkpoint, base, re
             except Exception:
                 pass
         raise
-    return RegionsHandle(flow.name, parts, handles, base, relay)
+    return RegionsHandle(flow.name, parts, handles, base, relay, region_channels(flow, parts))
 
 
 def _in_region(exc: EpochalError, where: str) -> EpochalError:
@@ -270,8 +299,10 @@ class RegionsHandle:
     thread cancels the other regions at once, and :meth:`wait` raises naming the region.
     """
 
-    def __init__(self, job: str, parts, handles: dict, base_url: str, relay=None):
+    def __init__(self, job: str, parts, handles: dict, base_url: str, relay=None, channels=()):
         self.job = job
+        #: ``(producing region, reading region)`` of every autonomous channel
+        self._channels = tuple(channels)
         #: the job's hub of autonomous channels (:class:`~epochal.regions.relay.RelayHub`), or None
         self.relay = relay
         self.parts = list(parts)
@@ -328,6 +359,8 @@ class RegionsHandle:
             handle.trigger_epoch()
 
     def cancel(self) -> None:
+        if self.relay is not None:
+            self.relay.stopping()
         for handle in self.regions.values():
             handle.cancel()
 
@@ -371,14 +404,30 @@ class RegionsHandle:
         return self._savepoints(url, timeout, stop=True, drain=drain)
 
     def _savepoints(self, url: str | None, timeout: float | None, stop: bool, drain: bool = False) -> str:
+        """Each region's savepoint, readers of autonomous channels before their producers
+        (:func:`cut_order`), the relay's acks held meanwhile: a producer's cut then holds
+        every record its consumers' cuts do not (:mod:`epochal.regions.relay`)."""
         url = (url or f"{self._base.rstrip('/')}/{self.job}/savepoints/sp-{uuid.uuid4().hex[:12]}").rstrip("/")
         deadline = None if timeout is None else time.monotonic() + timeout
-        for name, handle in self.regions.items():
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if stop:
-                handle.stop_with_savepoint(f"{url}/{name}", left, drain=drain)
-            else:
-                handle.savepoint(f"{url}/{name}", left)
+        if self.relay is not None:
+            self.relay.hold_acks()
+            if stop:  # a producer whose reader stopped first must not wait for room in a lane
+                self.relay.stopping()
+        try:
+            for name in cut_order(self.parts, self._channels):
+                handle = self.regions[name]
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if stop:
+                    handle.stop_with_savepoint(f"{url}/{name}", left, drain=drain)
+                else:
+                    handle.savepoint(f"{url}/{name}", left)
+        except BaseException:
+            if self.relay is not None and stop:
+                self.relay.stopping(False)
+            raise
+        finally:
+            if self.relay is not None:
+                self.relay.hold_acks(False)
         CheckpointStorage.at_root(url).write_document(REGIONS_DOCUMENT,
                                                       {"job": self.job, "regions": list(self.regions)})
         return url
