@@ -255,8 +255,9 @@ class _Runner:
             return ok
         if action in ("stop-restore", "switch"):
             ok = self.landed()
-            url = self.handle.stop_with_savepoint(os.path.join(self.workdir, f"sp-{uuid.uuid4().hex[:6]}"),
-                                                  timeout=RUN_BOUND)
+            url = self._savepoint(stop=True)
+            if url is None:  # the job finished before it could stop: nothing left to restore
+                return False
             if action == "switch":
                 self.guarantee = "at-least-once" if self.guarantee == "exactly-once" else "exactly-once"
                 self.guarantees_used.add(self.guarantee)
@@ -266,14 +267,15 @@ class _Runner:
             return ok
         if action == "rollback":
             ok = self.landed()
-            older = self.handle.savepoint(os.path.join(self.workdir, f"sp-{uuid.uuid4().hex[:6]}"), timeout=RUN_BOUND)
+            older = self._savepoint(stop=False)
+            if older is None:
+                return False
             # run on for a while past the savepoint: the future the branch will abandon
             seen, deadline = len(self.handle.completed_epochs), time.monotonic() + 0.15 * self.run_seconds()
             while self.handle.running and (time.monotonic() < deadline or len(self.handle.completed_epochs) < seen + 2):
                 time.sleep(0.02)
             if self.handle.running:
-                self.handle.stop_with_savepoint(os.path.join(self.workdir, f"sp-{uuid.uuid4().hex[:6]}"),
-                                                timeout=RUN_BOUND)
+                self._savepoint(stop=True)
             else:
                 self._wait_end()
             self.parallelism = rescale or self.parallelism
@@ -281,6 +283,30 @@ class _Runner:
             self.start(restore_from=older)
             return ok
         raise ValueError(action)
+
+    def _savepoint(self, stop: bool) -> str | None:
+        """A savepoint (then stop), as a user would take it: a savepoint whose epoch a task
+        failure aborted (``SavepointError``, the job restarting from its latest checkpoint)
+        is asked for again once the restarted attempt completed an epoch. ``None``: the job
+        finished on its own first."""
+        for attempt in range(5):
+            url = os.path.join(self.workdir, f"sp-{uuid.uuid4().hex[:6]}")
+            seen = len(self.handle.completed_epochs)
+            try:
+                if stop:
+                    return self.handle.stop_with_savepoint(url, timeout=RUN_BOUND)
+                return self.handle.savepoint(url, timeout=RUN_BOUND)
+            except ep.SavepointError:
+                if not self.handle.running:
+                    self._wait_end()  # it finished on its own meanwhile (a failure raises here)
+                    return None
+                if attempt == 4:
+                    raise
+                deadline = time.monotonic() + RUN_BOUND
+                while self.handle.running and len(self.handle.completed_epochs) <= seen \
+                        and time.monotonic() < deadline:
+                    time.sleep(0.02)
+        raise AssertionError("unreachable")
 
     def _wait_end(self, cancelled: bool = False):
         try:
