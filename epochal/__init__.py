@@ -14,7 +14,7 @@ from epochal.operators.keyed import KeyedProcessFunction
 from epochal.regions import Autonomous, Region
 from epochal.ttl import StateTtl
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 __all__ = [
     "ChannelConfig", "CheckpointConfig", "CoProcessFunction", "KeyedCoProcessFunction", "coprocess", "joins", "ClusterConfig", "CheckpointStorageError", "ConfigError", "Dataflow", "DeadLetter",
