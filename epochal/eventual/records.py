@@ -23,11 +23,12 @@ it, and none after (:mod:`epochal.eventual.recovery` filters by exactly that rul
 **Frames.** The operator appends the records one input tuple (or one background pass)
 produced as one *frame* — written whole or, after a crash mid-write, torn. A frame is::
 
-    b"EC" | version (1) | flags (1) | payload length (4, big-endian) | fingerprint (16) | payload
+    b"EC" | version (1) | flags (1) | payload length (4, big-endian) | key id (8) | fingerprint (16) | payload
 
-The fingerprint covers the 8 header bytes before it and the payload: a truncated BLAKE2b-128,
+The fingerprint covers the 16 header bytes before it and the payload: a truncated BLAKE2b-128,
 or — when the job has a signing key (``CheckpointConfig.signing_key``) — a truncated
-HMAC-SHA256 under that key (flag bit 0). The payload is a pickle (:mod:`epochal.serde`) of the
+HMAC-SHA256 under that key (flag bit 0; the key id, the first 8 bytes of the key's SHA-256,
+tells "signed with another key" from a torn or changed frame). The payload is a pickle (:mod:`epochal.serde`) of the
 frame's records as plain tuples. The log lives in the job's checkpoint storage; a pickle from it
 is unpickled only after its fingerprint matched, so with a key nobody who can merely write the
 storage can plant a frame the operator unpickles. Without a key the storage is trusted, as for
@@ -64,7 +65,7 @@ __all__ = ["Footprint", "Kind", "Position", "Record", "Result", "decode_frame", 
 MAGIC = b"EC"
 VERSION = 1
 FLAG_KEYED = 1
-_HEAD = struct.Struct(">2sBBI")  # magic, version, flags, payload length
+_HEAD = struct.Struct(">2sBBI8s")  # magic, version, flags, payload length, key id
 FINGERPRINT_BYTES = 16
 HEADER_BYTES = _HEAD.size + FINGERPRINT_BYTES
 #: a frame longer than this is refused when written and read as corruption (not a torn tail)
@@ -130,6 +131,10 @@ def _from_tuple(item: tuple) -> Record:
     return Footprint(Kind(item[0]), item[1], item[2], Position(*item[3]), item[4], Position(*item[5]))
 
 
+def _key_id(key: bytes | None) -> bytes:
+    return hashlib.sha256(key).digest()[:8] if key is not None else bytes(8)
+
+
 def _fingerprint(head: bytes, payload: bytes, key: bytes | None) -> bytes:
     if key is not None:
         mac = hmac.new(key, head, hashlib.sha256)
@@ -153,7 +158,7 @@ def encode_frame(records: Sequence[Record], key: bytes | str | None = None) -> b
     payload = serde.dumps([_as_tuple(r) for r in records])
     if len(payload) > MAX_PAYLOAD:
         raise ValueError(f"encode_frame: {len(payload)} bytes of records in one frame (at most {MAX_PAYLOAD})")
-    head = _HEAD.pack(MAGIC, VERSION, FLAG_KEYED if key is not None else 0, len(payload))
+    head = _HEAD.pack(MAGIC, VERSION, FLAG_KEYED if key is not None else 0, len(payload), _key_id(key))
     return head + _fingerprint(head, payload, key) + payload
 
 
@@ -168,7 +173,9 @@ def decode_frame(buf: bytes | memoryview, offset: int, key: bytes | str | None =
       thing in ``buf`` and its fingerprint does not match, or the rest of ``buf`` is zeros
       (a file extended but not written); discard it and everything after it;
     * anything else (a message) — a complete frame with a wrong fingerprint followed by more
-      data, a wrong magic, version or key flag: corruption or tampering, never to be skipped.
+      data, a wrong magic or version, a frame signed with another key (or signed when the
+      log is read without one, or the reverse): corruption, tampering or a misconfigured
+      key, never to be skipped.
 
     Pure; never unpickles a frame whose fingerprint did not match.
     """
@@ -177,7 +184,7 @@ def decode_frame(buf: bytes | memoryview, offset: int, key: bytes | str | None =
     rest = len(view) - offset
     if rest < HEADER_BYTES:
         return [], len(view), "torn"
-    magic, version, flags, length = _HEAD.unpack_from(view, offset)
+    magic, version, flags, length, key_id = _HEAD.unpack_from(view, offset)
     if magic != MAGIC or version != VERSION or length > MAX_PAYLOAD:
         if not any(view[offset:]):
             return [], len(view), "torn"
@@ -188,6 +195,8 @@ def decode_frame(buf: bytes | memoryview, offset: int, key: bytes | str | None =
     if bool(flags & FLAG_KEYED) != (key is not None):
         return [], offset, (f"the frame at byte {offset} is {'signed' if flags & FLAG_KEYED else 'not signed'} "
                             f"but the log is read {'with' if key is not None else 'without'} a signing key")
+    if key_id != _key_id(key):
+        return [], offset, f"the frame at byte {offset} is signed with another key"
     head = bytes(view[offset:offset + _HEAD.size])
     payload = bytes(view[offset + HEADER_BYTES:end])
     expected = _fingerprint(head, payload, key)
