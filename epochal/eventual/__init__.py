@@ -15,7 +15,10 @@ The pieces (pure protocol, scripted calls in, records out — like :mod:`epochal
 * :mod:`~epochal.eventual.extent` — which windows to Gcheck: oldest footprint first, within a
   budget of time, and any window lagging by ``max_extent`` at once ("Controlling the extent");
 * :mod:`~epochal.eventual.recovery` — the EC from the log (N footprints, closed windows skipped,
-  ``T = min t_i``) and the per-window replay filter ("Extent of an EC").
+  ``T = min t_i``) and the per-window replay filter ("Extent of an EC");
+* :mod:`~epochal.eventual.runner` — internal: one attempt of the operator's task-thread loop
+  (recover, replay after T, foreground, background, flush, truncate) over a
+  :class:`~epochal.eventual.runner.ReplayableSource`; the seam for the engine integration.
 
 How it will plug into the engine (not built yet):
 
@@ -40,7 +43,8 @@ How it will plug into the engine (not built yet):
 * metrics: the extent (records, T's lag), footprints per second, overdrafts; the dashboard and
   ``benchmarks/eventual.py`` (CEC against aligned and unaligned epoch snapshots).
 
-Not built yet: all of the above integration; session windows; count windows; compaction of
+Not built yet: all of the above integration (nothing of the engine imports this package, and
+it is not exported from ``epochal``); session windows; count windows; compaction of
 small segments (one per flush — a low output rate means many small segments, the seed's
 "degree of grouping"); S3 (fsspec-ready, untested).
 """
