@@ -77,6 +77,29 @@ def run(stream, policy, operator=EventualWindows):
     return lags, scheduler, spent_ok
 
 
+@settings(max_examples=300, deadline=None)
+@given(tau2=st.lists(st.integers(0, 100), max_size=12).map(sorted), tnow=st.integers(0, 120),
+       elapsed=st.floats(0, 50), spent=st.integers(0, 10), max_extent=st.none() | st.integers(1, 100))
+def test_the_choice_is_an_oldest_first_prefix_holding_every_due_window(tau2, tnow, elapsed, spent, max_extent):
+    """Pure scheduler: what it chooses is a prefix of the oldest-first order, every window
+    lagging by max_extent or more is in it, no current window is, and beyond the due windows
+    it spends no more than the allowance (cost 1 per Gcheck)."""
+    clock = [0.0]
+    s = CheckpointScheduler(ExtentPolicy(budget=0.5, max_extent=max_extent), clock=lambda: clock[0])
+    s.charge(float(spent), spent)  # cost per Gcheck: 1 (also the one assumed before any)
+    clock[0] = elapsed
+    tau2 = [t for t in tau2 if t <= tnow]
+    windows = [(f"w{i}", t) for i, t in enumerate(tau2)]
+    allowance = s.allowance()
+    chosen = s.choose(windows, tnow)
+    assert chosen == [w for w, _ in windows[:len(chosen)]]
+    due = [w for w, t in windows if max_extent is not None and tnow - t >= max_extent]
+    assert set(due) <= set(chosen)
+    assert all(t < tnow for w, t in windows if w in chosen)
+    if len(chosen) > len(due):  # a window chosen for the budget: the allowance covered every pick
+        assert len(chosen) <= allowance + 1e-9
+
+
 @PROPS
 @given(seed=st.integers(0, 10**6), hot=st.floats(0.6, 0.95), max_extent=st.integers(5, 60))
 def test_oldest_first_keeps_the_extent_within_max_extent(seed, hot, max_extent):

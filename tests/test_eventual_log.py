@@ -81,6 +81,11 @@ def memory_log(**kw) -> OutputLog:
     return OutputLog(f"memory://eventual-log/{uuid.uuid4().hex}", **kw)
 
 
+def memory_log_at(url: str) -> OutputLog:
+    """Another instance on the same log, as a restarted process or a reader has."""
+    return OutputLog(url)
+
+
 def r(window, ts, value=0, n=0):
     return Result(window, value, Position(ts, ts), n)
 
@@ -97,10 +102,6 @@ def test_corruption_inside_a_segment_is_raised_naming_the_segment():
     fs.pipe_file(path, bytes(data))
     with pytest.raises(CheckpointStorageError, match="seg-000000000000_1_1.ecl is corrupt"):
         list(memory_log_at(log.url).records())
-
-
-def memory_log_at(url):
-    return OutputLog(url)
 
 
 def test_segments_are_one_per_flush_in_order_and_chunks_flush_by_themselves():

@@ -282,6 +282,19 @@ def test_a_replay_that_differs_from_the_logged_input_is_refused():
         op.on_tuple("b", 1, Position(5, 1))  # never in the input: it would close (b, 0) before tc
 
 
+def test_a_replayed_input_that_ends_before_tc_is_refused():
+    url = memory_url()
+    log = OutputLog(url)
+    op = EventualWindows(Tumbling(5), SumCount, closing="key")
+    for key, value, t in [("b", 1, Position(0, 0)), ("a", 1, Position(1, 1)), ("a", 2, Position(6, 2))]:
+        log.append(op.on_tuple(key, value, t))
+    log.flush()
+    _, _, op = recover(url, Tumbling(5), "key")
+    op.on_tuple("a", 1, Position(1, 1))
+    with pytest.raises(ReplayMismatch, match=r"ended at \(1, 1\), before the recovered tc \(6, 2\)"):
+        op.end_of_input()
+
+
 def test_recovery_refuses_a_log_truncated_past_the_extent():
     url = memory_url()
     log = OutputLog(url)

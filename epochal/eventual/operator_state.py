@@ -229,7 +229,16 @@ class EventualWindows:
         return records
 
     def end_of_input(self) -> list[Result]:
-        """Close every open window (its ``R`` at ``tnow``), in order of window end."""
+        """Close every open window (its ``R`` at ``tnow``), in order of window end.
+
+        Raises:
+            ReplayMismatch: the input ended before the recovered ``tc`` (it was shorter when
+                replayed than when the log was written).
+        """
+        if self._filter is not None and self._tnow < self._filter.tc:
+            raise ReplayMismatch(f"EventualWindows: the replayed input ended at {tuple(self._tnow)}, before the "
+                                 f"recovered tc {tuple(self._filter.tc)}: the source did not replay the input the "
+                                 "log was written from")
         wids = sorted(self._open, key=lambda wid: (self._open[wid].end, self._open[wid].tau2))
         results = [(wid, self.aggregate.result(self._remove(wid).acc)) for wid in wids]
         self._by_end.clear()
