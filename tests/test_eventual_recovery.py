@@ -1,7 +1,7 @@
 """Recovery of continuous eventual checkpoints (seed 003) against a plain-Python oracle.
 
 The property: a keyed tumbling or sliding sum/count over a random stream (timestamps in
-order, ties included), with random Gchecks and flushes, crashed at random points — the
+order, ties included), with random Gchecks and flushes, a log signed or not, crashed at random points — the
 buffered frames lost and the segment being written cut at a random byte (torn frames
 included) — and recovered from the log (EC, replay after T with the per-window filter), ends
 with every window's R in the log exactly once, equal to the oracle's results as a multiset.
@@ -75,22 +75,22 @@ class Downstream:
     """A sink reading the operator's log (it survives the operator's crashes): what it read,
     and its reader's position, which bounds the log's truncation."""
 
-    def __init__(self, url):
-        self.url, self.got, self.index, self.offset = url, Counter(), 0, 0
+    def __init__(self, url, key=None):
+        self.url, self.key, self.got, self.index, self.offset = url, key, Counter(), 0, 0
 
     def poll(self):
-        reader = ResultReader(OutputLog(self.url), self.index, self.offset)
+        reader = ResultReader(OutputLog(self.url, key=self.key), self.index, self.offset)
         self.got.update((r.window, r.value) for r in reader.poll())
         self.index, self.offset = reader.index, reader.offset
 
 
-def run_attempt(stream, url, windows, closing, rnd, crash_after, chunk_bytes, truncate, downstream=None):
+def run_attempt(stream, url, windows, closing, rnd, crash_after, chunk_bytes, truncate, downstream=None, key=None):
     """One attempt: recover from the log at ``url``, replay the stream after T, continue; crash
     after ``crash_after`` tuples of this attempt, else finish. Returns ``(finished, op,
     tearable)``: at a crash the buffer is flushed (the flush the crash interrupts) and, when
     ``tearable``, the caller tears the newest segment — only when nothing was read or
     truncated since it was written (a flush that had returned is durable)."""
-    log = OutputLog(url, chunk_bytes=chunk_bytes)
+    log = OutputLog(url, chunk_bytes=chunk_bytes, key=key)
     ec = construct(log.frames_backward())
     op = make_operator(windows, closing)
     op.restore(ec)
@@ -138,23 +138,24 @@ windowings = st.one_of(
 @PROPS
 @given(stream=streams(), windowing=windowings, closing=st.sampled_from(["key", "time"]),
        crashes=st.lists(st.tuples(st.integers(1, 30), st.floats(0, 1)), min_size=1, max_size=3),
-       chunk_bytes=st.sampled_from([1, 60, 200, 1 << 20]), truncate=st.booleans(), rnd=st.randoms(use_true_random=False))
+       chunk_bytes=st.sampled_from([1, 60, 200, 1 << 20]), truncate=st.booleans(),
+       key=st.sampled_from([None, b"0123456789abcdef"]), rnd=st.randoms(use_true_random=False))
 def test_every_window_result_exactly_once_across_crashes_with_torn_tails(stream, windowing, closing, crashes,
-                                                                        chunk_bytes, truncate, rnd):
+                                                                        chunk_bytes, truncate, key, rnd):
     windows, size, slide = windowing
     url = memory_url()
-    downstream = Downstream(url)
+    downstream = Downstream(url, key)
     fired = cut = 0
     for crash_after, fraction in crashes:
         finished, op, tearable = run_attempt(stream, url, windows, closing, rnd, crash_after, chunk_bytes, truncate,
-                                             downstream)
+                                             downstream, key)
         if finished:
             break
         fired += 1
         if tearable:
             cut += tear(url, fraction)
     else:
-        finished, op, _ = run_attempt(stream, url, windows, closing, rnd, None, chunk_bytes, truncate, downstream)
+        finished, op, _ = run_attempt(stream, url, windows, closing, rnd, None, chunk_bytes, truncate, downstream, key)
     assert finished
     if fired:
         event("crashed mid-run")
@@ -162,7 +163,7 @@ def test_every_window_result_exactly_once_across_crashes_with_torn_tails(stream,
         event("tail torn")
     downstream.poll()
     assert downstream.got == oracle(stream, size, slide)
-    log = OutputLog(url)
+    log = OutputLog(url, key=key)
     if not truncate:
         assert Counter((r.window, r.value) for r in log.results()) == downstream.got
     times = [r.t for r in log.records()]
