@@ -1,6 +1,6 @@
 """Recovery of continuous eventual checkpoints (seed 003) against a plain-Python oracle.
 
-The property: a keyed tumbling or sliding sum/count over a random stream (timestamps in
+The property: a keyed tumbling, sliding or session sum/count over a random stream (timestamps in
 order, ties included), with random Gchecks and flushes, a log signed or not, crashed at random points — the
 buffered frames lost and the segment being written cut at a random byte (torn frames
 included) — and recovered from the log (EC, replay after T with the per-window filter), ends
@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from epochal.errors import CheckpointStorageError
 from epochal.eventual.log import OutputLog, ResultReader
-from epochal.eventual.operator_state import EventualWindows, ReplayMismatch, Sliding, SumCount, Tumbling
+from epochal.eventual.operator_state import EventualWindows, ReplayMismatch, Session, Sliding, SumCount, Tumbling
 from epochal.eventual.records import Footprint, Kind, Position, Result
 from epochal.eventual.recovery import construct
 
@@ -45,6 +45,24 @@ def oracle(stream, size, slide):
                 acc[(key, s)][0] += value
                 acc[(key, s)][1] += 1
     return Counter({(w, (a[0], a[1])): 1 for w, a in acc.items()})
+
+
+def session_oracle(stream, gap):
+    """Plain Python: per key, runs of tuples each less than ``gap`` after the previous one,
+    named by their first tuple's timestamp, with the sum and count of their values."""
+    by_key = defaultdict(list)
+    for key, ts, value in stream:
+        by_key[key].append((ts, value))
+    out = Counter()
+    for key, rows in by_key.items():
+        start, total, count, last = rows[0][0], 0, 0, None
+        for ts, value in rows:
+            if last is not None and ts - last >= gap:
+                out[((key, start), (total, count))] += 1
+                start, total, count = ts, 0, 0
+            total, count, last = total + value, count + 1, ts
+        out[((key, start), (total, count))] += 1
+    return out
 
 
 # ---------------------------------------------------------------------- the harness
@@ -131,8 +149,10 @@ def streams(draw):
 
 
 windowings = st.one_of(
-    st.integers(1, 8).map(lambda size: (Tumbling(size), size, size)),
-    st.tuples(st.integers(1, 4), st.integers(1, 3)).map(lambda p: (Sliding(p[0] * p[1], p[0]), p[0] * p[1], p[0])))
+    st.integers(1, 8).map(lambda size: (Tumbling(size), lambda s: oracle(s, size, size))),
+    st.tuples(st.integers(1, 4), st.integers(1, 3)).map(
+        lambda p: (Sliding(p[0] * p[1], p[0]), lambda s: oracle(s, p[0] * p[1], p[0]))),
+    st.integers(1, 6).map(lambda gap: (Session(gap), lambda s: session_oracle(s, gap))))
 
 
 @PROPS
@@ -142,7 +162,7 @@ windowings = st.one_of(
        key=st.sampled_from([None, b"0123456789abcdef"]), rnd=st.randoms(use_true_random=False))
 def test_every_window_result_exactly_once_across_crashes_with_torn_tails(stream, windowing, closing, crashes,
                                                                         chunk_bytes, truncate, key, rnd):
-    windows, size, slide = windowing
+    windows, expected = windowing
     url = memory_url()
     downstream = Downstream(url, key)
     fired = cut = 0
@@ -162,7 +182,7 @@ def test_every_window_result_exactly_once_across_crashes_with_torn_tails(stream,
     if cut:
         event("tail torn")
     downstream.poll()
-    assert downstream.got == oracle(stream, size, slide)
+    assert downstream.got == expected(stream)
     log = OutputLog(url, key=key)
     if not truncate:
         assert Counter((r.window, r.value) for r in log.results()) == downstream.got

@@ -10,8 +10,8 @@ The pieces (pure protocol, scripted calls in, records out — like :mod:`epochal
 * :mod:`~epochal.eventual.log` — the output queue on fsspec: immutable segments in timestamp
   order, read backwards a segment (≈ 256 KiB) at a time, truncated behind the extent;
 * :mod:`~epochal.eventual.operator_state` — the foreground path (open → Gopen, close → R) and
-  the background path (Gchecks) over keyed tumbling / sliding windows (§III: τ1, τ2, the
-  ordering by τ2);
+  the background path (Gchecks) over keyed tumbling, sliding and session windows (§III: τ1,
+  τ2, the ordering by τ2);
 * :mod:`~epochal.eventual.extent` — which windows to Gcheck: oldest footprint first, within a
   budget of time, and any window lagging by ``max_extent`` at once ("Controlling the extent");
 * :mod:`~epochal.eventual.recovery` — the EC from the log (N footprints, closed windows skipped,
@@ -44,7 +44,8 @@ How it will plug into the engine (not built yet):
   ``benchmarks/eventual.py`` (CEC against aligned and unaligned epoch snapshots).
 
 Not built yet: all of the above integration (nothing of the engine imports this package, and
-it is not exported from ``epochal``); session windows; count windows; compaction of
+it is not exported from ``epochal``); count windows; out-of-order input (sessions merging,
+windows fired by watermarks rather than by the tuples themselves); compaction of
 small segments (one per flush — a low output rate means many small segments, the seed's
 "degree of grouping"); S3 (fsspec-ready, untested).
 """

@@ -21,8 +21,9 @@ thread of the operator"): scripted calls in, records out. The caller's loop::
 Each call's records are one frame of the log (:mod:`epochal.eventual.log`) and must be
 appended before the next call: a footprint holds the window's accumulator object itself.
 
-Windows: ``Tumbling(size)`` or ``Sliding(size, slide)`` over integer timestamps, per key;
-a window is ``(key, start)`` and covers ``[start, start + size)``. Closing (``closing=``):
+Windows: ``Tumbling(size)``, ``Sliding(size, slide)`` or ``Session(gap)`` over integer
+timestamps, per key; a window is ``(key, start)`` and covers ``[start, start + size)`` (a
+session: ``[first tuple, last tuple + gap)``, growing). Closing (``closing=``):
 
 * ``"key"`` — Borealis's grouped aggregate: a window closes when a tuple *of its key* arrives
   at or past its end. Rare keys keep their windows open: the seed's slow windows.
@@ -47,7 +48,7 @@ from epochal.eventual.extent import CheckpointScheduler
 from epochal.eventual.records import Footprint, Kind, Position, Record, Result
 from epochal.eventual.recovery import EventualCheckpoint, ReplayFilter
 
-__all__ = ["EventualWindows", "ReplayMismatch", "Sliding", "SumCount", "Tumbling"]
+__all__ = ["EventualWindows", "ReplayMismatch", "Session", "Sliding", "SumCount", "Tumbling"]
 
 
 class ReplayMismatch(EpochalError):
@@ -100,6 +101,20 @@ class Sliding:
         return start + self.size
 
 
+@dataclass(frozen=True, slots=True)
+class Session:
+    """Per key, a session of tuples each less than ``gap`` after the previous one: the window
+    ``(key, start)`` starts at its first tuple and ends at ``last tuple + gap``. The input is in
+    timestamp order, so sessions never merge. Its footprints' state is ``(accumulator, end)``:
+    a restored session knows when it would close."""
+
+    gap: int
+
+    def __post_init__(self):
+        if isinstance(self.gap, bool) or not isinstance(self.gap, int) or self.gap <= 0:
+            raise PipelineDefinitionError(f"Session(gap={self.gap!r}): gap must be a positive int")
+
+
 class SumCount:
     """``(sum, count)`` of the values: the accumulator is an immutable tuple."""
 
@@ -125,7 +140,7 @@ class EventualWindows:
     """Keyed windows with continuous eventual checkpoints (see the module docstring).
 
     Args:
-        windows: :class:`Tumbling` or :class:`Sliding`.
+        windows: :class:`Tumbling`, :class:`Sliding` or :class:`Session`.
         aggregate: an object with ``zero``, ``add(acc, value) -> acc`` and ``result(acc)``
             (e.g. :class:`SumCount`); ``add`` returns the new accumulator.
         closing: ``"key"`` or ``"time"``.
@@ -141,6 +156,7 @@ class EventualWindows:
         if closing not in ("key", "time"):
             raise PipelineDefinitionError(f"EventualWindows: closing must be 'key' or 'time', got {closing!r}")
         self.windows, self.aggregate, self.closing = windows, aggregate, closing
+        self._session = windows.gap if isinstance(windows, Session) else None
         self.scheduler, self._clock = scheduler, clock
         self._open: OrderedDict[Hashable, _Window] = OrderedDict()  # τ2 order, oldest first
         self._by_key: dict[Hashable, list[_Window]] = {}
@@ -206,7 +222,7 @@ class EventualWindows:
             w = self._remove(wid)
             results.append((wid, self.aggregate.result(w.acc)))
         opened = []
-        for start in self.windows.starts(t.ts):
+        for start in self._starts(key, t.ts):
             wid = (key, start)
             if replay is not None and not replay.accepts(wid, t):
                 self.ignored += 1
@@ -214,10 +230,13 @@ class EventualWindows:
             w = self._open.get(wid)
             if w is not None:
                 w.acc = self.aggregate.add(w.acc, value)
+                if self._session is not None:
+                    self._extend(wid, w, t.ts + self._session)
                 continue
-            w = _Window(key, start, self.windows.end(start), self.aggregate.add(self.aggregate.zero, value), t, t)
+            end = t.ts + self._session if self._session is not None else self.windows.end(start)
+            w = _Window(key, start, end, self.aggregate.add(self.aggregate.zero, value), t, t)
             self._insert(wid, w)
-            opened.append((wid, w.acc))
+            opened.append((wid, self._state(w)))
         if replay is not None and (results or opened):
             raise ReplayMismatch(f"EventualWindows: the replayed tuple at {tuple(t)} (not after the recovered "
                                  f"tc {tuple(replay.tc)}) closed {len(results)} and opened {len(opened)} windows: "
@@ -244,12 +263,32 @@ class EventualWindows:
         self._by_end.clear()
         return [Result(wid, value, self._tnow, 0) for wid, value in results]
 
+    def _starts(self, key: Hashable, ts: int) -> list:
+        """Starts of the windows the tuple at ``ts`` of ``key`` belongs to (after closing)."""
+        if self._session is None:
+            return self.windows.starts(ts)
+        current = self._by_key.get(key)
+        return [current[0].start] if current else [ts]
+
+    def _state(self, w: _Window):
+        """What a footprint holds of ``w`` (a session's end too)."""
+        return w.acc if self._session is None else (w.acc, w.end)
+
+    def _extend(self, wid: Hashable, w: _Window, end: int) -> None:
+        if end > w.end:
+            w.end = end
+            if self.closing == "time":
+                heapq.heappush(self._by_end, (end, next(self._tiebreak), wid))
+
     def _closed_by(self, key: Hashable, ts: int) -> list[_Window]:
         if self.closing == "key":
             return sorted((w for w in self._by_key.get(key, ()) if w.end <= ts), key=lambda w: w.start)
         closed = []
         while self._by_end and self._by_end[0][0] <= ts:
-            closed.append(self._open[heapq.heappop(self._by_end)[2]])
+            end, _, wid = heapq.heappop(self._by_end)
+            w = self._open.get(wid)
+            if w is not None and w.end == end:  # else a session's end that grew since: stale
+                closed.append(w)
         return closed
 
     def _insert(self, wid: Hashable, w: _Window) -> None:
@@ -283,7 +322,7 @@ class EventualWindows:
             w = self._open[wid]
             if w.tau2 == now:
                 continue
-            records.append(Footprint(Kind.CHECK, wid, w.acc, now, n, w.opened))
+            records.append(Footprint(Kind.CHECK, wid, self._state(w), now, n, w.opened))
             w.tau2 = now
             self._open.move_to_end(wid)
         self.footprints += len(records)
@@ -316,6 +355,7 @@ class EventualWindows:
             return  # an empty log: start from the beginning
         for fp in sorted(ec.footprints.values(), key=lambda f: f.t):
             key, start = fp.window
-            self._insert(fp.window, _Window(key, start, self.windows.end(start), fp.state, fp.opened, fp.t))
+            acc, end = fp.state if self._session is not None else (fp.state, self.windows.end(start))
+            self._insert(fp.window, _Window(key, start, end, acc, fp.opened, fp.t))
         self._tnow = ec.T
         self._filter = ReplayFilter(ec)
