@@ -118,6 +118,23 @@ def test_without_a_max_extent_the_budget_is_never_overspent(seed, hot, budget):
     assert scheduler.checkpoints > 0
 
 
+def test_the_metrics_report_the_extent_lag_the_log_shows():
+    clock = [0.0]
+    scheduler = CheckpointScheduler(ExtentPolicy(budget=0.0, max_extent=25), clock=lambda: clock[0])
+    op = EventualWindows(Tumbling(10), SumCount, closing="key", scheduler=scheduler, clock=lambda: clock[0])
+    log = OutputLog(f"memory://eventual-extent/{uuid.uuid4().hex}")
+    assert op.metrics()["extent_lag"] == 0 and op.metrics()["open_windows"] == 0
+    for seq, (key, ts, value) in enumerate(skewed(2, 120, 0.8)):
+        log.append(op.on_tuple(key, value, Position(ts, seq)))
+        log.append(op.background())
+        log.flush()
+        ec = construct(log.frames_backward())
+        m = op.metrics()
+        assert m["open_windows"] == ec.n
+        assert m["extent_lag"] == op.tnow.ts - ec.T.ts < 25
+    assert m["footprints"] > m["open_windows"] and m["overdrafts"] > 0  # budget 0: every Gcheck was due
+
+
 def test_skew_makes_the_extent_grow_without_checkpoints():
     """The premise: with these streams, rare keys' windows stay open long enough that without
     Gchecks T lags far behind (so the bound above is not vacuous)."""

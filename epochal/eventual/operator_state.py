@@ -190,6 +190,19 @@ class EventualWindows:
             return self._tnow
         return next(iter(self._open.values())).tau2
 
+    def metrics(self) -> dict[str, float]:
+        """Gauges and counters for the metrics layer (which turns counters into rates):
+        ``open_windows``; ``extent_lag`` (``tnow`` − T in event time, 0 with nothing open or
+        before any input); ``footprints`` and ``ignored`` (counters); the scheduler's
+        ``checkpoint_seconds`` and ``overdrafts`` when there is one."""
+        start = self.extent_start()
+        out = {"open_windows": len(self._open), "footprints": self.footprints, "ignored": self.ignored,
+               "extent_lag": 0 if start is None else self._tnow.ts - start.ts}
+        if self.scheduler is not None:
+            out["checkpoint_seconds"] = self.scheduler.spent
+            out["overdrafts"] = self.scheduler.overdrafts
+        return out
+
     def _by_footprint(self) -> Iterator[tuple[Hashable, _Window]]:
         """Open windows oldest τ2 first — the order the background path considers them in."""
         return iter(self._open.items())
