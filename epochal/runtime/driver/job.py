@@ -13,7 +13,6 @@ import time
 import cloudpickle
 
 from epochal.alignment.factory import components_for
-from epochal.backends import signing
 from epochal.backends.choice import backend_spec
 from epochal.backends.retry import RetryPolicy
 from epochal.backends.storage import CheckpointStorage
@@ -187,7 +186,7 @@ def _check_restore_point(restore_from: str, storage: CheckpointStorage, plan, re
                          allow_non_restored_state: bool):
     """``restore_from``: open the checkpoint and check it against ``plan`` and ``storage``,
     writing nothing; the caller copies it into ``storage`` once it holds the job's lease."""
-    from epochal.state.location import open_checkpoint
+    from epochal.state.location import UntrustedCheckpoint, open_checkpoint
 
     if resume:
         raise ConfigError("restore_from and resume=True exclude each other: restore_from starts the job's history "
@@ -200,14 +199,12 @@ def _check_restore_point(restore_from: str, storage: CheckpointStorage, plan, re
             f"restore_from: checkpoint.storage {storage.root_url} already holds checkpoints of job {plan.job!r} "
             f"(latest completed epoch {latest[0]}); a restore starts the job's history from {restore_from}: use "
             "another checkpoint.storage (or job name), or resume=True to continue from the latest checkpoint there")
-    point = open_checkpoint(restore_from)
-    if storage.signing_key is not None:  # importing re-signs it: only a checkpoint signed with the key
-        doc = point.storage.load_metadata(point.epoch) or {}
-        why = signing.verify(doc, storage.signing_key)
-        if why:
-            raise ConfigError(
-                f"restore_from {restore_from}: its _metadata is not trusted: {why} — checkpoint.signing_key is set, "
-                "so only checkpoints and savepoints of jobs signing with the same key are restored")
+    try:  # importing re-signs it: with a key, only a checkpoint signed with it (verified on the one read used)
+        point = open_checkpoint(restore_from, signing_key=storage.signing_key)
+    except UntrustedCheckpoint as exc:
+        raise ConfigError(
+            f"restore_from {restore_from}: its _metadata is not trusted: {exc.why} — checkpoint.signing_key is set, "
+            "so only checkpoints and savepoints of jobs signing with the same key are restored") from None
     compatibility.enforce(plan, point.meta, allow_non_restored_state, log)  # before anything is copied
     return point
 
