@@ -20,7 +20,7 @@ from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, Metri
 from epochal.errors import ConfigError, EpochalError
 from epochal.graph import NodeKind
 from epochal.regions.layout import layout_of
-from epochal.runtime.driver import compatibility
+from epochal.runtime.driver import compatibility, secure_defaults
 from epochal.runtime.driver.attempts import JobDriver, JobHandle
 from epochal.runtime.driver.lease import JobLease
 from epochal.runtime.driver.result import JobResult
@@ -85,9 +85,18 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
         from epochal.runtime.launch.cluster import check_storage_visible_from_every_host
 
         check_storage_visible_from_every_host(plan, checkpoint.storage, cluster.shared_paths, launcher.master)
+    from epochal.runtime.launch.launcher import LocalLauncher
+
+    is_cluster = launcher is not None and launcher.is_cluster
+    secure_defaults.encryption(is_cluster, (launcher or LocalLauncher).bind_host, channels.encryption,
+                               channels.allow_plaintext)  # refused here, before anything runs
+    signing_key = checkpoint.signing_key
+    if secure_defaults.signing(is_cluster, signing_key, checkpoint.allow_unsigned) == secure_defaults.GENERATE:
+        signing_key, key_path = secure_defaults.job_key()
+        log.info("job %s: checkpoints signed with the generated key at %s", flow.name, key_path)
     url = checkpoint.storage or "file://" + tempfile.mkdtemp(prefix=f"epochal-{flow.name}-")
     storage = CheckpointStorage(url, flow.name, retry_policy=RetryPolicy(deadline=storage_retry(checkpoint)),
-                                signing_key=checkpoint.signing_key)
+                                signing_key=signing_key)
     _refuse_region_checkpoints(storage, url)
     point = None if restore_from is None else _check_restore_point(restore_from, storage, plan, resume,
                                                                     allow_non_restored_state)
@@ -170,7 +179,8 @@ def _start(flow, plan, plan_blob, components, checkpoint, restart, channels, lau
         from epochal.runtime.launch.launcher import LocalLauncher
 
         launcher = LocalLauncher()
-    encrypted = launcher.is_cluster if channels.encryption is None else channels.encryption
+    encrypted = secure_defaults.encryption(launcher.is_cluster, launcher.bind_host, channels.encryption,
+                                           channels.allow_plaintext)
     driver = JobDriver(plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime,
                      tuple(faults), backend, encrypted, allow_non_restored_state, metrics,
                      peer_timeout=cluster.peer_timeout if launcher.is_cluster else None)
