@@ -54,7 +54,8 @@ def test_plaintext_between_hosts_is_refused_unless_opted_out_by_name(is_cluster,
 def test_the_generated_key_is_private_kept_and_reused(tmp_path, monkeypatch):
     monkeypatch.setenv(sd.HOME_ENV, str(tmp_path / "home"))
     key, path = sd.job_key()
-    assert len(key) == 32 and path == str(tmp_path / "home" / "signing.key")
+    assert len(key) == 64 and path == str(tmp_path / "home" / "signing.key")
+    assert ep.CheckpointConfig(signing_key=open(path).read().strip()).signing_key == key  # passed on as text
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(tmp_path / "home").st_mode) == 0o700
     assert sd.job_key() == (key, path)  # the next start (a resume) signs with the same key

@@ -109,3 +109,20 @@ def test_a_metadata_swapped_between_reads_is_not_signed_in(signed_savepoint, tmp
     with pytest.raises(ConfigError, match="its _metadata is not trusted: its signature does not match"):
         _restore(out, sp, tmp_path)
     assert swaps, "the swap was never injected"
+
+
+def test_epochal_savepoint_create_verifies_and_signs_with_the_key_file(signed_savepoint, tmp_path, capsys):
+    """The CLI's copy of a signed checkpoint: verified with ``--signing-key-file`` before it
+    is copied and signed with it (so the job restores it); another key is refused."""
+    from epochal.backends import signing
+    from epochal.cli import main
+
+    _out, sp = _copy(signed_savepoint, tmp_path)
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY.decode() + "\n")
+    target = tmp_path / "copy"
+    assert main(["savepoint", "create", str(sp), str(target), "--signing-key-file", str(key_file)]) == 0
+    assert signing.verify(json.loads(_metadata_path(target).read_text()), KEY) == ""
+    key_file.write_text("another key of the same length!!")
+    assert main(["savepoint", "create", str(sp), str(tmp_path / "copy2"), "--signing-key-file", str(key_file)]) == 1
+    assert "not trusted: it is signed with another key" in capsys.readouterr().err

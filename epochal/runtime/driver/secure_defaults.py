@@ -25,6 +25,7 @@ import os
 import secrets
 import stat
 
+from epochal.backends.signing import key_bytes
 from epochal.errors import ConfigError
 
 log = logging.getLogger("epochal")
@@ -82,7 +83,9 @@ def key_dir() -> str:
 
 def job_key(directory: str | None = None) -> tuple[bytes, str]:
     """``(key, path)``: the generated signing key in ``directory`` (default :func:`key_dir`),
-    created on first use (32 random bytes, hex; ``O_EXCL`` 0600 in a 0700 directory).
+    created on first use (64 random hex digits, ``O_EXCL`` 0600 in a 0700 directory); the key
+    is that text, as ``CheckpointConfig(signing_key=text)`` and ``epochal savepoint create
+    --signing-key-file`` take it.
 
     Raises:
         ConfigError: the directory or file is not this user's alone (owner, mode, symlink),
@@ -105,16 +108,13 @@ def job_key(directory: str | None = None) -> tuple[bytes, str]:
                     "and savepoints are signed with it; keep it (or pass checkpoint.signing_key; "
                     "checkpoint.allow_unsigned=True opts out)", path)
     _private(path, stat.S_ISREG, "file")
-    with open(path, encoding="ascii", errors="replace") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         text = f.read().strip()
-    try:
-        key = bytes.fromhex(text)
+    try:  # the text is the key, as CheckpointConfig(signing_key=text) takes it (so it can be passed on)
+        return key_bytes(text), path
     except ValueError:
-        key = b""
-    if len(key) < 16:
         raise ConfigError(f"checkpoint.signing_key: the generated key file {path} does not hold a key (64 hex "
-                          "digits); restore it from a backup, or pass checkpoint.signing_key")
-    return key, path
+                          "digits); restore it from a backup, or pass checkpoint.signing_key") from None
 
 
 def _private(path: str, kind, what: str) -> None:
