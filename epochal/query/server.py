@@ -66,19 +66,21 @@ class QueryServer:
             rid, operator, state, items, isolation, epoch, encoding = parse_get(request)
         except Exception as exc:
             return ("error", None, f"task {self.task}: malformed query {request!r:.200}: {exc}")
-        reply = self._answer(rid, operator, state, items, isolation, epoch)
-        if reply[0] != "ok":
-            return reply
-        payload = reply[4]
-        if encoding == VALUES_PICKLED:
-            return reply
-        try:  # the values are the task's own (read here or on its task thread): trusted pickle
-            return reply[:4] + (tagged_json.Encoded(CODEC.encode(pickle.loads(payload), where=f"{operator}/{state}")),)
+        try:
+            return self._answer(rid, operator, state, items, isolation, epoch, encoding)
         except tagged_json.NotData as exc:
             return ("error", rid, f"state {state!r} of operator {operator!r}: {exc}; a client of this job may ask for "
                                   "pickled values instead (QueryClient(..., pickled_values=True))")
 
-    def _answer(self, rid: int, operator: str, state: str, items: list, isolation: str, epoch) -> tuple:
+    @staticmethod
+    def _payload(values: list, encoding: str, where: str):
+        """``values`` as the reply carries them: pickled bytes (the client's opt-in) or a data
+        tree (raises :class:`~epochal.runtime.transport.tagged_json.NotData`)."""
+        if encoding == VALUES_PICKLED:
+            return pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
+        return tagged_json.Encoded(CODEC.encode(values, where=where))
+
+    def _answer(self, rid: int, operator: str, state: str, items: list, isolation: str, epoch, encoding: str) -> tuple:
         name = f"{operator}/{state}"
         reader = self.registry.get(name)
         if reader is None:
@@ -94,6 +96,8 @@ class QueryServer:
                 payload = self.live_read(name, items)
             except TimeoutError as exc:
                 return ("unavailable", rid, str(exc), [])
+            if encoding != VALUES_PICKLED:  # the task's own pickle (its task thread's): trusted
+                payload = self._payload(pickle.loads(payload), encoding, name)
             self.answered += 1
             return ("ok", rid, None, [], payload)
         if self.committed_refused:
@@ -109,7 +113,7 @@ class QueryServer:
                 return ("unavailable", rid, f"task {self.task}: {exc}", self.versions.held)
             except NotImplementedError as exc:
                 return ("error", rid, f"state {state!r} of operator {operator!r}: {exc}")
-            payload = pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
+            payload = self._payload(values, encoding, name)  # under the lock: the view is still pinned
         self.answered += 1
         return ("ok", rid, epoch, held, payload)
 
