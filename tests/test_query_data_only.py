@@ -179,3 +179,11 @@ def test_windows_travel_by_name_and_unknown_names_are_refused():
     assert back == value and type(next(iter(back))) is Window
     with pytest.raises(tagged_json.NotData, match="not a data type"):
         CODEC.loads(b'{"$n":["os.system",["true"]]}')
+
+
+def test_one_lookup_may_opt_into_pickled_values(endpoints):
+    directory, _server = endpoints
+    with QueryClient(directory.address, TOKEN, timeout=20) as client:
+        assert client.query("op", "v", "obj", isolation="read-uncommitted", pickled_values=True).value == Account("x")
+        with pytest.raises(QueryError, match="no data-only encoding"):  # the client's default again
+            client.query("op", "v", "obj", isolation="read-uncommitted")

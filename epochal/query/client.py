@@ -80,6 +80,7 @@ class QueryClient:
         self.timeout = timeout
         self.tls = tls
         self.values = VALUES_PICKLED if pickled_values else VALUES_DATA
+        self._values = self.values  # of the lookup in progress
         self._routes: dict | None = None
         self._conns: dict[tuple, wire.Connection] = {}
         self._lock = threading.Lock()
@@ -88,9 +89,10 @@ class QueryClient:
 
     # ------------------------------------------------------------------ public
     def query(self, operator: str, state: str, keys, *, isolation: str = READ_COMMITTED,
-              timeout: float | None = None) -> QueryResult:
+              timeout: float | None = None, pickled_values: bool | None = None) -> QueryResult:
         """Look up ``keys`` (a ``list`` of keys; anything else is one key) in ``state`` of
-        ``operator``. See :class:`QueryResult`.
+        ``operator``. See :class:`QueryResult`. ``pickled_values``: this lookup's choice
+        (``None``: the client's, see the class).
 
         Raises:
             QueryError: unknown operator/state, a state not declared queryable, a bad
@@ -107,6 +109,8 @@ class QueryClient:
         last = "no answer yet"
         with self._lock:
             self._deadline = deadline
+            self._values = self.values if pickled_values is None else (VALUES_PICKLED if pickled_values
+                                                                         else VALUES_DATA)
             while True:
                 try:
                     values, epoch = self._attempt(operator, state, keys, isolation)
@@ -208,7 +212,7 @@ class QueryClient:
         for task, (address, positions) in plan.items():
             rid = next(self._rid)
             request = ("get", rid, operator, state, [(kgs[p], keys[p]) for p in positions], isolation, epochs[task],
-                       self.values)
+                       self._values)
             try:
                 conn = self._conn(address, {"query": task})
                 _send(conn, request)
@@ -238,7 +242,7 @@ class QueryClient:
                 raise QueryError(str(reply[2]))
             if kind == "ok" and reply[1] == rid:
                 got = reply[4]
-                if self.values == VALUES_PICKLED:  # the caller's opt-in, for its own job
+                if self._values == VALUES_PICKLED:  # the caller's opt-in, for its own job
                     got = pickle.loads(got) if type(got) is bytes else None
                 if type(got) is not list or len(got) != len(plan[task][1]):
                     raise QueryError(f"task {task}: malformed answer (expected {len(plan[task][1])} values)")
