@@ -213,8 +213,10 @@ def _check_restore_point(restore_from: str, storage: CheckpointStorage, plan, re
         point = open_checkpoint(restore_from, signing_key=storage.signing_key)
     except UntrustedCheckpoint as exc:
         raise ConfigError(
-            f"restore_from {restore_from}: its _metadata is not trusted: {exc.why} — checkpoint.signing_key is set, "
-            "so only checkpoints and savepoints of jobs signing with the same key are restored") from None
+            f"restore_from {restore_from}: its _metadata is not trusted: {exc.why} — this job signs its checkpoints "
+            "(checkpoint.signing_key, or on a cluster the generated ~/.epochal/signing.key), so only checkpoints and "
+            "savepoints signed with the same key are restored: pass the key it was signed with "
+            "(checkpoint.signing_key), or copy it signed with `epochal savepoint create --signing-key-file`") from None
     compatibility.enforce(plan, point.meta, allow_non_restored_state, log)  # before anything is copied
     return point
 
