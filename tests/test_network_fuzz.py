@@ -3,6 +3,9 @@
 * before authentication: the wire handshake (:func:`~epochal.runtime.transport.wire.accept_handshake`)
   fed arbitrary bytes after the server's greeting — every such peer is rejected, nothing
   hangs past the handshake timeout, and a real peer still connects afterwards;
+* the dashboard's HTTP server (before its token is checked) fed arbitrary request bytes —
+  every connection is answered or closed, none hangs, and the page's data is still served
+  to the token and only to it;
 * after authentication with the query token: the query directory and a task's query server
   fed arbitrary frames — raw bytes, pickles that would create a marker file, and arbitrary
   tagged-JSON structures — each gets an answer, the connection survives, no marker appears,
@@ -103,10 +106,46 @@ def _run(examples: int, tmp_path):
     assert not os.path.exists(marker)
 
 
+def _dashboard(examples: int):
+    import urllib.error
+    import urllib.request
+
+    from epochal.ui.server import DashboardServer
+
+    server = DashboardServer(lambda: {"ok": 1}, lambda stop, timeout: "nowhere", request_timeout=2.0)
+    requestish = st.tuples(st.sampled_from([b"GET", b"POST", b"PUT", b"\x16\x03\x01", b""]),
+                           st.sampled_from([b" /api/state", b" /api/savepoint", b" /", b" /static/../x", b""]),
+                           st.binary(max_size=300)).map(b"".join)
+    try:
+        @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(requestish)
+        def http(data):
+            with socket.create_connection(server.address, timeout=10) as sock:
+                sock.settimeout(10)  # the server's 2 s request timeout ends it well before
+                sock.sendall(data)
+                sock.shutdown(socket.SHUT_WR)  # the end of the request: the server answers or gives up at once
+                try:
+                    while sock.recv(4096):
+                        pass
+                except ConnectionResetError:
+                    pass
+
+        http()
+        url = f"{server.base_url}api/state"
+        with urllib.request.urlopen(f"{url}?token={server.token}", timeout=10) as r:
+            assert json.loads(r.read()) == {"ok": 1}
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            urllib.request.urlopen(f"{url}?token=guess", timeout=10)
+    finally:
+        server.close()
+
+
 def test_network_decoders_under_fuzzing(tmp_path):
     _run(150, tmp_path)
+    _dashboard(60)
 
 
 @pytest.mark.slow
 def test_network_decoders_under_long_fuzzing(tmp_path):
     _run(5000, tmp_path)
+    _dashboard(1000)
