@@ -24,6 +24,8 @@ import threading
 import time
 from pathlib import Path
 
+#: the environment variable ``epochal ui`` reads its token from (or ``--token-file``; never argv)
+UI_TOKEN_ENV = "EPOCHAL_UI_TOKEN"
 BENCHMARKS = ("throughput", "latency", "chain", "alignment", "recovery", "state", "window", "event_windows", "peers",
               "dataplane")
 RUNTIME_FLAG = {"throughput", "latency", "chain", "alignment", "recovery", "state", "window",
@@ -61,8 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("job", help="the job (dataflow) name")
     ui.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     ui.add_argument("--port", type=int, default=0, help="TCP port (default: any free port)")
-    ui.add_argument("--token", default=None, help="the secret the page needs (default: a random one)")
     from epochal.query.commands import add_parser as add_query_parser
+    from epochal.query.commands import add_token_arguments
+
+    add_token_arguments(ui, UI_TOKEN_ENV, "the secret the page needs (default: a random one)")
 
     add_query_parser(sub)
     regions = sub.add_parser("regions", help="show the consistent regions of a dataflow: each region's operators, "
@@ -106,8 +110,15 @@ def serve_ui(args, wait=None) -> int:
     from epochal.errors import EpochalError
     from epochal.ui.offline import serve
 
+    from epochal.query.commands import token_from
+
     try:
-        server = serve(args.storage, args.job, host=args.host, port=args.port, token=args.token)
+        token = token_from(args, UI_TOKEN_ENV, "epochal ui")
+    except ValueError as exc:
+        print(f"epochal ui: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        server = serve(args.storage, args.job, host=args.host, port=args.port, token=token)
     except (EpochalError, OSError) as exc:
         print(f"epochal ui: error: {exc}", file=sys.stderr)
         return 1

@@ -105,7 +105,13 @@ class CheckpointConfig:
             checkpoint's ``_metadata`` with (HMAC-SHA256; ``_metadata`` holds the SHA-256 of
             every file of the checkpoint) and verifies before restoring one: a checkpoint
             someone planted or changed in the storage is refused. Keep it outside the
-            storage (an environment variable, a secret manager); ``None``: unsigned.
+            storage (an environment variable, a secret manager). ``None``: unsigned on local
+            runs; on a cluster (a non-``local`` master) the driver signs with a key it
+            generates once and keeps beside the job, in ``~/.epochal/signing.key`` (0600;
+            ``$EPOCHAL_HOME`` moves it), unless ``allow_unsigned`` (:mod:`epochal.runtime.driver.secure_defaults`).
+        allow_unsigned: on a cluster with no ``signing_key``, write unsigned checkpoints
+            (anyone who can write the storage then runs code in every executor at the next
+            restore) instead of generating a key. Ignored by local runs.
         savepoint_targets: locations (URL prefixes) a savepoint requested through the
             storage (``epochal savepoint trigger``) may be written to, besides the job's own
             ``<storage>/<job>/savepoints/``; any other location is refused, so whoever can
@@ -133,6 +139,7 @@ class CheckpointConfig:
     signing_key: bytes | str | None = field(default=None, repr=False)
     savepoint_targets: tuple = ()
     inline_state: int = 16 * 1024
+    allow_unsigned: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "storage_retry", parse_duration(self.storage_retry, "checkpoint.storage_retry"))
@@ -143,6 +150,8 @@ class CheckpointConfig:
                 object.__setattr__(self, "signing_key", key_bytes(self.signing_key))
             except ValueError as exc:
                 raise ConfigError(f"checkpoint.signing_key: {exc}") from None
+        if not isinstance(self.allow_unsigned, bool):
+            raise ConfigError(f"checkpoint.allow_unsigned: expected True or False, got {self.allow_unsigned!r}")
         targets = self.savepoint_targets
         if isinstance(targets, str):
             targets = (targets,)
@@ -214,7 +223,12 @@ class ChannelConfig:
             authenticated with a per-attempt certificate the driver creates and the tasks
             pin (:mod:`epochal.runtime.transport.tls`). ``None`` (default): on when the job runs on
             a Spark cluster (a non-``local`` master), off on embedded local Spark and the
-            local runtime, whose connections stay on loopback. ``True`` / ``False`` force it.
+            local runtime, whose connections stay on loopback (and on whenever the driver binds
+            a non-loopback address). ``True`` / ``False`` force it — but ``False`` where
+            connections leave loopback (a cluster, a non-loopback bind address) is refused
+            unless ``allow_plaintext``: frames are authenticated only at connect, so an
+            on-path peer could inject pickles into an established connection.
+        allow_plaintext: accept ``encryption=False`` between hosts (a network only you use).
         in_flight: bound the data in flight per channel by *time* (Flink's buffer
             debloating): a consumer grants only the batches it consumes in this many seconds
             at its measured rate (between 2 and ``credits``), so queues in front of a slow
@@ -243,6 +257,7 @@ class ChannelConfig:
     max_frame_bytes: int = 64 << 20
     feedback_memory_bytes: int = 64 << 20
     log_memory_bytes: int = 64 << 20
+    allow_plaintext: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "linger", parse_duration(self.linger, "channels.linger"))
@@ -252,6 +267,8 @@ class ChannelConfig:
         if self.encryption is not None and not isinstance(self.encryption, bool):
             raise ConfigError(f"channels.encryption: expected True, False or None (automatic), "
                               f"got {self.encryption!r}")
+        if not isinstance(self.allow_plaintext, bool):
+            raise ConfigError(f"channels.allow_plaintext: expected True or False, got {self.allow_plaintext!r}")
         for key in ("batch_size", "credits", "batch_bytes", "max_frame_bytes", "feedback_memory_bytes",
                     "log_memory_bytes"):
             v = getattr(self, key)

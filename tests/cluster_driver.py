@@ -167,7 +167,8 @@ def run_job(kind: str, args, spark) -> dict:
         cluster=ep.ClusterConfig(executor_wait=args.executor_wait, startup_timeout=args.startup_timeout,
                                  peer_timeout=args.peer_timeout,
                                  shared_paths=tuple(args.shared_path)),
-        channels=ep.ChannelConfig(encryption={"auto": None, "on": True, "off": False}[args.encryption]),
+        channels=ep.ChannelConfig(encryption={"auto": None, "on": True, "off": False}[args.encryption],
+                                  allow_plaintext=args.encryption == "off"),  # the test cluster's private network
     )
     if args.ui:
         options["metrics"] = ep.MetricsConfig(ui=True, log=False)

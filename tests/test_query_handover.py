@@ -25,7 +25,7 @@ from epochal.query.protocol import query_key
 from epochal.query.readers import ValueReader
 from epochal.query.versions import PinnedVersion
 from epochal.runtime.driver.query_directory import QueryDirectory
-from epochal.runtime.transport import wire
+from epochal.runtime.transport import tagged_json, wire
 
 TOKEN = "handover-test"
 KEY = query_key(TOKEN)
@@ -36,12 +36,12 @@ def lookup(port: int, key: str, kg: int = KG):
     """``(epoch, held, value)`` of one read-committed lookup of ``op/v`` at ``port``."""
     conn = wire.connect(("127.0.0.1", port), KEY, {"query": "t"}, timeout=10.0)
     try:
-        conn.send(("get", 7, "op", "v", [(kg, key)], "read-committed", None))
-        reply = conn.recv()
+        conn.send_bytes(tagged_json.dumps(("get", 7, "op", "v", [(kg, key)], "read-committed", None)))
+        reply = tagged_json.loads(conn.recv_bytes())  # data only, as the protocol speaks
     finally:
         conn.close()
     assert reply[0] == "ok" and reply[1] == 7, reply
-    return reply[2], reply[3], pickle.loads(reply[4])[0]
+    return reply[2], reply[3], reply[4][0]
 
 
 def pin(backend) -> PinnedVersion:

@@ -270,13 +270,19 @@ def test_query_errors_tokens_and_the_command_line(tmp_path, capsys):
                 client.query("no-such-operator", "balance", 1, timeout=0.3)
         with pytest.raises(QueryError, match="refused the token"):
             QueryClient((host, port), "wrong-token").query("accounts", "balance", 1)
-        assert main(["query", f"{host}:{port}", "accounts", "balance", "1", "2", "--token", handle.query_token]) == 0
+        token_file = tmp_path / "token"
+        token_file.write_text(handle.query_token + "\n")
+        assert main(["query", f"{host}:{port}", "accounts", "balance", "1", "2", "--token-file", str(token_file)]) == 0
         out = capsys.readouterr().out
         import json
 
         answer = json.loads(out)
         assert answer["isolation"] == "read-committed" and [k for k, _ in answer["values"]] == [1, 2]
-        assert main(["query", f"{host}:{port}", "accounts", "balance", "1", "--token", "bad"]) == 1
+        token_file.write_text("bad")
+        assert main(["query", f"{host}:{port}", "accounts", "balance", "1", "--token-file", str(token_file)]) == 1
+        # a token on the command line is refused: argv is in every user's process list
+        assert main(["query", f"{host}:{port}", "accounts", "balance", "1", "--token", handle.query_token]) == 2
+        assert "process list" in capsys.readouterr().err
     finally:
         handle.cancel()
         with pytest.raises(ep.JobFailedError):

@@ -43,16 +43,22 @@ from epochal.durable import fsync_dir
 from epochal.errors import CheckpointStorageError, ConfigError
 
 
+#: modes of what checkpoint storage creates on a local disk: only the job's user may read
+#: (state holds records) or write (a restore unpickles it) — issue 51
+DIR_MODE, FILE_MODE = 0o700, 0o600
+
+
 def makedirs_durable(directory: str) -> None:
     """``os.makedirs`` whose new directories' entries are durable (each new directory's
-    parent is fsynced), so a checkpoint directory cannot vanish with its files."""
+    parent is fsynced), so a checkpoint directory cannot vanish with its files. New
+    directories are :data:`DIR_MODE` (existing ones are left as they are)."""
     if os.path.isdir(directory):
         return
     parent = os.path.dirname(directory)
     if parent and parent != directory:
         makedirs_durable(parent)
     try:
-        os.mkdir(directory)
+        os.mkdir(directory, DIR_MODE)
     except FileExistsError:
         return
     fsync_dir(None, parent or ".")
@@ -182,7 +188,7 @@ class DocumentStore:
         makedirs_durable(directory)
         tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
         try:  # a full disk fails here and leaves nothing behind
-            with open(tmp, "wb") as f:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE), "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())

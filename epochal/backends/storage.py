@@ -61,7 +61,7 @@ from epochal.backends.layout import (CHK_DIR, FILE_NAME, HASH_CHUNK, INLINE_PATH
                                      SHARED_EPOCH,
                                      StateHandle, chk_name, encode_document, metadata_document, mismatch,
                                      parse_metadata, referenced_bytes, state_handles)
-from epochal.backends.documents import DocumentStore, makedirs_durable
+from epochal.backends.documents import FILE_MODE, DocumentStore, makedirs_durable
 from epochal.durable import fsync_dir
 from epochal.errors import CheckpointStorageError
 
@@ -225,6 +225,7 @@ class CheckpointStorage(DocumentStore):
                             with contextlib.suppress(OSError):
                                 os.unlink(tmp)
                             raise
+                    os.chmod(tmp, FILE_MODE)  # whatever mode the local file had: the storage's
                 self.call("write", path, stage)
                 with contextlib.suppress(OSError):
                     os.unlink(source)

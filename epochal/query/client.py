@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 
 from epochal.backends.keygroups import key_group_for
 from epochal.errors import EpochalError
-from epochal.query.protocol import READ_COMMITTED, JobEnded, QueryError, check_isolation, common_epoch, query_key, route
-from epochal.runtime.transport import wire
+from epochal.query.protocol import (CODEC, READ_COMMITTED, VALUES_DATA, VALUES_PICKLED, JobEnded, QueryError, check_isolation,
+                                    common_epoch, query_key, route)
+from epochal.runtime.transport import tagged_json, wire
 
 #: seconds between attempts while the job restarts or a task has no committed epoch yet
 RETRY_PAUSE = 0.02
@@ -56,6 +57,12 @@ class QueryClient:
         token: the job's query token (``JobHandle.query_token``).
         timeout: default seconds a lookup may wait (restarts, first epoch).
         tls: an encrypted job's ``JobHandle.query_tls`` (its queries travel in pinned TLS).
+        pickled_values: ask for values pickled and unpickle them here — for values with no
+            data-only encoding (instances of your own classes), and only for your own job's
+            endpoints: an endpoint that is not your job's could run code in this process. By
+            default (``False``) nothing received is unpickled; keys are always sent as data
+            (:mod:`~epochal.runtime.transport.tagged_json`: str, int, float, bool, None, bytes,
+            tuple, list, dict, set).
 
     Thread-safe (one lookup at a time per client). Example::
 
@@ -64,7 +71,7 @@ class QueryClient:
         r.values, r.epoch        # ({'a': 10, 'b': 90}, 17)
     """
 
-    def __init__(self, address, token: str, timeout: float = 30.0, tls=None):
+    def __init__(self, address, token: str, timeout: float = 30.0, tls=None, pickled_values: bool = False):
         if isinstance(address, str):
             host, _, port = address.rpartition(":")
             address = (host, int(port))
@@ -72,6 +79,8 @@ class QueryClient:
         self.key = query_key(token)
         self.timeout = timeout
         self.tls = tls
+        self.values = VALUES_PICKLED if pickled_values else VALUES_DATA
+        self._values = self.values  # of the lookup in progress
         self._routes: dict | None = None
         self._conns: dict[tuple, wire.Connection] = {}
         self._lock = threading.Lock()
@@ -80,9 +89,10 @@ class QueryClient:
 
     # ------------------------------------------------------------------ public
     def query(self, operator: str, state: str, keys, *, isolation: str = READ_COMMITTED,
-              timeout: float | None = None) -> QueryResult:
+              timeout: float | None = None, pickled_values: bool | None = None) -> QueryResult:
         """Look up ``keys`` (a ``list`` of keys; anything else is one key) in ``state`` of
-        ``operator``. See :class:`QueryResult`.
+        ``operator``. See :class:`QueryResult`. ``pickled_values``: this lookup's choice
+        (``None``: the client's, see the class).
 
         Raises:
             QueryError: unknown operator/state, a state not declared queryable, a bad
@@ -91,10 +101,16 @@ class QueryClient:
         check_isolation(isolation)
         many = isinstance(keys, list)
         keys = list(keys) if many else [keys]
+        try:
+            CODEC.encode(keys, where="key")
+        except tagged_json.NotData as exc:
+            raise QueryError(f"query of {operator}/{state}: {exc} — keys travel as data only") from None
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         last = "no answer yet"
         with self._lock:
             self._deadline = deadline
+            self._values = self.values if pickled_values is None else (VALUES_PICKLED if pickled_values
+                                                                         else VALUES_DATA)
             while True:
                 try:
                     values, epoch = self._attempt(operator, state, keys, isolation)
@@ -149,8 +165,8 @@ class QueryClient:
         except _Retry as exc:  # the directory lives as long as the job: nobody answers, no job
             raise JobEnded(f"no running job answers at {self.address[0]}:{self.address[1]}: {exc}") from exc
         try:
-            conn.send(("routes",))
-            reply = conn.recv()
+            _send(conn, ("routes",))
+            reply = _recv(conn)
         except (EpochalError, OSError) as exc:
             if isinstance(exc, QueryError):
                 raise
@@ -195,10 +211,11 @@ class QueryClient:
         sent = []
         for task, (address, positions) in plan.items():
             rid = next(self._rid)
-            request = ("get", rid, operator, state, [(kgs[p], keys[p]) for p in positions], isolation, epochs[task])
+            request = ("get", rid, operator, state, [(kgs[p], keys[p]) for p in positions], isolation, epochs[task],
+                       self._values)
             try:
                 conn = self._conn(address, {"query": task})
-                conn.send(request)
+                _send(conn, request)
             except (_Retry, EpochalError, OSError) as exc:  # _Retry: unreachable (a finished or lost task)
                 for _, other, _, _ in sent:  # their answers would be read by the next request
                     self._drop(other)
@@ -211,7 +228,7 @@ class QueryClient:
         replies = []
         for task, address, conn, rid in sent:  # read every answer before judging any
             try:
-                reply = conn.recv()
+                reply = _recv(conn)
             except (EpochalError, OSError) as exc:
                 reply = ("lost", None, f"task {task}: {exc}")
             if reply[0] != "error" and reply[1] != rid:
@@ -222,9 +239,14 @@ class QueryClient:
         for task, rid, reply in replies:
             kind = reply[0]
             if kind == "error":
-                raise QueryError(reply[2])
+                raise QueryError(str(reply[2]))
             if kind == "ok" and reply[1] == rid:
-                answers[task] = (reply[2], reply[3], pickle.loads(reply[4]))
+                got = reply[4]
+                if self._values == VALUES_PICKLED:  # the caller's opt-in, for its own job
+                    got = pickle.loads(got) if type(got) is bytes else None
+                if type(got) is not list or len(got) != len(plan[task][1]):
+                    raise QueryError(f"task {task}: malformed answer (expected {len(plan[task][1])} values)")
+                answers[task] = (reply[2], reply[3], got)
             else:
                 if kind == "moved":
                     self._routes = None
@@ -232,3 +254,23 @@ class QueryClient:
         if retry is not None:
             raise _Retry(retry)
         return answers
+
+
+#: the least length of each answer kind (protocol)
+_LENGTHS = {"routes": 2, "ok": 5, "unavailable": 3, "moved": 3, "error": 3}
+
+
+def _send(conn: wire.Connection, message: tuple) -> None:
+    conn.send_bytes(CODEC.dumps(message, where="query request"))
+
+
+def _recv(conn: wire.Connection) -> tuple:
+    """The next answer, data only (never unpickled): malformed ones raise :class:`QueryError`."""
+    try:
+        reply = CODEC.loads(conn.recv_bytes())
+    except tagged_json.NotData as exc:
+        raise QueryError(f"query endpoint {conn.peer[0]}:{conn.peer[1]} answered something that is not data: {exc}") from None
+    kind = reply[0] if type(reply) is tuple and reply and type(reply[0]) is str else None
+    if kind is None or len(reply) < _LENGTHS.get(kind, 99):
+        raise QueryError(f"query endpoint {conn.peer[0]}:{conn.peer[1]} sent a malformed answer {reply!r:.200}")
+    return reply

@@ -2,7 +2,9 @@
 
 Binds the task's own address (loopback on local runs, the executor's address on a
 cluster) and accepts only peers that prove the job's query token (the wire handshake,
-:func:`~epochal.query.protocol.query_key`): frames are unpickled only after it. An encrypted
+:func:`~epochal.query.protocol.query_key`); even then it reads only data-only tagged JSON
+requests (:mod:`~epochal.runtime.transport.tagged_json`), never a pickle: the token lets its
+holder read state, nothing more. An encrypted
 job (on a cluster, by default) wraps every query connection in TLS pinned to the job's query
 certificate, as the data channels are (:mod:`epochal.runtime.transport.tls`).
 
@@ -19,9 +21,9 @@ import pickle
 import threading
 
 from epochal.backends.views import ViewReleased
-from epochal.query.protocol import READ_COMMITTED, check_isolation
+from epochal.query.protocol import CODEC, READ_COMMITTED, VALUES_PICKLED, parse_get
 from epochal.query.versions import CommittedVersions, VersionGone
-from epochal.runtime.transport import wire
+from epochal.runtime.transport import tagged_json, wire
 
 
 #: why read-committed lookups are refused by a job whose every checkpoint is unaligned
@@ -51,18 +53,34 @@ class QueryServer:
         self.answered = 0
         self._lock = threading.Lock()  # held while reading a view: close() waits for the reads
         self._closed = False
-        self._answering = wire.Answering(self.answer)
+        self._answering = wire.Answering(self.answer, codec=CODEC, name=f"query server of task {task}")
         self.server = wire.Server(key, self._answering.serve, host=host, name=f"query-{task}",
                                   peer_timeout=peer_timeout, tls=tls)
         self.address = self.server.address
 
-    def answer(self, request: tuple) -> tuple:
-        """The response to one ``("get", ...)`` request (see :mod:`epochal.query.protocol`)."""
+    def answer(self, request) -> tuple:
+        """The response to one ``("get", ...)`` request (see :mod:`epochal.query.protocol`):
+        already decoded from data-only tagged JSON; the values go back as data, or pickled
+        when the request asks ``"pickle"`` (the client's opt-in, for its own job)."""
         try:
-            _, rid, operator, state, items, isolation, epoch = request
-            check_isolation(isolation)
+            rid, operator, state, items, isolation, epoch, encoding = parse_get(request)
         except Exception as exc:
             return ("error", None, f"task {self.task}: malformed query {request!r:.200}: {exc}")
+        try:
+            return self._answer(rid, operator, state, items, isolation, epoch, encoding)
+        except tagged_json.NotData as exc:
+            return ("error", rid, f"state {state!r} of operator {operator!r}: {exc}; a client of this job may ask for "
+                                  "pickled values instead (QueryClient(..., pickled_values=True))")
+
+    @staticmethod
+    def _payload(values: list, encoding: str, where: str):
+        """``values`` as the reply carries them: pickled bytes (the client's opt-in) or a data
+        tree (raises :class:`~epochal.runtime.transport.tagged_json.NotData`)."""
+        if encoding == VALUES_PICKLED:
+            return pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
+        return tagged_json.Encoded(CODEC.encode(values, where=where))
+
+    def _answer(self, rid: int, operator: str, state: str, items: list, isolation: str, epoch, encoding: str) -> tuple:
         name = f"{operator}/{state}"
         reader = self.registry.get(name)
         if reader is None:
@@ -78,6 +96,8 @@ class QueryServer:
                 payload = self.live_read(name, items)
             except TimeoutError as exc:
                 return ("unavailable", rid, str(exc), [])
+            if encoding != VALUES_PICKLED:  # the task's own pickle (its task thread's): trusted
+                payload = self._payload(pickle.loads(payload), encoding, name)
             self.answered += 1
             return ("ok", rid, None, [], payload)
         if self.committed_refused:
@@ -93,7 +113,7 @@ class QueryServer:
                 return ("unavailable", rid, f"task {self.task}: {exc}", self.versions.held)
             except NotImplementedError as exc:
                 return ("error", rid, f"state {state!r} of operator {operator!r}: {exc}")
-            payload = pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
+            payload = self._payload(values, encoding, name)  # under the lock: the view is still pinned
         self.answered += 1
         return ("ok", rid, epoch, held, payload)
 

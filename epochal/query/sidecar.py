@@ -47,13 +47,14 @@ from epochal.query.versions import CommittedVersions, PinnedVersion
 
 log = logging.getLogger("epochal")
 
-#: the child's start: ``epochal``, ``epochal.backends`` and ``epochal.query`` as bare packages,
+#: the child's start: ``epochal``, ``epochal.backends``, ``epochal.query`` and ``epochal.windows``
+#: (the query codec names its Window types) as bare packages,
 #: so that their ``__init__`` (the whole library: numpy, pyarrow — 0.5 s of CPU, seconds of
 #: wall time on a loaded machine, while queries wait) is not run; the modules the child
 #: uses, and those of the readers it unpickles, are imported as usual
 _BOOT = """
 import importlib.util, sys, types
-for name in ("epochal", "epochal.backends", "epochal.query"):
+for name in ("epochal", "epochal.backends", "epochal.query", "epochal.windows"):
     spec = importlib.util.find_spec(name)
     package = types.ModuleType(name)
     package.__path__, package.__spec__ = list(spec.submodule_search_locations), spec

@@ -37,10 +37,14 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import sys
 
 from epochal.backends.storage import CheckpointStorage, referenced_bytes
 from epochal.errors import ConfigError, EpochalError
+
+#: the environment variable ``epochal savepoint create`` reads the job's signing key from
+SIGNING_KEY_ENV = "EPOCHAL_SIGNING_KEY"
 
 __all__ = ["add_parsers", "run"]
 
@@ -73,6 +77,9 @@ def add_parsers(sub) -> None:
     p = sps.add_parser("create", help="copy a completed checkpoint into a new, self-contained savepoint")
     p.add_argument("source", help="a chk-<epoch> directory, a job's checkpoint directory, or a savepoint")
     p.add_argument("target", help="an empty or absent location")
+    p.add_argument("--signing-key-file", default=None,
+                   help=f"a file holding the job's checkpoint.signing_key (default: ${SIGNING_KEY_ENV}): the source "
+                        "must be signed with it and the savepoint is signed with it, so the job restores it")
     p = sps.add_parser("verify", help="check every file of a savepoint or checkpoint (sizes and SHA-256)")
     p.add_argument("url")
     p = sps.add_parser("trigger", help="ask a running job for a savepoint (its driver polls the checkpoint storage)")
@@ -298,11 +305,30 @@ def _create(args) -> int:
     from epochal.state.location import open_checkpoint
     from epochal.state.savepoint import write_savepoint
 
-    ckpt = open_checkpoint(args.source)
-    marker = write_savepoint(ckpt, args.target)
+    key = _signing_key(args)
+    ckpt = open_checkpoint(args.source, signing_key=key)  # verified with the key before anything is copied
+    marker = write_savepoint(ckpt, args.target, signing_key=key)
     print(f"savepoint of job {marker['job']} epoch {marker['epoch']} written to {args.target} "
           f"({len(marker['files'])} files, {marker['bytes']} bytes)")
     return 0
+
+
+def _signing_key(args) -> bytes | None:
+    """The key of ``--signing-key-file`` or ``$EPOCHAL_SIGNING_KEY`` (never argv), or None:
+    the text, as ``CheckpointConfig(signing_key=text)`` takes it (a generated key file,
+    ``~/.epochal/signing.key``, works as it is)."""
+    from epochal.backends.signing import key_bytes
+
+    text = os.environ.get(SIGNING_KEY_ENV)
+    if args.signing_key_file is not None:
+        with open(os.path.expanduser(args.signing_key_file), encoding="utf-8") as f:
+            text = f.read().strip()
+    if not text:
+        return None
+    try:
+        return key_bytes(text)
+    except ValueError as exc:
+        raise ConfigError(f"savepoint create: the signing key: {exc}") from None
 
 
 def _trigger(args) -> int:

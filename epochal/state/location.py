@@ -27,10 +27,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from epochal.backends import signing
 from epochal.backends.storage import METADATA_FILE, CheckpointStorage, StateHandle, state_handles
 from epochal.errors import CheckpointStorageError
 
-__all__ = ["SAVEPOINT_FILE", "Checkpoint", "open_checkpoint"]
+__all__ = ["SAVEPOINT_FILE", "Checkpoint", "UntrustedCheckpoint", "open_checkpoint"]
 
 SAVEPOINT_FILE = "_savepoint"
 _CHK = re.compile(r"^chk-(\d+)$")
@@ -136,23 +137,46 @@ class Checkpoint:
                 raise CheckpointStorageError(f"{self.kind} {self.url}: file {self.storage.file_url(h.path)} is {problem}")
 
 
+class UntrustedCheckpoint(CheckpointStorageError):
+    """The ``_metadata`` read is not signed with the key the checkpoint was opened with
+    (``why`` says how: not signed, another key, changed after signing)."""
+
+    def __init__(self, message: str, why: str):
+        super().__init__(message)
+        self.why = why
+
+
 def _metadata(storage: CheckpointStorage, epoch: int) -> dict:
-    meta = storage.read_metadata(epoch)
+    """``meta`` of epoch ``epoch``'s ``_metadata``, read once: with the storage's
+    ``signing_key`` the very document read is verified before anything of it is used (no
+    second read a swap could slip between)."""
+    where = storage.file_url(f"chk-{epoch:010d}/{METADATA_FILE}")
+    doc, why = storage.inspect_metadata(epoch)
+    if doc is None:
+        directory = storage.display(storage.epoch_dir(epoch))
+        raise CheckpointStorageError(f"checkpoint {directory} is not complete: {directory}/{METADATA_FILE} is {why}")
+    if storage.signing_key is not None:
+        why = signing.verify(doc, storage.signing_key)
+        if why:
+            raise UntrustedCheckpoint(f"{where} is not trusted: {why} (checkpoint.signing_key)", why)
+    meta = doc["meta"]
     if not isinstance(meta.get("tasks"), dict):
-        raise CheckpointStorageError(
-            f"{storage.file_url(f'chk-{epoch:010d}/{METADATA_FILE}')} is corrupt: it lists no tasks")
+        raise CheckpointStorageError(f"{where} is corrupt: it lists no tasks")
     return meta
 
 
-def open_checkpoint(url: str, storage_options=None) -> Checkpoint:
-    """Open the checkpoint or savepoint ``url`` names (see the module docstring).
+def open_checkpoint(url: str, storage_options=None, signing_key: bytes | None = None) -> Checkpoint:
+    """Open the checkpoint or savepoint ``url`` names (see the module docstring). With
+    ``signing_key`` its ``_metadata`` must be signed with it (:mod:`epochal.backends.signing`).
 
     Raises:
+        UntrustedCheckpoint: ``signing_key`` is given and the ``_metadata`` is not signed
+            with it.
         CheckpointStorageError: nothing restorable is there; the message names the file
             that is missing or not valid.
     """
     url = url.rstrip("/")
-    root = CheckpointStorage.at_root(url, storage_options)
+    root = CheckpointStorage.at_root(url, storage_options, signing_key=signing_key)
     marker = root.read_document(SAVEPOINT_FILE)
     if marker is not None:
         where = root.file_url(SAVEPOINT_FILE)
@@ -163,7 +187,7 @@ def open_checkpoint(url: str, storage_options=None) -> Checkpoint:
     m = _CHK.match(root.job)
     if m:
         parent = url.rsplit("/", 1)[0]
-        storage = CheckpointStorage.at_root(parent, storage_options)
+        storage = CheckpointStorage.at_root(parent, storage_options, signing_key=signing_key)
         return Checkpoint(url, storage, int(m.group(1)), _metadata(storage, int(m.group(1))))
     latest = root.latest_completed()
     if latest is None:

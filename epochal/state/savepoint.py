@@ -79,10 +79,13 @@ def copy_files(source: CheckpointStorage, target: CheckpointStorage, handles) ->
     return total
 
 
-def write_savepoint(checkpoint: Checkpoint, url: str, storage_options=None) -> dict:
+def write_savepoint(checkpoint: Checkpoint, url: str, storage_options=None, signing_key: bytes | None = None) -> dict:
     """Copy ``checkpoint`` into a new savepoint at ``url``; return its marker.
 
-    ``url`` must be empty or absent (a savepoint is never overwritten or merged).
+    ``url`` must be empty or absent (a savepoint is never overwritten or merged). With
+    ``signing_key`` (the job's ``CheckpointConfig.signing_key``) the savepoint's
+    ``_metadata`` is signed like a checkpoint's, so a job with that key restores it
+    (``restore_from``) and refuses one changed or planted without it.
 
     Raises:
         CheckpointStorageError: ``url`` is not empty, or a file of the checkpoint is
@@ -90,7 +93,7 @@ def write_savepoint(checkpoint: Checkpoint, url: str, storage_options=None) -> d
             ``_savepoint`` marker: the directory is not a savepoint.
     """
     t0 = time.monotonic()
-    target = CheckpointStorage.at_root(url, storage_options)
+    target = CheckpointStorage.at_root(url, storage_options, signing_key=signing_key)
     if not _is_empty(target):
         raise CheckpointStorageError(f"savepoint location {target.root_url} is not empty; savepoints are never "
                                      "overwritten: choose a new location")

@@ -14,8 +14,14 @@ Routes (``MetricsConfig.ui``; :class:`DashboardServer`):
 Every ``/api`` call needs the job's token: in the ``X-Epochal-Token`` header, or — for GET
 only — as ``?token=``. The actions accept the header only, which a page of another origin
 cannot set without a CORS preflight this server never grants, so a link cannot trigger a
-savepoint. The server binds the loopback interface by default (``MetricsConfig.ui_host``)
-and logs its address with the token, as a notebook server does.
+savepoint. The server binds the loopback interface by default (``MetricsConfig.ui_host``).
+Its address is logged without the token; the URL with it is ``JobHandle.ui_url`` and is
+printed on the terminal (stderr, when it is one) — never to a log, which others may read.
+
+Bounded (issue 51): each connection's socket times out after :data:`REQUEST_TIMEOUT`
+seconds without progress, and at most :data:`MAX_CONNECTIONS` are served at once (one
+thread each); a connection beyond that is closed at once. So idle or half-sent requests
+cost a bounded number of threads, for a bounded time.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ import hmac
 import json
 import logging
 import secrets
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -38,6 +45,39 @@ _STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "application/java
            "style.css": "text/css; charset=utf-8"}
 #: how long an action waits for its savepoint before answering
 ACTION_TIMEOUT = 300.0
+#: seconds a connection may stay silent (reading its request, or between keep-alive requests)
+REQUEST_TIMEOUT = 10.0
+#: connections served at once; one beyond is closed at once
+MAX_CONNECTIONS = 32
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """A :class:`ThreadingHTTPServer` with at most ``max_connections`` handler threads."""
+
+    daemon_threads = True
+    request_queue_size = 128  # accepted promptly (and refused at once beyond the cap), not left in SYN retries
+
+    def __init__(self, address, handler, max_connections: int):
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self.refused = 0
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 def _static(name: str) -> bytes:
@@ -53,34 +93,46 @@ class DashboardServer:
         savepoint: ``savepoint(stop: bool, timeout: float) -> url``, blocking until the
             savepoint is written; ``None``: the actions are off (a read-only view).
         token: the secret every ``/api`` call must present; ``None``: a random one.
+        request_timeout, max_connections: the bounds of the module docstring.
 
     Raises:
         ConfigError: ``host:port`` cannot be bound.
     """
 
     def __init__(self, view, savepoint=None, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 name: str = "job"):
+                 name: str = "job", request_timeout: float = REQUEST_TIMEOUT, max_connections: int = MAX_CONNECTIONS):
         self.token = token or secrets.token_urlsafe(24)
         self._view = view
         self._savepoint = savepoint
-        handler = type("Handler", (_Handler,), {"dashboard": self})
+        handler = type("Handler", (_Handler,), {"dashboard": self, "timeout": request_timeout})
         try:
-            self._server = ThreadingHTTPServer((host, port), handler)
+            self._server = _BoundedServer((host, port), handler, max_connections)
         except OSError as exc:
             raise ConfigError(f"metrics.ui_host / ui_port: cannot serve the dashboard on {host}:{port}: {exc}") from exc
-        self._server.daemon_threads = True
         self.address = self._server.server_address[:2]
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
                                         name=f"epochal-ui-{name}", daemon=True)
         self._thread.start()
-        log.info("job %s: dashboard at %s", name, self.url)
+        log.info("job %s: dashboard at %s (its token: JobHandle.ui_url)", name, self.base_url)
+        if sys.stderr.isatty():  # the token goes to the terminal only, never to a log
+            print(f"epochal: dashboard of job {name}: {self.url}", file=sys.stderr, flush=True)
+
+    @property
+    def refused(self) -> int:
+        """Connections closed at once because :data:`MAX_CONNECTIONS` were being served."""
+        return self._server.refused
+
+    @property
+    def base_url(self) -> str:
+        """The page's address without the token (what may be logged)."""
+        host, port = self.address
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{port}/"
 
     @property
     def url(self) -> str:
         """The page's address with the token (what to open in a browser)."""
-        host, port = self.address
-        host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{port}/?token={self.token}"
+        return f"{self.base_url}?token={self.token}"
 
     def authorised(self, presented: str | None) -> bool:
         return presented is not None and hmac.compare_digest(presented.encode(), self.token.encode())

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -116,7 +115,8 @@ class KafkaSink(Sink):
             write-ahead log; records beyond it spill to a file under ``wal_dir`` (exactly-once).
             ``None``: no budget — the whole log stays in memory and in checkpoints, nothing
             spills (what a cluster without a shared ``wal_dir`` needs).
-        wal_dir: where spill files go; default ``<tmp>/epochal-kafka-wal``. A task restarted
+        wal_dir: where spill files go; default ``<tmp>/epochal-<random>/epochal-kafka-wal``
+            (private: :mod:`~epochal.connectors.kafka.wal`). A task restarted
             on another host needs it to be a path every host shares: on a cluster it is one
             of the sink's :meth:`locations`, so a job whose ``wal_dir`` is not under
             ``ClusterConfig.shared_paths`` is refused at start, naming it.
@@ -149,8 +149,7 @@ class KafkaSink(Sink):
         self.wal_budget = None if wal_budget is None else wal.parse_bytes(wal_budget, f"{what} wal_budget")
         if wal_dir is not None and (not isinstance(wal_dir, (str, os.PathLike)) or not str(wal_dir)):
             raise ConfigError(f"{what} wal_dir: expected a directory path, got {wal_dir!r}")
-        self.wal_dir = str(wal_dir) if wal_dir is not None else os.path.join(tempfile.gettempdir(),
-                                                                              "epochal-kafka-wal")
+        self.wal_dir = str(wal_dir) if wal_dir is not None else wal.default_dir()
         self.config = client_config(self.servers, config, what, reserved=_RESERVED)
 
     def __repr__(self) -> str:

@@ -10,9 +10,18 @@ records must survive until its Kafka commit (:mod:`~epochal.connectors.kafka.sin
 * once the writer holds more than its budget (:class:`Budget`, all epochs not yet
   committed), later records of the epoch go to the segment's **spill file**
   (``<wal_dir>/<prefix>/<lineage>-<subtask>-g<generation>-e<epoch>.wal``, chunks of pickled
-  record lists); the checkpoint holds only its path and size. The file is closed at the
-  barrier (task thread), fsynced by the epoch's durability step (uploader thread), read
-  back only when the epoch must be produced again, and deleted once Kafka holds the epoch.
+  record lists); the checkpoint holds only its path, size and SHA-256. The file is closed
+  at the barrier (task thread), fsynced by the epoch's durability step (uploader thread),
+  read back only when the epoch must be produced again, and deleted once Kafka holds the epoch.
+
+Spill files are private (issue 51): ``<wal_dir>/<prefix>`` is created 0700 and must be a
+directory (not a symlink) owned by this user, or the spill is refused naming it
+(:class:`WalUnsafeError`); each file is created ``O_EXCL | O_NOFOLLOW`` 0600; its SHA-256
+is computed as it is written and kept in the segment, so in the checkpoint, and a replay
+hashes the file through the one descriptor it then unpickles from: a file changed or
+replaced by someone else is refused (:class:`WalUnsafeError`), never unpickled. The
+sink's default ``wal_dir`` is ``<tmp>/epochal-<random>/epochal-kafka-wal``
+(:func:`default_dir`): a name nobody can create first.
 
 A spill file lives on the task's host: a restart on another host finds it only if
 ``wal_dir`` is a path every host shares (the sink refuses to replay a missing file, naming
@@ -20,11 +29,15 @@ it, rather than losing its records silently).
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import pickle
-from collections.abc import Iterator
 import re
+import secrets
+import stat
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from epochal.errors import ConfigError
@@ -49,6 +62,39 @@ def parse_bytes(value, key: str) -> int:
 
 class WalMissingError(OSError):
     """A spill file that a replay needs is gone (another host, or deleted by hand)."""
+
+
+class WalUnsafeError(OSError):
+    """A spill directory or file that others could have written: not owned by this user,
+    open to others, a symlink, or (a file at replay) not the bytes the checkpoint recorded."""
+
+
+def default_dir() -> str:
+    """The sink's default ``wal_dir``: under a random directory of the temp dir (created
+    0700 on each host at the first spill, owner checked), never a predictable name."""
+    return os.path.join(tempfile.gettempdir(), f"epochal-{secrets.token_hex(8)}", "epochal-kafka-wal")
+
+
+def private_dir(path: str) -> str:
+    """Create ``path`` (0700) unless it exists; either way it must be a real directory owned
+    by this user and closed to group and others. Idempotent; returns ``path``.
+
+    Raises:
+        WalUnsafeError: naming the path, its owner and mode (``KafkaSink wal_dir``).
+    """
+    try:
+        os.makedirs(path, mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    problem = ("is a symlink" if stat.S_ISLNK(st.st_mode) else "is not a directory" if not stat.S_ISDIR(st.st_mode)
+               else f"is owned by uid {st.st_uid}, not this user ({os.geteuid()})" if st.st_uid != os.geteuid()
+               else f"is open to group or others (mode {stat.S_IMODE(st.st_mode):o}, expected 700)"
+               if st.st_mode & 0o077 else "")
+    if problem:
+        raise WalUnsafeError(f"the write-ahead log spill directory {path!r} {problem}: someone else could read or "
+                             "replace the spill files (KafkaSink wal_dir: use a directory only you can write)")
+    return path
 
 
 class Budget:
@@ -78,13 +124,15 @@ class WalSegment:
     spilled: int = 0  # records in the spill file
     spilled_bytes: int = 0
     first_ts: int | None = None  # the first record's timestamp (recovery looks for it from there)
+    file_bytes: int = 0  # the spill file's size, once sealed
+    sha256: str | None = None  # the spill file's SHA-256, once sealed (checked before a replay unpickles it)
 
     def __getstate__(self):
         """The records in memory as one pickled blob, pickled without a memo: the
         checkpoint's pickler would memoize each record's tuple, key and value (10x the CPU,
         on the uploader thread, holding the GIL the task thread needs). Rows hold no
         cycles and share nothing that must stay shared, so no memo is needed."""
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_file", "records")}
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_file", "_hash", "records")}
         buffer = io.BytesIO()
         pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
         pickler.fast = True
@@ -118,11 +166,22 @@ class WalSegment:
             return
         f = getattr(self, "_file", None)
         if f is None:
+            if self.sha256 is not None:
+                raise RuntimeError(f"write-ahead log {self.path!r}: appended to after it was sealed")
             if self.path is None:
                 self.path = spill_path()
-                os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            f = self._file = open(self.path, "ab")  # noqa: SIM115 — closed by seal()
-        pickle.dump(rows, f, protocol=pickle.HIGHEST_PROTOCOL)
+                private_dir(os.path.dirname(self.path))
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            except FileExistsError:
+                raise WalUnsafeError(f"the write-ahead log spill file {self.path!r} exists already: it was not "
+                                     "written by this epoch (KafkaSink wal_dir)") from None
+            f = self._file = os.fdopen(fd, "wb")  # closed by seal()
+            self._hash = hashlib.sha256()
+        data = pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)
+        f.write(data)
+        self._hash.update(data)
+        self.file_bytes += len(data)
         self.spilled += len(rows)
         self.spilled_bytes += nbytes
 
@@ -132,12 +191,13 @@ class WalSegment:
         if f is not None:
             f.close()
             self._file = None
+            self.sha256 = self._hash.hexdigest()
 
     def sync(self) -> None:
         """The durability step's part (uploader thread): the spill file is on disk."""
         if self.path is None:
             return
-        fd = os.open(self.path, os.O_RDONLY)
+        fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
         try:
             os.fsync(fd)
         finally:
@@ -149,13 +209,17 @@ class WalSegment:
         if self.path is None or not self.spilled:
             return
         try:
-            f = open(self.path, "rb")  # noqa: SIM115
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:
             raise WalMissingError(f"the write-ahead log spill file {self.path!r} ({self.spilled} records) is "
                                   "missing: was the task restarted on another host? (KafkaSink wal_dir must "
                                   "be a path every host shares)") from None
-        n = 0
+        except OSError as exc:  # ELOOP: a symlink put in its place
+            raise WalUnsafeError(f"the write-ahead log spill file {self.path!r} cannot be opened safely: {exc}") from None
+        f = os.fdopen(fd, "rb")
         with f:
+            self._check_file(f)
+            n = 0
             while n < self.spilled:
                 rows = pickle.load(f)
                 n += len(rows)
@@ -163,6 +227,29 @@ class WalSegment:
         if n != self.spilled:
             raise WalMissingError(f"the write-ahead log spill file {self.path!r} holds {n} records, "
                                   f"{self.spilled} expected")
+
+    def _check_file(self, f) -> None:
+        """Before anything of ``f`` (the open spill file) is unpickled: it is this user's, and
+        its bytes are those the checkpoint recorded (hashed through ``f`` itself, then
+        rewound, so a file swapped after the check is not the one read)."""
+        st = os.fstat(f.fileno())
+        where = f"the write-ahead log spill file {self.path!r}"
+        if st.st_uid != os.geteuid():
+            raise WalUnsafeError(f"{where} is owned by uid {st.st_uid}, not this user: replaced by someone else? "
+                                 "refused, not unpickled")
+        if self.sha256 is None:  # a handle checkpointed before digests: its file must at least be private
+            if st.st_mode & 0o022:
+                raise WalUnsafeError(f"{where} has no recorded digest and others may write it "
+                                     f"(mode {stat.S_IMODE(st.st_mode):o}): refused, not unpickled")
+            return
+        digest = hashlib.sha256()
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+        if st.st_size != self.file_bytes or digest.hexdigest() != self.sha256:
+            raise WalUnsafeError(f"{where} is not the file this epoch's checkpoint recorded ({st.st_size} bytes, "
+                                 f"expected {self.file_bytes}; SHA-256 differs): changed or replaced after it was "
+                                 "written — refused, not unpickled")
+        f.seek(0)
 
     def release(self, budget: Budget | None) -> None:
         """The epoch is in Kafka (or discarded): give its memory back, delete its spill file."""

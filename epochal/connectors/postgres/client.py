@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from epochal.connectors.redaction import dsn_secrets, redact
 from epochal.errors import ConfigError
 
 #: seconds to wait for a connection
@@ -21,13 +22,15 @@ def psycopg():
 
 
 def connect(dsn: str, what: str, *, autocommit: bool = False):
-    """A connection to ``dsn``; ConfigError naming the sink and the server's answer."""
+    """A connection to ``dsn``; ConfigError naming the sink and the server's answer, with
+    the DSN's secrets masked (:mod:`epochal.connectors.redaction`: a malformed DSN's parser
+    quotes fragments of it, and the cause reaches logs, the dashboard and ``JobFailedError``)."""
     pg = psycopg()
     try:
         return pg.connect(dsn, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_S)
-    except pg.OperationalError as exc:
-        raise ConfigError(f"{what}: cannot connect to PostgreSQL ({_one_line(exc)}); is the server running and "
-                          "the DSN right?") from None
+    except (pg.OperationalError, pg.ProgrammingError) as exc:  # ProgrammingError: a DSN that does not parse
+        raise ConfigError(f"{what}: cannot connect to PostgreSQL ({redact(_one_line(exc), dsn_secrets(dsn))}); is "
+                          "the server running and the DSN right?") from None
 
 
 @dataclass(frozen=True)

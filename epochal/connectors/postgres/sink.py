@@ -98,7 +98,8 @@ class PostgresSink(Sink):
                  lock_timeout: float | str = 30.0):
         what = "PostgresSink"
         if not isinstance(dsn, str) or not dsn.strip():
-            raise ConfigError(f"{what} dsn: expected a connection string or URL, got {dsn!r}")
+            raise ConfigError(f"{what} dsn: expected a connection string or URL, got "  # never its value: secrets
+                              f"{'an empty string' if isinstance(dsn, str) else type(dsn).__name__}")
         if not isinstance(table, str) or not table.strip():
             raise ConfigError(f"{what} table: expected a table name, got {table!r}")
         if columns is not None:

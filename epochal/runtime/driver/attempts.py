@@ -158,20 +158,23 @@ class JobHandle:
         return self._driver.result
 
     def query(self, operator: str, state: str, keys, *, isolation: str = READ_COMMITTED,
-              timeout: float | None = None) -> QueryResult:
+              timeout: float | None = None, pickled_values: bool = False) -> QueryResult:
         """Look up queryable state of the running job (seed 004 §4.3.1; :mod:`epochal.query`).
 
         ``keys``: a ``list`` of keys, or one key. ``isolation``: ``"read-committed"`` (the
         state as of the newest completed epoch, every key at the same epoch) or
         ``"read-uncommitted"`` (live state, no consistency across keys). Returns a
         :class:`~epochal.query.QueryResult` (``values``, ``epoch``, ``value``). Waits (up to
-        ``timeout``, default 30 s) while the job starts or restarts.
+        ``timeout``, default 30 s) while the job starts or restarts. Values travel as data
+        (str, int, float, bool, None, bytes, tuple, list, dict, set, windows);
+        ``pickled_values=True`` for instances of your own classes (unpickled here).
 
         Raises:
             QueryError: the state is not declared queryable, unknown operator, bad
                 isolation, or no answer within ``timeout``.
         """
-        return self._driver.query_client().query(operator, state, keys, isolation=isolation, timeout=timeout)
+        return self._driver.query_client().query(operator, state, keys, isolation=isolation, timeout=timeout,
+                                                 pickled_values=pickled_values)
 
     @property
     def query_address(self) -> tuple[str, int]:

@@ -13,7 +13,6 @@ import time
 import cloudpickle
 
 from epochal.alignment.factory import components_for
-from epochal.backends import signing
 from epochal.backends.choice import backend_spec
 from epochal.backends.retry import RetryPolicy
 from epochal.backends.storage import CheckpointStorage
@@ -21,7 +20,7 @@ from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, Metri
 from epochal.errors import ConfigError, EpochalError
 from epochal.graph import NodeKind
 from epochal.regions.layout import layout_of
-from epochal.runtime.driver import compatibility
+from epochal.runtime.driver import compatibility, secure_defaults
 from epochal.runtime.driver.attempts import JobDriver, JobHandle
 from epochal.runtime.driver.lease import JobLease
 from epochal.runtime.driver.result import JobResult
@@ -86,9 +85,18 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
         from epochal.runtime.launch.cluster import check_storage_visible_from_every_host
 
         check_storage_visible_from_every_host(plan, checkpoint.storage, cluster.shared_paths, launcher.master)
+    from epochal.runtime.launch.launcher import LocalLauncher
+
+    is_cluster = launcher is not None and launcher.is_cluster
+    secure_defaults.encryption(is_cluster, (launcher or LocalLauncher).bind_host, channels.encryption,
+                               channels.allow_plaintext)  # refused here, before anything runs
+    signing_key = checkpoint.signing_key
+    if secure_defaults.signing(is_cluster, signing_key, checkpoint.allow_unsigned) == secure_defaults.GENERATE:
+        signing_key, key_path = secure_defaults.job_key()
+        log.info("job %s: checkpoints signed with the generated key at %s", flow.name, key_path)
     url = checkpoint.storage or "file://" + tempfile.mkdtemp(prefix=f"epochal-{flow.name}-")
     storage = CheckpointStorage(url, flow.name, retry_policy=RetryPolicy(deadline=storage_retry(checkpoint)),
-                                signing_key=checkpoint.signing_key)
+                                signing_key=signing_key)
     _refuse_region_checkpoints(storage, url)
     point = None if restore_from is None else _check_restore_point(restore_from, storage, plan, resume,
                                                                     allow_non_restored_state)
@@ -171,7 +179,8 @@ def _start(flow, plan, plan_blob, components, checkpoint, restart, channels, lau
         from epochal.runtime.launch.launcher import LocalLauncher
 
         launcher = LocalLauncher()
-    encrypted = launcher.is_cluster if channels.encryption is None else channels.encryption
+    encrypted = secure_defaults.encryption(launcher.is_cluster, launcher.bind_host, channels.encryption,
+                                           channels.allow_plaintext)
     driver = JobDriver(plan, plan_blob, components, checkpoint, restart, channels, launcher, storage, url, runtime,
                      tuple(faults), backend, encrypted, allow_non_restored_state, metrics,
                      peer_timeout=cluster.peer_timeout if launcher.is_cluster else None)
@@ -187,7 +196,7 @@ def _check_restore_point(restore_from: str, storage: CheckpointStorage, plan, re
                          allow_non_restored_state: bool):
     """``restore_from``: open the checkpoint and check it against ``plan`` and ``storage``,
     writing nothing; the caller copies it into ``storage`` once it holds the job's lease."""
-    from epochal.state.location import open_checkpoint
+    from epochal.state.location import UntrustedCheckpoint, open_checkpoint
 
     if resume:
         raise ConfigError("restore_from and resume=True exclude each other: restore_from starts the job's history "
@@ -200,14 +209,14 @@ def _check_restore_point(restore_from: str, storage: CheckpointStorage, plan, re
             f"restore_from: checkpoint.storage {storage.root_url} already holds checkpoints of job {plan.job!r} "
             f"(latest completed epoch {latest[0]}); a restore starts the job's history from {restore_from}: use "
             "another checkpoint.storage (or job name), or resume=True to continue from the latest checkpoint there")
-    point = open_checkpoint(restore_from)
-    if storage.signing_key is not None:  # importing re-signs it: only a checkpoint signed with the key
-        doc = point.storage.load_metadata(point.epoch) or {}
-        why = signing.verify(doc, storage.signing_key)
-        if why:
-            raise ConfigError(
-                f"restore_from {restore_from}: its _metadata is not trusted: {why} — checkpoint.signing_key is set, "
-                "so only checkpoints and savepoints of jobs signing with the same key are restored")
+    try:  # importing re-signs it: with a key, only a checkpoint signed with it (verified on the one read used)
+        point = open_checkpoint(restore_from, signing_key=storage.signing_key)
+    except UntrustedCheckpoint as exc:
+        raise ConfigError(
+            f"restore_from {restore_from}: its _metadata is not trusted: {exc.why} — this job signs its checkpoints "
+            "(checkpoint.signing_key, or on a cluster the generated ~/.epochal/signing.key), so only checkpoints and "
+            "savepoints signed with the same key are restored: pass the key it was signed with "
+            "(checkpoint.signing_key), or copy it signed with `epochal savepoint create --signing-key-file`") from None
     compatibility.enforce(plan, point.meta, allow_non_restored_state, log)  # before anything is copied
     return point
 

@@ -4,7 +4,8 @@ operator instance holding the state partition for the queried key").
 
 One per job, for the whole job (its address outlives restarts). Bound where the
 coordinator binds (loopback on local runs), authenticated with the job's query key
-(:func:`epochal.query.protocol.query_key`), inside TLS pinned to the job's query
+(:func:`epochal.query.protocol.query_key`), speaking data-only tagged JSON (never pickle:
+the token lets a client read, nothing more), inside TLS pinned to the job's query
 certificate when the job is encrypted (on a cluster, by default); answers ``("routes",)`` with the current
 attempt's routes, or ``None`` while no attempt runs. Tasks register their query servers
 with the coordinator after restoring their state (``("query_address", task, address)``).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from epochal.query.protocol import CODEC
 from epochal.runtime.transport import wire
 
 
@@ -38,12 +40,12 @@ class QueryDirectory:
     def __init__(self, key: bytes, host: str, routes: Callable[[], dict | None], advertised_host: str | None = None,
                  tls=None):
         self._routes = routes
-        self._answering = wire.Answering(self._answer)
+        self._answering = wire.Answering(self._answer, codec=CODEC, name="query directory")
         self.server = wire.Server(key, self._answering.serve, host=host, name="query-directory", tls=tls)
         self.address = (advertised_host or host, self.server.address[1])
 
     def _answer(self, msg):
-        ok = bool(msg) and msg[0] == "routes"
+        ok = type(msg) is tuple and msg[:1] == ("routes",)
         return ("routes", self._routes()) if ok else ("error", None, "unknown request")
 
     def close(self) -> None:

@@ -242,7 +242,7 @@ class SavepointTracker:
         url = req.url or self.storage.file_url(f"savepoints/sp-{epoch:010d}-{uuid.uuid4().hex[:6]}")
         try:
             chk = Checkpoint(self.storage.file_url(f"chk-{epoch:010d}"), self.storage, epoch, meta)
-            marker = write_savepoint(chk, url, self.storage.storage_options)
+            marker = write_savepoint(chk, url, self.storage.storage_options, signing_key=self.storage.signing_key)
             record_savepoint(self.storage, url, marker)
             self.written.append({"epoch": epoch, "url": url, "bytes": marker["bytes"], "copy_s": marker["copy_s"],
                                  "wall_time": time.time(), "stop": req.stop})

@@ -5,7 +5,9 @@ Every connection starts with a mutual HMAC-SHA256 challenge-response over the jo
 of an older generation cannot even connect). Until both sides proved the key, only
 fixed-size nonces, MACs and a small JSON hello cross the wire — nothing is unpickled.
 After the handshake, frames (4-byte length + payload) carry pickled messages between
-peers of the same job and generation.
+peers of the same job and generation — except on connections whose peer holds only a
+read capability (query clients: :class:`Answering` with a ``codec``), where every frame is
+data-only :mod:`~epochal.runtime.transport.tagged_json` both ways.
 
 With ``tls`` (a :class:`~epochal.runtime.transport.tls.TLSMaterial`), the connection is first wrapped
 in mutually authenticated TLS 1.3 pinned to the attempt's certificate, and the HMAC
@@ -42,6 +44,7 @@ import time
 
 from epochal import serde
 from epochal.errors import EpochalError
+from epochal.runtime.transport import tagged_json
 
 MAGIC = b"EPOCHAL1"
 NONCE = 32
@@ -406,12 +409,21 @@ class Answering:
     calls :meth:`serve`): each connection's requests are answered in order by
     ``answer(request)`` on the connection's thread until the peer goes or :meth:`close`.
 
+    With ``codec`` (a :class:`~epochal.runtime.transport.tagged_json.Codec`: for peers holding
+    a capability that must not run code, query clients), requests and answers are data-only
+    tagged JSON, never pickle: a
+    request that is not data (a pickle, say) is answered ``("error", None, reason)`` and
+    nothing of it is run; an answer that is not data is replaced by such an error too.
+    Without it, frames are pickles between peers of one job (:func:`decode`).
+
     Once closed, a new connection is dropped at once; ``close`` drops the open ones
     (their threads end on the next receive). Idempotent.
     """
 
-    def __init__(self, answer):
+    def __init__(self, answer, codec: tagged_json.Codec | None = None, name: str = "server"):
         self._answer = answer
+        self.codec = codec
+        self.name = name
         self._lock = threading.Lock()
         self._conns: set = set()
         self.closed = False
@@ -424,13 +436,30 @@ class Answering:
             self._conns.add(conn)
         try:
             while True:
-                conn.send(self._answer(conn.recv()))
+                if self.codec is not None:
+                    conn.send_bytes(self._answer_data(conn.recv_bytes()))
+                else:
+                    conn.send(self._answer(conn.recv()))
         except Exception:
             pass  # the peer went (or close() dropped it): nothing to answer
         finally:
             with self._lock:
                 self._conns.discard(conn)
             conn.close()
+
+    def _answer_data(self, payload: bytes) -> bytes:
+        """The data-only answer to one frame (``codec``): nothing unpickled."""
+        codec = self.codec
+        try:
+            request = codec.loads(payload)
+        except tagged_json.NotData as exc:
+            return codec.dumps(("error", None, f"{self.name}: refused a request that is not "
+                                               f"data-only (tagged JSON; pickles are never read here): {exc}"))
+        reply = self._answer(request)
+        try:
+            return codec.dumps(reply, where=f"{self.name}'s answer")
+        except tagged_json.NotData as exc:
+            return codec.dumps(("error", None, str(exc)))
 
     def close(self) -> None:
         with self._lock:
