@@ -16,21 +16,7 @@
     if (text !== undefined) e.textContent = text;
     return e;
   }
-  function fmtRate(x) {
-    if (x === null || x === undefined) return "–";
-    return x >= 1e6 ? (x / 1e6).toFixed(2) + "M" : x >= 1e3 ? (x / 1e3).toFixed(1) + "k" : x.toFixed(0);
-  }
-  function fmtS(x) {
-    if (x === null || x === undefined) return "–";
-    return x >= 1 ? x.toFixed(2) + " s" : (x * 1000).toFixed(x < 0.01 ? 2 : 0) + " ms";
-  }
-  function fmtBytes(x) {
-    if (x === null || x === undefined) return "–";
-    const u = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let i = 0;
-    while (x >= 1024 && i < u.length - 1) { x /= 1024; i++; }
-    return (i ? x.toFixed(1) : x.toFixed(0)) + " " + u[i];
-  }
+  const {fmtS, fmtRate, fmtBytes, fmtPct, fmtSpan, axis} = window.epochalFormat;  // static/format.js
   function cell(tr, text, cls) {
     const td = document.createElement("td");
     td.textContent = text;
@@ -82,7 +68,10 @@
       svg.appendChild(path);
     }
     for (const n of graph.nodes) {
-      const g = el("g", {class: "op", "data-name": n.name, transform: `translate(${n.x},${n.y})`});
+      const g = el("g", {class: "op", "data-name": n.name, transform: `translate(${n.x},${n.y})`, tabindex: 0,
+                         role: "button", "aria-label": `operator ${n.name}: its subtasks`});
+      g.addEventListener("click", () => { location.hash = "op=" + encodeURIComponent(n.name); });
+      g.addEventListener("keydown", (ev) => { if (ev.key === "Enter") location.hash = "op=" + encodeURIComponent(n.name); });
       g.appendChild(el("rect", {width: n.width, height: n.height, rx: 6, fill: "#fff", stroke: "#39414f",
                                 "stroke-width": 1.2, class: "op-box"}));
       g.appendChild(el("text", {x: 8, y: 16, "font-size": 13, "font-weight": 600, class: "op-name"}, n.name));
@@ -90,6 +79,7 @@
                        `${n.kind} ×${n.parallelism}`));
       g.appendChild(el("text", {x: 8, y: 34, "font-size": 11, class: "op-rates"}, "in – / out – rec/s"));
       g.appendChild(el("text", {x: 8, y: 50, "font-size": 11, class: "op-pressure"}, "back-pressure –"));
+      g.appendChild(el("title", {}, `${n.name}: click for its ${n.parallelism} subtask(s)`));
       svg.appendChild(g);
     }
     box.replaceChildren(svg);
@@ -101,8 +91,17 @@
       if (!o) continue;
       g.querySelector(".op-rates").textContent =
         `in ${fmtRate(o.records_in_per_s)} / out ${fmtRate(o.records_out_per_s)} rec/s`;
-      g.querySelector(".op-pressure").textContent = `back-pressure ${(100 * o.backpressure).toFixed(0)} %` +
-        (o.cpu_load === null || o.cpu_load === undefined ? "" : ` · CPU ${(100 * o.cpu_load).toFixed(0)} %`);
+      // never hide a skew behind one figure: the lowest and highest subtask when they differ
+      const bp = (o.spread || {}).backpressure, rin = (o.spread || {}).records_in_per_s;
+      const bpText = bp && bp.count > 1 && bp.max - bp.min >= 0.01
+        ? `${fmtPct(bp.min)}–${fmtPct(bp.max)}` : fmtPct(o.backpressure);
+      g.querySelector(".op-pressure").textContent = `back-pressure ${bpText}` +
+        (o.cpu_load === null || o.cpu_load === undefined ? "" : ` · CPU ${fmtPct(o.cpu_load)}`);
+      g.querySelector(".op-rates").textContent = rin && rin.count > 1 && rin.max > 0 && rin.min < 0.8 * rin.max
+        ? `in ${fmtRate(rin.min)}–${fmtRate(rin.max)} per subtask / out ${fmtRate(o.records_out_per_s)}`
+        : `in ${fmtRate(o.records_in_per_s)} / out ${fmtRate(o.records_out_per_s)} rec/s`;
+      if (bp) { g.dataset.bpMin = bp.min; g.dataset.bpMax = bp.max; }
+      if (rin) { g.dataset.inMin = rin.min; g.dataset.inMax = rin.max; }
       g.querySelector(".op-box").setAttribute("fill", pressureColour(o.backpressure));
       g.dataset.in = o.records_in;
       g.dataset.out = o.records_out;
@@ -111,26 +110,28 @@
 
   // ---------------------------------------------------------------- charts
   const PALETTE = ["#1f6feb", "#cf222e", "#2e8540", "#8250df", "#d29922", "#bf3989"];
-  function lineChart(id, lines, fmt) {
+  function lineChart(id, lines, kind, empty) {
     // lines: [{label, points: [[t, v], ...]}]; draws every line on one time axis
     const W = 600, H = 150, L = 52, R = 8, T = 8, B = 20;
     const svg = el("svg", {viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none", role: "img", "aria-label": id});
     const all = lines.flatMap((l) => l.points.filter((p) => p[1] !== null && p[1] !== undefined));
     if (!all.length) {
-      svg.appendChild(el("text", {x: W / 2, y: H / 2, "text-anchor": "middle", fill: "#888"}, "no data yet"));
+      svg.appendChild(el("text", {x: W / 2, y: H / 2, "text-anchor": "middle", fill: "#888", class: "empty"},
+                         empty || "no data yet"));
       $(id).replaceChildren(svg);
       return;
     }
     const t0 = Math.min(...all.map((p) => p[0])), t1 = Math.max(...all.map((p) => p[0]));
-    const vmax = Math.max(...all.map((p) => p[1]), 1e-9), span = Math.max(t1 - t0, 1e-9);
+    const ax = axis(kind, Math.max(...all.map((p) => p[1]))), vmax = ax.max, span = Math.max(t1 - t0, 1e-9);
+    const fmt = {time: fmtS, count: fmtRate, bytes: fmtBytes}[kind] || ((v) => v.toFixed(2));
     const x = (t) => L + (W - L - R) * (t - t0) / span, y = (v) => H - B - (H - T - B) * v / vmax;
-    for (const f of [0, 0.5, 1]) {
-      svg.appendChild(el("line", {x1: L, x2: W - R, y1: y(vmax * f), y2: y(vmax * f), stroke: "#e3e5e8"}));
-      svg.appendChild(el("text", {x: L - 4, y: y(vmax * f) + 4, "text-anchor": "end", "font-size": 10,
-                                  fill: "#666"}, fmt(vmax * f)));
+    for (const tick of ax.ticks) {
+      svg.appendChild(el("line", {x1: L, x2: W - R, y1: y(tick.value), y2: y(tick.value), stroke: "#e3e5e8"}));
+      svg.appendChild(el("text", {x: L - 4, y: y(tick.value) + 4, "text-anchor": "end", "font-size": 10,
+                                  fill: "#666", class: "tick"}, tick.label));
     }
     svg.appendChild(el("text", {x: W - R, y: H - 5, "text-anchor": "end", "font-size": 10, fill: "#666"},
-                       `last ${Math.round(t1 - t0)} s`));
+                       `last ${fmtSpan(t1 - t0)}`));
     lines.forEach((l, i) => {
       const pts = l.points.filter((p) => p[1] !== null && p[1] !== undefined);
       if (!pts.length) return;
@@ -149,18 +150,18 @@
     const series = s.series;
     lineChart("chart-throughput", [
       {label: "in", points: series.map((p) => [p.time, p.records_in_per_s])},
-      {label: "out", points: series.map((p) => [p.time, p.records_out_per_s])}], fmtRate);
-    lineChart("chart-latency", [{label: "latency", points: s.latency.map((p) => [p.time, p.latency_s])}], fmtS);
+      {label: "out", points: series.map((p) => [p.time, p.records_out_per_s])}], "count");
+    lineChart("chart-latency", [{label: "latency", points: s.latency.map((p) => [p.time, p.latency_s])}], "time");
     const sources = [...new Set(series.flatMap((p) => Object.keys(p.watermark_lag_s || {})))];
     lineChart("chart-lag", sources.map((name) => ({label: name, points: series.map(
-      (p) => [p.time, (p.watermark_lag_s || {})[name] ?? null])})), fmtS);
-    const mib = (b) => (b === null || b === undefined ? null : b / 1048576);
+      (p) => [p.time, (p.watermark_lag_s || {})[name] ?? null])})), "time",
+      "no watermark yet (none of the sources assigns event time, or none has one yet)");
     lineChart("chart-memory", [
-      {label: "driver", points: series.map((p) => [p.time, mib(p.driver_rss)])},
-      {label: "tasks", points: series.map((p) => [p.time, mib(p.tasks_rss)])}], (v) => v.toFixed(0));
+      {label: "driver", points: series.map((p) => [p.time, p.driver_rss ?? null])},
+      {label: "tasks", points: series.map((p) => [p.time, p.tasks_rss ?? null])}], "bytes");
     lineChart("chart-cpu", [
       {label: "driver", points: series.map((p) => [p.time, p.driver_cpu ?? null])},
-      {label: "tasks", points: series.map((p) => [p.time, p.tasks_cpu ?? null])}], (v) => v.toFixed(2));
+      {label: "tasks", points: series.map((p) => [p.time, p.tasks_cpu ?? null])}], "plain");
   }
 
   // ---------------------------------------------------------------- checkpoints
@@ -194,7 +195,10 @@
       const tr = document.createElement("tr");
       tr.dataset.epoch = r.epoch;
       tr.dataset.status = r.status;
-      tr.className = r.status + (r.savepoint ? " savepoint" : "");
+      tr.className = r.status + (r.savepoint ? " savepoint" : "") + " clickable";
+      tr.tabIndex = 0;
+      tr.title = "click: every task's acknowledgement of this epoch";
+      tr.addEventListener("click", () => { location.hash = "checkpoint=" + r.epoch; });
       cell(tr, r.epoch); cell(tr, r.generation ?? "–"); cell(tr, r.status); cell(tr, r.reason || "");
       if (r.status === "completed") {
         cell(tr, fmtS(r.duration_s));
@@ -288,6 +292,120 @@
     for (const id of ["btn-savepoint", "btn-stop", "btn-drain"]) $(id).disabled = !s.actions || s.state !== "running";
   }
 
+  // ---------------------------------------------------------------- drill-down views: #op=<name>, #checkpoint=<epoch>
+  function route() {
+    const m = /^#(op|checkpoint)=(.+)$/.exec(decodeURIComponent(location.hash));
+    return m ? {kind: m[1], name: m[2]} : null;
+  }
+  function watermarkText(w) {  // event time in seconds: a clock time when it looks like one
+    if (w === null || w === undefined) return "–";
+    return w > 1e8 ? new Date(w * 1000).toISOString().replace("T", " ").slice(0, 23) : String(w);
+  }
+  function row(values, data) {
+    const tr = document.createElement("tr");
+    for (const [k, v] of Object.entries(data || {})) tr.dataset[k] = v;
+    for (const v of values) {
+      const td = cell(tr, Array.isArray(v) ? v[1] : v);
+      if (Array.isArray(v)) { td.dataset.key = v[0]; if (v[2] !== undefined && v[2] !== null) td.dataset.value = v[2]; }
+    }
+    return tr;
+  }
+  function drawOperator(s) {
+    const r = route(), panel = $("op-panel");
+    if (!r || r.kind !== "op" || !s.operators[r.name]) { panel.hidden = true; return; }
+    const o = s.operators[r.name], sp = o.spread || {};
+    panel.hidden = false;
+    panel.dataset.name = r.name;
+    $("op-title").textContent = `Operator ${r.name}: ${o.parallelism} subtask${o.parallelism > 1 ? "s" : ""}`;
+    const notes = [];
+    for (const [key, label, f] of [["records_in_per_s", "records in/s", fmtRate], ["backpressure", "back-pressure", fmtPct],
+                                   ["cpu_load", "CPU", fmtPct]]) {
+      const v = sp[key];
+      if (v && v.count > 1) notes.push(`${label}: highest ${f(v.max)} (subtask ${v.argmax}), lowest ${f(v.min)} (subtask ${v.argmin})`);
+    }
+    $("op-spread").textContent = notes.join(" · ") || "one subtask";
+    document.querySelector("#op-subtasks tbody").replaceChildren(...(o.subtasks || []).map((t) => row(t.reported === false
+      ? [t.subtask ?? "–", t.task, ["state", "has not reported yet"]]
+      : [["subtask", t.subtask ?? "–"], t.task, `${t.host || "–"} · pid ${t.pid ?? "–"}`,
+         ["in_rate", fmtRate(t.records_in_per_s), t.records_in_per_s], ["out_rate", fmtRate(t.records_out_per_s), t.records_out_per_s],
+         ["records_in", fmtRate(t.records_in), t.records_in], ["records_out", fmtRate(t.records_out), t.records_out],
+         ["backpressure", fmtPct(t.backpressure), t.backpressure], ["cpu", fmtPct(t.cpu_load), t.cpu_load],
+         ["memory", fmtBytes(t.rss_bytes), t.rss_bytes], ["watermark", watermarkText(t.watermark), t.watermark],
+         ["queued", t.queued_batches ?? "–", t.queued_batches],
+         ["state", t.state_bytes == null ? "not acknowledged yet" : fmtBytes(t.state_bytes), t.state_bytes]],
+      {task: t.task, subtask: t.subtask})));
+  }
+  let shownCheckpoint = null;
+  async function drawCheckpoint() {
+    const r = route(), panel = $("checkpoint-panel");
+    if (!r || r.kind !== "checkpoint") { panel.hidden = true; shownCheckpoint = null; return; }
+    if (shownCheckpoint === r.name) return;  // a completed epoch's acknowledgements never change
+    shownCheckpoint = r.name;
+    panel.hidden = false;
+    panel.dataset.epoch = "";
+    $("cp-title").textContent = `Checkpoint ${r.name}`;
+    $("cp-summary").textContent = "reading…";
+    const body = document.querySelector("#cp-tasks tbody");
+    body.replaceChildren();
+    try {
+      const resp = await fetch(`/api/checkpoint?epoch=${encodeURIComponent(r.name)}`,
+                               {headers: {"X-Epochal-Token": token}, cache: "no-store"});
+      const c = await resp.json();
+      if (!resp.ok) throw new Error(c.error || resp.status);
+      $("cp-summary").textContent = [`attempt generation ${c.generation ?? "–"}`, c.status, c.reason || "",
+        c.duration_s != null ? `duration ${fmtS(c.duration_s)}` : "", c.bytes != null ? `uploaded ${fmtBytes(c.bytes)}` : "",
+        c.state_bytes != null ? `state ${fmtBytes(c.state_bytes)}` : "", c.note || "",
+        c.missing.length ? `not reported by any task: ${c.missing.join(", ")}` : ""].filter(Boolean).join(" · ");
+      body.replaceChildren(...c.tasks.map((t) => row([t.task, t.operators.join(" → "),
+        ["barrier", fmtS(t.barrier_s), t.barrier_s], ["alignment", fmtS(t.alignment_s), t.alignment_s],
+        ["sync", fmtS(t.sync_s), t.sync_s], ["upload_wait", fmtS(t.upload_wait_s), t.upload_wait_s],
+        ["upload", fmtS(t.upload_s), t.upload_s], ["durable", fmtS(t.durable_s), t.durable_s],
+        ["ack", fmtS(t.ack_s), t.ack_s], ["bytes", fmtBytes(t.bytes), t.bytes], ["state", fmtBytes(t.state_bytes), t.state_bytes],
+        ["kind", t.snapshot_kind || "–"], ["in_flight", t.channel_state_records ?? "–", t.channel_state_records]],
+        {task: t.task})));
+      panel.dataset.epoch = c.epoch;
+    } catch (e) {
+      $("cp-summary").textContent = `no per-task detail: ${e.message}`;
+      panel.dataset.epoch = "none";
+    }
+  }
+  function drawExceptions(s) {
+    const rows = s.exceptions || [];
+    $("exceptions-count").textContent = rows.length ? `${rows.length} failure${rows.length > 1 ? "s" : ""}` : "";
+    $("exceptions-none").hidden = rows.length > 0;
+    const key = JSON.stringify(rows.map((e) => [e.kind, e.generation, e.cause]));
+    const body = document.querySelector("#exceptions tbody");
+    if (body.dataset.key === key) return;  // keep an opened traceback open
+    body.dataset.key = key;
+    body.replaceChildren(...rows.map((e) => {
+      const tr = row([e.generation ?? "–", e.kind === "failover" ? "failover region" : "attempt failed",
+                      e.time_s != null ? fmtS(e.time_s) : "–", e.tasks.join(", ") || "–", e.restored_epoch ?? "–"],
+                     {kind: e.kind, generation: e.generation});
+      const td = cell(tr, "", "text cause");
+      const first = document.createElement("div");
+      first.className = "cause-line";
+      first.textContent = e.cause;
+      td.appendChild(first);
+      if (e.traceback) {
+        const d = document.createElement("details"), sum = document.createElement("summary"),
+          pre = document.createElement("pre");
+        sum.textContent = "traceback";
+        pre.className = "traceback";
+        pre.textContent = e.traceback;
+        d.append(sum, pre);
+        td.appendChild(d);
+      } else if (e.kind === "failover") {
+        const note = document.createElement("div");
+        note.className = "note";
+        note.textContent = "(the driver keeps the first line of a failover's cause)";
+        td.appendChild(note);
+      }
+      return tr;
+    }));
+  }
+  window.addEventListener("hashchange", () => { if (last) drawOperator(last); drawCheckpoint(); });
+  for (const id of ["op-close", "cp-close"]) $(id).addEventListener("click", () => { location.hash = ""; });
+
   // ---------------------------------------------------------------- loop
   // The page's view of the job: the last state the server gave, and whether this page stopped it.
   let last = null, stoppedAt = null;
@@ -321,6 +439,7 @@
       if (!r.ok) throw new Error(s.error || r.status);
       if (!graphDrawn) drawGraph(s.graph);
       drawHeader(s); updateGraph(s.operators); drawCharts(s); drawCheckpoints(s); drawTables(s);
+      drawOperator(s); drawExceptions(s); drawCheckpoint();
       last = s;
       document.body.dataset.ended = ENDED.includes(s.state) ? "yes" : "";
       $("error").hidden = true;
