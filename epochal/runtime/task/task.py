@@ -35,7 +35,8 @@ import traceback
 from epochal.alignment.channel_state import ChannelStateRecorder
 from epochal.backends.retry import RetryPolicy
 from epochal.backends.storage import CheckpointStorage
-from epochal.errors import ChannelSetupError, ConfigError, DataError, EpochalError, OperatorError, TaskStartError
+from epochal.errors import (ChannelSetupError, ConfigError, DataError, EpochalError, InjectedFault, OperatorError,
+                            TaskStartError)
 from epochal.loops.head import LOOP_LOG, LoopHeadProtocol
 from epochal.metrics.quantiles import Summary
 from epochal.operators.base import OperatorContext, RuntimeOperator
@@ -306,6 +307,8 @@ class Task(ReadSteps, BarrierSteps, QuerySteps):
             return
         if isinstance(exc, (OperatorError, EpochalError)):
             cause = str(exc)
+            if isinstance(exc, (OperatorError, InjectedFault)):  # a user function's (or a test's) raise: where
+                cause += "\n" + "".join(traceback.format_exception(exc, limit=8))[:4000]  # (the dashboard shows it)
         else:
             cause = f"task {self.spec.id}: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
         # A broken channel is usually the echo of another task's failure: the coordinator

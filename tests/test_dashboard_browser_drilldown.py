@@ -1,0 +1,135 @@
+"""The dashboard's drill-down views in a real browser against a real job (issue 49):
+Playwright drives the system Chromium (the fixture of ``test_dashboard_browser.py``).
+
+One job on the local runtime whose two source subtasks differ (split 1 has 200 records,
+split 0 has 3000: once split 1 is done its subtask reads nothing while the other reads
+100 rec/s), a keyed running count, a fault that raises once in the count operator, and a
+task process SIGKILLed from outside. The test opens an operator's page (``#op=events``) and
+checks its per-subtask rows against ``handle.metrics()``; opens a checkpoint's page and
+checks every task's acknowledgement against ``handle.completed_epochs``; and reads both
+failures in the exceptions view with their causes (the injected fault's traceback too) —
+while the committed output equals the plain-Python oracle and the console stays clean.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import sys
+
+import cloudpickle
+import pytest
+
+import epochal as ep
+import pipelines
+from epochal.testing import CrashAtRecord
+from test_dashboard_browser import TIMEOUT_MS, _shot, browser  # noqa: F401 - the fixture
+
+LONG, SHORT, KEYS = 3000, 200, 7
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def numbers(split: int, offset: int):
+    return iter(range(offset, LONG if split == 0 else SHORT))
+
+
+def oracle() -> collections.Counter:
+    """Plain Python: a running count per key x % KEYS of every record of both splits."""
+    per_key = collections.Counter(x % KEYS for n in (LONG, SHORT) for x in range(n))
+    return pipelines.canon([[k, i] for k, c in per_key.items() for i in range(1, c + 1)])
+
+
+def skewed(name: str, out: str) -> ep.Dataflow:
+    flow = ep.Dataflow(name, parallelism=2)
+    (flow.source("events", ep.sources.GeneratorSource(numbers, num_splits=2, records_per_second=100.0))
+     .map("tag", lambda x: [x % KEYS, 1])
+     .key_by(lambda p: p[0])
+     .reduce("count", lambda a, b: [a[0], a[1] + b[1]])
+     .sink("out", ep.sinks.FileSink(out)))
+    return flow
+
+
+def _rows(page, selector):
+    return page.evaluate(f"""() => [...document.querySelectorAll({selector!r})].map(tr => Object.fromEntries(
+        [['task', tr.dataset.task], ...[...tr.querySelectorAll('td[data-key]')].map(
+            td => [td.dataset.key, td.dataset.value === undefined ? td.textContent : Number(td.dataset.value)])]))""")
+
+
+def test_operator_checkpoint_and_exceptions_views(tmp_path, browser):  # noqa: F811 - the fixture
+    out = pipelines.unique_dir(tmp_path, "out")
+    flow = skewed("drilldown", out)
+    handle = flow.start(runtime="local", checkpoint=ep.CheckpointConfig(interval="0.3s",
+                                                                        storage=f"file://{tmp_path}/ckpt"),
+                        restart=ep.RestartStrategy(max_attempts=3, delay=0.0),
+                        metrics=ep.MetricsConfig(ui=True, interval=0.3),
+                        faults=[CrashAtRecord("count", subtask=0, record=150, after_epoch=2)])
+    page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    page.set_default_timeout(TIMEOUT_MS)
+    console_errors = []
+    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+    try:
+        page.goto(handle.ui_url + "&poll=400")
+        page.wait_for_function("document.querySelectorAll('#graph g.op').length === 4")
+        # the injected fault fires mid-run: the exceptions view shows it with its cause and traceback
+        page.wait_for_function("document.querySelectorAll('#exceptions tbody tr').length >= 1")
+        first = page.text_content("#exceptions tbody tr[data-generation='0'] .cause-line")
+        assert "injected CrashAtRecord in count[0]" in first, first
+        trace = page.text_content("#exceptions tbody tr[data-generation='0'] pre.traceback")
+        assert "Traceback" in trace and "InjectedFault" in trace, trace
+        page.wait_for_function("document.getElementById('state').textContent === 'running'")
+
+        # the operator's page: a row per subtask, the finished split's subtask reads nothing now
+        page.click("#graph g.op[data-name=events]")
+        page.wait_for_function("location.hash === '#op=events' && !document.getElementById('op-panel').hidden")
+        page.wait_for_function("""() => { const r = [...document.querySelectorAll('#op-subtasks tbody tr')]
+            .map(tr => Number(tr.querySelector('td[data-key=in_rate]')?.dataset.value));
+            return r.length === 2 && r.some(v => v > 20) && r.some(v => v === 0); }""")
+        rows = {r["task"]: r for r in _rows(page, "#op-subtasks tbody tr")}
+        live = handle.metrics()["tasks"]
+        assert set(rows) == {"events[0]", "events[1]"}
+        busy = next(t for t, r in rows.items() if r["in_rate"] > 20)
+        idle = next(t for t in rows if t != busy)
+        assert live[busy]["records_in_per_s"] > 20 and live[idle]["records_in_per_s"] == 0
+        assert rows[idle]["records_in"] == live[idle]["records_in"]  # stopped counting: the same figure
+        assert 0 < rows[busy]["records_in"] <= live[busy]["records_in"]  # the page's is a moment older
+        assert rows[busy]["in_rate"] == pytest.approx(live[busy]["records_in_per_s"], rel=0.6)
+        # the box does not hide the skew: it shows the lowest and highest subtask
+        box = page.text_content("#graph g.op[data-name=events] .op-rates")
+        assert "per subtask" in box and box.startswith("in 0–"), box
+        # the newest completed epoch's state size per subtask, as the task acknowledged it
+        page.wait_for_function("[...document.querySelectorAll('#op-subtasks td[data-key=state]')]"
+                               ".every(td => td.dataset.value > 0)")
+        _shot(page, tmp_path, "dashboard-operator")
+
+        # a checkpoint's page: every task's acknowledgement, as the coordinator recorded it
+        epoch = int(page.get_attribute("#checkpoints tr[data-status=completed]", "data-epoch"))
+        page.click(f"#checkpoints tr[data-epoch='{epoch}']")
+        page.wait_for_function(f"document.getElementById('checkpoint-panel').dataset.epoch === '{epoch}'")
+        acks = {r["task"]: r for r in _rows(page, "#cp-tasks tbody tr")}
+        done = next(e for e in handle.completed_epochs if e["epoch"] == epoch)
+        assert set(acks) == set(done["tasks"]) == {t.id for t in flow.plan().tasks}  # events+tag, count+out: 4
+        for task, a in acks.items():
+            want = done["tasks"][task]
+            assert a["alignment"] == pytest.approx(want["alignment_s"]) and a["sync"] == pytest.approx(want["sync_s"])
+            assert a["ack"] == pytest.approx(want["ack_s"]) and a["state"] == want["state_bytes"]
+        _shot(page, tmp_path, "dashboard-checkpoint")
+
+        # SIGKILL a task process from outside: a second row with its cause
+        victim = next(t for t in handle.metrics()["tasks"] if t.startswith("count"))
+        pid = handle.metrics()["tasks"][victim]["pid"]
+        assert pid and pid != os.getpid()
+        os.kill(pid, signal.SIGKILL)
+        page.wait_for_function("document.querySelectorAll('#exceptions tbody tr').length >= 2")
+        second = page.text_content("#exceptions tbody tr[data-generation='1'] .cause-line")
+        assert victim in second and ("killed" in second or "exited" in second or "disconnected" in second), second
+        page.click("#exceptions tbody tr[data-generation='0'] summary")
+        _shot(page, tmp_path, "dashboard-exceptions")
+        assert console_errors == []
+        result = handle.wait(180)
+    finally:
+        page.close()
+        if handle.running:
+            handle.cancel()
+    assert result.attempts == 3 and "injected CrashAtRecord" in result.failures[0] and victim in result.failures[1]
+    assert first == result.failures[0].splitlines()[0]
+    assert pipelines.output(out) == oracle()
