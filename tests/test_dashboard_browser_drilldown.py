@@ -42,7 +42,7 @@ def oracle() -> collections.Counter:
 def skewed(name: str, out: str) -> ep.Dataflow:
     flow = ep.Dataflow(name, parallelism=2)
     (flow.source("events", ep.sources.GeneratorSource(numbers, num_splits=2, records_per_second=100.0))
-     .map("tag", lambda x: [x % KEYS, 1])
+     .map("tag-each-number-with-its-key", lambda x: [x % KEYS, 1])  # a long label: its box must hold it
      .key_by(lambda p: p[0])
      .reduce("count", lambda a, b: [a[0], a[1] + b[1]])
      .sink("out", ep.sinks.FileSink(out)))
@@ -70,6 +70,14 @@ def test_operator_checkpoint_and_exceptions_views(tmp_path, browser):  # noqa: F
     try:
         page.goto(handle.ui_url + "&poll=400")
         page.wait_for_function("document.querySelectorAll('#graph g.op').length === 4")
+        page.wait_for_function("document.querySelector('#graph g.op[data-name=events]').dataset.in > 0")
+        # no label overlaps: every text inside its box, the name left of the kind
+        assert page.evaluate("""() => [...document.querySelectorAll('#graph g.op')].flatMap(g => {
+            const w = Number(g.querySelector('rect').getAttribute('width')), [name, kind] = g.querySelectorAll('text');
+            const bad = [...g.querySelectorAll('text')].filter(t => t.getBBox().x + t.getBBox().width > w + 0.5
+                                                                   || t.getBBox().x < 0).map(t => t.textContent);
+            if (name.getBBox().x + name.getBBox().width > kind.getBBox().x) bad.push(name.textContent + ' / kind');
+            return bad.map(t => g.dataset.name + ': ' + t); })""") == []
         # the injected fault fires mid-run: the exceptions view shows it with its cause and traceback
         page.wait_for_function("document.querySelectorAll('#exceptions tbody tr').length >= 1")
         first = page.text_content("#exceptions tbody tr[data-generation='0'] .cause-line")
@@ -81,11 +89,15 @@ def test_operator_checkpoint_and_exceptions_views(tmp_path, browser):  # noqa: F
         # the operator's page: a row per subtask, the finished split's subtask reads nothing now
         page.click("#graph g.op[data-name=events]")
         page.wait_for_function("location.hash === '#op=events' && !document.getElementById('op-panel').hidden")
+        # (the second attempt's figures: the first attempt's end while split 0 read on would be a skew too)
         page.wait_for_function("""() => { const r = [...document.querySelectorAll('#op-subtasks tbody tr')]
             .map(tr => Number(tr.querySelector('td[data-key=in_rate]')?.dataset.value));
-            return r.length === 2 && r.some(v => v > 20) && r.some(v => v === 0); }""")
+            return document.getElementById('op-panel').dataset.attempt === '1'
+                && r.length === 2 && r.some(v => v > 20) && r.some(v => v === 0); }""")
         rows = {r["task"]: r for r in _rows(page, "#op-subtasks tbody tr")}
-        live = handle.metrics()["tasks"]
+        metrics = handle.metrics()
+        assert metrics["attempt"] == 1, metrics["attempt"]
+        live = metrics["tasks"]
         assert set(rows) == {"events[0]", "events[1]"}
         busy = next(t for t, r in rows.items() if r["in_rate"] > 20)
         idle = next(t for t in rows if t != busy)

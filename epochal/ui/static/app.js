@@ -316,7 +316,9 @@
     const o = s.operators[r.name], sp = o.spread || {};
     panel.hidden = false;
     panel.dataset.name = r.name;
-    $("op-title").textContent = `Operator ${r.name}: ${o.parallelism} subtask${o.parallelism > 1 ? "s" : ""}`;
+    panel.dataset.attempt = (s.progress || {}).attempt ?? "";  // the attempt whose figures these are
+    $("op-title").textContent = `Operator ${r.name}: ${o.parallelism} subtask${o.parallelism > 1 ? "s" : ""}` +
+      ((s.progress || {}).attempt != null ? ` (attempt ${s.progress.attempt + 1})` : "");
     const notes = [];
     for (const [key, label, f] of [["records_in_per_s", "records in/s", fmtRate], ["backpressure", "back-pressure", fmtPct],
                                    ["cpu_load", "CPU", fmtPct]]) {
