@@ -145,3 +145,54 @@ def test_operator_checkpoint_and_exceptions_views(tmp_path, browser):  # noqa: F
     assert result.attempts == 3 and "injected CrashAtRecord" in result.failures[0] and victim in result.failures[1]
     assert first == result.failures[0].splitlines()[0]
     assert pipelines.output(out) == oracle()
+
+
+def test_the_offline_page_is_laid_out_like_the_live_one_and_says_what_storage_lacks(tmp_path, browser):  # noqa: F811
+    """`epochal ui <storage> <job>` of a finished job: the graph in layers (the source chain in
+    the columns the live page gives it, no two boxes overlapping) rather than one row; no chart
+    waiting for data that cannot come; no claim that the job "runs its first attempt"."""
+    import subprocess
+
+    from epochal.ui.layout import graph_view
+
+    storage = f"file://{tmp_path}/ckpt"
+    flow = pipelines.wordcount("offline-layout", pipelines.unique_dir(tmp_path, "out"), n_lines=1200, rate=400)
+    flow.start(runtime="local", checkpoint=ep.CheckpointConfig(interval="0.2s", storage=storage)).wait(120)
+    proc = subprocess.Popen([sys.executable, "-m", "epochal.cli", "ui", storage, "offline-layout"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env={**os.environ})
+    page = browser.new_page(viewport={"width": 1500, "height": 1000})
+    page.set_default_timeout(TIMEOUT_MS)
+    console_errors = []
+    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+    try:
+        line = proc.stdout.readline()
+        assert "read-only" in line, line + proc.stderr.read()
+        page.goto(line.split(": ", 1)[1].strip() + "&poll=400")
+        page.wait_for_function(f"document.querySelectorAll('#graph g.op').length === {len(flow.nodes)}")
+        page.wait_for_function("document.querySelectorAll('#checkpoints tr[data-status=completed]').length >= 1")
+        boxes = page.evaluate("""() => [...document.querySelectorAll('#graph g.op')].map(g => {
+            const b = g.getBBox(), m = g.transform.baseVal[0].matrix;
+            return {name: g.dataset.name, x: m.e, y: m.f, w: b.width, h: b.height}; })""")
+        assert len({b["y"] for b in boxes}) > 1, boxes  # layers with rows, not one row
+        for i, p in enumerate(boxes):
+            for q in boxes[i + 1:]:
+                assert (p["x"] + p["w"] <= q["x"] or q["x"] + q["w"] <= p["x"] or p["y"] + p["h"] <= q["y"]
+                        or q["y"] + q["h"] <= p["y"]), (p, q)
+        live = {n["name"]: n["x"] for n in graph_view(flow.nodes)["nodes"]}
+        source_chain = next(t.chain for t in flow.plan().tasks if t.is_source)
+        assert {n: live[n] for n in source_chain} == {b["name"]: b["x"] for b in boxes if b["name"] in source_chain}
+        assert page.is_hidden("#charts") and page.is_visible("#charts-offline")  # no "no data yet" forever
+        assert "runs its first attempt" not in page.text_content("#restore")
+        assert "checkpoints do not record" in page.text_content("#restore")
+        page.click("#graph g.op[data-name=count]")
+        page.wait_for_function("!document.getElementById('op-panel').hidden")
+        assert "only while the job runs" in page.text_content("#op-spread")
+        page.click("#checkpoints tr[data-status=completed]")
+        page.wait_for_function("document.getElementById('checkpoint-panel').dataset.epoch === 'none'")
+        assert "does not record" in page.text_content("#cp-summary")
+        _shot(page, tmp_path, "dashboard-offline")
+        assert console_errors == []
+    finally:
+        page.close()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(20)

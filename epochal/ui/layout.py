@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from epochal.graph import Node
 
-__all__ = ["BOX_HEIGHT", "BOX_WIDTH", "box_width", "graph_view"]
+__all__ = ["BOX_HEIGHT", "BOX_WIDTH", "box_width", "graph_view", "place"]
 
 BOX_WIDTH, BOX_HEIGHT = 210, 64  # the narrowest box; every box's height
 #: widths (px) of one character, generous for the page's sans-serif fonts: the bold 13 px name,
@@ -63,23 +63,30 @@ def graph_view(nodes: dict[str, Node]) -> dict:
     ``y``, ``width``, ``height``), ``edges`` (``source``, ``target``, ``kind``,
     ``feedback``, ``port``), ``width``, ``height``."""
     column = _columns(nodes)
-    columns = max(column.values(), default=0) + 1
-    widths = [BOX_WIDTH] * columns
-    for name, node in nodes.items():
-        widths[column[name]] = max(widths[column[name]], box_width(name, node.kind.value, node.parallelism))
-    lefts = [MARGIN + sum(widths[:c]) + c * COLUMN_GAP for c in range(columns)]
-    rows: dict[int, int] = {}
-    boxes = []
-    for name, node in nodes.items():
-        c = column[name]
-        r = rows.get(c, 0)
-        rows[c] = r + 1
-        boxes.append({"name": name, "kind": node.kind.value, "parallelism": node.parallelism, "column": c, "row": r,
-                      "x": lefts[c], "y": TOP + r * (BOX_HEIGHT + ROW_GAP),
-                      "width": box_width(name, node.kind.value, node.parallelism), "height": BOX_HEIGHT})
     edges = [{"source": i.node, "target": name, "kind": i.partitioning.kind.value, "feedback": i.feedback,
               "port": i.port}
              for name, node in nodes.items() for i in node.inputs]
+    return place([(name, node.kind.value, node.parallelism, column[name]) for name, node in nodes.items()], edges)
+
+
+def place(items: list[tuple[str, str, int, int]], edges: list[dict]) -> dict:
+    """The picture of ``items`` — ``(name, kind, parallelism, column)`` in the order their rows
+    follow — and ``edges`` (as :func:`graph_view` returns them): columns as wide as their
+    widest box, boxes stacked in each column. Also used for a job read from storage
+    (:mod:`epochal.ui.offline`), whose columns come from elsewhere."""
+    columns = max((c for *_, c in items), default=0) + 1
+    widths = [BOX_WIDTH] * columns
+    for name, kind, parallelism, c in items:
+        widths[c] = max(widths[c], box_width(name, kind, parallelism))
+    lefts = [MARGIN + sum(widths[:c]) + c * COLUMN_GAP for c in range(columns)]
+    rows: dict[int, int] = {}
+    boxes = []
+    for name, kind, parallelism, c in items:
+        r = rows.get(c, 0)
+        rows[c] = r + 1
+        boxes.append({"name": name, "kind": kind, "parallelism": parallelism, "column": c, "row": r,
+                      "x": lefts[c], "y": TOP + r * (BOX_HEIGHT + ROW_GAP),
+                      "width": box_width(name, kind, parallelism), "height": BOX_HEIGHT})
     height = max(rows.values(), default=1)
     return {"nodes": boxes, "edges": edges,
             "width": 2 * MARGIN + sum(widths) + (columns - 1) * COLUMN_GAP,

@@ -147,6 +147,10 @@
     $(id).replaceChildren(svg);
   }
   function drawCharts(s) {
+    const offline = s.state === "offline";  // read from storage: no live figures will ever come
+    $("charts").hidden = offline;
+    $("charts-offline").hidden = !offline;
+    if (offline) return;
     const series = s.series;
     lineChart("chart-throughput", [
       {label: "in", points: series.map((p) => [p.time, p.records_in_per_s])},
@@ -232,9 +236,14 @@
       restore.className = "restore failed";
       restore.textContent = `latest restore: attempt generation ${s.restore.generation} restored epoch ` +
         `${s.restore.epoch} (${fmtBytes(s.restore.bytes)}) — cause: ${s.restore.cause}`;
+    } else if (s.state === "offline") {
+      restore.className = "restore";
+      restore.textContent = "read from storage: checkpoints do not record the job's attempts" +
+        (s.generation != null ? ` (the newest checkpoint is of attempt generation ${s.generation})` : "");
     } else {
       restore.className = "restore";
-      restore.textContent = "no restore: the job runs its first attempt from scratch";
+      restore.textContent = ENDED.includes(s.state) ? `no restore: the job ${s.state} in its first attempt`
+        : "no restore: the job runs its first attempt from scratch";
     }
   }
   function drawTables(s) {
@@ -285,8 +294,9 @@
     st.textContent = stopped ? "stopped at a savepoint" : s.state;
     st.className = "state " + (stopped ? "stopped" : s.state);
     const p = s.progress || {};
-    $("summary").textContent = [`${s.runtime || ""} · ${s.guarantee || ""}`,
-      `${fmtRate(p.records_in_per_s)} rec/s in, ${fmtRate(p.records_out_per_s)} out`,
+    $("summary").textContent = [s.state === "offline" ? "read-only, from checkpoint storage"
+      : `${s.runtime || ""} · ${s.guarantee || ""}`,
+      ...(s.state === "offline" ? [] : [`${fmtRate(p.records_in_per_s)} rec/s in, ${fmtRate(p.records_out_per_s)} out`]),
       p.last_completed_epoch != null ? `epoch ${p.last_completed_epoch}` : "no checkpoint yet",
       `checkpoints in ${s.checkpoint_root || "–"}`].join(" · ");
     for (const id of ["btn-savepoint", "btn-stop", "btn-drain"]) $(id).disabled = !s.actions || s.state !== "running";
@@ -312,6 +322,14 @@
   }
   function drawOperator(s) {
     const r = route(), panel = $("op-panel");
+    if (r && r.kind === "op" && !s.operators[r.name] && s.state === "offline") {  // a job read from storage
+      panel.hidden = false;
+      $("op-title").textContent = `Operator ${r.name}`;
+      $("op-spread").textContent = "figures per subtask exist only while the job runs (its own dashboard, " +
+        "MetricsConfig(ui=True)); checkpoints do not record them";
+      document.querySelector("#op-subtasks tbody").replaceChildren();
+      return;
+    }
     if (!r || r.kind !== "op" || !s.operators[r.name]) { panel.hidden = true; return; }
     const o = s.operators[r.name], sp = o.spread || {};
     panel.hidden = false;
@@ -338,7 +356,7 @@
       {task: t.task, subtask: t.subtask})));
   }
   let shownCheckpoint = null;
-  async function drawCheckpoint() {
+  async function drawCheckpoint(s) {
     const r = route(), panel = $("checkpoint-panel");
     if (!r || r.kind !== "checkpoint") { panel.hidden = true; shownCheckpoint = null; return; }
     if (shownCheckpoint === r.name) return;  // a completed epoch's acknowledgements never change
@@ -349,6 +367,12 @@
     $("cp-summary").textContent = "reading…";
     const body = document.querySelector("#cp-tasks tbody");
     body.replaceChildren();
+    if ((s || last || {}).state === "offline") {
+      $("cp-summary").textContent = "read from storage: a checkpoint's _metadata does not record its tasks' " +
+        "acknowledgements (sizes, durations, alignment); the running job's dashboard keeps them";
+      panel.dataset.epoch = "none";
+      return;
+    }
     try {
       const resp = await fetch(`/api/checkpoint?epoch=${encodeURIComponent(r.name)}`,
                                {headers: {"X-Epochal-Token": token}, cache: "no-store"});
@@ -375,6 +399,8 @@
     const rows = s.exceptions || [];
     $("exceptions-count").textContent = rows.length ? `${rows.length} failure${rows.length > 1 ? "s" : ""}` : "";
     $("exceptions-none").hidden = rows.length > 0;
+    $("exceptions-none").textContent = s.state === "offline" ? "read from storage: checkpoints do not record failures"
+      : "no failure so far";
     const key = JSON.stringify(rows.map((e) => [e.kind, e.generation, e.cause]));
     const body = document.querySelector("#exceptions tbody");
     if (body.dataset.key === key) return;  // keep an opened traceback open
@@ -441,7 +467,7 @@
       if (!r.ok) throw new Error(s.error || r.status);
       if (!graphDrawn) drawGraph(s.graph);
       drawHeader(s); updateGraph(s.operators); drawCharts(s); drawCheckpoints(s); drawTables(s);
-      drawOperator(s); drawExceptions(s); drawCheckpoint();
+      drawOperator(s); drawExceptions(s); drawCheckpoint(s);
       last = s;
       document.body.dataset.ended = ENDED.includes(s.state) ? "yes" : "";
       $("error").hidden = true;
