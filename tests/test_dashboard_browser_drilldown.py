@@ -111,7 +111,7 @@ def test_operator_checkpoint_and_exceptions_views(tmp_path, browser):  # noqa: F
         # the newest completed epoch's state size per subtask, as the task acknowledged it
         page.wait_for_function("[...document.querySelectorAll('#op-subtasks td[data-key=state]')]"
                                ".every(td => td.dataset.value > 0)")
-        _shot(page, tmp_path, "dashboard-operator")
+        _shot(page, tmp_path, "dashboard-operator", "#graph-section", "#op-panel")
 
         # a checkpoint's page: every task's acknowledgement, as the coordinator recorded it
         epoch = int(page.get_attribute("#checkpoints tr[data-status=completed]", "data-epoch"))
@@ -124,7 +124,7 @@ def test_operator_checkpoint_and_exceptions_views(tmp_path, browser):  # noqa: F
             want = done["tasks"][task]
             assert a["alignment"] == pytest.approx(want["alignment_s"]) and a["sync"] == pytest.approx(want["sync_s"])
             assert a["ack"] == pytest.approx(want["ack_s"]) and a["state"] == want["state_bytes"]
-        _shot(page, tmp_path, "dashboard-checkpoint")
+        _shot(page, tmp_path, "dashboard-checkpoint", "#checkpoint-panel")
 
         # SIGKILL a task process from outside: a second row with its cause
         victim = next(t for t in handle.metrics()["tasks"] if t.startswith("count"))
@@ -135,7 +135,7 @@ def test_operator_checkpoint_and_exceptions_views(tmp_path, browser):  # noqa: F
         second = page.text_content("#exceptions tbody tr[data-generation='1'] .cause-line")
         assert victim in second and ("killed" in second or "exited" in second or "disconnected" in second), second
         page.click("#exceptions tbody tr[data-generation='0'] summary")
-        _shot(page, tmp_path, "dashboard-exceptions")
+        _shot(page, tmp_path, "dashboard-exceptions", "#exceptions-section", "#attempts-section")
         assert console_errors == []
         result = handle.wait(180)
     finally:

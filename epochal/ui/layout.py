@@ -27,7 +27,7 @@ BOX_WIDTH, BOX_HEIGHT = 210, 64  # the narrowest box; every box's height
 #: widths (px) of one character, generous for the page's sans-serif fonts: the bold 13 px name,
 #: the 11 px figures; and the longest figure line the page writes (``back-pressure 0–100 % · CPU 100 %``)
 NAME_CHAR, SMALL_CHAR, FIGURE_CHARS, PAD = 8.4, 6.6, 30, 8
-COLUMN_GAP, ROW_GAP, MARGIN = 70, 34, 20
+COLUMN_GAP, ROW_GAP, MARGIN = 56, 34, 20
 TOP = 44  # room above the first row for edges that skip columns (drawn as arcs over the boxes)
 
 
