@@ -37,7 +37,8 @@ __all__ = ["DashboardServer"]
 log = logging.getLogger("epochal")
 
 _STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "application/javascript; charset=utf-8",
-           "format.js": "application/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
+           "format.js": "application/javascript; charset=utf-8", "drilldown.js": "application/javascript; charset=utf-8",
+           "style.css": "text/css; charset=utf-8"}
 #: how long an action waits for its savepoint before answering
 ACTION_TIMEOUT = 300.0
 
