@@ -11,6 +11,11 @@ driver forgets between attempts or never keeps:
   per source, memory of the driver and of the tasks, and per completed epoch its
   exactly-once latency.
 
+and what the drill-down views read (:mod:`epochal.ui.drilldown`): every task's
+acknowledgement of each kept epoch (:meth:`DashboardModel.checkpoint`, not in the polled
+document), a row per subtask of every operator, and the failures of every attempt and
+failover region (the driver's failover log starts afresh with each attempt).
+
 Two derived figures, defined here once:
 
 * **exactly-once latency** of epoch *n*: its completion (``_metadata`` written, commits
@@ -190,7 +195,10 @@ class DashboardModel:
 
     # ------------------------------------------------------------------ output
     def view(self) -> dict:
-        """Everything the page shows, JSON-able (the ``/api/state`` document)."""
+        """Everything the page shows, JSON-able (the ``/api/state`` document): job state,
+        graph, ``operators`` (with ``subtasks`` and ``spread``), checkpoint rows (without their
+        per-task acknowledgements), ``exceptions``, attempts, restore, savepoints, series,
+        latency and sinks. Called per poll; reads the driver's state through ``source()``."""
         state = self._source()
         self._merge(state)
         progress = self._latest() or {}
