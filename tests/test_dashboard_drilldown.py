@@ -177,3 +177,25 @@ def test_the_pages_numbers_change_unit_with_their_magnitude():
     assert out["latency"] == ["0", "250 ms", "500 ms"]
     assert out["rates"] == ["0", "25k", "50k"] and out["memory"] == ["0", "250 MiB", "500 MiB"]
     assert out["nice"] == [0.5, 10, 20, 50, 100]
+
+
+def test_a_failover_stays_in_the_exceptions_after_the_next_attempt_starts():
+    """The driver's failover log belongs to one attempt's server; the model keeps every
+    failover it saw, once, beside the attempts' failures."""
+    plan = _plan()
+    history = EpochHistory(10)
+    history.add_completed(_completed(1, 100.0, 0.3))
+    failover = {"region": 1, "tasks": ["count[1]"], "generation": 1, "cause": "task count[1] exited",
+                "restored_epoch": 1}
+    state = {"state": "running", "generation": 0, "history": history, "failovers": [failover],
+             "timeline": [{"generation": 0, "started_s": 0.0, "restored_epoch": None}]}
+    model = DashboardModel(plan, lambda: state, lambda: None)
+    model.view()
+    model.view()  # seen twice: listed once
+    state.update(generation=2, history=EpochHistory(10), failovers=[], timeline=[
+        {"generation": 0, "started_s": 0.0, "restored_epoch": None, "failed_s": 4.0,
+         "cause": "task lines[0] disconnected (killed)"},
+        {"generation": 2, "started_s": 4.1, "restored_epoch": 1}])
+    rows = model.view()["exceptions"]
+    assert [(r["kind"], r["generation"], r["cause"]) for r in rows] == [
+        ("attempt", 0, "task lines[0] disconnected (killed)"), ("failover", 1, "task count[1] exited")]
