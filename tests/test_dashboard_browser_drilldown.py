@@ -16,6 +16,7 @@ import collections
 import os
 import signal
 import sys
+import time
 
 import cloudpickle
 import pytest
@@ -145,6 +146,71 @@ def test_operator_checkpoint_and_exceptions_views(tmp_path, browser):  # noqa: F
     assert result.attempts == 3 and "injected CrashAtRecord" in result.failures[0] and victim in result.failures[1]
     assert first == result.failures[0].splitlines()[0]
     assert pipelines.output(out) == oracle()
+
+
+def _keys_on_both_subtasks() -> tuple[int, int]:
+    """Two keys that the key-group router sends to subtask 0 and to subtask 1 of two."""
+    from epochal.backends.keygroups import DEFAULT_MAX_PARALLELISM as M, key_group_for, subtask_for_key_group
+
+    on = {}
+    for k in range(100):
+        on.setdefault(subtask_for_key_group(key_group_for(k, M), 2, M), k)
+    return on[0], on[1]
+
+
+SLOW_KEY, FAST_KEY = _keys_on_both_subtasks()
+PER_SPLIT = 1200
+
+
+def keyed_by_split(split: int, offset: int):
+    return iter([(SLOW_KEY if split == 0 else FAST_KEY, i) for i in range(offset, PER_SPLIT)])
+
+
+def slow_for_one_key(r):
+    if r[0] == SLOW_KEY:
+        time.sleep(0.005)  # a slow user function (200 records/s) for split 0's key only
+    return list(r)
+
+
+def test_back_pressure_per_subtask_where_the_job_makes_it_differ(tmp_path, browser):  # noqa: F811
+    """Split 0's records all go to a slow subtask downstream, split 1's to a fast one: source
+    subtask 0 waits for credit most of the time, subtask 1 hardly ever. The operator's page
+    shows both figures as handle.metrics() has them, the box the range; every record arrives."""
+    out = pipelines.unique_dir(tmp_path, "out")
+    flow = ep.Dataflow("backpressure-skew", parallelism=2)
+    (flow.source("events", ep.sources.GeneratorSource(keyed_by_split, num_splits=2, records_per_second=600.0))
+     .key_by(lambda r: r[0]).map("work", slow_for_one_key).sink("out", ep.sinks.FileSink(out)))
+    handle = flow.start(runtime="local", channels=ep.ChannelConfig(batch_size=8, credits=2),
+                        checkpoint=ep.CheckpointConfig(interval="0.5s", storage=f"file://{tmp_path}/ckpt"),
+                        metrics=ep.MetricsConfig(ui=True, interval=0.3))
+    page = browser.new_page(viewport={"width": 1500, "height": 1000})
+    page.set_default_timeout(TIMEOUT_MS)
+    console_errors = []
+    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+    try:
+        page.goto(handle.ui_url + "&poll=300")
+        page.wait_for_selector("#graph g.op[data-name=events]")
+        page.click("#graph g.op[data-name=events]")
+        page.wait_for_function("""() => { const v = [...document.querySelectorAll('#op-subtasks tbody tr')]
+            .map(tr => Number(tr.querySelector('td[data-key=backpressure]')?.dataset.value));
+            return v.length === 2 && Math.max(...v) > 0.3 && Math.min(...v) < 0.1; }""")
+        rows = {r["task"]: r for r in _rows(page, "#op-subtasks tbody tr")}
+        live = handle.metrics()["tasks"]
+        waiting = next(t for t, r in rows.items() if r["backpressure"] > 0.3)  # split 0's subtask
+        free = next(t for t in rows if t != waiting)
+        assert rows[free]["backpressure"] < 0.1 and set(rows) == {"events[0]", "events[1]"}
+        assert live[waiting]["backpressure_ratio"] > 0.3 and live[free]["backpressure_ratio"] < 0.1, live
+        box = page.text_content("#graph g.op[data-name=events] .op-pressure")
+        assert box.startswith("back-pressure ") and "–" in box.split("·")[0], box  # lowest–highest, not one figure
+        assert float(page.get_attribute("#graph g.op[data-name=events]", "data-bp-max")) > 0.3
+        assert console_errors == []
+        result = handle.wait(120)
+    finally:
+        page.close()
+        if handle.running:
+            handle.cancel()
+    assert result.attempts == 1
+    assert pipelines.output(out) == pipelines.canon([[k, i] for k in (SLOW_KEY, FAST_KEY) for i in range(PER_SPLIT)])
 
 
 def test_the_offline_page_is_laid_out_like_the_live_one_and_says_what_storage_lacks(tmp_path, browser):  # noqa: F811
