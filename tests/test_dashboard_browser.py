@@ -43,9 +43,17 @@ def browser():
             b.close()
 
 
-def _shot(page, tmp_path: Path, name: str) -> Path:
+def _shot(page, tmp_path: Path, name: str, *selectors: str) -> Path:
+    """A screenshot of the whole page, or of the region that holds ``selectors``' elements."""
     path = tmp_path / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
+    page.evaluate("window.scrollTo(0, 0)")  # the sticky header at the top of a full-page shot
+    if selectors:
+        boxes = [page.locator(s).bounding_box() for s in selectors]
+        x0, y0 = min(b["x"] for b in boxes), min(b["y"] for b in boxes)
+        x1, y1 = max(b["x"] + b["width"] for b in boxes), max(b["y"] + b["height"] for b in boxes)
+        page.screenshot(path=str(path), full_page=True, clip={"x": x0, "y": y0, "width": x1 - x0, "height": y1 - y0})
+    else:
+        page.screenshot(path=str(path), full_page=True)
     assert path.stat().st_size > 10_000
     if os.environ.get("EPOCHAL_SCREENSHOTS"):
         shutil.copy(path, Path(os.environ["EPOCHAL_SCREENSHOTS"]) / path.name)

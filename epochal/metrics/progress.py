@@ -8,8 +8,11 @@ latest ones, the completed epochs and the driver's attempt history into one JSON
 * ``state`` (``starting``, ``running``, ``restarting``, ``finished``, ``failed``), ``attempt``,
   ``generation``, ``uptime_s``, ``restarts`` (each with its cause);
 * throughput: ``records_in_per_s`` (read by the sources) and ``records_out_per_s`` (written
-  by the sinks), per task and per operator too, as rates between this event and the
-  previous one;
+  by the sinks), per task and per operator too (and per operator within each task:
+  ``operators`` of a task entry), as rates between the task's newest report and the one
+  before it. A task whose report did not change since the previous event (the event fell
+  between two of its reports) keeps its last rates for two of its report intervals: a
+  steady job's rate never reads 0 because of when it was sampled, a silent task's does;
 * ``late_dropped``: late records of windows whose ``.late()`` output nothing reads;
 * ``rss_bytes`` and ``pid`` per task: its process's resident memory and id; ``cpu_s``, the CPU
   seconds its process used since the task started, and ``cpu_load``, the cores it kept busy
@@ -53,6 +56,8 @@ class ProgressBuilder:
         self.sequence = 0
         self.started = time.monotonic()
         self._previous: dict[str, dict] = {}  # task -> its counters at the previous event
+        self._before: dict[str, dict | None] = {}  # task -> the report before its newest one
+        self._seen_at: dict[str, float] = {}  # task -> when (driver clock) its newest report first came
 
     def build(self, driver_state: dict, live: dict, history) -> dict:
         """One progress event. ``driver_state``: ``state``, ``attempt``, ``generation``,
@@ -66,6 +71,12 @@ class ProgressBuilder:
         watermarks = []
         for task, m in sorted(live.items()):
             prev = self._previous.get(task)
+            if prev is not None and m.get("time") == prev.get("time"):
+                before = self._before.get(task)  # the same report again: its rates over its own interval,
+                if before is not None and now - self._seen_at[task] <= 2 * max(0.0, m["time"] - before["time"]):
+                    prev = before  # unless it is older than two of its intervals (the task went silent: 0)
+            else:
+                self._before[task], self._seen_at[task] = prev, now
             fresh = prev is None or m.get("time", 0) < prev.get("time", 0) or m["records_in"] < prev["records_in"]
             dt = max(1e-9, m["time"] - prev["time"]) if not fresh else None
 
@@ -84,6 +95,7 @@ class ProgressBuilder:
                 "late_dropped": m.get("late_dropped", 0), "rss_bytes": m.get("rss_bytes"), "pid": m.get("pid"),
                 "cpu_s": m.get("cpu_s"),
                 "cpu_load": None if m.get("cpu_s") is None else rate(m["cpu_s"], (prev or {}).get("cpu_s") or 0.0),
+                "operators": {},
             }
             tasks[task] = entry
             if task in self.sources:
@@ -99,6 +111,8 @@ class ProgressBuilder:
                 op["records_out"] += n_out
                 op["records_in_per_s"] += rate(n_in, b_in)
                 op["records_out_per_s"] += rate(n_out, b_out)
+                entry["operators"][name] = {"records_in": n_in, "records_out": n_out,
+                                            "records_in_per_s": rate(n_in, b_in), "records_out_per_s": rate(n_out, b_out)}
                 if name in self.sinks:
                     rate_out += rate(n_in, b_in)
             self._previous[task] = m

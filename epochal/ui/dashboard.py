@@ -22,7 +22,8 @@ class Dashboard:
     def __init__(self, plan, config, source, latest_progress, savepoint=None):
         self.model = DashboardModel(plan, source, latest_progress)
         self.server = DashboardServer(self.model.view, savepoint, host=config.ui_host, port=config.ui_port,
-                                      token=config.ui_token, name=plan.job)
+                                      token=config.ui_token, name=plan.job,
+                                      checkpoint=self.model.checkpoint)
 
     @property
     def url(self) -> str:

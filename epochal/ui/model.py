@@ -11,6 +11,11 @@ driver forgets between attempts or never keeps:
   per source, memory of the driver and of the tasks, and per completed epoch its
   exactly-once latency.
 
+and what the drill-down views read (:mod:`epochal.ui.drilldown`): every task's
+acknowledgement of each kept epoch (:meth:`DashboardModel.checkpoint`, not in the polled
+document), a row per subtask of every operator, and the failures of every attempt and
+failover region (the driver's failover log starts afresh with each attempt).
+
 Two derived figures, defined here once:
 
 * **exactly-once latency** of epoch *n*: its completion (``_metadata`` written, commits
@@ -34,6 +39,7 @@ import threading
 import time
 
 from epochal.graph import NodeKind
+from epochal.ui.drilldown import checkpoint_tasks, exceptions, spread, subtasks
 from epochal.ui.layout import graph_view
 
 __all__ = ["MAX_POINTS", "MAX_ROWS", "DashboardModel", "critical_split", "process_rss"]
@@ -102,6 +108,7 @@ class DashboardModel:
         self._aborted_seen: set[int] = set()
         self._series: collections.deque = collections.deque(maxlen=MAX_POINTS)
         self._generation = None
+        self._failovers: list[tuple] = []  # (key, entry): every failover restart seen (the driver's log is per attempt)
         self._cpu_at: tuple[float, float] | None = None  # (progress time, this process's CPU seconds)
 
     # ------------------------------------------------------------------ inputs
@@ -143,6 +150,11 @@ class DashboardModel:
         if history is None:
             return
         generation = state.get("generation")
+        for f in state.get("failovers", ()):
+            key = (f.get("generation"), f.get("region"), tuple(f.get("tasks", ())), f.get("cause"))
+            with self._lock:
+                if all(k != key for k, _ in self._failovers):
+                    self._failovers = (self._failovers + [(key, dict(f))])[-MAX_ROWS:]
         completed, aborted = history.completed[-MAX_ROWS:], history.aborted[-MAX_ROWS:]
         changed = False
         with self._lock:
@@ -159,7 +171,8 @@ class DashboardModel:
                     "unaligned_records": e.get("channel_state_records", 0),
                     "snapshot_kinds": e.get("snapshot_kinds", {}), "split": critical_split(e),
                     "max_alignment_s": e.get("max_alignment_s"), "max_sync_s": e.get("max_sync_s"),
-                    "max_upload_s": e.get("max_upload_s"), "latency_s": None, "savepoint": None}
+                    "max_upload_s": e.get("max_upload_s"), "latency_s": None, "savepoint": None,
+                    "tasks": {t: dict(a) for t, a in (e.get("tasks") or {}).items()}}
             for e in aborted:
                 if e["epoch"] in self._aborted_seen:
                     continue
@@ -182,7 +195,10 @@ class DashboardModel:
 
     # ------------------------------------------------------------------ output
     def view(self) -> dict:
-        """Everything the page shows, JSON-able (the ``/api/state`` document)."""
+        """Everything the page shows, JSON-able (the ``/api/state`` document): job state,
+        graph, ``operators`` (with ``subtasks`` and ``spread``), checkpoint rows (without their
+        per-task acknowledgements), ``exceptions``, attempts, restore, savepoints, series,
+        latency and sinks. Called per poll; reads the driver's state through ``source()``."""
         state = self._source()
         self._merge(state)
         progress = self._latest() or {}
@@ -193,8 +209,10 @@ class DashboardModel:
                        for r in rows if r.get("latency_s") is not None]
             counts = {"completed": sum(r["status"] == "completed" for r in rows),
                       "aborted": sum(r["status"] == "aborted" for r in rows)}
-            rows = [dict(r) for r in rows[-_PAGE_ROWS:]]
+            acked = next((r["tasks"] for r in reversed(rows) if r["status"] == "completed" and r.get("tasks")), None)
+            rows = [{k: v for k, v in r.items() if k != "tasks"} for r in rows[-_PAGE_ROWS:]]
             series = list(self._series)[-_PAGE_POINTS:]
+            failovers = [f for _, f in self._failovers]
         by_epoch = {r["epoch"]: r for r in rows}
         for sp in savepoints:
             if sp.get("epoch") in by_epoch:
@@ -208,18 +226,30 @@ class DashboardModel:
             "checkpoint_root": state.get("checkpoint_root"), "generation": state.get("generation"),
             "actions": bool(state.get("actions", True)),
             "progress": _summary(progress),
-            "graph": self.graph, "operators": self._operators(progress),
+            "graph": self.graph, "operators": self._operators(progress, acked),
             "checkpoints": rows, "counts": counts,
             "attempts": _attempts(timeline, state.get("failovers", ())), "restore": _latest_restore(timeline),
+            "exceptions": exceptions(timeline, failovers),
             "savepoints": savepoints, "series": series,
             "latency": latency,
             "sinks": self._sinks_view(rows, state, now),
         }
 
-    def _operators(self, progress: dict) -> dict:
+    def checkpoint(self, epoch: int) -> dict | None:
+        """The page of checkpoint ``epoch`` (:func:`epochal.ui.drilldown.checkpoint_tasks`): every
+        task's acknowledgement; ``None`` if the model keeps no row of it (any more)."""
+        with self._lock:
+            row = self._rows.get(epoch)
+            row = None if row is None else dict(row)
+        return None if row is None else checkpoint_tasks(row, self._chains)
+
+    def _operators(self, progress: dict, acked: dict | None = None) -> dict:
         """Per operator: records/s in and out, records, parallelism, back-pressure (the
         highest share of the last interval any of its tasks waited for credit), CPU (the cores
-        its tasks kept busy over the last interval; operators chained into one task share it)."""
+        its tasks kept busy over the last interval; operators chained into one task share it);
+        ``subtasks``, a row per subtask (:func:`epochal.ui.drilldown.subtasks`; ``acked``: the
+        newest completed epoch's acknowledgements, for the state sizes) and ``spread``, the
+        lowest and highest per subtask of its rates and back-pressure."""
         ops = {n["name"]: {"records_in_per_s": 0.0, "records_out_per_s": 0.0, "records_in": 0, "records_out": 0,
                            "backpressure": 0.0, "cpu_load": None, "parallelism": n["parallelism"]}
                for n in self.graph["nodes"]}
@@ -233,6 +263,10 @@ class DashboardModel:
                     ops[name]["backpressure"] = max(ops[name]["backpressure"], t.get("backpressure_ratio") or 0.0)
                     if t.get("cpu_load") is not None:
                         ops[name]["cpu_load"] = (ops[name]["cpu_load"] or 0.0) + t["cpu_load"]
+        for name, op in ops.items():
+            op["subtasks"] = rows = subtasks(name, self._chains, progress, acked)
+            op["spread"] = {k: spread(rows, k) for k in ("records_in_per_s", "records_out_per_s", "backpressure",
+                                                         "cpu_load")}
         return ops
 
     def _sinks_view(self, rows: list[dict], state: dict, now: float) -> list[dict]:  # rows: the newest

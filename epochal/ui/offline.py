@@ -17,7 +17,7 @@ import time
 
 from epochal.backends.storage import CheckpointStorage, referenced_bytes
 from epochal.errors import EpochalError
-from epochal.ui.layout import BOX_HEIGHT, BOX_WIDTH, COLUMN_GAP, MARGIN, TOP
+from epochal.ui.layout import place
 from epochal.ui.server import DashboardServer
 
 __all__ = ["RegionDashboards", "StorageView", "serve"]
@@ -44,12 +44,13 @@ class StorageView:
         from epochal.state.savepoint import list_recorded
 
         with self._lock:
-            rows, plan = [], {}
+            rows, plan, chains = [], {}, []
             for epoch in sorted(self.storage.all_epochs()):
                 meta = self._metadata(epoch)
                 if meta is None:
                     continue
                 plan = meta.get("plan") or plan
+                chains = [t.get("chain") or [] for t in (meta.get("tasks") or {}).values()] or chains
                 rows.append({"epoch": epoch, "generation": meta.get("generation"), "status": "completed",
                              "reason": meta.get("reason"), "wall_time": meta.get("wall_time"), "duration_s": None,
                              "bytes": None, "state_bytes": referenced_bytes(meta), "unaligned_bytes": 0,
@@ -63,20 +64,40 @@ class StorageView:
             "job": self.job, "time": time.time(), "state": "offline", "runtime": "storage", "guarantee": "",
             "checkpoint_root": self.storage.root_url, "generation": rows[-1]["generation"] if rows else None,
             "actions": False, "progress": {"last_completed_epoch": rows[-1]["epoch"] if rows else None},
-            "graph": _boxes(plan), "operators": {}, "checkpoints": rows,
+            "graph": _boxes(plan, chains), "operators": {}, "checkpoints": rows,
             "counts": {"completed": len(rows), "aborted": 0}, "attempts": [], "restore": None,
             "savepoints": [{"epoch": s.get("epoch"), "url": s.get("url"), "bytes": s.get("bytes")} for s in savepoints],
             "series": [], "latency": [], "sinks": [],
         }
 
 
-def _boxes(plan: dict) -> dict:
-    """The operators of a plan fingerprint as boxes in one row (no edges: not stored)."""
-    nodes = [{"name": name, "kind": v.get("kind"), "parallelism": v.get("parallelism"), "column": i, "row": 0,
-              "x": MARGIN + i * (BOX_WIDTH + COLUMN_GAP), "y": TOP, "width": BOX_WIDTH, "height": BOX_HEIGHT}
-             for i, (name, v) in enumerate(plan.items())]
-    return {"nodes": nodes, "edges": [], "width": 2 * MARGIN + max(1, len(nodes)) * (BOX_WIDTH + COLUMN_GAP),
-            "height": TOP + MARGIN + BOX_HEIGHT + 30}
+def _boxes(plan: dict, chains: list[list[str]]) -> dict:
+    """The operators of a plan fingerprint laid out as the live page lays them out
+    (:func:`epochal.ui.layout.place`), from what a checkpoint keeps: the operators' kinds and
+    the tasks' chains (operators joined by forward edges, drawn). Shuffle edges are not
+    stored, so the layers are guessed from the chains: a chain that starts at a source
+    starts in column 0, any other chain in the column after the longest source chain (its
+    operators in the columns after that), and a sink that heads its own chain in the last."""
+    kind = {name: v.get("kind") for name, v in plan.items()}
+    column: dict[str, int] = {}
+    ordered = sorted({tuple(c) for c in chains if c}, key=lambda c: (kind.get(c[0]) != "source", c))
+    first = max((len(c) for c in ordered if kind.get(c[0]) == "source"), default=0)
+    for chain in ordered:
+        start = 0 if kind.get(chain[0]) == "source" else first
+        for i, name in enumerate(chain):
+            column.setdefault(name, start + i)
+    for name in plan:  # an operator no task ran (cannot happen in a checkpoint): after the sources
+        column.setdefault(name, first)
+    alone = [n for n in plan if kind[n] == "sink" and (n,) in ordered]  # a sink heading its own chain: the last
+    if alone:
+        last = max((c for n, c in column.items() if n not in alone), default=-1) + 1
+        for name in alone:
+            column[name] = last
+    edges = [{"source": a, "target": b, "kind": "forward", "feedback": False, "port": "main"}
+             for c in ordered for a, b in zip(c, c[1:])]
+    items = [(name, kind[name], plan[name].get("parallelism"), column[name])
+             for name in sorted(plan, key=lambda n: (column[n], n))]
+    return place(items, edges)
 
 
 def serve(url: str, job: str, host: str = "127.0.0.1", port: int = 0, token: str | None = None):

@@ -6,6 +6,8 @@ Routes (``MetricsConfig.ui``; :class:`DashboardServer`):
   Static files carry no job data and need no token;
 * ``GET /api/state`` — everything the page shows (:meth:`epochal.ui.model.DashboardModel.view`);
   the page polls it;
+* ``GET /api/checkpoint?epoch=N`` — one checkpoint's page: every task's acknowledgement
+  (:meth:`epochal.ui.model.DashboardModel.checkpoint`); 404 when the dashboard keeps none;
 * ``POST /api/savepoint`` with ``{"stop": false}`` or ``{"stop": true}`` (and
   ``"drain": true``: end event time first, :meth:`JobHandle.stop_with_savepoint`) — take a
   savepoint (and stop the job with it); answers ``{"url": ...}`` once it is written, or
@@ -42,6 +44,7 @@ __all__ = ["DashboardServer"]
 log = logging.getLogger("epochal")
 
 _STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "application/javascript; charset=utf-8",
+           "format.js": "application/javascript; charset=utf-8", "drilldown.js": "application/javascript; charset=utf-8",
            "style.css": "text/css; charset=utf-8"}
 #: how long an action waits for its savepoint before answering
 ACTION_TIMEOUT = 300.0
@@ -94,15 +97,18 @@ class DashboardServer:
             savepoint is written; ``None``: the actions are off (a read-only view).
         token: the secret every ``/api`` call must present; ``None``: a random one.
         request_timeout, max_connections: the bounds of the module docstring.
+        checkpoint: ``checkpoint(epoch) -> dict | None``, one checkpoint's page; ``None``: none kept.
 
     Raises:
         ConfigError: ``host:port`` cannot be bound.
     """
 
     def __init__(self, view, savepoint=None, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 name: str = "job", request_timeout: float = REQUEST_TIMEOUT, max_connections: int = MAX_CONNECTIONS):
+                 name: str = "job", request_timeout: float = REQUEST_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
+                 checkpoint=None):
         self.token = token or secrets.token_urlsafe(24)
         self._view = view
+        self._checkpoint = checkpoint
         self._savepoint = savepoint
         handler = type("Handler", (_Handler,), {"dashboard": self, "timeout": request_timeout})
         try:
@@ -171,16 +177,29 @@ class _Handler(BaseHTTPRequestHandler):
         if parts.path.startswith("/static/") and parts.path[len("/static/"):] in _STATIC:
             name = parts.path[len("/static/"):]
             return self._send(200, _static(name), _STATIC[name])
-        if parts.path == "/api/state":
-            token = self.headers.get("X-Epochal-Token") or (parse_qs(parts.query).get("token") or [None])[0]
+        if parts.path in ("/api/state", "/api/checkpoint"):
+            query = parse_qs(parts.query)
+            token = self.headers.get("X-Epochal-Token") or (query.get("token") or [None])[0]
             if not self.dashboard.authorised(token):
                 return self._json(401, {"error": "missing or wrong token (open the URL the driver logged)"})
             try:
+                if parts.path == "/api/checkpoint":
+                    return self._checkpoint_page(query)
                 return self._json(200, _finite(self.dashboard._view()))
             except Exception as exc:  # the page shows it; the job never notices
                 log.exception("dashboard: building the page's state failed")
                 return self._json(500, {"error": f"{type(exc).__name__}: {exc}"})
         return self._json(404, {"error": f"no such page: {parts.path}"})
+
+    def _checkpoint_page(self, query: dict) -> None:
+        try:
+            epoch = int((query.get("epoch") or [""])[0])
+        except ValueError:
+            return self._json(400, {"error": "/api/checkpoint needs ?epoch=<an integer>"})
+        page = self.dashboard._checkpoint(epoch) if self.dashboard._checkpoint is not None else None
+        if page is None:
+            return self._json(404, {"error": f"this dashboard keeps no acknowledgements of epoch {epoch}"})
+        return self._json(200, _finite(page))
 
     def do_POST(self):  # noqa: N802
         parts = urlsplit(self.path)

@@ -155,9 +155,11 @@ def _task_sample(payload, trigger_time: float) -> dict:
     ``sync_s`` the synchronous snapshot part (sink pre-commits included), ``upload_wait_s``
     sync part done → upload started, ``upload_s`` the asynchronous part (serialise, write,
     fsync), of which ``durable_s`` the sinks' durability steps (their flush and fsync),
-    ``ack_s`` trigger → its acknowledgement reached the coordinator."""
+    ``ack_s`` trigger → its acknowledgement reached the coordinator; ``bytes`` uploaded for
+    this epoch and ``state_bytes`` its whole snapshot (as the task reported them)."""
     m = payload.get("metrics", {})
     sample = {k: m.get(k) for k in ("barrier_s", "alignment_s", "sync_s", "upload_wait_s", "upload_s", "durable_s",
-                                    "snapshot_kind", "channel_state_records")}
+                                    "snapshot_kind", "channel_state_records", "bytes")}
+    sample["state_bytes"] = m.get("state_bytes", m.get("bytes"))
     sample["ack_s"] = payload["acked_at"] - trigger_time if "acked_at" in payload else None
     return sample

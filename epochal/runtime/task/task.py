@@ -35,7 +35,8 @@ import traceback
 from epochal.alignment.channel_state import ChannelStateRecorder
 from epochal.backends.retry import RetryPolicy
 from epochal.backends.storage import CheckpointStorage
-from epochal.errors import ChannelSetupError, ConfigError, DataError, EpochalError, OperatorError, TaskStartError
+from epochal.errors import (ChannelSetupError, ConfigError, DataError, EpochalError, InjectedFault, OperatorError,
+                            TaskStartError)
 from epochal.loops.head import LOOP_LOG, LoopHeadProtocol
 from epochal.metrics.quantiles import Summary
 from epochal.operators.base import OperatorContext, RuntimeOperator
@@ -306,6 +307,8 @@ class Task(ReadSteps, BarrierSteps, QuerySteps):
             return
         if isinstance(exc, (OperatorError, EpochalError)):
             cause = str(exc)
+            if isinstance(exc, (OperatorError, InjectedFault)):  # a user function's (or a test's) raise: where
+                cause += _innermost_frames(exc.__cause__ or exc)  # (the dashboard's exceptions view shows it)
         else:
             cause = f"task {self.spec.id}: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
         # A broken channel is usually the echo of another task's failure: the coordinator
@@ -541,3 +544,12 @@ def _rss_bytes() -> int | None:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _innermost_frames(exc: BaseException, frames: int = 3) -> str:
+    """Where ``exc`` was raised: its traceback's innermost ``frames`` as lines after the cause's
+    first (``File "...", line N, in f``; file names cut to their last 60 characters), short
+    enough for the job's final error message."""
+    tb = traceback.extract_tb(exc.__traceback__)[-frames:]
+    return "".join(f'\n  File "{"…" + f.filename[-59:] if len(f.filename) > 60 else f.filename}", line {f.lineno},'
+                   f' in {f.name}' for f in tb)

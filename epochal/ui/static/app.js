@@ -16,21 +16,7 @@
     if (text !== undefined) e.textContent = text;
     return e;
   }
-  function fmtRate(x) {
-    if (x === null || x === undefined) return "–";
-    return x >= 1e6 ? (x / 1e6).toFixed(2) + "M" : x >= 1e3 ? (x / 1e3).toFixed(1) + "k" : x.toFixed(0);
-  }
-  function fmtS(x) {
-    if (x === null || x === undefined) return "–";
-    return x >= 1 ? x.toFixed(2) + " s" : (x * 1000).toFixed(x < 0.01 ? 2 : 0) + " ms";
-  }
-  function fmtBytes(x) {
-    if (x === null || x === undefined) return "–";
-    const u = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let i = 0;
-    while (x >= 1024 && i < u.length - 1) { x /= 1024; i++; }
-    return (i ? x.toFixed(1) : x.toFixed(0)) + " " + u[i];
-  }
+  const {fmtS, fmtRate, fmtBytes, fmtPct, fmtSpan, axis} = window.epochalFormat;  // static/format.js
   function cell(tr, text, cls) {
     const td = document.createElement("td");
     td.textContent = text;
@@ -82,7 +68,10 @@
       svg.appendChild(path);
     }
     for (const n of graph.nodes) {
-      const g = el("g", {class: "op", "data-name": n.name, transform: `translate(${n.x},${n.y})`});
+      const g = el("g", {class: "op", "data-name": n.name, transform: `translate(${n.x},${n.y})`, tabindex: 0,
+                         role: "button", "aria-label": `operator ${n.name}: its subtasks`});
+      g.addEventListener("click", () => { location.hash = "op=" + encodeURIComponent(n.name); });
+      g.addEventListener("keydown", (ev) => { if (ev.key === "Enter") location.hash = "op=" + encodeURIComponent(n.name); });
       g.appendChild(el("rect", {width: n.width, height: n.height, rx: 6, fill: "#fff", stroke: "#39414f",
                                 "stroke-width": 1.2, class: "op-box"}));
       g.appendChild(el("text", {x: 8, y: 16, "font-size": 13, "font-weight": 600, class: "op-name"}, n.name));
@@ -90,6 +79,7 @@
                        `${n.kind} ×${n.parallelism}`));
       g.appendChild(el("text", {x: 8, y: 34, "font-size": 11, class: "op-rates"}, "in – / out – rec/s"));
       g.appendChild(el("text", {x: 8, y: 50, "font-size": 11, class: "op-pressure"}, "back-pressure –"));
+      g.appendChild(el("title", {}, `${n.name}: click for its ${n.parallelism} subtask(s)`));
       svg.appendChild(g);
     }
     box.replaceChildren(svg);
@@ -101,8 +91,17 @@
       if (!o) continue;
       g.querySelector(".op-rates").textContent =
         `in ${fmtRate(o.records_in_per_s)} / out ${fmtRate(o.records_out_per_s)} rec/s`;
-      g.querySelector(".op-pressure").textContent = `back-pressure ${(100 * o.backpressure).toFixed(0)} %` +
-        (o.cpu_load === null || o.cpu_load === undefined ? "" : ` · CPU ${(100 * o.cpu_load).toFixed(0)} %`);
+      // never hide a skew behind one figure: the lowest and highest subtask when they differ
+      const bp = (o.spread || {}).backpressure, rin = (o.spread || {}).records_in_per_s;
+      const bpText = bp && bp.count > 1 && bp.max - bp.min >= 0.01
+        ? `${fmtPct(bp.min)}–${fmtPct(bp.max)}` : fmtPct(o.backpressure);
+      g.querySelector(".op-pressure").textContent = `back-pressure ${bpText}` +
+        (o.cpu_load === null || o.cpu_load === undefined ? "" : ` · CPU ${fmtPct(o.cpu_load)}`);
+      g.querySelector(".op-rates").textContent = rin && rin.count > 1 && rin.max > 0 && rin.min < 0.8 * rin.max
+        ? `in ${fmtRate(rin.min)}–${fmtRate(rin.max)} per subtask / out ${fmtRate(o.records_out_per_s)}`
+        : `in ${fmtRate(o.records_in_per_s)} / out ${fmtRate(o.records_out_per_s)} rec/s`;
+      if (bp) { g.dataset.bpMin = bp.min; g.dataset.bpMax = bp.max; }
+      if (rin) { g.dataset.inMin = rin.min; g.dataset.inMax = rin.max; }
       g.querySelector(".op-box").setAttribute("fill", pressureColour(o.backpressure));
       g.dataset.in = o.records_in;
       g.dataset.out = o.records_out;
@@ -111,26 +110,28 @@
 
   // ---------------------------------------------------------------- charts
   const PALETTE = ["#1f6feb", "#cf222e", "#2e8540", "#8250df", "#d29922", "#bf3989"];
-  function lineChart(id, lines, fmt) {
+  function lineChart(id, lines, kind, empty) {
     // lines: [{label, points: [[t, v], ...]}]; draws every line on one time axis
     const W = 600, H = 150, L = 52, R = 8, T = 8, B = 20;
     const svg = el("svg", {viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none", role: "img", "aria-label": id});
     const all = lines.flatMap((l) => l.points.filter((p) => p[1] !== null && p[1] !== undefined));
     if (!all.length) {
-      svg.appendChild(el("text", {x: W / 2, y: H / 2, "text-anchor": "middle", fill: "#888"}, "no data yet"));
+      svg.appendChild(el("text", {x: W / 2, y: H / 2, "text-anchor": "middle", fill: "#888", class: "empty"},
+                         empty || "no data yet"));
       $(id).replaceChildren(svg);
       return;
     }
     const t0 = Math.min(...all.map((p) => p[0])), t1 = Math.max(...all.map((p) => p[0]));
-    const vmax = Math.max(...all.map((p) => p[1]), 1e-9), span = Math.max(t1 - t0, 1e-9);
+    const ax = axis(kind, Math.max(...all.map((p) => p[1]))), vmax = ax.max, span = Math.max(t1 - t0, 1e-9);
+    const fmt = {time: fmtS, count: fmtRate, bytes: fmtBytes}[kind] || ((v) => v.toFixed(2));
     const x = (t) => L + (W - L - R) * (t - t0) / span, y = (v) => H - B - (H - T - B) * v / vmax;
-    for (const f of [0, 0.5, 1]) {
-      svg.appendChild(el("line", {x1: L, x2: W - R, y1: y(vmax * f), y2: y(vmax * f), stroke: "#e3e5e8"}));
-      svg.appendChild(el("text", {x: L - 4, y: y(vmax * f) + 4, "text-anchor": "end", "font-size": 10,
-                                  fill: "#666"}, fmt(vmax * f)));
+    for (const tick of ax.ticks) {
+      svg.appendChild(el("line", {x1: L, x2: W - R, y1: y(tick.value), y2: y(tick.value), stroke: "#e3e5e8"}));
+      svg.appendChild(el("text", {x: L - 4, y: y(tick.value) + 4, "text-anchor": "end", "font-size": 10,
+                                  fill: "#666", class: "tick"}, tick.label));
     }
     svg.appendChild(el("text", {x: W - R, y: H - 5, "text-anchor": "end", "font-size": 10, fill: "#666"},
-                       `last ${Math.round(t1 - t0)} s`));
+                       `last ${fmtSpan(t1 - t0)}`));
     lines.forEach((l, i) => {
       const pts = l.points.filter((p) => p[1] !== null && p[1] !== undefined);
       if (!pts.length) return;
@@ -146,21 +147,25 @@
     $(id).replaceChildren(svg);
   }
   function drawCharts(s) {
+    const offline = s.state === "offline";  // read from storage: no live figures will ever come
+    $("charts").hidden = offline;
+    $("charts-offline").hidden = !offline;
+    if (offline) return;
     const series = s.series;
     lineChart("chart-throughput", [
       {label: "in", points: series.map((p) => [p.time, p.records_in_per_s])},
-      {label: "out", points: series.map((p) => [p.time, p.records_out_per_s])}], fmtRate);
-    lineChart("chart-latency", [{label: "latency", points: s.latency.map((p) => [p.time, p.latency_s])}], fmtS);
+      {label: "out", points: series.map((p) => [p.time, p.records_out_per_s])}], "count");
+    lineChart("chart-latency", [{label: "latency", points: s.latency.map((p) => [p.time, p.latency_s])}], "time");
     const sources = [...new Set(series.flatMap((p) => Object.keys(p.watermark_lag_s || {})))];
     lineChart("chart-lag", sources.map((name) => ({label: name, points: series.map(
-      (p) => [p.time, (p.watermark_lag_s || {})[name] ?? null])})), fmtS);
-    const mib = (b) => (b === null || b === undefined ? null : b / 1048576);
+      (p) => [p.time, (p.watermark_lag_s || {})[name] ?? null])})), "time",
+      "no watermark yet (none of the sources assigns event time, or none has one yet)");
     lineChart("chart-memory", [
-      {label: "driver", points: series.map((p) => [p.time, mib(p.driver_rss)])},
-      {label: "tasks", points: series.map((p) => [p.time, mib(p.tasks_rss)])}], (v) => v.toFixed(0));
+      {label: "driver", points: series.map((p) => [p.time, p.driver_rss ?? null])},
+      {label: "tasks", points: series.map((p) => [p.time, p.tasks_rss ?? null])}], "bytes");
     lineChart("chart-cpu", [
       {label: "driver", points: series.map((p) => [p.time, p.driver_cpu ?? null])},
-      {label: "tasks", points: series.map((p) => [p.time, p.tasks_cpu ?? null])}], (v) => v.toFixed(2));
+      {label: "tasks", points: series.map((p) => [p.time, p.tasks_cpu ?? null])}], "plain");
   }
 
   // ---------------------------------------------------------------- checkpoints
@@ -194,7 +199,10 @@
       const tr = document.createElement("tr");
       tr.dataset.epoch = r.epoch;
       tr.dataset.status = r.status;
-      tr.className = r.status + (r.savepoint ? " savepoint" : "");
+      tr.className = r.status + (r.savepoint ? " savepoint" : "") + " clickable";
+      tr.tabIndex = 0;
+      tr.title = "click: every task's acknowledgement of this epoch";
+      tr.addEventListener("click", () => { location.hash = "checkpoint=" + r.epoch; });
       cell(tr, r.epoch); cell(tr, r.generation ?? "–"); cell(tr, r.status); cell(tr, r.reason || "");
       if (r.status === "completed") {
         cell(tr, fmtS(r.duration_s));
@@ -228,9 +236,14 @@
       restore.className = "restore failed";
       restore.textContent = `latest restore: attempt generation ${s.restore.generation} restored epoch ` +
         `${s.restore.epoch} (${fmtBytes(s.restore.bytes)}) — cause: ${s.restore.cause}`;
+    } else if (s.state === "offline") {
+      restore.className = "restore";
+      restore.textContent = "read from storage: checkpoints do not record the job's attempts" +
+        (s.generation != null ? ` (the newest checkpoint is of attempt generation ${s.generation})` : "");
     } else {
       restore.className = "restore";
-      restore.textContent = "no restore: the job runs its first attempt from scratch";
+      restore.textContent = ENDED.includes(s.state) ? `no restore: the job ${s.state} in its first attempt`
+        : "no restore: the job runs its first attempt from scratch";
     }
   }
   function drawTables(s) {
@@ -277,16 +290,24 @@
     $("job").textContent = s.region ? `${s.job} / region ${s.region}` : s.job;
     drawRegions(s);
     const st = $("state");
-    const stopped = stoppedAt !== null && s.state !== "running";  // this page stopped it with a savepoint
+    // this page stopped it with a savepoint: the savepoint is written, the job stops with it (a poll
+    // answered while it winds down must not say "running" again)
+    const stopped = stoppedAt !== null;
     st.textContent = stopped ? "stopped at a savepoint" : s.state;
     st.className = "state " + (stopped ? "stopped" : s.state);
     const p = s.progress || {};
-    $("summary").textContent = [`${s.runtime || ""} · ${s.guarantee || ""}`,
-      `${fmtRate(p.records_in_per_s)} rec/s in, ${fmtRate(p.records_out_per_s)} out`,
+    $("summary").textContent = [s.state === "offline" ? "read-only, from checkpoint storage"
+      : `${s.runtime || ""} · ${s.guarantee || ""}`,
+      ...(s.state === "offline" ? [] : [`${fmtRate(p.records_in_per_s)} rec/s in, ${fmtRate(p.records_out_per_s)} out`]),
       p.last_completed_epoch != null ? `epoch ${p.last_completed_epoch}` : "no checkpoint yet",
       `checkpoints in ${s.checkpoint_root || "–"}`].join(" · ");
     for (const id of ["btn-savepoint", "btn-stop", "btn-drain"]) $(id).disabled = !s.actions || s.state !== "running";
   }
+
+  // ---------------------------------------------------------------- drill-down views (static/drilldown.js)
+  const {drawOperator, drawCheckpoint, drawExceptions} = window.epochalDrilldown({$, cell, token, current: () => last});
+  window.addEventListener("hashchange", () => { if (last) drawOperator(last); drawCheckpoint(); });
+  for (const id of ["op-close", "cp-close"]) $(id).addEventListener("click", () => { location.hash = ""; });
 
   // ---------------------------------------------------------------- loop
   // The page's view of the job: the last state the server gave, and whether this page stopped it.
@@ -321,9 +342,10 @@
       if (!r.ok) throw new Error(s.error || r.status);
       if (!graphDrawn) drawGraph(s.graph);
       drawHeader(s); updateGraph(s.operators); drawCharts(s); drawCheckpoints(s); drawTables(s);
+      drawOperator(s); drawExceptions(s); drawCheckpoint(s);
       last = s;
       document.body.dataset.ended = ENDED.includes(s.state) ? "yes" : "";
-      $("error").hidden = true;
+      $("error").hidden = stoppedAt === null;  // after this page's stop: keep saying how the job ended
       document.body.dataset.polls = Number(document.body.dataset.polls || 0) + 1;
     } catch (e) {
       ended = gone(e.message);
