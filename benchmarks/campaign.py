@@ -59,18 +59,18 @@ def services(sinks) -> tuple[dict, list]:
 
 
 def summary(reports: list) -> dict:
-    """Per sink × action: histories, actions that landed mid-run, outcomes."""
+    """Per topology × sink × action: actions, how many landed mid-run, outcomes."""
     table: dict = collections.defaultdict(lambda: collections.Counter())
     for r in reports:
         for action, landed in zip(r["actions"], r["landed"] or [False] * len(r["actions"])):
-            cell = table[f"{r['sink']} × {action}"]
+            cell = table[f"{r['history'].split()[1].split('/')[0]} × {r['sink']} × {action}"]
             cell["actions"] += 1
             cell["landed"] += bool(landed)
             cell[r["outcome"]] += 1
     outcomes = collections.Counter(r["outcome"] for r in reports)
     per_action = collections.Counter(a for r in reports for a, ok in zip(r["actions"], r["landed"]) if ok)
     return {"histories": len(reports), "outcomes": dict(outcomes), "landed_per_action": dict(per_action),
-            "per_sink_action": {k: dict(v) for k, v in sorted(table.items())}}
+            "per_topology_sink_action": {k: dict(v) for k, v in sorted(table.items())}}
 
 
 def main() -> None:
@@ -79,6 +79,7 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=1000)
     parser.add_argument("--seeds", type=int, nargs="*", help="replay exactly these seeds")
     parser.add_argument("--sinks", nargs="*", default=list(campaign.SINKS))
+    parser.add_argument("--topologies", nargs="*", default=list(campaign.TOPOLOGIES))
     parser.add_argument("--out", default=None, help="the JSON report (default: print the summary only)")
     args = parser.parse_args()
 
@@ -88,7 +89,7 @@ def main() -> None:
     reports, t0 = [], time.time()
     try:
         for seed in seeds:
-            history = campaign.draw(seed)
+            history = campaign.draw(seed, topologies=tuple(args.topologies))
             if history.sink not in runnable:
                 continue
             with tempfile.TemporaryDirectory(prefix="campaign-") as work:

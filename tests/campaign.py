@@ -48,10 +48,13 @@ import cloudpickle
 
 import epochal as ep
 import pipelines
+import test_event_time
+from test_event_time import SumCount, event  # shipped by value: never the module object itself
 from epochal.sinks import FileSink, LogSink, read_committed
 
 # tasks unpickle the job's functions by value: this module and the pipelines it draws from
 cloudpickle.register_pickle_by_value(pipelines)
+cloudpickle.register_pickle_by_value(test_event_time)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 ACTIONS = ("kill", "kill-twice", "stop-restore", "cancel-resume", "rollback", "switch")
@@ -68,16 +71,19 @@ class History:
     guarantee: str
     parallelism: int
     actions: list  # [(action, at fraction of the input, new parallelism or None)]
+    topology: str = "count"
     n_lines: int = 1200
     rate: float = 60.0  # lines/s per split: 1200 lines over 4 splits ≈ 5 s of input per run
 
     def describe(self) -> str:
         acts = ", ".join(f"{a}@{at:.2f}" + (f"->p{p}" if p else "") for a, at, p in self.actions)
-        return f"seed={self.seed} count/{self.sink}/{self.guarantee}/p{self.parallelism} [{acts}]"
+        return f"seed={self.seed} {self.topology}/{self.sink}/{self.guarantee}/p{self.parallelism} [{acts}]"
 
 
-def draw(seed: int, sinks=SINKS, actions=ACTIONS, max_actions: int = 3) -> History:
-    """The history of ``seed``: the same seed gives the same history."""
+def draw(seed: int, sinks=SINKS, actions=ACTIONS, max_actions: int = 3, topologies=("count",)) -> History:
+    """The history of ``seed``: the same seed gives the same history (the topology is drawn
+    apart, so a seed keeps its sink, guarantee and actions whatever ``topologies`` offers)."""
+    topology = random.Random(seed ^ 0x5EED).choice(list(topologies))
     rng = random.Random(seed)
     sink = rng.choice(list(sinks))
     allowed = [a for a in actions if a != "rollback" or sink == "file"]
@@ -86,7 +92,8 @@ def draw(seed: int, sinks=SINKS, actions=ACTIONS, max_actions: int = 3) -> Histo
         action = rng.choice(allowed)
         rescale = rng.choice([None, 1, 2, 3]) if action in ("stop-restore", "rollback", "switch") else None
         chosen.append((action, round(rng.uniform(0.15, 0.7), 2), rescale))
-    return History(seed, sink, rng.choice(["exactly-once", "at-least-once"]), rng.choice([1, 2, 3]), chosen)
+    return History(seed, sink, rng.choice(["exactly-once", "at-least-once"]), rng.choice([1, 2, 3]), chosen,
+                   topology)
 
 
 # ------------------------------------------------------------------------------ the job
@@ -102,6 +109,15 @@ class Count(ep.KeyedProcessFunction):
 
 
 def flow(history: History, target, parallelism: int) -> ep.Dataflow:
+    return TOPOLOGIES[history.topology][0](history, target, parallelism)
+
+
+def oracle(history: History) -> collections.Counter:
+    """Plain Python: the exactly-once output of one whole run."""
+    return TOPOLOGIES[history.topology][1](history)
+
+
+def _count_flow(history: History, target, parallelism: int) -> ep.Dataflow:
     f = ep.Dataflow("campaign", parallelism=parallelism)
     source = ep.sources.GeneratorSource(pipelines.lines_from, num_splits=SPLITS, limit=history.n_lines // SPLITS,
                                         records_per_second=history.rate)
@@ -110,16 +126,61 @@ def flow(history: History, target, parallelism: int) -> ep.Dataflow:
     return f
 
 
-def oracle(history: History) -> collections.Counter:
-    """Plain Python: the exactly-once output of one whole run."""
+def _count_oracle(history: History) -> collections.Counter:
     return collections.Counter(tuple(r) for r in pipelines.running_counts(history.n_lines, SPLITS))
+
+
+#: events per split of the ``windows`` topology, and its rate (events/s per split): ≈ 5 s a run
+WINDOW_EVENTS, WINDOW_RATE, WINDOW_SIZE = 1500, 300.0, 1.0
+
+
+def _window_events(split: int, offset: int):
+    return (event(split, i) for i in range(offset, WINDOW_EVENTS))
+
+
+def _event_time(e) -> float:
+    return e[1]
+
+
+def _as_row(r) -> tuple:
+    return (r.key, r.start, r.end, r.value[0], r.value[1])
+
+
+def _windows_flow(history: History, target, parallelism: int) -> ep.Dataflow:
+    """Event-time tumbling windows of out-of-order events (bounded disorder, so none late):
+    ``(key, start, end, count, sum)`` per key and window."""
+    from epochal.windows import Tumbling
+
+    f = ep.Dataflow("campaign", parallelism=parallelism)
+    splits, bound = test_event_time.SPLITS, test_event_time.BOUND
+    source = ep.sources.GeneratorSource(_window_events, num_splits=splits, limit=WINDOW_EVENTS,
+                                        records_per_second=WINDOW_RATE)
+    (f.source("events", source, parallelism=splits)
+      .with_watermarks("ts", timestamp=_event_time, max_out_of_orderness=bound)
+      .key_by(lambda e: e[0]).window(Tumbling(WINDOW_SIZE)).aggregate("win", SumCount())
+      .map("row", _as_row).sink("out", target.sink()))
+    return f
+
+
+def _windows_oracle(history: History) -> collections.Counter:
+    events = [test_event_time.event(s, i) for s in range(test_event_time.SPLITS) for i in range(WINDOW_EVENTS)]
+    return collections.Counter((k, s, e, c, total) for k, s, e, (c, total)
+                               in test_event_time.pane_oracle(WINDOW_SIZE, WINDOW_SIZE, events))
+
+
+#: topology → (its dataflow, its plain-Python oracle, its PostgreSQL columns)
+TOPOLOGIES = {
+    "count": (_count_flow, _count_oracle, "word text NOT NULL, n bigint NOT NULL"),
+    "windows": (_windows_flow, _windows_oracle,
+                "k text NOT NULL, s double precision, e double precision, c bigint, total bigint"),
+}
 
 
 # ----------------------------------------------------------------------------- targets
 class Target:
     """One sink and its independent reader: ``read()`` → multiset of ``(word, n)``."""
 
-    def __init__(self, kind: str, workdir: str, services: dict):
+    def __init__(self, kind: str, workdir: str, services: dict, columns: str):
         self.kind, self.services = kind, services
         if kind == "file":
             self.path = os.path.join(workdir, "out")
@@ -127,7 +188,7 @@ class Target:
             self.root = os.path.join(workdir, "log")
         elif kind == "postgres":
             self.pg = services["postgres"]
-            self.table = self.pg.new_table("word text NOT NULL, n bigint NOT NULL")
+            self.table = self.pg.new_table(columns)
         elif kind == "kafka":
             self.broker = services["kafka"]
             self.topic = self.broker.create_topic(None, 2)
@@ -142,7 +203,7 @@ class Target:
         if self.kind == "postgres":
             from epochal.sinks import PostgresSink
 
-            return PostgresSink(self.services["postgres"].dsn, self.table, columns=("word", "n"))
+            return PostgresSink(self.services["postgres"].dsn, self.table)
         from epochal.sinks import KafkaSink
 
         return KafkaSink(self.broker.servers, self.topic, key=lambda r: r[0], serializer=_json)
@@ -155,7 +216,7 @@ class Target:
 
             return collections.Counter(tuple(r) for rs in read_committed_log(self.root, "counts").values() for r in rs)
         if self.kind == "postgres":
-            return collections.Counter(tuple(r) for r in self.pg.execute(f"SELECT word, n FROM {self.table}"))
+            return collections.Counter(tuple(r) for r in self.pg.execute(f"SELECT * FROM {self.table}"))
         return collections.Counter(tuple(json.loads(v)) for v in self.broker.values(self.topic))
 
 
@@ -181,7 +242,7 @@ class Report:
 class _Runner:
     def __init__(self, history: History, workdir: str, services: dict):
         self.h, self.workdir = history, workdir
-        self.target = Target(history.sink, workdir, services)
+        self.target = Target(history.sink, workdir, services, TOPOLOGIES[history.topology][2])
         self.guarantee, self.parallelism = history.guarantee, history.parallelism
         self.guarantees_used = {history.guarantee}
         self.storage = self._new_storage()
@@ -341,7 +402,7 @@ def run(history: History, services: dict | None = None, workdir: str | None = No
             return report
         report.runs = runner.runs
         got, truth = runner.target.read(), oracle(history)
-        report.outcome, report.detail = check(got, truth, runner.guarantees_used)
+        report.outcome, report.detail = check(got, truth, runner.guarantees_used, history.topology)
         if report.outcome == "ok" and not all(report.landed):
             report.outcome = "not-landed"
             report.detail = f"actions that did not land mid-run: {[a for a, ok in zip(report.actions, report.landed) if not ok]}"
@@ -356,9 +417,12 @@ def run(history: History, services: dict | None = None, workdir: str | None = No
     return report
 
 
-def check(got: collections.Counter, truth: collections.Counter, guarantees: set) -> tuple[str, str]:
+def check(got: collections.Counter, truth: collections.Counter, guarantees: set,
+          topology: str = "count") -> tuple[str, str]:
     """The model: exactly-once throughout → ``got == truth``; any at-least-once run → no
-    input lost (every key's final count reaches the truth)."""
+    input lost: every key's final running count reaches the truth (``count``), every window
+    fired with at least its true count (``windows``: a replay may fire it again, counting
+    records twice)."""
     if guarantees == {"exactly-once"}:
         if got == truth:
             return "ok", ""
@@ -366,5 +430,11 @@ def check(got: collections.Counter, truth: collections.Counter, guarantees: set)
         outcome = "lost" if lost else "duplicated"
         return outcome, f"{sum(lost.values())} lost (e.g. {list(lost)[:3]}), {sum(extra.values())} extra " \
                         f"(e.g. {list(extra)[:3]})"
+    if topology == "windows":
+        best: dict = {}
+        for k, s, e, c, _ in got:
+            best[(k, s, e)] = max(best.get((k, s, e), 0), c)
+        short = [(k, s, e, c) for k, s, e, c, _ in truth if best.get((k, s, e), 0) < c]
+        return ("lost", f"{len(short)} windows missing or short, e.g. {short[:3]}") if short else ("ok", "")
     problem = pipelines.no_count_lost(collections.Counter({(w, n): c for (w, n), c in got.items()}), truth)
     return ("lost", problem) if problem else ("ok", "")

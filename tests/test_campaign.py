@@ -13,18 +13,19 @@ import campaign
 
 pytest_plugins = ["postgres_server"]
 
-#: seed → what its history does (campaign.draw(seed).describe())
+#: (topology, seed) → what its history does (campaign.draw(seed, topologies=(topology,)).describe())
 SLICE = {
-    29: "file, exactly-once: rollback to an older savepoint at another parallelism, then stop-restore at p3",
-    26: "transactional log, exactly-once: a kill during a recovery, a guarantee switch, cancel and resume",
-    28: "file, exactly-once: a kill during a recovery, two guarantee switches with rescales",
-    13: "postgres, exactly-once: two kills during recoveries",
+    ("count", 29): "file, exactly-once: rollback to an older savepoint at another parallelism, then stop-restore at p3",
+    ("count", 26): "transactional log, exactly-once: a kill during a recovery, a guarantee switch, cancel and resume",
+    ("count", 28): "file, exactly-once: a kill during a recovery, two guarantee switches with rescales",
+    ("count", 13): "postgres, exactly-once: two kills during recoveries",
+    ("windows", 1): "event-time windows into the transactional log, exactly-once: a kill, then cancel and resume twice",
 }
 
 
-@pytest.mark.parametrize("seed", sorted(SLICE), ids=[f"seed{s}" for s in sorted(SLICE)])
-def test_campaign_history(seed, request, tmp_path):
-    history = campaign.draw(seed)
+@pytest.mark.parametrize("topology,seed", sorted(SLICE), ids=[f"{t}-seed{s}" for t, s in sorted(SLICE)])
+def test_campaign_history(topology, seed, request, tmp_path):
+    history = campaign.draw(seed, topologies=(topology,))
     services = {}
     if history.sink == "postgres":
         services["postgres"] = request.getfixturevalue("postgres")
