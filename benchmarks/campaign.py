@@ -87,6 +87,14 @@ def main() -> None:
     live, stoppers = services(args.sinks)
     runnable = [s for s in args.sinks if s in ("file", "log") or s in live]
     reports, t0 = [], time.time()
+
+    def document() -> dict:
+        return {"benchmark": "campaign", "started": t0, "seconds": round(time.time() - t0, 1),
+                "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                            "load_now": os.getloadavg()[0]},
+                "sinks": runnable, "topologies": args.topologies, "command": " ".join(sys.argv),
+                "summary": summary(reports), "reports": reports}
+
     try:
         for seed in seeds:
             history = campaign.draw(seed, topologies=tuple(args.topologies))
@@ -97,13 +105,12 @@ def main() -> None:
             reports.append(dataclasses.asdict(report))
             print(f"{report.outcome:>10}  {report.seconds:6.1f} s  {report.history}"
                   + (f"\n            {report.detail}" if report.outcome != "ok" else ""), flush=True)
+            if args.out:  # after every history: a campaign stopped early keeps what it ran
+                Path(args.out).write_text(json.dumps(document(), indent=1))
     finally:
         for stop in stoppers:
             stop()
-    doc = {"benchmark": "campaign", "started": t0, "seconds": round(time.time() - t0, 1),
-           "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                       "load_at_end": os.getloadavg()[0]},
-           "sinks": runnable, "command": " ".join(sys.argv), "summary": summary(reports), "reports": reports}
+    doc = document()
     print(json.dumps(doc["summary"], indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(doc, indent=1))
