@@ -38,6 +38,8 @@ import kafka_jars  # tests/ is on sys.path: pytest's rootdir, the benchmarks' in
 
 #: what the broker's log says once it serves clients (after the broker is unfenced)
 READY_LINE = "Kafka Server started"
+#: what benchmarks record as the broker their figures come from
+BROKER_NAME = f"Apache Kafka {kafka_jars.KAFKA_VERSION} (KRaft, one node on this machine)"
 JVM_FLAGS = ["-Xms256m", "-Xmx768m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true"]
 
 _SERVER_PROPERTIES = """\
