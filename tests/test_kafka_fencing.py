@@ -10,7 +10,11 @@ outside: a process SIGKILLed while it holds a transaction open."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
+import os
+import random
+import signal
 import subprocess
 import sys
 import time
@@ -118,3 +122,80 @@ def test_a_generation_killed_while_it_registers_does_not_hold_the_next_one_back(
     assert collections.Counter(kafka_broker.values(topic)) == collections.Counter(r.encode() for r in epoch1 + epoch2)
     assert kafka_broker.open_transactions(topic) == {}
     assert not _stable_read_is_held_back(kafka_broker, topic, group)
+
+
+def _pids(folder) -> list[int]:
+    return sorted(int(name) for name in os.listdir(folder))
+
+
+def _uptime() -> float:
+    with open("/proc/uptime") as f:
+        return float(f.read().split()[0])
+
+
+def _started_after(pid: int, since: float) -> bool:
+    """Whether process ``pid`` runs (not a zombie) and started after uptime ``since``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z" and int(fields[19]) / os.sysconf("SC_CLK_TCK") > since
+
+
+def test_sigkills_from_outside_repeatedly_also_during_recovery_end_in_exact_output(kafka_broker, tmp_path):
+    """Keyed count Kafka → Kafka on the local runtime. The test SIGKILLs a task process once
+    the first checkpoint completed, then — three more times — the first process a restart
+    starts, as soon as it opened its operators: while the job recovers (its sinks fence,
+    read markers, register), before the restarted attempt completes a checkpoint. Only
+    then does the second half of the input arrive. The job finishes by itself, its
+    read_committed output equals the plain-Python count, and no transaction is left open
+    (issue 47: such kills left every later restart unable to read a marker)."""
+    import cloudpickle
+    import test_kafka
+    from test_kafka import Input, checkpoint, committed_counts, running_counts, wordcount
+
+    import epochal as ep
+
+    cloudpickle.register_pickle_by_value(test_kafka)  # its Count runs in the task processes
+
+    data = Input(kafka_broker, per_partition=800)
+    out = kafka_broker.create_topic(None, 2)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    handle = wordcount(kafka_broker, data, out, pid_dir=str(pids)).start(
+        runtime="local", checkpoint=checkpoint(tmp_path), restart=ep.RestartStrategy(max_attempts=8))
+    killed: list[int] = []
+    during_recovery = 0
+    deadline = time.monotonic() + 240
+    try:
+        while not handle.completed_epochs:
+            assert time.monotonic() < deadline, "no checkpoint completed"
+            time.sleep(0.01)
+        since, epochs_at_kill, rnd = 0.0, None, random.Random(47)
+        while len(killed) < 4:
+            assert time.monotonic() < deadline, f"no restarted task process appeared after kills {killed}"
+            # a process of the attempt after the last kill: started after it, still running
+            fresh = [pid for pid in _pids(pids) if _started_after(pid, since)]
+            if not fresh:
+                time.sleep(0.005)
+                continue
+            time.sleep(rnd.uniform(0.0, 0.4))  # a random moment of the restart: open, fence, register, replay
+            epochs = len(handle.completed_epochs)
+            with contextlib.suppress(ProcessLookupError):
+                since = _uptime()
+                os.kill(fresh[0], signal.SIGKILL)
+                killed.append(fresh[0])
+                # no checkpoint completed since the last kill: this one landed in the recovery
+                during_recovery += epochs_at_kill is not None and epochs == epochs_at_kill
+                epochs_at_kill = epochs
+    except BaseException:
+        handle.cancel()
+        raise
+    data.rest()
+    result = handle.wait(300)
+    print(f"killed {killed}; {during_recovery} during a recovery; {result.attempts} attempts")
+    assert len(killed) == 4 and result.attempts >= 5, f"kills {killed}, attempts {result.attempts}"
+    assert during_recovery >= 1, "no kill landed while the job recovered"
+    assert committed_counts(kafka_broker, out) == running_counts(data.lines)
+    assert kafka_broker.open_transactions(out) == {}
