@@ -98,7 +98,9 @@ class Broker:
         props.write_text(_SERVER_PROPERTIES.format(port=self.port, controller_port=self.controller_port,
                                                    data_dir=self.data_dir))
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode()[:22]
-        proc = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)),
+        # "--cluster-id=": an id may start with "-", which would read as an option
+        proc = subprocess.run(self._java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c",
+                                         str(props)),
                               capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"formatting the Kafka log directory {self.data_dir} failed: "
