@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import harness  # noqa: E402
 import kafka_latency  # noqa: E402
-from kafka_broker import start_broker  # noqa: E402
+from kafka_broker import BROKER_NAME, start_broker  # noqa: E402
 
 import epochal as ep  # noqa: E402
 from epochal.sinks import KafkaSink  # noqa: E402
@@ -258,8 +258,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runtime", default="spark", choices=["spark", "local"])
     parser.add_argument("--records", type=int, default=600_000,
-                        help="capacity backlog; noida-db answers a fetch of a bigger one with >100 MB, "
-                             "which librdkafka refuses (receive.message.max.bytes): the run hangs")
+                        help="capacity backlog (records)")
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--interval", type=float, default=1.0, help="capacity runs: checkpoint interval (s)")
@@ -294,7 +293,7 @@ def main() -> int:
     args.tmp = args.tmp or tempfile.mkdtemp(prefix="epochal-kafka-bench-")
     info = harness.machine()
     doc = harness.new_doc("kafka", args, info)
-    doc.update(runs=[], latency=[], errors=[])
+    doc.update(runs=[], latency=[], errors=[], broker=BROKER_NAME)
     broker = None
     spark = None
     try:
@@ -306,9 +305,7 @@ def main() -> int:
             for rate in rates:
                 for mode in modes:
                     for epoch_ms in ([None] if mode in UNTIMED_MODES else epochs):
-                        # a fresh broker for every run: noida-db's autosave grows with what it holds
-                        # (hop p99 4 ms empty, 9-48 ms holding 3M records), so later runs of one broker
-                        # would pay for the earlier ones
+                        # a fresh broker for every run: no run pays for what an earlier one left in the log
                         broker = start_broker()
                         try:
                             rec = run_latency(broker, args, mode, rate, None if epoch_ms is None else epoch_ms / 1000,

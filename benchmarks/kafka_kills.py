@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import harness  # noqa: E402
-from kafka_broker import start_broker  # noqa: E402
+from kafka_broker import BROKER_NAME, start_broker  # noqa: E402
 
 import epochal as ep  # noqa: E402
 from epochal.sinks import KafkaSink  # noqa: E402
@@ -155,6 +155,7 @@ def main() -> int:
     broker = start_broker()
     info = harness.machine()
     doc = harness.new_doc("kafka_kills", args, info)
+    doc["broker"] = BROKER_NAME
     try:
         doc["runs"] = []
         for run in range(args.runs):

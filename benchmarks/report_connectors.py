@@ -33,7 +33,7 @@ def section_kafka(doc: dict) -> str:
     every = all(r.get("output_records") == r.get("records") for r in doc["runs"] if r.get("mode") != "at-least-once")
     return (f"### Kafka: topic to topic\n\n"
             f"Records pass through unchanged (value, key) from a {cfg['partitions']}-partition topic to another, "
-            f"parallelism {cfg['parallelism']}, runtime `{cfg['runtime']}`, one noida-db broker on this machine. "
+            f"parallelism {cfg['parallelism']}, runtime `{cfg['runtime']}`, broker: {doc.get('broker', 'noida-db 0.2.3')}. "
             f"`exactly-once`: `KafkaSource` → map → `KafkaSink`; `at-least-once`: the sink's idempotent producer "
             f"flushed at each barrier; `client`: confluent-kafka alone, consume → produce in one process; "
             f"`client-transactional`: the same committing offsets and records in a transaction every epoch; "

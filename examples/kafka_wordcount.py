@@ -1,7 +1,7 @@
 """Kafka to Kafka, exactly-once: a running word count between two topics.
 
-It starts a throw-away Kafka-protocol broker (``noida-db``, from ``pip install -e '.[test]'``)
-unless ``--bootstrap-servers`` names one, writes lines into a 3-partition topic, and runs a
+It starts a throw-away Apache Kafka broker (``tests/kafka_broker.py``: jars from Maven Central,
+so java and mvn) unless ``--bootstrap-servers`` names one, writes lines into a 3-partition topic, and runs a
 keyed word count whose every update goes to a second topic through an exactly-once
 ``KafkaSink`` (one Kafka transaction per epoch and sink subtask). An injected fault kills a
 sink task *after* the first checkpoint completed and *before* its Kafka transaction
@@ -20,9 +20,7 @@ import json
 import os
 import random
 import shutil
-import signal
-import socket
-import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -35,30 +33,17 @@ from epochal.testing import CrashDuringCommit
 WORDS = "kafka topic partition offset epoch barrier commit marker fence producer consumer".split()
 
 
-def start_broker(work: str) -> tuple[subprocess.Popen, str]:
-    """noida-db on a free loopback port: the static binary inside the ``noida_db`` package
-    (not its console script, which would leave the broker running when killed)."""
-    import importlib.util
+def start_broker():
+    """A throw-away Apache Kafka broker on free loopback ports: the launcher the tests use
+    (``tests/kafka_broker.py``; its jars come from Maven Central, so it needs java and mvn)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from kafka_broker import cannot_start_broker, start_broker as start
 
-    spec = importlib.util.find_spec("noida_db")
-    binary = os.path.join(spec.submodule_search_locations[0], "noida-db") if spec else None
-    if binary is None or not os.access(binary, os.X_OK):
-        raise SystemExit("no broker: pip install -e '.[test]' (noida-db), or pass --bootstrap-servers")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([binary, "start", "--data-dir", os.path.join(work, "broker"), "--only", "kafka",
-                             "--kafka-port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, f"127.0.0.1:{port}"
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise SystemExit("the broker did not start")
-            time.sleep(0.05)
+    why = cannot_start_broker()
+    if why:
+        raise SystemExit(f"no broker: {why}; or pass --bootstrap-servers")
+    broker = start()
+    return broker, broker.servers
 
 
 def produce_lines(servers: str, topic: str, n: int) -> list[str]:
@@ -120,7 +105,7 @@ def main() -> None:
     args = parser.parse_args()
 
     work = tempfile.mkdtemp(prefix="epochal-kafka-example-")
-    broker, servers = (None, args.bootstrap_servers) if args.bootstrap_servers else start_broker(work)
+    broker, servers = (None, args.bootstrap_servers) if args.bootstrap_servers else start_broker()
     try:
         topic = f"lines-{uuid.uuid4().hex[:6]}"
         lines = produce_lines(servers, topic, args.lines)
@@ -152,8 +137,7 @@ def main() -> None:
                              f"{sum((expected - got).values())} missing")
     finally:
         if broker is not None:
-            os.killpg(broker.pid, signal.SIGKILL)
-            broker.wait()
+            broker.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 

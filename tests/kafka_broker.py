@@ -1,44 +1,76 @@
-"""A real Kafka-protocol broker for tests and benchmarks: ``noida-db`` (DESIGN.md "Facts").
+"""Apache Kafka for tests and benchmarks: a single-node KRaft broker (combined broker and
+controller) started from the Maven Central jars that tests/kafka_jars.py resolves.
 
 Load it as a plugin (``pytest_plugins = ["kafka_broker"]``) for the session fixture
-``kafka_broker``, or use :func:`start_broker` directly. The broker listens on a free
-loopback port with a fresh data directory and is killed at the end. Readers here are plain
-confluent-kafka consumers: the independent view of what a topic holds.
+``kafka_broker``, or use :func:`start_broker` directly (benchmarks, examples). The broker
+listens on free loopback ports with a fresh log directory, runs in a process group of its
+own and is killed at the end. Where Java or Maven is missing the fixture skips, saying why.
 
-A noida-db quirk the helpers work around, not the engine: its fetch responses list *every*
-aborted transaction of a producer id, also those that ended before the fetch offset, so a
-read_committed consumer that starts after an abort skips that producer id's later committed
-records (seen with noida-db 0.2.3). :func:`read_committed` therefore always reads from the
-start of a partition, where it meets the abort markers; epochal's sink never writes again
-with a producer id it aborted (``epochal.connectors.kafka.recovery``).
+Broker faults for tests: :meth:`Broker.kill` (SIGKILL, the log directory and ports are kept)
+then :meth:`Broker.restart`; :meth:`Broker.pause` / :meth:`Broker.resume` (SIGSTOP / SIGCONT).
+
+Readers here are plain confluent-kafka consumers: the independent view of what a topic holds.
+
+Start-up: ``python tests/kafka_broker.py prepare`` resolves the jars and writes a
+class-data-sharing archive (``kafka.jsa`` beside the jars) that later starts map instead of
+loading ~7,000 classes; it prints the cold and the archived start-up time. Without the
+archive the broker starts as well, only slower.
 """
 from __future__ import annotations
 
+import base64
 import contextlib
+import gc
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
+import kafka_jars  # tests/ is on sys.path: pytest's rootdir, the benchmarks' insert, or this script's folder
 
-def _binary() -> str | None:
-    """The broker's own executable inside the ``noida_db`` package — not the ``noida-db``
-    console script, a Python process whose child the broker is: killing the script would
-    leave the broker running."""
-    import importlib.util
+#: what the broker's log says once it serves clients (after the broker is unfenced)
+READY_LINE = "Kafka Server started"
+#: what benchmarks record as the broker their figures come from
+BROKER_NAME = f"Apache Kafka {kafka_jars.KAFKA_VERSION} (KRaft, one node on this machine)"
+JVM_FLAGS = ["-Xms256m", "-Xmx768m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true"]
 
-    spec = importlib.util.find_spec("noida_db")
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        path = os.path.join(folder, "noida-db")
-        if os.access(path, os.X_OK):
-            return path
-    return None
+_SERVER_PROPERTIES = """\
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:{controller_port}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+inter.broker.listener.name=PLAINTEXT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs={data_dir}
+num.partitions=1
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+transaction.max.timeout.ms=3600000
+broker.heartbeat.interval.ms=500
+broker.session.timeout.ms=2000
+"""
+
+
+# broker.session.timeout.ms: a broker restarted after SIGKILL registers again only once the
+# controller expired its old session (DuplicateBrokerRegistrationException until then): 9 s
+# by default, which made a restart take 12 s instead of 3-4 s.
 
 
 def _free_port() -> int:
@@ -47,26 +79,121 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _archive() -> Path:
+    return kafka_jars.cache_dir() / "kafka.jsa"
+
+
 class Broker:
-    """A running broker: ``servers`` to connect to, helpers to create, fill and read topics."""
+    """A running broker: ``servers`` to connect to, helpers to create, fill and read topics,
+    and the process faults tests inject."""
 
-    def __init__(self, proc: subprocess.Popen, port: int, data_dir: str):
-        self.proc, self.port, self.data_dir = proc, port, data_dir
+    def __init__(self, home: Path, libs: Path, port: int, controller_port: int):
+        self.home, self.libs, self.port, self.controller_port = home, libs, port, controller_port
+        self.data_dir = str(home / "data")
         self.servers = f"127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+        self.started_in: float | None = None  # seconds the last (re)start took until ready
 
-    # ------------------------------------------------------------------ topics
+    # --------------------------------------------------------------- process
+    def _java(self, main: str, *args: str, extra: tuple[str, ...] = ()) -> list[str]:
+        return ["java", *JVM_FLAGS, *extra, f"-Dlog4j2.configurationFile={kafka_jars.LOG4J2_CONFIG}",
+                f"-Dkafka.logs.dir={self.home}", "-cp", f"{self.libs}/*", main, *args]
+
+    def format(self) -> None:
+        """Write the properties and format the log directory (once, before the first start)."""
+        props = self.home / "server.properties"
+        props.write_text(_SERVER_PROPERTIES.format(port=self.port, controller_port=self.controller_port,
+                                                   data_dir=self.data_dir))
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode()[:22]
+        # "--cluster-id=": an id may start with "-", which would read as an option
+        proc = subprocess.run(self._java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c",
+                                         str(props)),
+                              capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"formatting the Kafka log directory {self.data_dir} failed: "
+                               f"{(proc.stdout + proc.stderr)[-2000:]}")
+
+    def start(self, timeout: float = 120.0, jvm: tuple[str, ...] | None = None) -> None:
+        """Start the broker on its ports and log directory; return once it serves clients.
+        Raises RuntimeError with the end of its log if it exits or is not ready in time."""
+        assert self.proc is None or self.proc.poll() is not None, "the broker is running"
+        if jvm is None:
+            jvm = (f"-XX:SharedArchiveFile={_archive()}",) if _archive().exists() else ()
+        log = self.home / "server.log"
+        offset = log.stat().st_size if log.exists() else 0
+        began = time.monotonic()
+        with open(self.home / "stdout.log", "ab") as out:
+            self.proc = subprocess.Popen(self._java("kafka.Kafka", str(self.home / "server.properties"), extra=jvm),
+                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = began + timeout
+        while True:
+            if log.exists():
+                with open(log, "rb") as f:
+                    f.seek(offset)
+                    if READY_LINE.encode() in f.read():
+                        break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                why = (f"exited with {self.proc.returncode}" if self.proc.poll() is not None
+                       else f"was not ready within {timeout:.0f} s")
+                self._signal(signal.SIGKILL)
+                raise RuntimeError(f"the Kafka broker in {self.home} {why}; its log ends:\n{self.log_tail()}")
+            time.sleep(0.05)
+        self.started_in = time.monotonic() - began
+        from confluent_kafka.admin import AdminClient
+
+        AdminClient({"bootstrap.servers": self.servers}).list_topics(timeout=30)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        text = ""
+        for name in ("server.log", "stdout.log"):
+            with contextlib.suppress(OSError):
+                text += f"--- {name}\n" + (self.home / name).read_text(errors="replace")[-chars:]
+        return text
+
+    def _signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+            if sig == signal.SIGKILL:
+                self.proc.wait(30)
+
+    def kill(self) -> None:
+        """SIGKILL the broker (no shutdown of any kind); its log directory and ports stay."""
+        self._signal(signal.SIGCONT)  # a paused broker dies at once either way; keep wait() simple
+        self._signal(signal.SIGKILL)
+
+    def restart(self, timeout: float = 120.0) -> None:
+        """Start again on the same log directory and ports (after :meth:`kill`)."""
+        self.kill()
+        self.start(timeout)
+
+    def pause(self) -> None:
+        """SIGSTOP: the broker holds its connections open and answers nothing."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        """Kill the broker's process group and delete its directory."""
+        self.kill()
+        shutil.rmtree(self.home, ignore_errors=True)
+
+    # ---------------------------------------------------------------- topics
     def admin(self):
         from confluent_kafka.admin import AdminClient
 
         return AdminClient({"bootstrap.servers": self.servers})
 
     def create_topic(self, name: str | None = None, partitions: int = 1) -> str:
+        """Create ``name`` (a fresh one by default); return once every partition has a leader."""
         from confluent_kafka.admin import NewTopic
 
         name = name or f"t-{uuid.uuid4().hex[:10]}"
         admin = self.admin()  # alive until the futures resolved
         for future in admin.create_topics([NewTopic(name, partitions, 1)]).values():
             future.result(30)
+        self._await_leaders(admin, name, partitions)
         return name
 
     def add_partitions(self, topic: str, total: int) -> None:
@@ -75,6 +202,21 @@ class Broker:
         admin = self.admin()
         for future in admin.create_partitions([NewPartitions(topic, total)]).values():
             future.result(30)
+        self._await_leaders(admin, topic, total)
+
+    @staticmethod
+    def _await_leaders(admin, topic: str, partitions: int, timeout: float = 30.0) -> None:
+        """Kafka answers CreateTopics before the partitions' leaders are in every metadata
+        response; wait until they are, so a producer's first request finds them."""
+        deadline = time.monotonic() + timeout
+        while True:
+            meta = admin.list_topics(topic, timeout=10).topics.get(topic)
+            if meta is not None and meta.error is None and len(meta.partitions) >= partitions and all(
+                    p.leader >= 0 for p in meta.partitions.values()):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"topic {topic}: {partitions} partitions without leaders after {timeout} s")
+            time.sleep(0.05)
 
     def produce(self, topic: str, values, *, partition: int | None = None, key=None, timestamps=None) -> None:
         """Produce ``values`` (str or bytes) and wait until every one is acknowledged."""
@@ -105,7 +247,7 @@ class Broker:
         c = Consumer({"bootstrap.servers": self.servers, "group.id": f"ends-{uuid.uuid4().hex[:8]}",
                       "isolation.level": "read_committed" if committed else "read_uncommitted"})
         try:
-            n = len(self.admin().list_topics(timeout=10).topics[topic].partitions)
+            n = len(self.admin().list_topics(topic, timeout=10).topics[topic].partitions)
             return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(n)}
         finally:
             c.close()
@@ -153,18 +295,12 @@ class Broker:
         """Every committed value of ``topic`` (all partitions)."""
         return [v for records in self.read_committed(topic).values() for _, _, v in records]
 
-    def stop(self) -> None:
-        """Kill the broker's whole process group (it runs in a session of its own)."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        shutil.rmtree(self.data_dir, ignore_errors=True)
-
 
 def cannot_start_broker() -> str | None:
-    if _binary() is None:
-        return "the noida-db broker is not installed (pip install -e '.[test]')"
+    """Why no broker can start here (no Java, no Maven, no confluent-kafka), or None."""
+    why = kafka_jars.missing_tools()
+    if why:
+        return why
     with contextlib.suppress(ImportError):
         import confluent_kafka  # noqa: F401
 
@@ -172,32 +308,47 @@ def cannot_start_broker() -> str | None:
     return "confluent-kafka is not installed (pip install -e '.[test]')"
 
 
-def start_broker(timeout: float = 30.0) -> Broker:
-    """Start noida-db on a free port; return once it answers a metadata request."""
-    from confluent_kafka.admin import AdminClient
-
-    data_dir = tempfile.mkdtemp(prefix="epochal-kafka-")
-    for _ in range(5):  # another process may take the port between the probe and the bind
-        port = _free_port()
-        proc = subprocess.Popen([_binary(), "start", "--data-dir", data_dir, "--only", "kafka", "--kafka-port",
-                                 str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.02)
-        if proc.poll() is None:
-            broker = Broker(proc, port, data_dir)
-            try:
-                AdminClient({"bootstrap.servers": broker.servers}).list_topics(timeout=timeout)
-            except BaseException:
-                broker.stop()
-                raise
+def start_broker(timeout: float = 120.0, jvm: tuple[str, ...] | None = None) -> Broker:
+    """Resolve the jars if needed, then format and start a broker on free loopback ports."""
+    libs = kafka_jars.resolve()
+    for attempt in range(5):  # another process may take a port between the probe and the bind
+        broker = Broker(Path(tempfile.mkdtemp(prefix="epochal-kafka-")), libs, _free_port(), _free_port())
+        try:
+            broker.format()
+            broker.start(timeout, jvm)
             return broker
-    raise RuntimeError(f"noida-db did not start: {proc.stderr.read().decode(errors='replace')[-2000:]}")
+        except RuntimeError:
+            bind_failed = "Address already in use" in broker.log_tail(20000)
+            broker.stop()
+            if not bind_failed or attempt == 4:
+                raise
+    raise AssertionError("unreachable")
+
+
+def prepare() -> None:
+    """Resolve the jars; write the class-data-sharing archive if it is missing (a start that
+    lists the classes it loads, then ``java -Xshare:dump``, renamed into place). Idempotent."""
+    libs = kafka_jars.resolve()
+    print(f"jars: {libs}")
+    if _archive().exists():
+        print(f"archive: {_archive()} (exists)")
+        return
+    classes = Path(tempfile.mkdtemp(prefix="cds-", dir=_archive().parent))
+    try:
+        broker = start_broker(jvm=(f"-XX:DumpLoadedClassList={classes}/classes.lst",))
+        print(f"cold start: {broker.started_in:.1f} s")
+        broker.stop()
+        tmp = classes / "kafka.jsa"
+        proc = subprocess.run(["java", "-Xshare:dump", "-XX:+UseSerialGC", f"-XX:SharedClassListFile={classes}/classes.lst",
+                               f"-XX:SharedArchiveFile={tmp}", "-cp", f"{libs}/*"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"writing the CDS archive failed: {(proc.stdout + proc.stderr)[-2000:]}")
+        tmp.rename(_archive())
+    finally:
+        shutil.rmtree(classes, ignore_errors=True)
+    broker = start_broker()
+    print(f"archive: {_archive()}; start with it: {broker.started_in:.1f} s")
+    broker.stop()
 
 
 @pytest.fixture(scope="session")
@@ -207,4 +358,14 @@ def kafka_broker():
         pytest.skip(why)
     broker = start_broker()
     yield broker
+    gc.collect()  # clients the tests dropped close now, not after the broker is gone (each would log refusals)
     broker.stop()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["prepare"]:
+        sys.exit("usage: python tests/kafka_broker.py prepare")
+    why = cannot_start_broker()
+    if why:
+        sys.exit(why)
+    prepare()

@@ -184,7 +184,7 @@ def test_record_path_smoke(tmp_path):
 @pytest.mark.bench
 def test_kafka_smoke(tmp_path):
     """benchmarks/kafka.py --smoke: every mode moves every record topic to topic, and the
-    latency runs see every record (its own noida-db broker)."""
+    latency runs see every record (its own Apache Kafka broker)."""
     out = tmp_path / "kafka.json"
     proc = subprocess.run([sys.executable, str(BENCHMARKS / "kafka.py"), "--smoke", "--runtime", "local",
                            "--out", str(out), "--tmp", str(tmp_path)], capture_output=True, text=True, timeout=600)

@@ -1,7 +1,7 @@
-"""Kafka connectors against a real broker (noida-db): exactly-once topic to topic under
+"""Kafka connectors against Apache Kafka (tests/kafka_broker.py): exactly-once topic to topic under
 crashes, at-least-once, rescaling, partition discovery, event time per partition, zombies
 and the errors users hit. Every pipeline's output is compared with a plain-Python oracle
-read back by an independent read_committed consumer (tests/kafka_broker.py)."""
+read back by an independent read_committed consumer."""
 from __future__ import annotations
 
 import collections

@@ -211,7 +211,7 @@ def test_a_commit_backlog_of_epochs_produced_at_commit_is_committed_in_one_trans
             assert running.wait(30)
         hold.set()
         writer.wait_for_commits(60)
-        assert writer._read_marker(writer._own).epoch == 4
+        assert writer._read_marker(writer._own, stable=True).epoch == 4
     finally:
         hold.set()
         writer.release()

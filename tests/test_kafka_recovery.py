@@ -41,6 +41,18 @@ def test_fence_ids_cover_the_last_registered_writer_of_each_group_only():
         f"p-{old}-0-g2-0", f"p-{old}-0-g2-r"]
 
 
+def test_unregistered_ids_name_the_replay_slots_of_the_generations_after_the_named_writer():
+    lin, old = "0123456789ab", "ba9876543210"
+    named = Marker(5, MarkerMeta(3, 2, 2, lin, 0))
+    assert recovery.unregistered_ids("p", (lin, 0), named, lin, 6) == [f"p-{lin}-0-g4-r", f"p-{lin}-0-g5-r"]
+    # nobody registered: every earlier generation may have died registering
+    assert recovery.unregistered_ids("p", (lin, 2), None, lin, 2) == [f"p-{lin}-2-g0-r", f"p-{lin}-2-g1-r"]
+    # the writer right before this one registered: nobody in between
+    assert recovery.unregistered_ids("p", (lin, 0), Marker(5, MarkerMeta(5, 2, 2, lin, 0)), lin, 6) == []
+    # another lineage's generations are not this run's to count
+    assert recovery.unregistered_ids("p", (old, 0), Marker(5, MarkerMeta(3, 2, 2, old, 0)), lin, 6) == []
+
+
 def test_absorbed_subtasks_match_the_hand_over_of_pending_transactions():
     from epochal.sinks.transactions import TwoPhaseCommitState
 

@@ -25,6 +25,18 @@ log = logging.getLogger("epochal")
 #: seconds a Kafka call of the sink may take (transactions, markers, flushes)
 KAFKA_CALL_TIMEOUT_S = 60.0
 
+#: seconds a stable marker read (one an open transaction holds back) may wait before
+#: :meth:`Generations._settle` reads the group again to find whom else to fence
+STABLE_READ_S = 5.0
+
+#: a marker read's answers that mean "ask again": the group's coordinator is being created
+#: (a cluster's first consumer group), loaded or moved (a broker restarted)
+_COORDINATOR_BUSY = frozenset({"NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE"})
+
+
+class _HeldBack(Exception):
+    """A stable marker read timed out: an open transaction holds offsets of the group."""
+
 
 class Generations:
     """Fencing, registration, markers and replays of a Kafka sink writer (a mixin of
@@ -114,23 +126,68 @@ class Generations:
             j += p
 
     def _settle(self, group: tuple[str, int]) -> recovery.Marker | None:
-        """Read ``group``'s marker, fence the writer registered there, then read it again and
-        keep that answer: after the fence no transaction of that writer can still commit, so
-        the marker is final for recovery. Idempotent per group."""
-        marker = self._read_marker(group)
-        fenced = recovery.fence_ids(self._prefix, {group: marker}, self._lineage, self.ctx.generation)
-        for txid in fenced:
-            if txid not in self._fenced:
-                self._kafka_call(f"fence transactional id {txid!r}", self._fence, txid)
-                self._fenced.add(txid)
-        if fenced:
-            log.info("%s: fenced %d transactional id(s) of %s", self._where(), len(fenced),
-                     "an earlier generation" if group[0] == self._lineage else f"lineage {group[0] or '(legacy)'}")
-            marker = self._read_marker(group)
+        """``group``'s marker, final for recovery: no transaction that could still move it
+        is left. Idempotent per group.
+
+        1. Read the marker *unstable* (``read_uncommitted``: never held back by an open
+           transaction, but blind to a commit whose markers the coordinator is still
+           writing) and fence every writer it names: their open transactions abort, their
+           pending commits complete, none can commit later.
+        2. Read it *stable* (``read_committed``: Kafka answers once no transaction holds
+           offsets of the group) and keep that answer if it names no writer left to fence.
+        3. A stable read that waits :data:`STABLE_READ_S` is held back by an open transaction
+           nobody named: a generation killed while it registered, or one that registered
+           after step 1's read. Fence the replay slots of the generations after the named
+           one (:func:`~epochal.connectors.kafka.recovery.unregistered_ids`), then go back to
+           step 1. Recovery never waits on an open transaction for longer than that, however
+           long ``transaction.timeout.ms`` is.
+        """
+        deadline = time.monotonic() + KAFKA_CALL_TIMEOUT_S
+        while True:
+            # Step 1
+            unstable = self._read_marker(group)
+            self._fence_named(group, unstable)
+            # Step 2
+            try:
+                marker = self._read_marker(group, stable=True, timeout=STABLE_READ_S)
+            except _HeldBack:
+                # Step 3
+                if self._fence_named(group, unstable, unregistered=True):
+                    log.warning("%s: the marker of subtask %d was held back by an open transaction of a generation "
+                                "that never registered (killed while it started?): fenced it", self._where(), group[1])
+                    continue
+                if time.monotonic() > deadline:
+                    raise SinkCommitError(
+                        f"{self._where()}: the marker of subtask {group[1]} (lineage {group[0] or '(legacy)'}) on "
+                        f"{self._sink.servers} stays held back by an open transaction after fencing every "
+                        f"writer it names, for {KAFKA_CALL_TIMEOUT_S:.0f} s: another job with the same "
+                        f"transactional_id_prefix {self._prefix!r}?") from None
+                log.info("%s: the marker of subtask %d is held back by an open transaction; reading it again to "
+                         "find its writer", self._where(), group[1])
+                continue
+            if not self._fence_named(group, marker):
+                break
         self._markers[group] = marker.epoch if marker else 0
         if marker is None:
             self._missing.add(group)
         return marker
+
+    def _fence_named(self, group: tuple[str, int], marker: recovery.Marker | None, unregistered: bool = False) -> bool:
+        """Fence the transactional ids ``marker`` names (and, if ``unregistered``, those of the
+        generations after it that never registered), where not fenced yet; whether there
+        were any (:func:`~epochal.connectors.kafka.recovery.fence_ids`,
+        :func:`~epochal.connectors.kafka.recovery.unregistered_ids`)."""
+        named = recovery.fence_ids(self._prefix, {group: marker}, self._lineage, self.ctx.generation)
+        if unregistered:
+            named += recovery.unregistered_ids(self._prefix, group, marker, self._lineage, self.ctx.generation)
+        todo = [txid for txid in dict.fromkeys(named) if txid not in self._fenced]
+        for txid in todo:
+            self._kafka_call(f"fence transactional id {txid!r}", self._fence, txid)
+            self._fenced.add(txid)
+        if todo:
+            log.info("%s: fenced %d transactional id(s) of %s", self._where(), len(todo),
+                     "an earlier generation" if group[0] == self._lineage else f"lineage {group[0] or '(legacy)'}")
+        return bool(todo)
 
     def _fence(self, txid: str) -> None:
         producer = self._ck.Producer(dict(self._base, **{"transactional.id": txid,
@@ -160,26 +217,47 @@ class Generations:
 
     # ------------------------------------------------------------------ markers
 
-    def _group(self, group: tuple[str, int]):
-        """A consumer of marker group ``group`` = ``(lineage, subtask)``. It reads committed
-        offsets without waiting for open transactions (``read_uncommitted``): an answer read
-        before the fence is only used to find whom to fence (:meth:`_settle`)."""
-        consumer = self._groups.get(group)
+    def _group(self, group: tuple[str, int], stable: bool = False):
+        """A consumer of marker group ``group`` = ``(lineage, subtask)``. Unstable
+        (``read_uncommitted``) it reads committed offsets without waiting for open
+        transactions; stable (``read_committed``: librdkafka asks Kafka for stable offsets
+        only) it waits until no transaction holds offsets of the group (:meth:`_settle`)."""
+        key = (*group, "stable") if stable else group
+        consumer = self._groups.get(key)
         if consumer is None:
             conf = {k: v for k, v in self._base.items() if k.startswith(("security.", "sasl.", "ssl.", "client."))}
             conf.update({"bootstrap.servers": self._sink.servers, "enable.auto.commit": False,
-                         "isolation.level": "read_uncommitted",
+                         "isolation.level": "read_committed" if stable else "read_uncommitted",
                          "group.id": recovery.marker_group(self._prefix, group[1], group[0])})
-            consumer = self._groups[group] = self._ck.Consumer(conf)
+            consumer = self._groups[key] = self._ck.Consumer(conf)
         return consumer
 
-    def _read_marker(self, group: tuple[str, int]) -> recovery.Marker | None:
+    def _read_marker(self, group: tuple[str, int], stable: bool = False,
+                     timeout: float = KAFKA_CALL_TIMEOUT_S) -> recovery.Marker | None:
         """Kafka's marker of ``group``: the highest epoch committed there and who registered
-        last, or None if the group holds none."""
+        last, or None if the group holds none. Asks again while the group's coordinator is
+        busy (:data:`_COORDINATOR_BUSY`), up to ``timeout``. A ``stable`` read that times
+        out raises :class:`_HeldBack`; any other failure SinkCommitError."""
         tp = self._ck.TopicPartition(self._topic, 0)
         lineage, subtask = group
-        found = self._kafka_call(f"read the marker of subtask {subtask} (lineage {lineage or '(legacy)'})",
-                                 self._group(group).committed, [tp], timeout=KAFKA_CALL_TIMEOUT_S)[0]
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                found = self._group(group, stable).committed([tp], timeout=max(0.1, deadline - time.monotonic()))[0]
+                err = found.error
+            except self._ck.KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if err is None or not hasattr(err, "name"):
+                    raise
+            if err is None:
+                break
+            if err.name() in _COORDINATOR_BUSY and time.monotonic() < deadline:
+                time.sleep(0.05)  # back off before asking again; the coordinator is being set up
+                continue
+            if stable and err.name() == "_TIMED_OUT":
+                raise _HeldBack(group)
+            raise SinkCommitError(f"{self._where()}: cannot read the marker of subtask {subtask} (lineage "
+                                  f"{lineage or '(legacy)'}) on {self._sink.servers}: {err.name()}: {err.str()}")
         if found.offset < 0:
             return None
         return recovery.Marker(found.offset, recovery.MarkerMeta.decode(found.metadata, subtask))

@@ -14,6 +14,8 @@ The decisions:
   transaction on: they are fenced (``init_transactions``) before anything else, which
   aborts their open transactions (so read_committed readers are not held at the last
   stable offset until ``transaction.timeout.ms``) and makes a zombie's late commit fail.
+* :func:`unregistered_ids` — the ids of later generations that may have died while
+  registering (their open registration would hold a stable marker read back).
 * :func:`epochs_to_produce` — which restored pre-committed epochs are missing from Kafka
   and must be produced again from the checkpoint (the sink keeps each epoch's records in
   its transaction handle: a write-ahead log, because librdkafka cannot resume another
@@ -136,6 +138,26 @@ def fence_ids(prefix: str, markers: dict, lineage: str, generation: int) -> list
             if txid not in ids:
                 ids.append(txid)
     return ids
+
+
+def unregistered_ids(prefix: str, group: tuple[str, int], marker: Marker | None, lineage: str,
+                     generation: int) -> list[str]:
+    """Replay-slot ids of the generations of ``lineage`` between the writer ``marker`` names
+    in ``group`` (or none) and ``generation``: writers that never registered there — named
+    without reading them, because what they may hold cannot be read yet.
+
+    A writer registers (a transaction of its replay slot that commits only the marker)
+    before any other producer of it writes; one killed *while* registering leaves that
+    transaction open, with the group's offsets in it, until ``transaction.timeout.ms``. A
+    stable marker read waits for it all that time, and no marker names it, so it is fenced
+    by name. Only ``group``s of ``lineage`` itself: another lineage's generations are not
+    this run's to count.
+    """
+    if group[0] != lineage:
+        return []
+    meta = marker.meta if marker else None
+    first = meta.generation + 1 if meta is not None and meta.lineage == lineage else 0
+    return [transactional_id(prefix, group[1], g, REPLAY_SLOT, lineage) for g in range(first, generation)]
 
 
 def epochs_to_produce(pending: list[tuple[int, object]], markers: dict) -> list[tuple[int, object]]:
