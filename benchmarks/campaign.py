@@ -23,6 +23,7 @@ import dataclasses
 import json
 import os
 import platform
+import signal
 import sys
 import tempfile
 import time
@@ -84,6 +85,8 @@ def main() -> None:
     args = parser.parse_args()
 
     seeds = args.seeds or list(range(args.first_seed, args.first_seed + args.histories))
+    # a campaign stopped with SIGTERM still stops the servers it started (the finally below)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     live, stoppers = services(args.sinks)
     runnable = [s for s in args.sinks if s in ("file", "log") or s in live]
     reports, t0 = [], time.time()
