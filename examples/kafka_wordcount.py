@@ -109,12 +109,14 @@ def main() -> None:
     try:
         topic = f"lines-{uuid.uuid4().hex[:6]}"
         lines = produce_lines(servers, topic, args.lines)
+        # --8<-- [start:graph]
         flow = ep.Dataflow("kafka-wordcount", parallelism=2)
         (flow.source("lines", KafkaSource(servers, topic, stopping_offsets="latest", deserializer=bytes.decode))
              .flat_map("split", lambda record: record.value.split())
              .key_by(lambda word: word)
              .process("count", WordCount())
              .sink("counts", KafkaSink(servers, topic + "-counts", key=lambda r: r["word"])))
+        # --8<-- [end:graph]
         faults = [] if args.no_crash else [CrashDuringCommit("counts", subtask=1, epoch=1, how="exit")]
         t0 = time.monotonic()
         result = flow.run(checkpoint=ep.CheckpointConfig(interval="200ms", storage=f"file://{work}/checkpoints"),

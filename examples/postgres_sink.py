@@ -66,12 +66,14 @@ def main() -> None:
         rng = random.Random(3)
         lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6))) for _ in range(args.lines)]
 
+        # --8<-- [start:graph]
         flow = ep.Dataflow("postgres-wordcount", parallelism=2)
         (flow.source("lines", ep.sources.CollectionSource(lines, num_splits=4))
              .flat_map("split", str.split)
              .key_by(lambda word: word)
              .process("count", WordCount())
              .sink("counts", PostgresSink(args.dsn, table)))
+        # --8<-- [end:graph]
         faults = [] if args.no_crash else [CrashDuringCommit("counts", subtask=0, epoch=1, how="exit", after_epoch=1)]
         t0 = time.monotonic()
         result = flow.run(checkpoint=ep.CheckpointConfig(interval="100ms",

@@ -67,6 +67,7 @@ def main() -> None:
     per_split = args.lines // 2
 
     # Job 1: words -> running count -> a Delta table and an Iceberg table
+    # --8<-- [start:graph]
     flow = ep.Dataflow("table-wordcount", parallelism=2)
     counts = (flow.source("lines", ep.sources.GeneratorSource(lines, num_splits=2, limit=per_split,
                                                               records_per_second=2 * per_split))
@@ -75,6 +76,7 @@ def main() -> None:
                   .process("count", WordCount()))
     counts.sink("delta", DeltaSink(delta_table, schema=SCHEMA))  # created on the driver when missing
     counts.sink("iceberg", IcebergSink(catalog, "demo.counts", schema=SCHEMA))
+    # --8<-- [end:graph]
     faults = [] if args.no_crash else [CrashDuringCommit("delta", subtask=0, epoch=2, how="exit", after_epoch=1)]
     t0 = time.monotonic()
     result = flow.run(checkpoint=ep.CheckpointConfig(interval="200ms", storage=f"file://{work}/ckpt-1"),
