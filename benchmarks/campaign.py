@@ -34,28 +34,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import campaign  # noqa: E402
 
 
+#: sink → (its test-server module, the function that starts it, the one that says why it cannot)
+SERVERS = {"postgres": ("postgres_server", "start_server", "cannot_start_server"),
+           "kafka": ("kafka_broker", "start_broker", "cannot_start_broker")}
+
+
 def services(sinks) -> tuple[dict, list]:
     """The servers the histories need, started here; ``(services, stoppers)``. A sink whose
     server cannot start here is dropped with a message (the report lists the sinks run)."""
+    import importlib
+
     out, stop = {}, []
-    if "postgres" in sinks:
-        import postgres_server
-
-        why = postgres_server.cannot_start_server()
+    for sink, (module, start, cannot) in SERVERS.items():
+        if sink not in sinks:
+            continue
+        server = importlib.import_module(module)
+        why = getattr(server, cannot)()
         if why:
-            print(f"campaign: no postgres histories: {why}", file=sys.stderr)
-        else:
-            out["postgres"] = postgres_server.start_server()
-            stop.append(out["postgres"].stop)
-    if "kafka" in sinks:
-        import kafka_broker
-
-        why = kafka_broker.cannot_start_broker()
-        if why:
-            print(f"campaign: no kafka histories: {why}", file=sys.stderr)
-        else:
-            out["kafka"] = kafka_broker.start_broker()
-            stop.append(out["kafka"].stop)
+            print(f"campaign: no {sink} histories: {why}", file=sys.stderr)
+            continue
+        out[sink] = getattr(server, start)()
+        stop.append(out[sink].stop)
     return out, stop
 
 

@@ -291,26 +291,25 @@ def test_a_torn_control_record_is_discarded_and_the_previous_footprint_used():
     assert [(r.window, r.value) for r in log.results()] == [(("a", 0), (7, 3)), (("z", 10), (0, 1))]
 
 
-def test_a_replay_that_differs_from_the_logged_input_is_refused():
+def _three_tuples_recovered():
+    """An operator recovered from a log of (b, 0), (a, 1), (a, 6) by key-closed 5 s windows."""
     url = memory_url()
     log = OutputLog(url)
     op = EventualWindows(Tumbling(5), SumCount, closing="key")
     for key, value, t in [("b", 1, Position(0, 0)), ("a", 1, Position(1, 1)), ("a", 2, Position(6, 2))]:
         log.append(op.on_tuple(key, value, t))
     log.flush()
-    _, _, op = recover(url, Tumbling(5), "key")
+    return recover(url, Tumbling(5), "key")[2]
+
+
+def test_a_replay_that_differs_from_the_logged_input_is_refused():
+    op = _three_tuples_recovered()
     with pytest.raises(ReplayMismatch, match="did not replay the input"):
         op.on_tuple("b", 1, Position(5, 1))  # never in the input: it would close (b, 0) before tc
 
 
 def test_a_replayed_input_that_ends_before_tc_is_refused():
-    url = memory_url()
-    log = OutputLog(url)
-    op = EventualWindows(Tumbling(5), SumCount, closing="key")
-    for key, value, t in [("b", 1, Position(0, 0)), ("a", 1, Position(1, 1)), ("a", 2, Position(6, 2))]:
-        log.append(op.on_tuple(key, value, t))
-    log.flush()
-    _, _, op = recover(url, Tumbling(5), "key")
+    op = _three_tuples_recovered()
     op.on_tuple("a", 1, Position(1, 1))
     with pytest.raises(ReplayMismatch, match=r"ended at \(1, 1\), before the recovered tc \(6, 2\)"):
         op.end_of_input()
