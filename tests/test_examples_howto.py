@@ -1,0 +1,102 @@
+"""The how-to pages' examples (docs/how-to/*.md cut their code from examples/*.py with snippet
+markers, so a page cannot drift from what runs here): each example runs on the one embedded
+Spark session of the test run, and what it committed is compared with a plain-Python oracle
+written in this file from the example's input data (not the example's own check), with the
+injected fault or the stop/restore asserted to have happened mid-run.
+
+The examples are loaded by path and pickled by value (task processes cannot import
+``examples/``), as a user's ``__main__`` script is.
+"""
+from __future__ import annotations
+
+import collections
+import importlib.util
+import sys
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.spark
+
+
+def load(name: str):
+    """``examples/<name>.py`` as a module whose functions travel by value."""
+    spec = importlib.util.spec_from_file_location(f"example_{name}", REPO / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    cloudpickle.register_pickle_by_value(module)
+    return module
+
+
+def us(t: float) -> int:
+    return round(t * 1_000_000)
+
+
+# ------------------------------------------------------------------------------- windows
+def windows_oracle(clicks: list[dict], poll: int, bound: float, lateness: float) -> dict:
+    """Tumbling 10 s sums with refires and the late output, sliding 10 s / 5 s counts and
+    3 s-gap session counts of the on-time clicks. A click's lateness is decided from its
+    position: the watermark at its arrival lies between the one a poll earlier and the one
+    of every click before it; an ambiguous click is an error of the test data."""
+    kinds = []
+    for i, c in enumerate(clicks):
+        lo = max(us(x["ts"]) for x in clicks[:max(1, i - poll + 1)]) - us(bound) - 1
+        hi = max(us(x["ts"]) for x in clicks[:max(1, i)]) - us(bound) - 1
+        end = us(c["ts"]) // us(10) * us(10) + us(10)
+        if end - 1 > hi:
+            kinds.append("on-time")
+        elif end - 1 <= lo and end - 1 + us(lateness) > hi:
+            kinds.append("refires")
+        elif end - 1 + us(lateness) <= lo:
+            kinds.append("dropped")
+        else:
+            raise AssertionError(f"click {i} is ambiguously late")
+    assert kinds.count("refires") >= 2 and kinds.count("dropped") >= 2, kinds.count
+    on_time = [c for c, k in zip(clicks, kinds) if k == "on-time"]
+    # a window fires once with its on-time clicks (all arrive before it fires), then again
+    # with each click that refires it, in arrival order
+    totals, tumbling = collections.defaultdict(int), collections.Counter()
+    for c in on_time:
+        totals[(c["user"], us(c["ts"]) // us(10) * 10)] += c["amount"]
+    tumbling.update((user, float(start), float(start + 10), total) for (user, start), total in totals.items())
+    for c, k in zip(clicks, kinds):
+        if k == "refires":
+            w = (c["user"], us(c["ts"]) // us(10) * 10)
+            totals[w] += c["amount"]
+            tumbling[(w[0], float(w[1]), float(w[1] + 10), totals[w])] += 1
+    sliding = collections.Counter()
+    for c in on_time:
+        first = us(c["ts"]) // us(5) * 5
+        for start in (first - 5, first):
+            sliding[(c["user"], float(start), float(start + 10))] += 1
+    sessions = collections.Counter()
+    for user in {c["user"] for c in on_time}:
+        times = sorted(us(c["ts"]) for c in on_time if c["user"] == user)
+        groups = [[times[0]]]
+        for t in times[1:]:
+            (groups[-1].append(t) if t < groups[-1][-1] + us(3) else groups.append([t]))
+        for g in groups:
+            sessions[(user, g[0] / 1e6, (g[-1] + us(3)) / 1e6, len(g))] += 1
+    return {"spent": tumbling,
+            "sliding": collections.Counter((u, s, e, n) for (u, s, e), n in sliding.items()),
+            "sessions": sessions,
+            "late": collections.Counter(tuple(sorted(c.items())) for c, k in zip(clicks, kinds) if k == "dropped")}
+
+
+def test_windows_example(tmp_path, spark):
+    """examples/windows.py (docs/how-to/windows.md): tumbling windows with allowed lateness and
+    their late output, sliding and session windows, through a crash of a window process."""
+    ex = load("windows")
+    result, outputs = ex.run(str(tmp_path), runtime="spark", spark=spark)
+    assert result.attempts == 2 and result.restored_from[1], (result.failures, result.restored_from)
+    assert "spent-per-10s[1]" in result.failures[0]
+    got = {name: collections.Counter((r["key"], r["start"], r["end"], r["value"]) for r in outputs[name])
+           for name in ("spent", "sliding", "sessions")}
+    got["late"] = collections.Counter(tuple(sorted(r.items())) for r in outputs["late"])
+    expected = windows_oracle(ex.CLICKS, ex.POLL, ex.BOUND, ex.LATENESS)
+    for name in expected:
+        assert got[name] == expected[name], name
