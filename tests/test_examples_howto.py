@@ -133,3 +133,25 @@ def test_joins_example(tmp_path, spark):
     assert collections.Counter((row(b), row(a)) for b, a in outputs["windowed"]) == windowed
     assert collections.Counter(map(row, outputs["vs-reserve"])) == current
     assert outputs["opened-late"] == []
+
+
+# ------------------------------------------------------------------------------- regions
+def test_regions_example(tmp_path, spark):
+    """examples/regions.py (docs/how-to/regions.md): a crash in region ``payments`` restarts
+    that region alone; a crash of ``audit``'s pipeline 1 restarts that failover region alone;
+    both outputs are exact."""
+    ex = load("regions")
+    result, outputs = ex.run(str(tmp_path), runtime="spark", spark=spark)
+    payments, audit = result.regions["payments"], result.regions["audit"]
+    assert payments.attempts == 2 and "count[0]" in payments.failures[0], payments.failures
+    assert payments.restored_from[1] and payments.failovers == []
+    assert [f["tasks"] for f in audit.failovers] == [["events[1]"]], (audit.failures, audit.failovers)
+    assert audit.failovers[0]["restored_epoch"] >= 1
+    assert not any("count" in f for f in audit.failures)  # the payments crash left audit alone
+    n = ex.PER_SPLIT
+    per_account = collections.Counter(ex.payment(s, i)["account"] for s in (0, 1) for i in range(n))
+    assert collections.Counter(tuple(r) for r in outputs["counts"]) == collections.Counter(
+        (account, k) for account, c in per_account.items() for k in range(1, c + 1))
+    assert collections.Counter(r["event"] for r in outputs["audited"]) == collections.Counter(
+        f"e{s}-{i}" for s in (0, 1) for i in range(n))
+    assert all(r["audited"] for r in outputs["audited"])
