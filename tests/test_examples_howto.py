@@ -155,3 +155,34 @@ def test_regions_example(tmp_path, spark):
     assert collections.Counter(r["event"] for r in outputs["audited"]) == collections.Counter(
         f"e{s}-{i}" for s in (0, 1) for i in range(n))
     assert all(r["audited"] for r in outputs["audited"])
+
+
+# ------------------------------------------------------------------------ queryable state
+def test_queryable_state_example(tmp_path, spark):
+    """examples/queryable_state.py (docs/how-to/queryable-state.md): read-committed answers
+    through the handle, a QueryClient and the ``epochal query`` command while the job runs on
+    Spark; every answer equals a plain-Python count of the input its epoch's checkpoint had
+    read, and the output committed at the stop equals the count at the savepoint."""
+    from epochal.sinks import read_committed
+    from epochal.state import list_source_offsets
+
+    ex = load("queryable_state")
+    result, answers, storage = ex.run(str(tmp_path), runtime="spark", spark=spark)
+
+    def count(url):
+        offsets = {}
+        for entry in list_source_offsets(url):
+            offsets.update(entry["offsets"])
+        assert sorted(offsets) == ["0", "1"] and all(n > 0 for n in offsets.values()), offsets
+        return collections.Counter(ex.word(int(s), i) for s, n in offsets.items() for i in range(n))
+
+    assert {how for how, _, _ in answers} == {"handle", "client", "shell"}
+    assert len({epoch for _, epoch, _ in answers}) >= 3
+    for how, epoch, values in answers:
+        expected = count(f"{storage}/{ex.JOB}/chk-{epoch}")
+        assert values == {w: expected[w] for w in ex.WORDS}, (how, epoch)
+    assert result.stopped_with_savepoint and result.attempts == 1
+    final = collections.defaultdict(int)
+    for r in read_committed(str(tmp_path / "out")):
+        final[r["word"]] = max(final[r["word"]], r["n"])
+    assert final == dict(count(result.stopped_with_savepoint))
