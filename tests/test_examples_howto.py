@@ -186,3 +186,35 @@ def test_queryable_state_example(tmp_path, spark):
     for r in read_committed(str(tmp_path / "out")):
         final[r["word"]] = max(final[r["word"]], r["n"])
     assert final == dict(count(result.stopped_with_savepoint))
+
+
+# ---------------------------------------------------------------------------- savepoints
+def test_savepoints_example(tmp_path, spark):
+    """examples/savepoints.py (docs/how-to/savepoints.md): a savepoint while running, a stop
+    with a savepoint (output and state end exactly there), a restore rescaled 2 -> 3 that
+    finishes the input (every running-count row once), and a rollback to the older
+    savepoint whose FileSink removes the abandoned future (one history, every row once)."""
+    from epochal.state import list_source_offsets
+
+    ex = load("savepoints")
+    steps = ex.run(str(tmp_path), runtime="spark", spark=spark)
+
+    def read(url):
+        offsets = {}
+        for entry in list_source_offsets(url):
+            offsets.update(entry["offsets"])
+        return {int(s): n for s, n in offsets.items()}
+
+    def rows(offsets):
+        counts = collections.Counter(ex.word(s, i) for s, n in offsets.items() for i in range(n))
+        return counts, collections.Counter((w, k) for w, n in counts.items() for k in range(1, n + 1))
+
+    before, stop = read(steps["stop"]["before"]), read(steps["stop"]["savepoint"])
+    assert sorted(stop) == [0, 1] and all(0 < before[s] < stop[s] < ex.END for s in (0, 1)), (before, stop)
+    counts, expected = rows(stop)
+    assert steps["stop"]["counts"] == expected and steps["stop"]["state"] == dict(counts)
+    _, everything = rows({0: ex.END, 1: ex.END})
+    restore, rollback = steps["restore"]["result"], steps["rollback"]["result"]
+    assert restore.restored_from[0] is not None and rollback.restored_from[0] < restore.restored_from[0]
+    assert steps["restore"]["counts"] == everything
+    assert steps["rollback"]["counts"] == everything  # without rollback="remove": the epochs after `before` twice
