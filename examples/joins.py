@@ -86,8 +86,10 @@ OUTPUTS = ("opened", "opened-late", "windowed", "vs-reserve")
 def run(work: str, runtime: str = "spark", spark=None, crash: bool = True):
     """Run the job once; returns ``(result, outputs)`` with each sink's committed rows."""
     faults = [CrashAtRecord("bid-after-open", subtask=0, record=150, how="exit", after_epoch=1)] if crash else []
+    # --8<-- [start:run]
     result = build(work).run(checkpoint=ep.CheckpointConfig(interval="200ms", storage=f"file://{work}/checkpoints"),
                              runtime=runtime, spark=spark, faults=faults)
+    # --8<-- [end:run]
     return result, {name: list(read_committed(f"{work}/{name}")) for name in OUTPUTS}
 
 

@@ -86,10 +86,12 @@ def build(work: str) -> ep.Dataflow:
 def run(work: str, runtime: str = "spark", spark=None, crash: bool = True):
     """Run the job once; returns ``(result, outputs)`` with each sink's committed rows."""
     faults = [CrashAtRecord("spent-per-10s", subtask=1, record=200, how="exit", after_epoch=1)] if crash else []
+    # --8<-- [start:run]
     result = build(work).run(guarantee="exactly-once",
                              checkpoint=ep.CheckpointConfig(interval="200ms", storage=f"file://{work}/checkpoints"),
                              channels=ep.ChannelConfig(batch_size=POLL),  # the source's poll size
                              runtime=runtime, spark=spark, faults=faults)
+    # --8<-- [end:run]
     outputs = {name: list(read_committed(f"{work}/{name}")) for name in ("spent", "late", "sliding", "sessions")}
     return result, outputs
 

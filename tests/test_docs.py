@@ -68,3 +68,26 @@ def test_getting_started_runs_as_written():
     page = (REPO / "docs" / "getting-started.md").read_text()
     for line in printed:
         assert line in page, f"the page does not quote the script's output line {line!r}"
+
+
+def test_how_to_pages_show_only_code_the_suite_runs():
+    """Every ``python`` block of docs/how-to/*.md is a snippet of an example (no hand-written
+    code that could drift), each section it cuts exists in the file (the strict build fails
+    otherwise), and tests/test_examples_howto.py runs every example those pages cut from."""
+    pages = sorted((REPO / "docs" / "how-to").glob("*.md"))
+    assert len(pages) >= 5, pages
+    runs = set(re.findall(r'load\("(\w+)"\)', (REPO / "tests" / "test_examples_howto.py").read_text()))
+    problems, cut = [], set()
+    for page in pages:
+        for block in re.findall(r"```python\n(.*?)```", page.read_text(), re.DOTALL):
+            for line in block.strip().splitlines():
+                m = re.fullmatch(r'--8<-- "examples/(\w+)\.py(?::(\w+))?"', line.strip())
+                if not m:
+                    problems.append(f"{page.name}: hand-written code {line.strip()!r}")
+                    continue
+                cut.add(m.group(1))
+                source = (REPO / "examples" / f"{m.group(1)}.py").read_text()
+                if m.group(2) and f"# --8<-- [start:{m.group(2)}]" not in source:
+                    problems.append(f"{page.name}: no section {m.group(2)!r} in examples/{m.group(1)}.py")
+    assert not problems, problems
+    assert cut and cut <= runs, f"examples the how-to pages cut from but no test runs: {sorted(cut - runs)}"
