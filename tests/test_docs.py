@@ -91,3 +91,14 @@ def test_how_to_pages_show_only_code_the_suite_runs():
                     problems.append(f"{page.name}: no section {m.group(2)!r} in examples/{m.group(1)}.py")
     assert not problems, problems
     assert cut and cut <= runs, f"examples the how-to pages cut from but no test runs: {sorted(cut - runs)}"
+
+
+def test_pages_speak_of_the_product_not_its_history():
+    """No page of the site tells the project's history ("issue 24", "before issue 36"): a
+    reader cannot open the tracker. Another project's bug (``delta-rs issue 2184``) may be named."""
+    found = []
+    for page in sorted((REPO / "docs").rglob("*.md")):
+        for m in re.finditer(r"(\S+\s+)?\b[Ii]ssues?\s+\d+", page.read_text()):
+            if not (m.group(1) or "").strip().endswith("delta-rs"):
+                found.append(f"{page.relative_to(REPO)}: {m.group(0).strip()!r}")
+    assert not found, found
