@@ -23,6 +23,12 @@ def test_mkdocs_build_strict(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     site = tmp_path / "site"
     assert (site / "dashboard" / "index.html").exists() and (site / "img" / "dashboard.png").exists()
+    for view in ("operator", "checkpoint", "exceptions", "offline"):  # a screenshot per dashboard view
+        assert (site / "img" / f"dashboard-{view}.png").exists(), view
+    assert "epoch" in (site / "concepts" / "index.html").read_text()
+    for recipe, code in (("windows", "allowed_lateness"), ("joins", "temporal_join"), ("regions", "payments_region"),
+                         ("queryable-state", "QueryClient"), ("savepoints", "stop_with_savepoint")):
+        assert code in (site / "how-to" / recipe / "index.html").read_text(), recipe  # the snippet was cut in
     api = (site / "api" / "config" / "index.html").read_text()
     assert "MetricsConfig" in api and "ui_token" in api  # generated from the docstrings
     _no_raw_markup(site)
