@@ -82,14 +82,15 @@ def run(work: str, runtime: str = "spark", spark=None, epochs: int = 3):
             with QueryClient(handle.query_address, handle.query_token) as client:
                 r = client.query("counter", "count", list(WORDS))
             answers.append(("client", r.epoch, r.values))
+            time.sleep(0.1)  # pacing: a service asks when it needs an answer
 
-            # from the shell: EPOCHAL_QUERY_TOKEN=... epochal query HOST:PORT counter count apple fig
-            host, port = handle.query_address
-            shell = subprocess.run([sys.executable, "-m", "epochal.cli", "query", f"{host}:{port}", "counter", "count",
-                                    *WORDS], env={**os.environ, "EPOCHAL_QUERY_TOKEN": handle.query_token},
-                                   capture_output=True, text=True, check=True)
-            printed = json.loads(shell.stdout)  # {"epoch": 7, "isolation": "read-committed", "values": [[k, v], ...]}
-            answers.append(("shell", printed["epoch"], dict(printed["values"])))
+        # from the shell: EPOCHAL_QUERY_TOKEN=... epochal query HOST:PORT counter count apple fig
+        host, port = handle.query_address
+        shell = subprocess.run([sys.executable, "-m", "epochal.cli", "query", f"{host}:{port}", "counter", "count",
+                                *WORDS], env={**os.environ, "EPOCHAL_QUERY_TOKEN": handle.query_token},
+                               capture_output=True, text=True, check=True)
+        printed = json.loads(shell.stdout)  # {"epoch": 7, "isolation": "read-committed", "values": [[k, v], ...]}
+        answers.append(("shell", printed["epoch"], dict(printed["values"])))
     finally:
         handle.stop_with_savepoint(f"{work}/savepoint", timeout=120)
     # --8<-- [end:query]

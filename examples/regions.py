@@ -27,7 +27,7 @@ import epochal as ep
 from epochal.sinks import FileSink, read_committed
 from epochal.testing import CrashAtRecord
 
-PER_SPLIT = 1500  # records per source split, read at 1500 records/s: about a second per region
+PER_SPLIT = 2000  # records per source split, read at 1000 records/s: two seconds per region
 ACCOUNTS = ("acc-1", "acc-2", "acc-3", "acc-4", "acc-5")
 
 
@@ -49,13 +49,13 @@ def events(split: int, offset: int):
 
 
 def generator(fn) -> ep.sources.GeneratorSource:
-    return ep.sources.GeneratorSource(fn, num_splits=2, limit=PER_SPLIT, records_per_second=PER_SPLIT)
+    return ep.sources.GeneratorSource(fn, num_splits=2, limit=PER_SPLIT, records_per_second=PER_SPLIT / 2)
 
 
 # --8<-- [start:graph]
 def build(work: str) -> ep.Dataflow:
     payments_region = ep.Region("payments", checkpoint=ep.CheckpointConfig(interval="100ms"))
-    audit_region = ep.Region("audit", checkpoint=ep.CheckpointConfig(interval="500ms"),
+    audit_region = ep.Region("audit", checkpoint=ep.CheckpointConfig(interval="300ms"),
                              restart=ep.RestartStrategy(max_attempts=5, failover="region"))
 
     flow = ep.Dataflow("shop", parallelism=2)

@@ -3,7 +3,7 @@
 Version 1 of a running word count reads an endless, rate-limited input at parallelism 2. The
 script takes a savepoint while it runs (``before``), then stops it with another one
 (``stop``): the committed output ends exactly at ``stop``. Version 2 (its count runs at
-parallelism 3, and it reads the rest of a now bounded input at full speed) restores from
+parallelism 3, and it reads the input up to ``END`` words per split at full speed) restores from
 ``stop`` and runs to the end. Then the script rolls back: version 3 restores from the older
 savepoint ``before`` and produces everything after it again; its ``FileSink(rollback=
 "remove")`` first deletes the files the abandoned future committed, so the directory holds
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import os
 import tempfile
 import time
@@ -27,7 +28,7 @@ import epochal as ep
 from epochal.sinks import FileSink, read_committed
 
 WORDS = ("north", "south", "east", "west", "up", "down")
-END = 1500  # records per split: version 1 stops long before, versions 2 and 3 read to the end
+END = 3000  # records per split in versions 2 and 3 (bounded); version 1 reads an endless input
 JOB = "words"
 
 
@@ -37,7 +38,7 @@ def word(split: int, i: int) -> str:
 
 
 def words_from(split: int, offset: int):
-    return (word(split, i) for i in range(offset, END))
+    return (word(split, i) for i in itertools.count(offset))
 
 
 class Count(ep.KeyedProcessFunction):
@@ -49,10 +50,11 @@ class Count(ep.KeyedProcessFunction):
         yield {"word": word, "n": self.count.value()}
 
 
-def build(work: str, count_parallelism: int, rate: float | None) -> ep.Dataflow:
+def build(work: str, count_parallelism: int, rate: float | None, limit: int | None) -> ep.Dataflow:
     """Every version: the same operator names (they key the state), other settings."""
     flow = ep.Dataflow(JOB, parallelism=2)
-    (flow.source("words", ep.sources.GeneratorSource(words_from, num_splits=2, records_per_second=rate))
+    words = ep.sources.GeneratorSource(words_from, num_splits=2, limit=limit, records_per_second=rate)
+    (flow.source("words", words)
          .key_by(lambda w: w)
          .process("counter", Count(), parallelism=count_parallelism)
          .sink("out", FileSink(f"{work}/out", rollback="remove")))
@@ -80,7 +82,7 @@ def run(work: str, runtime: str = "spark", spark=None) -> dict:
     """Stop, restore rescaled, roll back; returns each step's committed counts and results."""
     steps: dict = {}
     # --8<-- [start:stop]
-    v1 = build(work, count_parallelism=2, rate=150)      # far from the input's end at this rate
+    v1 = build(work, count_parallelism=2, rate=100, limit=None)   # endless, 100 words/s per split
     handle = v1.start(checkpoint=ep.CheckpointConfig(interval="200ms", storage=f"file://{work}/ckpt-v1"),
                       runtime=runtime, spark=spark)
     let_it_run(handle, epochs=2)
@@ -93,7 +95,7 @@ def run(work: str, runtime: str = "spark", spark=None) -> dict:
                      "state": {r["key"]: r["value"] for r in ep.state.read(stop, "counter").to_pylist()}}
 
     # --8<-- [start:restore]
-    v2 = build(work, count_parallelism=3, rate=None)     # rescaled 2 -> 3, the rest at full speed
+    v2 = build(work, count_parallelism=3, rate=None, limit=END)  # rescaled 2 -> 3, up to END at full speed
     result = v2.run(restore_from=stop,                   # a fresh checkpoint storage
                     checkpoint=ep.CheckpointConfig(interval="200ms", storage=f"file://{work}/ckpt-v2"),
                     runtime=runtime, spark=spark)
@@ -101,7 +103,7 @@ def run(work: str, runtime: str = "spark", spark=None) -> dict:
     steps["restore"] = {"result": result, "counts": committed(work)}
 
     # --8<-- [start:rollback]
-    v3 = build(work, count_parallelism=2, rate=None)
+    v3 = build(work, count_parallelism=2, rate=None, limit=END)
     result = v3.run(restore_from=before,                 # back to the older savepoint: a branch
                     checkpoint=ep.CheckpointConfig(interval="200ms", storage=f"file://{work}/ckpt-v3"),
                     runtime=runtime, spark=spark)
