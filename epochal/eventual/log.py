@@ -187,6 +187,43 @@ class OutputLog:
             offset = end
         return frames, offset, False
 
+    def frames_after(self, index: int, offset: int) -> Iterator[tuple[int, int, int, list[Record]]]:
+        """``(segment index, frame start, frame end, records)`` of every durable frame from byte
+        ``offset`` of segment ``index`` on (later segments from their start), in log order. A
+        torn tail ends its segment (it is final once a newer segment exists, and is read again
+        from the same byte while it is the newest, as in :class:`ResultReader`)."""
+        for segment in self.segments():
+            if segment.index < index:
+                continue
+            start = offset if segment.index == index else 0
+            try:
+                data = self._fs.cat_file(segment.path)
+            except OSError as exc:
+                raise CheckpointStorageError(f"output log {self.url!r}: cannot read {segment.path}: {exc}") from exc
+            while start < len(data):
+                records, end, why = decode_frame(data, start, self._key)
+                if why == "torn":
+                    self.torn_frames += 1
+                    break
+                if why:
+                    raise CheckpointStorageError(f"output log {self.url!r}: segment {segment.path} is corrupt: {why}")
+                yield segment.index, start, end, records
+                start = end
+
+    def write_side_file(self, name: str, text: str) -> None:
+        """Write a small file beside the segments (never read as a segment): e.g. a recovery
+        report."""
+        with self._fs.open(f"{self._root}/{name}", "w") as f:
+            f.write(text)
+
+    def side_files(self, prefix: str) -> list[str]:
+        """The paths of the files beside the segments whose name starts with ``prefix``, sorted."""
+        try:
+            names = self._fs.ls(self._root, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(p for p in names if p.rstrip("/").rsplit("/", 1)[-1].startswith(prefix))
+
     def frames_backward(self) -> Iterator[list[Record]]:
         """Every durable frame, newest first (each frame's records in their written order)."""
         for segment in reversed(self.segments()):
