@@ -21,6 +21,8 @@ from epochal.errors import PipelineDefinitionError
 from epochal.sinks.file_formats import read_committed
 from epochal.windows import Session, Sliding, Sum, Tumbling
 
+pytest_plugins = ["s3server"]  # fixtures s3_server, s3_env
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # its functions run in the tasks
 
 WINDOWS = {"tumbling": Tumbling("0.5s"), "sliding": Sliding("1s", "0.25s"), "session": Session("0.3s")}
@@ -94,6 +96,25 @@ def recoveries(log_root: str) -> list[dict]:
     return [json.load(open(p)) for p in sorted(glob.glob(f"{log_root}/*/recovery-*.json"))]
 
 
+def crash_and_restart(storage: str, items: list, assigner, splits=(0, 1), polls=(25, 20)):
+    """Run a reader ``polls[0]`` polls, take an epoch's snapshot, run ``polls[1]`` polls more and lose it (no close,
+    nothing flushed after); a new reader continues from the snapshot. Returns ``(results handed
+    over before the epoch + by the new reader, windows open at the crash)``."""
+    _, results = job("r", items, assigner, storage=storage, parallelism=len(splits))
+    src = results.flow.nodes["sums"].payload
+    first = src.create_reader(list(splits), None)
+    before: list = []
+    assert not drain(first, before, polls=polls[0])
+    epoch = first.snapshot()  # the barrier: `before` is in the epoch, nothing later is
+    assert not drain(first, [], polls=polls[1]), "the crash must land mid-run"
+    open_at_crash = sum(m["open_windows"] for m in first.metrics().values())
+    del first  # SIGKILL: no close
+    second = src.create_reader(list(splits), epoch)
+    rest: list = []
+    assert drain(second, rest)
+    return before + rest, open_at_crash, epoch
+
+
 # ------------------------------------------------------------------ build time
 def test_build_makes_one_source_named_after_the_window():
     flow, results = job("b", tuples(10), Tumbling("1s"))
@@ -146,24 +167,26 @@ def test_reader_restarted_at_an_epoch_position_hands_over_each_result_once(tmp_p
     position rebuilds the operators from their logs (footprints, not a snapshot) and hands
     over the rest: the results before the epoch plus the new reader's equal the oracle."""
     items, assigner = tuples(3000), WINDOWS[kind]
-    _, results = job("r", items, assigner, storage=str(tmp_path))
-    src = results.flow.nodes["sums"].payload
-    first = src.create_reader([0, 1], None)
-    before: list = []
-    assert not drain(first, before, polls=25)
-    epoch = first.snapshot()  # the barrier: `before` is in the epoch, nothing later is
-    after_epoch: list = []
-    assert not drain(first, after_epoch, polls=20), "the crash must land mid-run"
-    open_at_crash = sum(m["open_windows"] for m in first.metrics().values())
-    del first  # SIGKILL: no close
-    second = src.create_reader([0, 1], epoch)
-    rest: list = []
-    assert drain(second, rest)
-    assert canon(before + rest) == oracle(items, assigner)
+    handed, open_at_crash, epoch = crash_and_restart(str(tmp_path), items, assigner)
+    assert canon(handed) == oracle(items, assigner)
     reports = recoveries(f"{tmp_path}/eventual/sums")
     crashed = [r for r in reports if r["tc"] is not None]
     assert len(crashed) == 2 and sum(r["n"] for r in crashed) == open_at_crash > 0
     assert all(r["extent"] >= r["n"] and r["position"] == epoch[str(i)] for i, r in enumerate(crashed))
+
+
+def test_the_output_queue_on_s3_recovers_the_same(s3_env):
+    """The logs in S3 (moto on loopback): the same crash and restart, the same results."""
+    import fsspec
+
+    url = s3_env.fresh_url("eventual")
+    items, assigner = tuples(1500), WINDOWS["tumbling"]
+    handed, open_at_crash, _ = crash_and_restart(url, items, assigner, polls=(10, 8))
+    assert canon(handed) == oracle(items, assigner)
+    fs, root = fsspec.core.url_to_fs(url)
+    assert fs.glob(f"{root}/eventual/sums/0/seg-*.ecl") and open_at_crash > 0
+    reports = [json.loads(fs.cat_file(p)) for p in sorted(fs.glob(f"{root}/eventual/sums/*/recovery-*.json"))]
+    assert sum(r["n"] for r in reports if r["tc"] is not None) == open_at_crash
 
 
 def test_a_torn_newest_segment_recovers_from_the_previous_footprints(tmp_path):
