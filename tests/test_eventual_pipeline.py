@@ -189,6 +189,26 @@ def test_the_output_queue_on_s3_recovers_the_same(s3_env):
     assert sum(r["n"] for r in reports if r["tc"] is not None) == open_at_crash
 
 
+def test_a_new_run_starts_its_logs_over_and_a_rescale_is_refused(tmp_path):
+    """A first attempt that restores no epoch is a new run: the logs of an earlier run in the
+    same storage are not recovered from (its results would be handed over again). Logs written
+    by 2 splits refuse a job of 3, naming the operator."""
+    assigner = WINDOWS["tumbling"]
+    for n in (650, 900):  # the second run reads more (650 ends mid-window): its output is not the first run's
+        items = tuples(n)
+        _, results = job("again", items, assigner)
+        reader = results.flow.nodes["sums"].payload.create_reader([0, 1], None)
+        reader.bind_storage(str(tmp_path), "again", generation=0)
+        out: list = []
+        assert drain(reader, out)
+        assert canon(out) == oracle(items, assigner)
+    _, results = job("again", items, assigner, parallelism=3)
+    reader = results.flow.nodes["sums"].payload.create_reader([0], {"0": [1, 0, 0]})
+    reader.bind_storage(str(tmp_path), "again", generation=1)
+    with pytest.raises(ep.ConfigError, match=r"eventual window 'sums'.*written by 2 splits.*now has 3"):
+        reader.poll(7)
+
+
 def test_a_torn_newest_segment_recovers_from_the_previous_footprints(tmp_path):
     """The crash tore the segment being written: recovery drops the torn frame (fingerprint) and
     recovers from the footprints before it; the handed-over results still equal the oracle."""

@@ -210,11 +210,29 @@ class OutputLog:
                 yield segment.index, start, end, records
                 start = end
 
+    def discard(self) -> None:
+        """Delete every segment and side file: the log starts over (a new run of the job, not
+        a recovery). Not for a log anyone may still recover from."""
+        try:
+            names = self._fs.ls(self._root, detail=False)
+        except FileNotFoundError:
+            names = []
+        for path in names:
+            self._fs.rm_file(path)
+        self._next_index = 0
+        self._buffer.clear()
+        self._buffered = 0
+        self._buffer_last = None
+
     def write_side_file(self, name: str, text: str) -> None:
         """Write a small file beside the segments (never read as a segment): e.g. a recovery
         report."""
         with self._fs.open(f"{self._root}/{name}", "w") as f:
             f.write(text)
+
+    def remove_side_file(self, path: str) -> None:
+        """Delete a file :meth:`side_files` listed."""
+        self._fs.rm_file(path)
 
     def side_files(self, prefix: str) -> list[str]:
         """The paths of the files beside the segments whose name starts with ``prefix``, sorted."""

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from epochal.backends.keygroups import stable_hash
-from epochal.errors import DataError
+from epochal.errors import ConfigError, DataError
 from epochal.eventual.extent import CheckpointScheduler, ExtentPolicy
 from epochal.eventual.log import OutputLog
 from epochal.eventual.operator_state import EventualWindows
@@ -167,12 +167,15 @@ class EventualReader(SourceReader):
         self._splits: list[_Split] | None = None
         self._pending: deque = deque()  # (WindowResult, split, its position)
         self._turn = 0
+        self._new_run = False
 
-    def bind_storage(self, url: str, job: str) -> None:
+    def bind_storage(self, url: str, job: str, generation: int = 0) -> None:
         """The task binds the job's checkpoint storage before the first poll (logs go to
-        ``<storage>/<job>/eventual/<operator>/<split>/``)."""
+        ``<storage>/<job>/eventual/<operator>/<split>/``), and the attempt: a first attempt
+        restoring no epoch is a new run, whose logs start over."""
         if self._root is None:
             self._root = f"{url.rstrip('/')}/{job}"
+        self._new_run = generation == 0 and not self._state
 
     @property
     def splits(self) -> list[_Split]:
@@ -181,6 +184,24 @@ class EventualReader(SourceReader):
             if self._root is None:
                 raise RuntimeError(f"{self.src.name}: no storage bound (the task binds the job's checkpoint storage)")
             root = f"{self._root}/eventual/{self.src.operator}"
+            layout = OutputLog(root)  # the operator's directory: its split count is fixed by its logs
+            found = layout.side_files("layout-")
+            mine = f"layout-{self.src.parallelism}"
+            if found and not self._new_run and not found[0].endswith(mine):
+                raise ConfigError(f"{self.src.name}: its logs under {root!r} were written by "
+                                  f"{found[0].rsplit('-', 1)[-1]} splits, the job now has {self.src.parallelism}: "
+                                  "eventual checkpoints cannot be rescaled (keep the parallelism, or start over in "
+                                  "new storage)")
+            if not found or self._new_run:
+                for path in found:
+                    try:
+                        layout.remove_side_file(path)
+                    except FileNotFoundError:  # another subtask of the new run was first
+                        pass
+                layout.write_side_file(mine, "")
+            if self._new_run:
+                for s in self._ids:
+                    OutputLog(f"{root}/{s}").discard()
             self._splits = [_Split(self.src, s, root, self._state.get(str(s), (0, 0, 0))) for s in self._ids]
             for s in self._splits:  # what the lost attempt handed over after the restored epoch, first
                 self._collect(s)
