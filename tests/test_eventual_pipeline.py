@@ -288,6 +288,5 @@ def test_sigkilled_cec_task_on_spark_recovers_from_footprints(tmp_path, spark):
     assert canon_rows(read_committed(out)) == oracle(items, assigner)
     reports = recoveries(f"{tmp_path}/ckpt/cec/eventual/sums")
     recovered = [r for r in reports if r["tc"] is not None]
-    print("recoveries:", recovered, "killed", killed, "attempts", result.attempts)
     assert recovered and any(r["n"] > 0 and r["extent"] >= r["n"] and r["position"][0] > 0 for r in recovered), \
         f"no recovery from footprints after an epoch's position: {reports}"
