@@ -1,6 +1,6 @@
 """The persisted output queue of one CEC operator on fsspec (``file://`` and plain paths,
-``memory://``, ``s3://`` — tested against moto on loopback): results and window checkpoints in one log, in timestamp order
-(seed 003 §II.B: "If a persistence mechanism is used to write the output queue to stable
+``memory://``, ``s3://`` — tested against moto on loopback): results and window checkpoints
+in one log, in timestamp order (seed 003 §II.B: "If a persistence mechanism is used to write the output queue to stable
 storage it should preserve timestamp order for all tuples produced by the operator"; "CEC
 benefits": one storage for output and state).
 

@@ -45,7 +45,6 @@ from epochal.eventual.operator_state import EventualWindows
 from epochal.eventual.records import Position, Result
 from epochal.eventual.recovery import construct
 from epochal.sources.base import Poll, Source, SourceReader, check_max_records
-from epochal.windows.functions import WindowResult
 
 __all__ = ["EventualWindowSource", "SeekableInput"]
 
