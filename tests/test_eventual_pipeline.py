@@ -233,6 +233,20 @@ def test_a_torn_newest_segment_recovers_from_the_previous_footprints(tmp_path):
     assert canon(before + rest) == oracle(items, assigner)
 
 
+# ------------------------------------------------------------------ in a job
+def test_a_job_on_the_local_runtime_commits_the_oracle(tmp_path):
+    """Through the engine (the task binds the job's checkpoint storage; the sink commits per
+    epoch what the CEC source handed over), failure-free: sliding windows, two splits. ~3 s."""
+    items, assigner = tuples(1500), WINDOWS["sliding"]
+    flow, results = job("loc", items, assigner, flush_every=100)
+    out = str(tmp_path / "out")
+    results.sink("out", ep.sinks.FileSink(out, format="jsonl"))
+    result = flow.run(runtime="local", checkpoint=ep.CheckpointConfig(interval=0.2, storage=f"file://{tmp_path}/ckpt"))
+    assert result.attempts == 1
+    assert canon_rows(read_committed(out)) == oracle(items, assigner)
+    assert len(recoveries(f"{tmp_path}/ckpt/loc/eventual/sums")) == 2  # one fresh start per split, in the storage
+
+
 # ------------------------------------------------------------------ on embedded Spark, SIGKILLed from outside
 class Throttle:
     """The input's timestamp function in the CEC task: leaves the task's pid in ``pid_dir`` and
