@@ -159,6 +159,22 @@ def test_unsupported_is_refused_at_build_naming_the_operator(case, match):
         windowed.aggregate("w", **({} if case == "columnar" else {"function": Sum()}), checkpoints=ep.Eventual())
 
 
+# ------------------------------------------------------------------ the input, replayed after T
+@pytest.mark.parametrize("splits", [1, 3, 7])
+def test_a_collection_replays_after_a_position_by_seeking(splits):
+    """Replay after T seeks a CollectionSource to the record after T (recovery reads the extent,
+    not the input from its start): the same records at the same positions as reading it all
+    and skipping, at any cut, with ties of timestamps and any number of splits."""
+    from epochal.eventual.source import ReadAll
+
+    items = [(i, i // 3) for i in range(100)]
+    replay = ReadAll(ep.sources.CollectionSource(items, num_splits=splits), lambda r: r[1], "window 'w'")
+    everything = list(replay.read_after(None))
+    assert [p.seq for _, p in everything] == list(range(100))
+    for cut in (0, 5, 33, 34, 98, 99):
+        assert list(replay.read_after(everything[cut][1])) == everything[cut + 1:]
+
+
 # ------------------------------------------------------------------ the reader, crashed at an epoch position
 @pytest.mark.parametrize("kind", sorted(WINDOWS))
 def test_reader_restarted_at_an_epoch_position_hands_over_each_result_once(tmp_path, kind):

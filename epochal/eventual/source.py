@@ -60,10 +60,11 @@ class SeekableInput(Protocol):
 
 
 class ReadAll:
-    """:class:`SeekableInput` over a finite, deterministic :class:`~epochal.sources.Source`
-    (e.g. :class:`~epochal.sources.CollectionSource`): read every split from the start in split
-    order; a record's position is ``(timestamp(record) in µs, its index)``. Seeking skips up to
-    the position (a sparse index by timestamp is the next step for large inputs).
+    """:class:`SeekableInput` over a finite, deterministic :class:`~epochal.sources.Source`: every
+    split in split order; a record's position is ``(timestamp(record) in µs, its index)``. A
+    :class:`~epochal.sources.CollectionSource` seeks to the index after the position (its splits
+    are contiguous runs of its items, so the index is the item's); any other source is read from
+    its start and skipped up to the position.
 
     Raises (while reading):
         DataError: timestamps going back (CEC needs its input in timestamp order), naming the
@@ -73,9 +74,19 @@ class ReadAll:
     def __init__(self, source: Source, timestamp: Callable[[Any], int], where: str):
         self.source, self.timestamp, self.where = source, timestamp, where
 
+    def _seek(self, position: Position | None) -> tuple[dict | None, int]:
+        """The reader state that starts at the record after ``position``, and its index."""
+        split_range = getattr(self.source, "split_range", None)
+        if position is None or split_range is None:
+            return None, 0
+        first = position.seq + 1
+        return {str(s): min(max(first, r.start), r.stop) for s in self.source.splits()
+                for r in (split_range(s),)}, first
+
     def read_after(self, position: Position | None) -> Iterator[tuple[Any, Position]]:
-        reader = self.source.create_reader(self.source.splits(), None)
-        seq, last = 0, None
+        state, seq = self._seek(position)
+        reader = self.source.create_reader(self.source.splits(), state)
+        last = None
         try:
             while True:
                 poll = reader.poll(4096)
