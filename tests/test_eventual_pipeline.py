@@ -320,3 +320,5 @@ def test_sigkilled_cec_task_on_spark_recovers_from_footprints(tmp_path, spark):
     recovered = [r for r in reports if r["tc"] is not None]
     assert recovered and any(r["n"] > 0 and r["extent"] >= r["n"] and r["position"][0] > 0 for r in recovered), \
         f"no recovery from footprints after an epoch's position: {reports}"
+    end = round(items[-1][1] * 1e6)
+    assert all(r["tc"][0] < end for r in recovered), f"the kill landed after the input's end: {recovered}"
