@@ -6,6 +6,7 @@ made fault tolerant by asynchronous epoch snapshots (Carbone et al.; see README)
 from epochal import columnar, coprocess, joins, sinks, sources, testing, time, windows
 from epochal.config import ChannelConfig, CheckpointConfig, ClusterConfig, Guarantee, MetricsConfig, RestartStrategy
 from epochal.dataflow import Dataflow, KeyedStream, Stream
+from epochal.eventual.pipeline import Eventual
 from epochal.errors import (CheckpointStorageError, ConfigError, EpochalError, JobFailedError, OperatorError,
                             PipelineDefinitionError, SavepointError)
 from epochal.operators.base import DeadLetter
@@ -18,7 +19,7 @@ __version__ = "0.2.0.dev0"
 
 __all__ = [
     "ChannelConfig", "CheckpointConfig", "CoProcessFunction", "KeyedCoProcessFunction", "coprocess", "joins", "ClusterConfig", "CheckpointStorageError", "ConfigError", "Dataflow", "DeadLetter",
-    "EpochalError",
+    "EpochalError", "Eventual",
     "Guarantee", "JobFailedError", "MetricsConfig", "KeyedProcessFunction", "KeyedStream", "OperatorError",
     "PipelineDefinitionError", "Autonomous", "Region", "RestartStrategy", "SavepointError", "StateTtl", "Stream", "columnar", "sinks", "sources", "state",
     "testing", "time", "windows", "warm_up",

@@ -23,6 +23,7 @@ from epochal.columnar import time as _columnar_time  # noqa: F401
 from epochal.columnar import windows as _columnar_windows  # noqa: F401
 from epochal.coprocess import api as _coprocess_api  # noqa: F401  (registers Stream.connect's builder)
 from epochal.errors import PipelineDefinitionError
+from epochal.eventual import pipeline as _eventual_pipeline  # noqa: F401  (registers aggregate(checkpoints=Eventual))
 from epochal.graph import FORWARD, Input, Node, NodeKind
 from epochal.loops import api as _loops_api  # noqa: F401  (registers Stream.iterate's builder)
 from epochal.streams import KeyedStream, Stream, ValueKey, check_name, check_parallelism
@@ -101,6 +102,15 @@ class Dataflow:
             )
         self._nodes[node.name] = node
         return node
+
+    def remove_unread(self, name: str):
+        """Drop operator ``name`` if no operator reads it, with its region annotation; returns
+        that annotation (``None``: none, or the operator is read and stays). For a feature that
+        takes over its upstream (eventual checkpoints read their source themselves)."""
+        if any(inp.node == name for node in self._nodes.values() for inp in node.inputs):
+            return None
+        self._nodes.pop(name, None)
+        return self._regions.pop(name, None)
 
     def _annotate_region(self, node: str, region) -> None:
         from epochal.regions.api import annotate

@@ -19,7 +19,7 @@ from epochal.errors import PipelineDefinitionError
 from epochal.graph import FORWARD, Input, Node, NodeKind, PartitionKind, Partitioning
 
 __all__ = ["KeyedStream", "Stream", "ValueKey", "check_callable", "check_name", "check_parallelism",
-           "register_builder"]
+           "builder", "register_builder"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _API = {"hash": "key_by", "rebalance": "rebalance", "broadcast": "broadcast", "forward": "forward"}
@@ -39,6 +39,12 @@ def register_builder(operation: str):
         _BUILDERS[operation] = builder
         return builder
     return register
+
+
+def builder(operation: str) -> Callable:
+    """The builder registered for ``operation`` (for features that extend another's API, e.g.
+    ``window(...).aggregate(checkpoints=...)``)."""
+    return _BUILDERS[operation]
 
 
 class Stream:

@@ -129,7 +129,8 @@ class ColumnWindowedStream:
         self._ttl = ttl
 
     def aggregate(self, name: str, *, parallelism: int | None = None, budget_bytes: int = 64 << 20,
-                  queryable: bool = False, local: bool = False, **aggregations) -> "ColumnWindowOutput":
+                  queryable: bool = False, local: bool = False, checkpoints=None,
+                  **aggregations) -> "ColumnWindowOutput":
         """One row per key and window: ``aggregate("w", n=count(), total=sum("v"))``.
         ``queryable=True`` is refused: windows of batches are not queryable yet.
 
@@ -143,6 +144,10 @@ class ColumnWindowedStream:
         from epochal.columnar.aggregates import Aggregation
 
         keyed, assigner, where = self._keyed, self._assigner, f"window {name!r}"
+        if checkpoints is not None:  # eventual checkpoints (epochal.eventual) are on the record path
+            raise PipelineDefinitionError(
+                f"{where}: eventual checkpoints work on records, not Arrow batches: use to_records(...) before "
+                "key_by, then window(...).aggregate(name, AggregateFunction, checkpoints=ep.Eventual(...))")
         if queryable is not False:
             raise PipelineDefinitionError(
                 f"{where}: windows of Arrow batches are not queryable yet; for queryable windows use "

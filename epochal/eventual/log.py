@@ -1,6 +1,6 @@
 """The persisted output queue of one CEC operator on fsspec (``file://`` and plain paths,
-``memory://``; ``s3://`` later): results and window checkpoints in one log, in timestamp order
-(seed 003 §II.B: "If a persistence mechanism is used to write the output queue to stable
+``memory://``, ``s3://`` — tested against moto on loopback): results and window checkpoints
+in one log, in timestamp order (seed 003 §II.B: "If a persistence mechanism is used to write the output queue to stable
 storage it should preserve timestamp order for all tuples produced by the operator"; "CEC
 benefits": one storage for output and state).
 
@@ -186,6 +186,61 @@ class OutputLog:
             frames.append(records)
             offset = end
         return frames, offset, False
+
+    def frames_after(self, index: int, offset: int) -> Iterator[tuple[int, int, int, list[Record]]]:
+        """``(segment index, frame start, frame end, records)`` of every durable frame from byte
+        ``offset`` of segment ``index`` on (later segments from their start), in log order. A
+        torn tail ends its segment (it is final once a newer segment exists, and is read again
+        from the same byte while it is the newest, as in :class:`ResultReader`)."""
+        for segment in self.segments():
+            if segment.index < index:
+                continue
+            start = offset if segment.index == index else 0
+            try:
+                data = self._fs.cat_file(segment.path)
+            except OSError as exc:
+                raise CheckpointStorageError(f"output log {self.url!r}: cannot read {segment.path}: {exc}") from exc
+            while start < len(data):
+                records, end, why = decode_frame(data, start, self._key)
+                if why == "torn":
+                    self.torn_frames += 1
+                    break
+                if why:
+                    raise CheckpointStorageError(f"output log {self.url!r}: segment {segment.path} is corrupt: {why}")
+                yield segment.index, start, end, records
+                start = end
+
+    def discard(self) -> None:
+        """Delete every segment and side file: the log starts over (a new run of the job, not
+        a recovery). Not for a log anyone may still recover from."""
+        try:
+            names = self._fs.ls(self._root, detail=False)
+        except FileNotFoundError:
+            names = []
+        for path in names:
+            self._fs.rm_file(path)
+        self._next_index = 0
+        self._buffer.clear()
+        self._buffered = 0
+        self._buffer_last = None
+
+    def write_side_file(self, name: str, text: str) -> None:
+        """Write a small file beside the segments (never read as a segment): e.g. a recovery
+        report."""
+        with self._fs.open(f"{self._root}/{name}", "w") as f:
+            f.write(text)
+
+    def remove_side_file(self, path: str) -> None:
+        """Delete a file :meth:`side_files` listed."""
+        self._fs.rm_file(path)
+
+    def side_files(self, prefix: str) -> list[str]:
+        """The paths of the files beside the segments whose name starts with ``prefix``, sorted."""
+        try:
+            names = self._fs.ls(self._root, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(p for p in names if p.rstrip("/").rsplit("/", 1)[-1].startswith(prefix))
 
     def frames_backward(self) -> Iterator[list[Record]]:
         """Every durable frame, newest first (each frame's records in their written order)."""

@@ -344,8 +344,14 @@ class EventualWindows:
     def background(self) -> list[Footprint]:
         """The background path: the scheduler's choice of Gchecks, oldest τ2 first, charged
         to its budget with the time they took by the clock."""
-        if self.scheduler is None or self._filter is not None or self._tnow is None:
+        if self.scheduler is None or self._filter is not None or self._tnow is None or not self._open:
             return []
+        s, oldest = self.scheduler, next(iter(self._open.values())).tau2.ts
+        if oldest >= self._tnow.ts:
+            return []  # every footprint is current
+        if ((s.policy.max_extent is None or self._tnow.ts - oldest < s.policy.max_extent)
+                and s.allowance() < max(s.cost(), 1e-9)):
+            return []  # nothing due, nothing affordable: what choose() would answer, without the scan
         started = self._clock()
         chosen = self.scheduler.choose(((wid, w.tau2.ts) for wid, w in self._by_footprint()), self._tnow.ts)
         records = self.checkpoint(chosen)

@@ -3,8 +3,8 @@ background paths — over a replayable source and its persisted output queue (se
 "In terms of execution paths we distinguish between foreground, background, and recovery.
 All processing is performed in the main thread of the operator").
 
-Internal: the seam the engine integration will use (see :mod:`epochal.eventual`); nothing
-of the engine is imported, and nothing of the engine calls it yet.
+Internal: the protocol tests' driver, with no engine around it; in a job the same loop runs
+inside :class:`~epochal.eventual.source.EventualReader`, a poll at a time.
 
 One call of :func:`run_eventual` is one attempt of the operator::
 

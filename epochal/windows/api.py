@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from epochal.errors import PipelineDefinitionError
 from epochal.graph import FORWARD, Input, NodeKind
-from epochal.streams import Stream, register_builder
+from epochal.streams import Stream, builder, register_builder
 from epochal.time.units import duration_micros
 from epochal.windows.assigners import Session, Sliding, Tumbling
 from epochal.windows.functions import (
@@ -70,12 +70,20 @@ class WindowedStream:
         return self._build(name, ReduceCombiner(fn), parallelism, queryable)
 
     def aggregate(self, name: str, function: AggregateFunction, *, parallelism: int | None = None,
-                  queryable: bool = False) -> "WindowOutput":
+                  queryable: bool = False, checkpoints=None) -> "WindowOutput":
         """One accumulator per window (:class:`~epochal.windows.AggregateFunction`).
-        ``queryable``: as in :meth:`reduce` (a window reads as ``function.result(acc)``)."""
+        ``queryable``: as in :meth:`reduce` (a window reads as ``function.result(acc)``).
+        ``checkpoints``: ``epochal.Eventual(...)`` checkpoints each window on its own schedule
+        in the operator's persisted output instead of epoch snapshots (seed 003,
+        docs/eventual.md); then a plain :class:`~epochal.Stream` of results is returned."""
         if not isinstance(function, AggregateFunction):
             raise PipelineDefinitionError(f"window aggregate {name!r}: expected an epochal.windows.AggregateFunction "
                                           f"instance, got {type(function).__name__}")
+        if checkpoints is not None:
+            if queryable:
+                raise PipelineDefinitionError(f"window {name!r}: queryable windows with eventual checkpoints are not "
+                                              "supported; drop one of the two")
+            return builder("eventual.window")(self, name, function, checkpoints, parallelism)
         return self._build(name, AggregateCombiner(function), parallelism, queryable)
 
     def process(self, name: str, fn: Callable, *, parallelism: int | None = None,
