@@ -263,6 +263,31 @@ def test_a_job_on_the_local_runtime_commits_the_oracle(tmp_path):
     assert len(recoveries(f"{tmp_path}/ckpt/loc/eventual/sums")) == 2  # one fresh start per split, in the storage
 
 
+def test_a_signed_job_signs_its_logs_and_refuses_a_frame_planted_without_the_key(tmp_path):
+    """With ``signing_key``, the tasks sign every log frame with the key derived for task logs
+    (``AttemptSpec.log_key``, never the signing key itself): the logs read back with it, and a
+    reader without it (what someone who can only write the storage has) is refused before any
+    frame is unpickled. Failed before the attempt carried the key (frames unkeyed)."""
+    from epochal.backends.signing import derived_key
+    from epochal.errors import CheckpointStorageError
+    from epochal.eventual.log import OutputLog
+
+    key = b"k" * 32
+    items, assigner = tuples(600), WINDOWS["tumbling"]
+    flow, results = job("sig", items, assigner, flush_every=100)
+    out = str(tmp_path / "out")
+    results.sink("out", ep.sinks.FileSink(out, format="jsonl"))
+    flow.run(runtime="local", checkpoint=ep.CheckpointConfig(interval=0.2, storage=f"file://{tmp_path}/ckpt",
+                                                              signing_key=key))
+    assert canon_rows(read_committed(out)) == oracle(items, assigner)
+    split = f"file://{tmp_path}/ckpt/sig/eventual/sums/0"
+    signed = OutputLog(split, key=derived_key(key, "task-logs"))
+    assert signed.segments() and sum(len(signed.read_segment(s)) for s in signed.segments()) > 0
+    with pytest.raises(CheckpointStorageError, match="corrupt"):
+        unkeyed = OutputLog(split)
+        unkeyed.read_segment(unkeyed.segments()[0])
+
+
 # ------------------------------------------------------------------ on embedded Spark, SIGKILLed from outside
 class Throttle:
     """The input's timestamp function in the CEC task: leaves the task's pid in ``pid_dir`` and

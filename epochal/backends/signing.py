@@ -29,7 +29,7 @@ import hashlib
 import hmac
 import json
 
-__all__ = ["ALGORITHM", "MIN_KEY_BYTES", "key_bytes", "sign", "verify"]
+__all__ = ["ALGORITHM", "MIN_KEY_BYTES", "derived_key", "key_bytes", "sign", "verify"]
 
 ALGORITHM = "hmac-sha256"
 SIGNATURE = "signature"
@@ -50,6 +50,15 @@ def key_bytes(key: bytes | str) -> bytes:
         raise ValueError(f"a signing key must have at least {MIN_KEY_BYTES} bytes, got {len(key)} "
                          "(e.g. secrets.token_bytes(32))")
     return bytes(key)
+
+
+def derived_key(key: bytes | str | None, purpose: str) -> bytes | None:
+    """A key for one ``purpose`` (e.g. ``"task-logs"``) derived from the job's signing key:
+    HMAC-SHA256(key, "epochal/<purpose>"). Tasks get the derived key, never the signing key,
+    so what they can sign cannot pass for a signed ``_metadata``. ``None`` for ``None``; pure."""
+    if key is None:
+        return None
+    return hmac.new(key_bytes(key), f"epochal/{purpose}".encode(), hashlib.sha256).digest()
 
 
 def _key_id(key: bytes) -> str:

@@ -146,9 +146,9 @@ class _Split:
     """One split: its operator, log, input and hand-over cursor (``index``, ``offset``: the next
     frame to hand over; ``skip``: that frame's results already handed over)."""
 
-    def __init__(self, src: EventualWindowSource, split: int, root: str, position):
+    def __init__(self, src: EventualWindowSource, split: int, root: str, position, key: bytes | None = None):
         self.split = split
-        self.log = OutputLog(f"{root}/{split}")
+        self.log = OutputLog(f"{root}/{split}", key=key)
         self.index, self.offset, self.skip = (int(x) for x in position)
         self.committed = self.index  # segments below it may go: a completed epoch read past them
         # the recovery path (seed 003 §II.B "Constructing an EC"): N footprints back, T = the oldest
@@ -174,15 +174,21 @@ class EventualReader(SourceReader):
     def __init__(self, src: EventualWindowSource, split_ids: list[int], state: dict):
         self.src, self._ids, self._state = src, split_ids, state
         self._root = None if src.storage is None else src.storage.rstrip("/")
+        self._key: bytes | None = None  # bind_storage
         self._splits: list[_Split] | None = None
         self._pending: deque = deque()  # (WindowResult, split, its position)
         self._turn = 0
         self._new_run = False
 
-    def bind_storage(self, url: str, job: str, generation: int = 0) -> None:
+    def bind_storage(self, url: str, job: str, generation: int = 0, key: bytes | None = None) -> None:
         """The task binds the job's checkpoint storage before the first poll (logs go to
         ``<storage>/<job>/eventual/<operator>/<split>/``), and the attempt: a first attempt
-        restoring no epoch is a new run, whose logs start over."""
+        restoring no epoch is a new run, whose logs start over.
+
+        ``key`` signs and checks every log frame (``AttemptSpec.log_key``, derived from the
+        job's ``CheckpointConfig.signing_key``): with it, a frame planted in the storage by
+        someone without the key is refused before anything in it is unpickled."""
+        self._key = key
         if self._root is None:
             self._root = f"{url.rstrip('/')}/{job}"
         self._new_run = generation == 0 and not self._state
@@ -212,7 +218,7 @@ class EventualReader(SourceReader):
             if self._new_run:
                 for s in self._ids:
                     OutputLog(f"{root}/{s}").discard()
-            self._splits = [_Split(self.src, s, root, self._state.get(str(s), (0, 0, 0))) for s in self._ids]
+            self._splits = [_Split(self.src, s, root, self._state.get(str(s), (0, 0, 0)), self._key) for s in self._ids]
             for s in self._splits:  # what the lost attempt handed over after the restored epoch, first
                 self._collect(s)
         return self._splits

@@ -19,6 +19,7 @@ import time
 
 import cloudpickle
 
+from epochal.backends.signing import derived_key
 from epochal.backends.storage import CheckpointStorage, referenced_bytes
 from epochal.config import MetricsConfig
 from epochal.epochs.history import EpochHistory
@@ -511,7 +512,8 @@ class JobDriver:
                               self.url, self.faults, bind, self.backend, tls, self.metrics_config.interval,
                               self.peer_timeout, storage_retry=self.storage.retry.deadline,
                               inline_state=self.checkpoint.inline_state, lineage=self.lineage,
-                              query_key=query_key(self.query_token), query_tls=self.query_tls)
+                              query_key=query_key(self.query_token), query_tls=self.query_tls,
+                              log_key=derived_key(self.storage.signing_key, "task-logs"))
         payload = cloudpickle.dumps(attempt)
         units = LaunchUnits(self, server, attempt)  # one per failover region, relaunched alone
         entry["launched_s"] = time.monotonic() - t0

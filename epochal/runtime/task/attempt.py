@@ -59,3 +59,7 @@ class AttemptSpec:
     #: wire key of the job's query connections (epochal.query.protocol.query_key); ``None``: no queries
     query_key: bytes | None = field(default=None, repr=False)
     query_tls: object = field(default=None, repr=False)  # TLSMaterial of the job's queries, or None
+    #: signs what tasks write to checkpoint storage and later unpickle (the eventual-checkpoint
+    #: logs): derived from CheckpointConfig.signing_key (epochal.backends.signing.derived_key),
+    #: the same in every generation; ``None`` when the job's checkpoints are unsigned
+    log_key: bytes | None = field(default=None, repr=False)

@@ -268,7 +268,8 @@ class Task(ReadSteps, BarrierSteps, QuerySteps):
                 subtask=self.spec.subtask, parallelism=self.spec.parallelism,
             )
             if hasattr(self.reader, "bind_storage"):  # readers that keep logs there (epochal.eventual)
-                self.reader.bind_storage(self.attempt.storage_url, self.plan.job, self.attempt.generation)
+                self.reader.bind_storage(self.attempt.storage_url, self.plan.job, self.attempt.generation,
+                                         self.attempt.log_key)
         self._send(("running", self.spec.id, {"setup_s": time.monotonic() - t_setup, "restore_s": restore_s}))
         self._serve_queries(restore)
         self.chain.after_batch()  # a restored watermark generator resumes event time first
