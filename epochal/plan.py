@@ -256,12 +256,14 @@ def compile_plan(flow) -> PhysicalPlan:
     tasks = []
     for head in heads:
         chain = chain_of[head.name]
+        # a source's splits, asked once per source (once per subtask made planning quadratic
+        # in the parallelism: 19 s at 10,000 tasks, issue 50); subtask s reads every p-th one
+        all_splits = list(head.payload.splits()) if head.kind == NodeKind.SOURCE else []
         for s in range(head.parallelism):
             tid = task_id(head.name, s)
             splits = ()
             if head.kind == NodeKind.SOURCE:
-                all_splits = list(head.payload.splits())
-                splits = tuple(sp for k, sp in enumerate(all_splits) if k % head.parallelism == s)
+                splits = tuple(all_splits[s::head.parallelism])
             keyed = any(nodes[n].is_keyed for n in chain)
             kgs = key_group_range(s, head.parallelism, flow.max_parallelism) if keyed else range(0)
             ins = inputs_of.get(tid, [])
