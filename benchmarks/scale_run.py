@@ -150,9 +150,32 @@ class Sampler(threading.Thread):
             self.stop.wait(self.period)
 
 
+class LoopProfile:
+    """cProfile of the coordinator's loop thread (``CoordinatorServer._loop``) while active."""
+
+    def __init__(self):
+        import cProfile
+
+        from epochal.runtime.driver.coordinator_server import CoordinatorServer
+
+        self.cls, self.original = CoordinatorServer, CoordinatorServer._loop
+        self.profile = cProfile.Profile()
+        profile, original = self.profile, self.original
+        CoordinatorServer._loop = lambda server: profile.runcall(original, server)
+
+    def report(self, top: int = 25) -> str:
+        import io
+        import pstats
+
+        self.cls._loop = self.original
+        out = io.StringIO()
+        pstats.Stats(self.profile, stream=out).sort_stats("tottime").print_stats(top)
+        return out.getvalue()
+
+
 def run_once(n: int, interval: float, *, epochs: int, delay: float, jitter: float, processes: int,
              state: str = "file", state_bytes: int = 1024, fail: dict | None = None, root: str | None = None,
-             connect_parallel: int = 8, timeout: float = 900.0, seed: int = 7) -> dict:
+             connect_parallel: int = 8, timeout: float = 900.0, seed: int = 7, profile: bool = False) -> dict:
     """One run (module docstring); ``fail``: ``{task index: epoch offset}`` of scheduled failures;
     ``root``: where checkpoints and output go (``None``: a temporary directory, removed after)."""
     logging.getLogger("epochal").setLevel(logging.WARNING)
@@ -160,7 +183,7 @@ def run_once(n: int, interval: float, *, epochs: int, delay: float, jitter: floa
         with tempfile.TemporaryDirectory(prefix="epochal-scale-") as tmp:
             return run_once(n, interval, epochs=epochs, delay=delay, jitter=jitter, processes=processes, state=state,
                             state_bytes=state_bytes, fail=fail, root=tmp, connect_parallel=connect_parallel,
-                            timeout=timeout, seed=seed)
+                            timeout=timeout, seed=seed, profile=profile)
     out_dir = tempfile.mkdtemp(prefix="epochal-scale-out-", dir=root)
     load_start = os.getloadavg()
     t_plan = time.monotonic()
@@ -169,6 +192,7 @@ def run_once(n: int, interval: float, *, epochs: int, delay: float, jitter: floa
     settings = {"delay": delay, "jitter": jitter, "epochs": epochs, "state": state, "state_bytes": state_bytes,
                 "fail": dict(fail or {}), "seed": seed, "connect_parallel": connect_parallel, "first_epoch": 1}
     launcher = SimLauncher(processes, settings)
+    loop_profile = LoopProfile() if profile else None
     checkpoint = ep.CheckpointConfig(interval=interval, storage=f"file://{root}/ckpt", signing_key=SIGNING_KEY,
                                      timeout=max(120.0, 20 * interval), retained=2)
     t0 = time.monotonic()
@@ -188,6 +212,8 @@ def run_once(n: int, interval: float, *, epochs: int, delay: float, jitter: floa
         stats = launcher.collect()
         launcher.stop()
     wall_s = time.monotonic() - t0
+    if loop_profile is not None:
+        print(loop_profile.report(), file=sys.stderr)
     merged = merge_epochs(stats)
     overheads = epoch_overheads(merged, n)
     history = result.completed_epochs
