@@ -76,15 +76,17 @@ def growth(runs: list[dict]) -> dict:
     return out
 
 
-def seconds_to_epochs(seconds: float, interval: float) -> int:
-    return max(4, min(40, int(round(seconds / interval))))
+def seconds_to_epochs(seconds: float, interval: float, n: int) -> int:
+    """Epochs of one run: ``seconds / interval``, at least 4, at most 40 (12 from 1,000 tasks
+    on: their epochs outlast short intervals, and the run must end)."""
+    return max(4, min(40 if n < 1000 else 12, int(round(seconds / interval))))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", default="10,100,1000")
     ap.add_argument("--intervals", default="0.1,1,10")
-    ap.add_argument("--seconds", type=float, default=15.0, help="run length per point (epochs = seconds / interval, 4..40)")
+    ap.add_argument("--seconds", type=float, default=15.0, help="run length per point (epochs = seconds / interval, 4..40; 12 at most from 1,000 tasks)")
     ap.add_argument("--delay", type=float, default=0.02, help="each task's ack delay per epoch (s)")
     ap.add_argument("--jitter", type=float, default=0.5)
     ap.add_argument("--state", choices=("file", "inline"), default="file")
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
     if args.smoke:
         points = [(10, 0.1, 10)]
     else:
-        points = [(int(n), float(i), seconds_to_epochs(args.seconds, float(i)))
+        points = [(int(n), float(i), seconds_to_epochs(args.seconds, float(i), int(n)))
                   for n in args.tasks.split(",") for i in args.intervals.split(",")]
     runs = []
     for n, interval, epochs in points:

@@ -21,7 +21,7 @@ Figures of a run (seconds unless named otherwise):
   ``compatibility.enforce`` — timed after the job ended, on its checkpoints;
 * ``failover``: a task failing on schedule restarts its region alone: ``down_s`` (failure →
   its region said hello again) and ``running_s`` (→ running) from the driver's failover log;
-* ``dashboard_ms``: ``GET /api/state`` response times.
+* ``dashboard_ms``: ``GET /api/state`` response times, polled every 2 s as the page does.
 
 ``os.getloadavg()`` is recorded at the start and end of every run: on a shared machine the
 figures are taken under whatever load it carries.
@@ -105,7 +105,7 @@ def epoch_overheads(merged: dict[int, dict], n: int) -> dict[int, dict]:
 class Sampler(threading.Thread):
     """Polls the driver (every ``period``): its RSS, the completed epochs, the dashboard."""
 
-    def __init__(self, driver, window: tuple[int, int], period: float = 0.05, dashboard_every: float = 1.0):
+    def __init__(self, driver, window: tuple[int, int], period: float = 0.05, dashboard_every: float = 2.0):
         super().__init__(name="scale-sampler", daemon=True)
         self.driver, self.window, self.period, self.dashboard_every = driver, window, period, dashboard_every
         self.rss: list[int] = []
