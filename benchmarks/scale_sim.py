@@ -29,6 +29,7 @@ from __future__ import annotations
 import heapq
 import os
 import pickle
+import queue
 import random
 import struct
 import subprocess
@@ -182,13 +183,26 @@ class Figures:
 
 
 class Scheduler:
-    """One thread sending every due acknowledgement of this process (a heap of deadlines)."""
+    """Runs every due acknowledgement of this process (a heap of deadlines): one thread
+    waits for the next deadline and hands it to ``workers`` threads, which write the state
+    files (each an fsync) and send the acks in parallel, as tasks on their own hosts would."""
 
-    def __init__(self):
+    def __init__(self, workers: int = 32):
         self._heap: list = []
         self._cond = threading.Condition()
         self._seq = 0
+        self._due: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._run, name="acks", daemon=True).start()
+        for k in range(workers):
+            threading.Thread(target=self._work, name=f"ack-worker-{k}", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            fn = self._due.get()
+            try:
+                fn()
+            except Exception:
+                pass  # the task's connection went; its reader notices
 
     def at(self, t: float, fn) -> None:
         with self._cond:
@@ -202,10 +216,7 @@ class Scheduler:
                 while not self._heap or self._heap[0][0] > time.monotonic():
                     self._cond.wait(None if not self._heap else max(0.0, self._heap[0][0] - time.monotonic()))
                 _, _, fn = heapq.heappop(self._heap)
-            try:
-                fn()
-            except Exception:
-                pass  # the task's connection went; its reader notices
+            self._due.put(fn)
 
 
 class SimTask:
@@ -315,7 +326,7 @@ class Simulator:
         self.out = out
         self.out_lock = threading.Lock()
         self.figures = Figures()
-        self.scheduler = Scheduler()
+        self.scheduler = Scheduler(settings.get("ack_workers", 32))
         self.connecting = threading.BoundedSemaphore(settings["connect_parallel"])
         self.tasks: dict[int, list[SimTask]] = {}
         self.first_generation = None
