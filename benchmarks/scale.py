@@ -51,6 +51,11 @@ FIGURES = {
 }
 
 
+NOTE = ("taken under the load recorded per run (load_start / load_end: os.getloadavg()); the simulated tasks run on "
+        "the same 2 cores as the driver. Runs with ack_workers=1 are from the first sweep, whose simulator sent every "
+        "ack of a process from one thread behind each state file's fsyncs: their task_work_max is that queue, not the "
+        "configured delay (the overhead figures subtract it); ack_workers=32 runs write and send in parallel")
+
 #: what the profiles showed (cProfile of the coordinator's loop thread, 1,000 tasks, 1 s
 #: epochs, 9 completions, load ~19 on 2 cores), kept beside the curves they explain
 FINDINGS = {
@@ -75,8 +80,11 @@ FINDINGS = {
         "kept _metadata again (storage.load_metadata per chk directory)",
         "the completion is broadcast by one sendall per task on the loop thread (TLS records, ~0.13 ms each): "
         "linear, 1.3 s per epoch at 10,000 tasks",
-        "start-up: every task's pinned-TLS + HMAC handshake runs on its own driver thread; 1,000 tasks took 49 s "
-        "to connect under load ~19 (connected_s); a failover region of one task rejoins in ~0.1-0.2 s",
+        "start-up: every task's pinned-TLS + HMAC handshake runs on its own driver thread (and every connection keeps "
+        "one reading thread in the driver for the job's life); 1,000 tasks took 62-199 s to connect under load ~31 "
+        "(connected_s; growth about linear); 5,000 tasks were not measured: under load ~28 they connected at about one "
+        "per second (416 after 7 min, every process at 2-3 % CPU), so the run was stopped; a failover region of one "
+        "task rejoins in 0.1-0.9 s",
     ],
 }
 
@@ -149,8 +157,7 @@ def main(argv=None) -> int:
               f" ({time.monotonic() - t0:.0f} s)", flush=True)
     doc = {"benchmark": "scale", "issue": 50, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                                           "platform": platform.platform()},
-           "note": "taken under the load recorded per run (load_start / load_end: os.getloadavg()); the simulated "
-                   "tasks run on the same cores as the driver",
+           "note": NOTE,
            "settings": {k: v for k, v in vars(args).items() if k not in ("out", "append")},
            "findings": FINDINGS,
            "runs": runs, "growth": growth(runs)}

@@ -237,7 +237,7 @@ def run_once(n: int, interval: float, *, epochs: int, delay: float, jitter: floa
     sim_cpu = sum(p["cpu_s"] for p in stats)
     return {
         "n": n, "interval_s": interval, "epochs": epochs, "delay_s": delay, "jitter": jitter, "state": state,
-        "state_bytes": state_bytes, "processes": processes, "ok": not result.failures or bool(result.failovers),
+        "state_bytes": state_bytes, "processes": processes, "ack_workers": 32, "ok": not result.failures or bool(result.failovers),
         "attempts": result.attempts, "whole_attempts": len(result.attempt_timeline), "completed_epochs": len(history),
         "load_start": load_start, "load_end": os.getloadavg(), "wall_s": wall_s, "plan_compile_s": plan_s,
         "connected_s": (driver.timeline[0].get("connected_s") if driver.timeline else None),
