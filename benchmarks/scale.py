@@ -46,6 +46,7 @@ FIGURES = {
     "restore_plan_s": lambda r: r["restore_plan_s"],
     "failover_running_s": lambda r: r["failovers"][0]["running_s"] if r["failovers"] else None,
     "dashboard_p50_ms": lambda r: r["dashboard_ms"]["p50"],
+    "dashboard_bytes": lambda r: r["dashboard_bytes"],
     "plan_compile_s": lambda r: r["plan_compile_s"],
     "connected_s": lambda r: r["connected_s"],
 }
