@@ -35,19 +35,32 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
               runtime: str = "spark", spark=None, resume: bool = False, faults=(),
               backend="heap", cluster: ClusterConfig | None = None,
               allow_non_restored_state: bool = False, metrics: MetricsConfig | None = None,
-              restore_from: str | None = None) -> JobHandle:
+              restore_from: str | None = None, launcher=None) -> JobHandle:
     """Validate everything that can be validated before any task starts, then start.
 
     ``restore_from``: a savepoint, a ``chk-<epoch>`` directory or a job's checkpoint
     directory (its newest checkpoint). It is checked against the dataflow like any restore
     (:mod:`epochal.runtime.driver.compatibility`), then copied into this job's checkpoint storage
     — which must hold no completed checkpoint — as its first checkpoint, and the job
-    starts from it (:func:`epochal.state.savepoint.import_checkpoint`)."""
+    starts from it (:func:`epochal.state.savepoint.import_checkpoint`).
+
+    ``launcher``: a :class:`~epochal.runtime.launch.launcher.Launcher` that runs the tasks
+    instead of the runtime's own (with ``runtime="local"`` only; the driver is unchanged):
+    the seam through which ``benchmarks/scale`` drives the real driver with simulated tasks.
+    Its ``is_cluster`` decides the secure defaults as on a cluster (encryption, signing).
+
+    Raises:
+        ConfigError: ``launcher`` with another runtime than ``"local"``, or not a Launcher."""
+    if launcher is not None:
+        _check_launcher(launcher, runtime)
     if runtime == "spark" and spark is None:  # the JVM boots while the job is planned and checked
         from epochal.runtime.launch.spark import start_local_session
 
         start_local_session()
     parts = layout_of(flow)
+    if len(parts) > 1 and launcher is not None:
+        raise ConfigError("launcher: a job of several regions runs one driver per region; a launcher of your own "
+                          "runs a job of one region only")
     if len(parts) > 1:  # one driver per region (seed 000 §3.1)
         from epochal.runtime.driver.regions import start_regions
 
@@ -79,9 +92,7 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
         from epochal.runtime.launch.spark import SparkLauncher
 
         launcher = SparkLauncher(spark, len(plan.tasks), cluster)
-    else:
-        launcher = None
-    if launcher is not None and launcher.is_cluster:
+    if runtime == "spark" and launcher.is_cluster:
         from epochal.runtime.launch.cluster import check_storage_visible_from_every_host
 
         check_storage_visible_from_every_host(plan, checkpoint.storage, cluster.shared_paths, launcher.master)
@@ -113,6 +124,17 @@ def start_job(flow, *, guarantee="exactly-once", checkpoint: CheckpointConfig | 
     except BaseException:
         _release(holds)
         raise
+
+
+def _check_launcher(launcher, runtime: str) -> None:
+    """A launcher passed in (:func:`start_job`) runs the tasks of a local runtime only."""
+    from epochal.runtime.launch.launcher import Launcher
+
+    if runtime != "local":
+        raise ConfigError(f"launcher: a launcher of your own needs runtime='local', got runtime={runtime!r}")
+    if not isinstance(launcher, Launcher):
+        raise ConfigError(f"launcher: expected an epochal.runtime.launch.launcher.Launcher, "
+                          f"got {type(launcher).__name__}")
 
 
 def _region_settings(region, guarantee, checkpoint, restart):
