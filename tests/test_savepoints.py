@@ -89,10 +89,13 @@ def slow_copies(monkeypatch, seconds: float = 0.6) -> None:
 
 def stop_midway(tmp_path, backend, savepoint_name="sp", interval=0.15, epochs=3):
     """Run the job until ``epochs`` epochs completed, then stop it with a savepoint
-    (``interval`` None: manual epochs 0.2 s apart, so the savepoint is epoch ``epochs + 1``)."""
+    (``interval`` None: manual epochs 0.2 s apart, so the savepoint is epoch ``epochs + 1``).
+    The source reads 100 lines/s per split, so the input lasts 12 s: a machine too busy to
+    complete ``epochs`` epochs before a faster input ran out made "stopped midway" fail; the
+    restored runs read the rest at the default rate."""
     out, storage = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "ckpt")
     url = str(tmp_path / savepoint_name)
-    handle = counting(out).start(runtime="local", backend=backend,
+    handle = counting(out, rate=100.0).start(runtime="local", backend=backend,
                                  checkpoint=ep.CheckpointConfig(interval=interval, storage=storage, inline_state=0))
     deadline = time.monotonic() + 60
     while len(handle.completed_epochs) < epochs:
@@ -177,8 +180,8 @@ def test_s3_savepoint_moved_to_another_bucket_restores(tmp_path, s3_env):
     copied to another bucket (by boto3, not epochal) and the originals deleted."""
     backend = BACKENDS["rocksdb-incremental"]
     out = unique_dir(tmp_path, "out")
-    handle = counting(out).start(runtime="local", backend=backend, checkpoint=ep.CheckpointConfig(
-        interval=0.15, storage=s3_env.fresh_url("ckpt")))
+    handle = counting(out, rate=100.0).start(runtime="local", backend=backend, checkpoint=ep.CheckpointConfig(
+        interval=0.15, storage=s3_env.fresh_url("ckpt")))  # input for 12 s: still running at the stop
     while len(handle.completed_epochs) < 3:
         assert handle.running
         time.sleep(0.02)
@@ -318,7 +321,7 @@ def test_savepoint_locations_are_checked(tmp_path):
 @pytest.mark.spark
 def test_stop_with_savepoint_on_spark_and_read_the_state_as_a_dataframe(tmp_path, spark):
     out, storage = unique_dir(tmp_path, "out"), "file://" + unique_dir(tmp_path, "ckpt")
-    handle = counting(out).start(runtime="spark", spark=spark,
+    handle = counting(out, rate=100.0).start(runtime="spark", spark=spark,
                                  checkpoint=ep.CheckpointConfig(interval=0.2, storage=storage))
     deadline = time.monotonic() + 120
     while len(handle.completed_epochs) < 3:
@@ -346,7 +349,7 @@ def test_a_savepoint_requested_from_another_process_stops_the_job_at_its_cut(tmp
 
     out, root = unique_dir(tmp_path, "out"), unique_dir(tmp_path, "ckpt")
     storage, url = "file://" + root, str(tmp_path / "sp-outside")
-    handle = counting(out).start(runtime="local", checkpoint=ep.CheckpointConfig(
+    handle = counting(out, rate=100.0).start(runtime="local", checkpoint=ep.CheckpointConfig(
         interval=0.15, storage=storage, requests_poll=0.2, savepoint_targets=[str(tmp_path)]))
     deadline = time.monotonic() + 60
     while len(handle.completed_epochs) < 2:
