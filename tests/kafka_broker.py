@@ -63,11 +63,15 @@ share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 transaction.max.timeout.ms=3600000
+transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 broker.heartbeat.interval.ms=500
 broker.session.timeout.ms=2000
 """
 
 
+# transaction.abort.timed.out.transaction.cleanup.interval.ms: how often the broker looks for
+# transactions open past their transaction.timeout.ms (10 s by default): a test of that abort
+# waits a second for it, not ten.
 # broker.session.timeout.ms: a broker restarted after SIGKILL registers again only once the
 # controller expired its old session (DuplicateBrokerRegistrationException until then): 9 s
 # by default, which made a restart take 12 s instead of 3-4 s.
