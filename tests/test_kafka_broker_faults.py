@@ -7,7 +7,9 @@ equals the plain-Python count, no transaction is left open, and the job recovere
   past its timeout, confluentinc/librdkafka#5456: the sink's commit watch notices);
 - the broker frozen (SIGSTOP) for longer than the clients' request timeout, then resumed;
 - a task hung (a user function blocking once) until the broker aborted the sink's open
-  transaction for ``transaction.timeout.ms``, then let go.
+  transaction for ``transaction.timeout.ms``, then let go;
+- a partition added to the input topic of a bounded read while it runs (named, not skipped
+  silently; an unbounded read picks it up: test_kafka.py).
 
 The tests share a broker of their own (the faults would disturb the session's)."""
 from __future__ import annotations
@@ -195,3 +197,36 @@ def test_a_task_hung_past_the_transaction_timeout_loses_nothing(own_broker, tmp_
     print(_summary("hung task", result, open_when_hung))
     assert committed_counts(broker, out) == running_counts(data.lines)
     assert broker.open_transactions(out) == {}
+
+
+def test_a_partition_added_to_a_bounded_read_is_named_not_silently_skipped(own_broker, tmp_path, capfd):
+    """A bounded job (stopping offsets) over a 2-partition topic; a third partition is added
+    and written while it runs. The job reads exactly what it started with (an unbounded
+    source would read the new partition: test_kafka.py's discovery test), and the reader that
+    would own the new partition warns, naming it and its records, as it finishes."""
+    broker = own_broker
+    src = broker.create_topic(None, 2)
+    out = broker.create_topic(None, 1)
+    lines = {p: [test_kafka.text(p, i) for i in range(300)] for p in range(3)}
+    for p in range(2):
+        broker.produce(src, lines[p][:150], partition=p)
+    stops = {(src, p): 300 for p in range(2)}
+    flow = ep.Dataflow("kafka-added-bounded", parallelism=2)
+    (flow.source("lines", KafkaSource(broker.servers, src, stopping_offsets=stops, deserializer=bytes.decode))
+         .flat_map("split", lambda r: r.value.split()).key_by(lambda w: w).process("count", test_kafka.Count())
+         .sink("out", KafkaSink(broker.servers, out, key=lambda r: r[0])))
+    handle = flow.start(runtime="local", checkpoint=checkpoint(tmp_path))
+    try:
+        _wait("checkpoint", lambda: handle.completed_epochs)
+        broker.add_partitions(src, 3)
+        broker.produce(src, lines[2], partition=2)
+        for p in range(2):  # the job cannot finish before the rest of its input is written
+            broker.produce(src, lines[p][150:], partition=p)
+        handle.wait(120)
+    except BaseException:
+        handle.cancel()
+        raise
+    logged = capfd.readouterr()
+    warnings = [line for line in (logged.out + logged.err).splitlines() if "were added after the job started" in line]
+    assert committed_counts(broker, out) == running_counts(lines[0] + lines[1])
+    assert len(warnings) == 1 and f"['{src}:2']" in warnings[0] and "300 record(s)" in warnings[0], warnings
