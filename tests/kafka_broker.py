@@ -362,8 +362,22 @@ def kafka_broker():
         pytest.skip(why)
     broker = start_broker()
     yield broker
-    gc.collect()  # clients the tests dropped close now, not after the broker is gone (each would log refusals)
+    _let_clients_go()
     broker.stop()
+
+
+def _let_clients_go(timeout: float = 10.0) -> None:
+    """Before the session broker stops: wait for the Kafka sinks' idle commit threads to exit
+    (epochal/connectors/kafka/committer.py: a thread holds its writer, and the writer its
+    producers and consumers), then collect, so the clients tests dropped close now — each one
+    still alive after the broker is gone logs "Connect ... refused" for as long as it lives."""
+    import threading
+
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if thread.name.startswith("kafka-commit-"):
+            thread.join(max(0.0, deadline - time.monotonic()))
+    gc.collect()
 
 
 if __name__ == "__main__":

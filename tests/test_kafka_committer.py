@@ -1,14 +1,20 @@
 """The Kafka sink's commit thread (epochal/connectors/kafka/committer.py) on its own, no broker:
 a commit call that never returns — what librdkafka's send_offsets_to_transaction does after a
 broker restart (confluentinc/librdkafka#5456, #5511) — is noticed within its limit, by the task
-thread's checks and by a drain, and the wedged thread is abandoned, not waited for."""
+thread's checks and by a drain, and the wedged thread is abandoned, not waited for. An idle
+thread exits, so a writer nobody released does not keep its Kafka clients alive (they kept
+reconnecting to the session broker after it stopped: ~440 "Connect ... refused" lines in 5 s
+per writer)."""
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 
 import pytest
 
+from epochal.connectors.kafka import committer
 from epochal.connectors.kafka.committer import CALL_GRACE_S, Committer, CommitWedged
 
 LIMIT_S = 0.3
@@ -84,3 +90,33 @@ def test_calls_within_their_limit_and_unwatched_work_are_not_wedged():
     assert c.drain(30)
     c.raise_if_failed()
     assert done == [1] and not c.wedged
+
+
+def test_an_idle_thread_exits_and_lets_its_writer_go(monkeypatch):
+    monkeypatch.setattr(committer, "IDLE_EXIT_S", 0.2)
+
+    class Writer:  # what the committer's join holds: the writer, and through it its clients
+        def __init__(self):
+            self.committer = Committer("test-commit", join=self.join)
+            self.done = []
+
+        def join(self, handles):
+            self.done.extend(handles)
+
+    w = Writer()
+    done = w.done
+    w.committer.submit("epoch-1", lambda: done.append("epoch-1"))
+    assert w.committer.drain(10)
+    first = w.committer._thread
+    assert first is not None
+    first.join(10)
+    assert not first.is_alive(), "the idle commit thread did not exit"
+    w.committer.submit("epoch-2", lambda: done.append("epoch-2"))  # a later commit starts another
+    assert w.committer.drain(10) and done == ["epoch-1", "epoch-2"]
+    second = w.committer._thread
+    if second is not None:
+        second.join(10)
+    ref = weakref.ref(w)
+    del w
+    gc.collect()
+    assert ref() is None, "something still holds the writer"

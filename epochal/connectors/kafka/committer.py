@@ -32,6 +32,11 @@ the coordinator request's timeout is never checked). The commit thread marks eac
 fails, the job restarts, and the next generation fences the wedged producer and commits
 the epoch from its checkpoint. The wedged thread is abandoned (a daemon; it runs no further
 commit).
+
+**Idle.** The thread exits after :data:`IDLE_EXIT_S` with nothing to commit and starts
+again with the next submit: a thread waiting for ever would hold the writer (its ``join``),
+and so the writer's producers and consumers, for as long as the process lives — a writer
+nobody released (one driven by hand) kept reconnecting to a broker long gone.
 """
 from __future__ import annotations
 
@@ -42,6 +47,9 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+#: seconds the thread waits with nothing to commit before it exits (the next submit starts
+#: another): a waiting thread would keep its writer, and the writer's clients, alive
+IDLE_EXIT_S = 5.0
 #: seconds a Kafka call may overrun the timeout it was given before it counts as wedged
 CALL_GRACE_S = 1.0
 
@@ -147,7 +155,10 @@ class Committer:
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._stopping or (self._queue and self._failed is None))
+                if not self._cond.wait_for(lambda: self._stopping or (self._queue and self._failed is None),
+                                           IDLE_EXIT_S):
+                    self._thread = None  # idle: the next submit starts another
+                    return
                 if self._stopping or self._failed is not None:
                     return
                 handle, commit, joinable = self._queue.popleft()
