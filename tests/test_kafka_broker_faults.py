@@ -5,7 +5,9 @@ equals the plain-Python count, no transaction is left open, and the job recovere
 - the broker SIGKILLed and restarted on its log directory and ports while transactions are
   open on the output (after which librdkafka can wedge in ``send_offsets_to_transaction``
   past its timeout, confluentinc/librdkafka#5456: the sink's commit watch notices);
-- the broker frozen (SIGSTOP) for longer than the clients' request timeout, then resumed;
+- the broker frozen (SIGSTOP) as an epoch's commit begins, for longer than the clients'
+  request timeout and the sink's ``commit_timeout``, then resumed: the commit fails (timed
+  out, or wedged as above), the job restarts and produces the epoch from its checkpoint;
 - a task hung (a user function blocking once) until the broker aborted the sink's open
   transaction for ``transaction.timeout.ms``, then let go;
 - a partition added to the input topic of a bounded read while it runs (named, not skipped
@@ -63,8 +65,12 @@ def _wait(what: str, done, timeout: float = 120.0) -> None:
         time.sleep(0.01)
 
 
-def _freeze(broker) -> None:
-    """SIGSTOP the broker for :data:`PAUSE_S` (the fault itself lasts that long), then SIGCONT."""
+def _freeze(broker, handle) -> None:
+    """SIGSTOP the broker as an epoch completes — its commit is on its way — for
+    :data:`PAUSE_S` (the fault itself lasts that long, longer than the request timeout and
+    ``commit_timeout``: the commit cannot finish in time), then SIGCONT."""
+    done = len(handle.completed_epochs)
+    _wait("an epoch completing", lambda: len(handle.completed_epochs) > done)
     broker.pause()
     try:
         time.sleep(PAUSE_S)
@@ -73,7 +79,7 @@ def _freeze(broker) -> None:
 
 
 FAULTS = {
-    "kill-and-restart": lambda broker: broker.restart(),  # restart() SIGKILLs first
+    "kill-and-restart": lambda broker, handle: broker.restart(),  # restart() SIGKILLs first
     "pause-past-the-request-timeout": _freeze,
 }
 
@@ -102,7 +108,7 @@ def test_the_broker_fails_mid_transaction_and_the_job_recovers_exactly_once(own_
 
         _wait("open transaction on the output", a_transaction_is_open)
         down = time.monotonic()
-        FAULTS[fault](broker)
+        FAULTS[fault](broker, handle)
         up = time.monotonic()
         print(f"{fault}: broker unavailable {up - down:.1f} s")
         rest.join(300)
