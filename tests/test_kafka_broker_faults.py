@@ -177,7 +177,9 @@ def test_a_task_hung_past_the_transaction_timeout_loses_nothing(own_broker, tmp_
          .sink("out", KafkaSink(broker.servers, out, key=lambda r: r[0], config=CLIENTS,
                                 transaction_timeout=TRANSACTION_TIMEOUT_S, commit_timeout=COMMIT_TIMEOUT_S,
                                 transactional_id_prefix=prefix)))
-    handle = flow.start(runtime="local", restart=ep.RestartStrategy(max_attempts=8, delay=0.5),
+    # a transaction open for 3 s is aborted whatever the reason: on a loaded machine an attempt
+    # after the fault can meet the same fate (each one still commits what it can)
+    handle = flow.start(runtime="local", restart=ep.RestartStrategy(max_attempts=20, delay=0.5),
                         checkpoint=ep.CheckpointConfig(interval=0.1, timeout=TRANSACTION_TIMEOUT_S - 1,
                                                        tolerable_failures=1000,
                                                        storage="file://" + str(tmp_path / "ckpt")))
@@ -186,13 +188,9 @@ def test_a_task_hung_past_the_transaction_timeout_loses_nothing(own_broker, tmp_
         (flags / "arm").touch()
         data.rest()
         _wait("hung subtask", (flags / "hung").exists)
-        open_when_hung = {}
-
-        def a_transaction_is_open():
-            open_when_hung.update(broker.open_transactions(out))
-            return bool(open_when_hung)
-
-        _wait("open transaction while hung", a_transaction_is_open, timeout=TRANSACTION_TIMEOUT_S)
+        open_when_hung = broker.open_transactions(out)  # for the summary; may be gone already under load
+        # the fault landed: the broker rolled back an open transaction of the sink (one with
+        # records: a transaction is open at the coordinator only once it holds some)
         _wait("the broker's abort for the transaction timeout", lambda: _aborted_by_timeout(broker, prefix), 60)
         (flags / "release").touch()
         result = handle.wait(300)
