@@ -63,11 +63,15 @@ share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 transaction.max.timeout.ms=3600000
+transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 broker.heartbeat.interval.ms=500
 broker.session.timeout.ms=2000
 """
 
 
+# transaction.abort.timed.out.transaction.cleanup.interval.ms: how often the broker looks for
+# transactions open past their transaction.timeout.ms (10 s by default): a test of that abort
+# waits a second for it, not ten.
 # broker.session.timeout.ms: a broker restarted after SIGKILL registers again only once the
 # controller expired its old session (DuplicateBrokerRegistrationException until then): 9 s
 # by default, which made a restart take 12 s instead of 3-4 s.
@@ -358,8 +362,22 @@ def kafka_broker():
         pytest.skip(why)
     broker = start_broker()
     yield broker
-    gc.collect()  # clients the tests dropped close now, not after the broker is gone (each would log refusals)
+    _let_clients_go()
     broker.stop()
+
+
+def _let_clients_go(timeout: float = 10.0) -> None:
+    """Before the session broker stops: wait for the Kafka sinks' idle commit threads to exit
+    (epochal/connectors/kafka/committer.py: a thread holds its writer, and the writer its
+    producers and consumers), then collect, so the clients tests dropped close now — each one
+    still alive after the broker is gone logs "Connect ... refused" for as long as it lives."""
+    import threading
+
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if thread.name.startswith("kafka-commit-"):
+            thread.join(max(0.0, deadline - time.monotonic()))
+    gc.collect()
 
 
 if __name__ == "__main__":

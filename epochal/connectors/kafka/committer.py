@@ -22,21 +22,56 @@ commit, from its handle) runs together with the joinable commits queued right be
 one round trip instead of one each, and the backlog shrinks instead of feeding itself
 (each epoch that finds every producer still awaiting its commit is one more produced at
 commit). Handles of a joined commit are in flight until it finished, like any other.
+
+**A wedged call.** librdkafka does not always return from a transactional call within the
+timeout it was given: after a broker restart or freeze, ``send_offsets_to_transaction``
+waits forever on a group coordinator it cached before (confluentinc/librdkafka#5456, #5511:
+the coordinator request's timeout is never checked). The commit thread marks each such call
+(:meth:`Committer.calling`); one still running ``call_limit`` s after it began makes
+:meth:`raise_if_failed` and :meth:`drain` fail with :class:`CommitWedged` — the writer
+fails, the job restarts, and the next generation fences the wedged producer and commits
+the epoch from its checkpoint. The wedged thread is abandoned (a daemon; it runs no further
+commit).
+
+**Idle.** The thread exits after :data:`IDLE_EXIT_S` with nothing to commit and starts
+again with the next submit: a thread waiting for ever would hold the writer (its ``join``),
+and so the writer's producers and consumers, for as long as the process lives — a writer
+nobody released (one driven by hand) kept reconnecting to a broker long gone.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+#: seconds the thread waits with nothing to commit before it exits (the next submit starts
+#: another): a waiting thread would keep its writer, and the writer's clients, alive
+IDLE_EXIT_S = 5.0
+#: seconds a Kafka call may overrun the timeout it was given before it counts as wedged
+CALL_GRACE_S = 1.0
+
+
+class CommitWedged(Exception):
+    """A Kafka call of the commit thread ran past its timeout (module docstring)."""
+
+    def __init__(self, what: str, running: float, limit: float):
+        super().__init__(f"{what} has not returned after {running:.1f} s (its timeout: {limit:g} s): librdkafka is "
+                         "wedged (once the broker was unreachable — restarted, frozen — it can wait forever on a "
+                         "coordinator it cached: confluentinc/librdkafka#5456, #5511)")
+        self.what, self.running, self.limit = what, running, limit
 
 
 class Committer:
     """One thread running submitted commits in order (thread-safe; see the module docstring)."""
 
-    def __init__(self, name: str, join: Callable[[list], None] | None = None):
+    def __init__(self, name: str, join: Callable[[list], None] | None = None, call_limit: float | None = None):
         self._name = name
         self._join = join
+        self.call_limit = call_limit  # seconds a call marked by calling() may take (module docstring)
+        self._call: tuple[str, float] | None = None  # (what, since) of the marked call running
         self._queue: deque[tuple[Any, Callable[[], None], bool]] = deque()
         self._busy: tuple = ()  # the handles being committed
         self._cond = threading.Condition()
@@ -60,16 +95,52 @@ class Committer:
         with self._cond:
             return self._busy + tuple(h for h, _, _ in self._queue)
 
+    @contextlib.contextmanager
+    def calling(self, what: str) -> Iterator[None]:
+        """Commit thread: mark the Kafka call made inside as one that must return within
+        ``call_limit`` s (plus :data:`CALL_GRACE_S`); not reentrant."""
+        self._call = (what, time.monotonic())
+        try:
+            yield
+        finally:
+            self._call = None
+
+    def _check_wedged(self) -> None:
+        """Record a :class:`CommitWedged` failure if the marked call overran (lock held)."""
+        call, limit = self._call, self.call_limit
+        if call is None or limit is None or self._failed is not None:
+            return
+        running = time.monotonic() - call[1]
+        if running > limit + CALL_GRACE_S:
+            self._failed = CommitWedged(call[0], running, limit)
+            self._cond.notify_all()
+
+    @property
+    def wedged(self) -> bool:
+        return isinstance(self._failed, CommitWedged)
+
     def raise_if_failed(self) -> None:
+        """Raise the failure of the commit thread: a commit's exception, or
+        :class:`CommitWedged` once a marked call overran (checked here)."""
+        if self._call is not None and self._failed is None:
+            with self._cond:
+                self._check_wedged()
         if self._failed is not None:
             raise self._failed
 
     def drain(self, timeout: float) -> bool:
-        """Wait until every submitted commit ran, or one failed (:meth:`raise_if_failed`
-        tells). False on timeout."""
+        """Wait until every submitted commit ran, or one failed or wedged
+        (:meth:`raise_if_failed` tells). False on timeout."""
+        deadline = time.monotonic() + timeout
         with self._cond:
-            return self._cond.wait_for(lambda: self._failed is not None or (not self._queue and not self._busy),
-                                       timeout)
+            while True:
+                self._check_wedged()
+                if self._failed is not None or (not self._queue and not self._busy):
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.1))  # wakes to look at the marked call's age
 
     def stop(self, timeout: float) -> None:
         """Run no further commits (the one running finishes); wait up to ``timeout`` for it.
@@ -78,13 +149,16 @@ class Committer:
             self._stopping = True
             self._cond.notify_all()
             thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+        if thread is not None and thread is not threading.current_thread() and not self.wedged:
+            thread.join(timeout)  # a wedged thread is abandoned: it would not return in time
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._stopping or (self._queue and self._failed is None))
+                if not self._cond.wait_for(lambda: self._stopping or (self._queue and self._failed is None),
+                                           IDLE_EXIT_S):
+                    self._thread = None  # idle: the next submit starts another
+                    return
                 if self._stopping or self._failed is not None:
                     return
                 handle, commit, joinable = self._queue.popleft()
@@ -99,7 +173,8 @@ class Committer:
                     self._join(handles)  # type: ignore[misc]  # joinable only with a join
             except BaseException as exc:  # noqa: BLE001 — handed to the task thread
                 with self._cond:
-                    self._failed = exc
+                    if self._failed is None:  # a wedged call that returned at last keeps its CommitWedged
+                        self._failed = exc
                     self._cond.notify_all()
                 return
             with self._cond:

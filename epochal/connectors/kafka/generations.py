@@ -63,6 +63,7 @@ class Generations:
     _last_marker: float
     _fenced: set[str]
     _missing: set[tuple]
+    _committer: Any
 
     # ------------------------------------------------------------------ start: fence, register
 
@@ -267,10 +268,16 @@ class Generations:
         return [self._ck.TopicPartition(self._topic, 0, epoch, metadata=self._own_meta.encode())]
 
     def _commit_with_marker(self, producer, epoch: int, group: tuple[str, int] | None = None) -> None:
+        """Send the marker of ``epoch`` into ``producer``'s transaction and commit it, each
+        call within ``commit_timeout`` — watched (:meth:`Committer.calling`), since
+        librdkafka does not always keep that timeout."""
         group = self._own if group is None else group
-        producer.send_offsets_to_transaction(self._marker_offsets(epoch),
-                                             self._group(group).consumer_group_metadata(), KAFKA_CALL_TIMEOUT_S)
-        producer.commit_transaction(KAFKA_CALL_TIMEOUT_S)
+        limit = self._sink.commit_timeout
+        with self._committer.calling(f"send_offsets_to_transaction (the marker of epoch {epoch})"):
+            producer.send_offsets_to_transaction(self._marker_offsets(epoch),
+                                                 self._group(group).consumer_group_metadata(), limit)
+        with self._committer.calling(f"commit_transaction (epoch {epoch})"):
+            producer.commit_transaction(limit)
         self._markers[group] = epoch
         self._last_marker = time.monotonic()
 

@@ -74,11 +74,13 @@ from epochal.sinks.lingering import Lingering
 
 log = logging.getLogger("epochal")
 
-__all__ = ["COMMIT_DRAIN_S", "DEFAULT_TRANSACTION_TIMEOUT_MS", "DEFAULT_WAL_BUDGET", "KAFKA_CALL_TIMEOUT_S",
+__all__ = ["COMMIT_DRAIN_S", "DEFAULT_COMMIT_TIMEOUT_S", "DEFAULT_TRANSACTION_TIMEOUT_MS", "DEFAULT_WAL_BUDGET", "KAFKA_CALL_TIMEOUT_S",
            "MARKER_REFRESH_S", "RELEASE_DRAIN_S", "KafkaSink", "KafkaSinkWriter", "KafkaTransaction"]
 
 #: the default ``transaction.timeout.ms``: Kafka brokers' default ``transaction.max.timeout.ms``
 DEFAULT_TRANSACTION_TIMEOUT_MS = 900_000
+#: the default ``commit_timeout``, seconds
+DEFAULT_COMMIT_TIMEOUT_S = 30.0
 #: the default ``wal_budget``: bytes of not yet committed epochs a writer keeps in memory
 DEFAULT_WAL_BUDGET = 64 * 1024 * 1024
 
@@ -108,6 +110,13 @@ class KafkaSink(Sink):
             transaction may stay open before the broker aborts it. It must cover an epoch
             plus its checkpoint (checked when the job starts); the broker must allow it
             (``transaction.max.timeout.ms``, 15 min by default).
+        commit_timeout: how long (a duration) each Kafka call of an epoch's commit —
+            ``send_offsets_to_transaction``, ``commit_transaction`` — may take. One that has
+            not returned by then (plus a second) fails the writer and the job restarts; its
+            next generation fences the producer and commits the epoch from the checkpoint.
+            librdkafka does not always keep this timeout itself: after a broker restart its
+            ``send_offsets_to_transaction`` can wait forever (confluentinc/librdkafka#5456,
+            #5511), and the writer notices it here.
         transactional_id_prefix: default ``f"epochal-{job}-{sink}"``; two jobs writing one
             topic under one job and sink name need different prefixes.
         wal_budget: bytes (int, or ``"64MB"``) of keys and values of epochs not yet
@@ -130,7 +139,7 @@ class KafkaSink(Sink):
     def __init__(self, bootstrap_servers, topic: str, *, serializer: Callable[[Any], Any] | None = None,
                  key: Callable[[Any], Any] | None = None, config: Mapping | None = None, producers: int = 3,
                  transaction_timeout: float | str = DEFAULT_TRANSACTION_TIMEOUT_MS / 1000,
-                 transactional_id_prefix: str | None = None, wal_budget: int | str | None = DEFAULT_WAL_BUDGET,
+                 commit_timeout: float | str = DEFAULT_COMMIT_TIMEOUT_S, transactional_id_prefix: str | None = None, wal_budget: int | str | None = DEFAULT_WAL_BUDGET,
                  wal_dir: str | None = None):
         what = "KafkaSink"
         self.servers = check_servers(bootstrap_servers, what)
@@ -145,6 +154,9 @@ class KafkaSink(Sink):
         self.serializer, self.key = serializer, key
         self.producers = producers
         self.transaction_timeout = parse_duration(transaction_timeout, "KafkaSink transaction_timeout")
+        self.commit_timeout = parse_duration(commit_timeout, "KafkaSink commit_timeout")
+        if self.commit_timeout <= 0:
+            raise ConfigError(f"{what} commit_timeout: expected a positive duration, got {commit_timeout!r}")
         self.transactional_id_prefix = transactional_id_prefix
         self.wal_budget = None if wal_budget is None else wal.parse_bytes(wal_budget, f"{what} wal_budget")
         if wal_dir is not None and (not isinstance(wal_dir, (str, os.PathLike)) or not str(wal_dir)):

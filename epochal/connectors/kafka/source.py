@@ -103,7 +103,8 @@ class KafkaSource(Source):
         discovery_interval: how often a reader looks for partitions added while the job
             runs (a duration; ``None``: never). New partitions are read from the earliest
             offset, each by subtask ``crc32("topic:partition") % parallelism``. Unbounded
-            sources only.
+            sources only: a bounded one (``stopping_offsets``) reads the partitions it
+            started with, and warns as it finishes, naming any added since that hold records.
         commit_offsets: after every completed epoch, commit the offsets of that epoch to
             the consumer group ``config["group.id"]`` — only so that lag monitoring sees
             progress; epochal never reads them back.
@@ -203,6 +204,7 @@ class _KafkaReader(SourceReader):
         self._buffers: dict[str, deque] = {}
         self._turn: deque[str] = deque()  # every owned partition, rotated by each poll
         self._announced: set[str] = set()  # partitions whose end was reported (split_finished)
+        self._checked_unread = False  # _warn_unread_partitions ran
         kept = [s for s in state if s not in splits and self._owns(s)]
         dropped = sorted(s for s in kept if _parse_split(s)[0] not in src.topics)
         if dropped:  # a topic taken out of `topics`: its checkpointed partitions are no longer read
@@ -339,7 +341,37 @@ class _KafkaReader(SourceReader):
         return Poll([], idle=True)
 
     def _all_done(self) -> bool:
-        return bool(self._next) and all(self._done(s) for s in self._next)
+        done = bool(self._next) and all(self._done(s) for s in self._next)
+        if done and not self._checked_unread:
+            self._checked_unread = True
+            self._warn_unread_partitions()
+        return done
+
+    def _warn_unread_partitions(self) -> None:
+        """Once, as a bounded reader finishes: partitions of its topics this subtask would own
+        that appeared after the job was planned are not read (a bounded read covers the
+        partitions it started with); if they hold records, say so — never skip them silently."""
+        if self._src.stopping is None:
+            return
+        try:
+            counts = list_topics(self._src.config, self._src.name, timeout=5.0)
+        except ConfigError as exc:
+            log.warning("%s: could not look for partitions added while the job ran: %s", self._src.name, exc)
+            return
+        added = [split_name(t, p) for t in self._src.topics for p in range(counts.get(t, 0))]
+        unread = {}
+        for split in added:
+            if split in self._next or split in self._planned or not self._owns(split):
+                continue
+            low, high = self._watermarks(split)
+            if high > low:
+                unread[split] = high - low
+        if unread:
+            log.warning("%s: partition(s) %s were added after the job started and hold %s record(s) this job did "
+                        "NOT read: a bounded read (stopping_offsets) covers only the partitions it started with. "
+                        "Read them with another job (starting_offsets={(topic, partition): 0, ...}), or use an "
+                        "unbounded source, which reads added partitions (discovery_interval)", self._src.name,
+                        sorted(unread), sum(unread.values()))
 
     def _fetch(self, max_records: int) -> None:
         """Move up to ``max_records`` messages from the consumer into the per-partition

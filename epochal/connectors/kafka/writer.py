@@ -7,6 +7,7 @@ are in :mod:`~epochal.connectors.kafka.generations`.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import time
 from typing import Any
@@ -18,6 +19,8 @@ from epochal.connectors.kafka.generations import KAFKA_CALL_TIMEOUT_S, Generatio
 from epochal.connectors.kafka.handle import KafkaTransaction
 from epochal.connectors.kafka.records import KafkaRecord, default_serializer, to_key
 from epochal.sinks.base import SinkCommitError, SinkContext, SinkWriteError, TwoPhaseCommitSink
+
+log = logging.getLogger("epochal")
 
 #: seconds a clean end waits for the commits in flight
 COMMIT_DRAIN_S = 120.0
@@ -67,7 +70,7 @@ class KafkaSinkWriter(Generations, TwoPhaseCommitSink):
         self._budget = wal.Budget(sink.wal_budget)  # the write-ahead log this writer holds in memory
         self._oldest: dict[int, int] = {}  # epoch -> oldest Kafka timestamp written (tracing only)
         self._committer = committer.Committer(f"kafka-commit-{ctx.sink_name}-{ctx.subtask}",
-                                              join=self._commit_together)
+                                              join=self._commit_together, call_limit=sink.commit_timeout)
 
     # ------------------------------------------------------------------ hooks
 
@@ -282,6 +285,13 @@ class KafkaSinkWriter(Generations, TwoPhaseCommitSink):
             self._committer.raise_if_failed()
         except SinkCommitError:
             raise
+        except committer.CommitWedged as exc:
+            epochs = [h.epoch for h in self._committer.in_flight()]
+            log.warning("%s: the commit of epochs %s is wedged: %s; failing the writer (the job restarts; its next "
+                        "generation fences this producer and commits the epochs from the checkpoint)",
+                        self._where(), epochs, exc)
+            raise SinkCommitError(f"{self._where()}: the commit of epochs {epochs} is wedged: {exc} (commit_timeout="
+                                  f"{self._sink.commit_timeout:g} s)") from exc
         except Exception as exc:
             raise SinkCommitError(f"{self._where()}: a commit failed: {type(exc).__name__}: {exc}") from exc
 
