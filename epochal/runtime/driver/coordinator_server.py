@@ -133,8 +133,9 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
         self._stopped: set[str] = set()  # tasks gone (failed, lost) after the stop's "finish"
         self._finish_sent: set[str] = set()
         self._init_failover(groups, restore, startup_timeout)
+        # control messages are data (wire.CONTROL): a frame that is not, a pickle, is refused unread
         self.server = wire.Server(key, self._on_connection, host=bind_host, name="coordinator", tls=tls,
-                                  peer_timeout=peer_timeout)
+                                  peer_timeout=peer_timeout, codec=wire.CONTROL)
         #: where tasks reach the coordinator (the driver's advertised host, its bound port)
         self.address = (advertised_host or bind_host, self.server.address[1])
         self._thread = threading.Thread(target=self._loop, name="epochal-coordinator", daemon=True)
@@ -176,6 +177,9 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
         try:
             hello = conn.recv()
         except Exception:
+            conn.close()
+            return
+        if type(hello) is not tuple or len(hello) < 3:
             conn.close()
             return
         if hello[0] == "setup_failed":

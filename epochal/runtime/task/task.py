@@ -156,7 +156,7 @@ class Task(ReadSteps, BarrierSteps, QuerySteps):
         try:
             self.coordinator = wire.connect(
                 coordinator, key, {"task": self.spec.id, "generation": self.attempt.generation}, tls=tls,
-                peer_timeout=self.attempt.peer_timeout)
+                peer_timeout=self.attempt.peer_timeout, codec=wire.CONTROL)
         except (OSError, EpochalError) as exc:
             raise TaskStartError(
                 f"{self._where()} cannot connect to the coordinator at {coordinator[0]}:{coordinator[1]}: "
