@@ -452,13 +452,17 @@ class Answering:
     nothing of it is run; an answer that is not data is replaced by such an error too.
     Without it, frames are pickles between peers of one job (:func:`decode`).
 
+    With ``bound``, ``answer(request, hello)`` also gets the connection's authenticated
+    hello (what the peer may do: the relay hub binds each connection to its lanes).
+
     Once closed, a new connection is dropped at once; ``close`` drops the open ones
     (their threads end on the next receive). Idempotent.
     """
 
-    def __init__(self, answer, codec: tagged_json.Codec | None = None, name: str = "server"):
+    def __init__(self, answer, codec: tagged_json.Codec | None = None, name: str = "server", bound: bool = False):
         self._answer = answer
         self.codec = codec
+        self.bound = bound
         self.name = name
         self._lock = threading.Lock()
         self._conns: set = set()
@@ -473,7 +477,7 @@ class Answering:
         try:
             while True:
                 if self.codec is not None:
-                    conn.send_bytes(self._answer_data(conn.recv_bytes()))
+                    conn.send_bytes(self._answer_data(conn.recv_bytes(), conn.peer_hello))
                 else:
                     conn.send(self._answer(conn.recv()))
         except Exception:
@@ -483,7 +487,7 @@ class Answering:
                 self._conns.discard(conn)
             conn.close()
 
-    def _answer_data(self, payload: bytes) -> bytes:
+    def _answer_data(self, payload: bytes, hello: dict) -> bytes:
         """The data-only answer to one frame (``codec``): nothing unpickled."""
         codec = self.codec
         try:
@@ -491,15 +495,20 @@ class Answering:
         except tagged_json.NotData as exc:
             return codec.dumps(("error", None, f"{self.name}: refused a request that is not "
                                                f"data-only (tagged JSON; pickles are never read here): {exc}"))
-        reply = self._answer(request)
+        reply = self._answer(request, hello) if self.bound else self._answer(request)
         try:
             return codec.dumps(reply, where=f"{self.name}'s answer")
         except tagged_json.NotData as exc:
             return codec.dumps(("error", None, str(exc)))
 
-    def close(self) -> None:
+    def drop(self) -> None:
+        """Close the open connections, keep serving new ones (their key was revoked)."""
         with self._lock:
-            self.closed = True
             conns, self._conns = list(self._conns), set()
         for conn in conns:
             conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+        self.drop()
