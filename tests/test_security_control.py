@@ -9,11 +9,14 @@ serving pickles (``codec=wire.CONTROL`` removed from its server): the marker app
 """
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import epochal as ep
 from epochal.backends.storage import CheckpointStorage
@@ -104,3 +107,27 @@ def test_the_control_codec_refuses_what_is_not_data():
             codec.loads(payload)
     with pytest.raises(tagged_json.NotData, match="object"):
         codec.dumps(("ack", object()))
+
+
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=6) | st.binary(max_size=6),
+    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner) | st.frozensets(st.integers(), max_size=3)
+    | st.dictionaries(st.text(max_size=4) | st.integers(), inner, max_size=3), max_leaves=15)
+
+
+@settings(max_examples=80, deadline=None, database=None)
+@given(value=_VALUES)
+def test_the_control_codec_round_trips_data(value):
+    """Oracle: the value itself (a dict's keys may be any str, '$…' too, or ints)."""
+    assert wire.CONTROL.loads(wire.CONTROL.dumps(value)) == value
+
+
+@settings(max_examples=80, deadline=None, database=None)
+@given(payload=st.binary(max_size=64) | _VALUES.map(lambda v: json.dumps(tagged_json.encode(v)).encode()))
+def test_the_control_decoder_refuses_or_builds_data_only(payload):
+    """Arbitrary bytes, and the other tagged-JSON dialect, decode to data or raise NotData — nothing else."""
+    try:
+        value = wire.CONTROL.loads(payload)
+    except tagged_json.NotData:
+        return
+    assert wire.CONTROL.loads(wire.CONTROL.dumps(value)) == value

@@ -20,6 +20,8 @@ import pickle
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from epochal.regions.relay import RelayHub, RelaySink, RelaySource
 from epochal.runtime.transport import credentials, wire
@@ -157,3 +159,41 @@ def test_records_cross_through_relay_sink_and_source(hub):
             break
     reader.close()
     assert finished and got == records
+
+
+def _frames(marker: str):
+    """What a peer that passed the handshake may send: raw bytes, pickles that would create
+    ``marker``, and tagged-JSON structures of any shape (some of them relay requests)."""
+    data = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8) | st.binary(max_size=8),
+                        lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
+                        | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=12)
+    requests = st.tuples(st.sampled_from(["open", "put", "end", "take", "ack", "x"]),
+                         st.sampled_from([CH, "other"]), st.integers(-1, 2)).flatmap(
+        lambda head: st.lists(data, max_size=4).map(lambda rest: head + tuple(rest)))
+    return st.one_of(st.binary(max_size=64), st.just(pickle.dumps(_Plant(marker))),
+                     (data | requests).map(wire.CONTROL.dumps))
+
+
+def test_the_relay_hub_under_fuzzed_frames(hub, tmp_path):
+    """Bounded fuzz (Hypothesis) of the hub's decoder after a valid handshake: every frame is
+    answered, nothing runs (no marker), and the lane still works afterwards."""
+    marker = str(tmp_path / "marker")
+    conn = consumer(hub)
+    conn.sock.settimeout(10)
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(frame=_frames(marker))
+    def one(frame):
+        conn.send_bytes(frame)
+        reply = wire.CONTROL.loads(conn.recv_bytes())  # an answer, never a dropped connection
+        assert type(reply) is tuple and reply[0] in ("error", "ok", "records")
+        assert not os.path.exists(marker), "a fuzzed frame ran code"
+
+    one()
+    ep, prod = hub.endpoint(CH), producer(hub)
+    ep.ask(prod, "open", 0, 0, [], [])
+    ep.ask(prod, "put", 0, [pickle.dumps("z")])
+    _, records, _, _ = ep.ask(conn, "take", 0, 100, 0, 0)
+    assert pickle.dumps("z") in records
+    conn.close()
+    prod.close()

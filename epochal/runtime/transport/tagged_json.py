@@ -197,39 +197,47 @@ class NativeCodec(Codec):
 
     def encode(self, value, where: str = "value", _depth: int = 0):
         t = type(value)
-        if value is None or t is str or t is int or t is bool:
+        if t is str or t is int or value is None or t is bool:
             return value
+        if t is float and value - value == 0:  # finite (inf - inf and nan - nan are nan)
+            return value
+        if _depth > MAX_DEPTH:
+            raise NotData(f"{where}: nested deeper than {MAX_DEPTH}")
+        d, enc = _depth + 1, self.encode
         if t is dict:
-            if _depth > MAX_DEPTH:
-                raise NotData(f"{where}: nested deeper than {MAX_DEPTH}")
-            d, out = _depth + 1, {}
+            out = {}
             for k, v in value.items():
                 if type(k) is not str or k[:1] == "$":
                     break
-                out[k] = self.encode(v, where, d)
+                out[k] = enc(v, where, d)
             else:
                 return out
         elif t is tuple:
-            if _depth > MAX_DEPTH:
-                raise NotData(f"{where}: nested deeper than {MAX_DEPTH}")
-            d = _depth + 1
-            return {"$t": [self.encode(v, where, d) for v in value]}
+            return {"$t": [enc(v, where, d) for v in value]}
         elif t is list:
-            if _depth > MAX_DEPTH:
-                raise NotData(f"{where}: nested deeper than {MAX_DEPTH}")
-            d = _depth + 1
-            return [self.encode(v, where, d) for v in value]
+            return [enc(v, where, d) for v in value]
         return super().encode(value, where, _depth)
+
+    def dumps(self, value, where: str = "value") -> bytes:
+        return _ENCODER.encode(self.encode(value, where)).encode()
 
     def loads(self, payload: bytes):
         try:
-            return json.loads(bytes(payload).decode("utf-8"), parse_constant=_no_constant, object_hook=_untag)
+            return _DECODER.decode(bytes(payload).decode("utf-8"))
         except NotData:
             raise
         except RecursionError:
             raise NotData(f"nested deeper than {MAX_DEPTH}") from None
         except (UnicodeDecodeError, ValueError, TypeError) as exc:
             raise NotData(f"not a data-only (JSON) message: {type(exc).__name__}: {exc}"[:300]) from None
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON (non-finite floats travel as $f)")
+
+
+#: built once (json.dumps/loads with options build a new one per call: most of a small message's cost)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 def _untag(obj: dict):
@@ -258,6 +266,9 @@ def _untag(obj: dict):
         raise NotData(f"unknown tag {tag!r:.40}")
 
 
+_DECODER = json.JSONDecoder(object_hook=_untag, parse_constant=_no_constant)
+
+
 def _array(body, tag: str) -> list:
     if type(body) is not list:
         raise NotData(f"{tag} must hold an array")
@@ -268,6 +279,3 @@ def _array(body, tag: str) -> list:
 PLAIN = Codec()
 encode, decode, dumps, loads = PLAIN.encode, PLAIN.decode, PLAIN.dumps, PLAIN.loads
 
-
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not JSON (non-finite floats travel as $f)")
