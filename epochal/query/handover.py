@@ -84,6 +84,12 @@ class SidecarHandover:
             self._local_versions.close()
             self.handed_over.set()
 
+    def rekey(self, key: bytes) -> None:
+        """The query token was revoked: the in-process server and the sidecar accept only
+        ``key`` (:meth:`QueryServer.rekey`). Any thread."""
+        self._local.rekey(key)
+        self.sidecar.rekey(key)
+
     def close(self) -> None:
         """Stop the sidecar and the in-process server, release every version. Idempotent."""
         self._started.set()

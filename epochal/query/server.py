@@ -117,6 +117,12 @@ class QueryServer:
         self.answered += 1
         return ("ok", rid, epoch, held, payload)
 
+    def rekey(self, key: bytes) -> None:
+        """The job's query token was revoked (any thread): new connections must prove
+        ``key``; the open ones, authenticated with the old token, are dropped. Idempotent."""
+        self.server.key = key
+        self._answering.drop()
+
     def close(self) -> None:
         """Stop accepting, drop the connections, wait for reads in progress. Idempotent."""
         self.server.close()

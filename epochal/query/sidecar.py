@@ -108,6 +108,10 @@ class QuerySidecar:
             except OSError:  # the child is gone: the task learns it from its queries' errors
                 pass
 
+    def rekey(self, key: bytes) -> None:
+        """The query token was revoked: the child's server accepts only ``key`` (any thread)."""
+        self._send(("rekey", key))
+
     def hand_over(self) -> None:
         """Ask the child to answer ``("ready", port)`` once it has taken in every message
         sent before this one (any thread; the caller orders it after its pins)."""
@@ -265,6 +269,8 @@ def serve(fd: int) -> None:
                 versions.completed(msg[1])
             elif kind == "aborted":
                 versions.aborted(msg[1])
+            elif kind == "rekey":  # the query token was revoked
+                server.rekey(msg[1])
             elif kind == "handover":  # every earlier message is taken in
                 send(("ready", server.address[1]))
             elif kind == "live-answer":

@@ -37,18 +37,28 @@ does while the driver runs (seed 000 §3.2):
   dropped while both run — except while the job stops (:meth:`RelayHub.stopping`): a
   producer whose consumer stopped first must still reach its stop barrier.
 
-Frames are unpickled only from peers that prove the hub's key (the wire handshake), in
-TLS pinned to the hub's certificate when the job is encrypted, like every other channel.
+Who may do what (issue 51): a connection proves a key of its region's *current attempt*
+(:func:`relay_key`: the attempt's key — the region's job secret and generation — for the
+channel and role), so a zombie of an older attempt, or a task of another region, cannot
+connect; its authenticated hello names the lanes it produces to or takes from, and a
+request for any other lane, or of the other role, is refused; a lane's connection of an
+older generation than the lane's newest (a failover region relaunched) is refused too.
+Every request and answer is data-only tagged JSON (:data:`~epochal.runtime.transport.wire.CONTROL`):
+the hub never unpickles anything — records cross as the bytes their producer pickled, one
+per record, and only the consuming task unpickles them, from the hub it authenticated
+(in TLS pinned to the hub's certificate when the job is encrypted, like every channel).
 """
 from __future__ import annotations
 
 import collections
-import secrets
+import pickle
 import threading
 import time
 from dataclasses import dataclass, field
 
-from epochal.runtime.transport import wire
+from epochal import serde
+from epochal.regions.relay_access import CONSUMER, OPS, PRODUCER, refusal, relay_key
+from epochal.runtime.transport import credentials, wire
 from epochal.sinks.api import Sink, SinkWriter
 from epochal.sources.base import Poll, Source, SourceReader
 
@@ -56,6 +66,10 @@ from epochal.sources.base import Poll, Source, SourceReader
 DEFAULT_CAPACITY = 100_000
 #: how long a relay source's poll waits for records at the hub before reporting idle
 TAKE_WAIT = 0.02
+#: how long a connecting peer's handshake waits for its region's attempt to be admitted
+ADMIT_WAIT = 5.0
+#: the snapshot format of a relay sink whose kept records are the pickled bytes it handed over
+_PICKLED = 2
 
 
 def era() -> int:
@@ -70,7 +84,7 @@ class _Lane:
     """One producer subtask's records of one channel, oldest first, each numbered: ``seqs[i]``
     is the lane's sequence number of ``records[i]`` (increasing; numbers are never reused)."""
 
-    __slots__ = ("records", "seqs", "last", "acked", "ended", "handed", "taken")
+    __slots__ = ("records", "seqs", "last", "acked", "ended", "handed", "taken", "generation")
 
     def __init__(self):
         self.records: collections.deque = collections.deque()
@@ -80,11 +94,14 @@ class _Lane:
         self.ended = False
         self.handed = 0  # records handed over by the producer (replays included)
         self.taken = 0  # records taken by the consumer
+        self.generation = {PRODUCER: -1, CONSUMER: -1}  # the newest generation of each role seen here
 
 
 class RelayHub:
     """The driver's relay: one lane per ``(channel, producer subtask)``; requests
-    (each answered in order on its connection; every field a str, an int or a list):
+    (each answered in order on its connection; data-only tagged JSON; records are the
+    bytes their producer pickled, never unpickled here; a request is for a lane and role
+    its connection's hello named, else it is answered ``("error", reason)``):
 
     * ``("open", channel, j, last, seqs, records)``: producer subtask ``j`` (re)starts: its
       lane is not ended; a restored producer hands back what its snapshot holds that the
@@ -105,27 +122,59 @@ class RelayHub:
     One per job of several regions, for its whole life (its address outlives every region's
     restarts); :meth:`close` when the job ends. What it holds is in memory only: the
     producers' snapshots hold it again (:class:`RelaySink`), so a savepoint or a new driver
-    loses nothing.
+    loses nothing. Each region's side of a channel is declared with :meth:`endpoint`, and
+    the region's current attempt key is given by :meth:`admit`.
     """
 
     def __init__(self, host: str = "127.0.0.1", advertised_host: str | None = None, tls=None,
                  capacity: int | None = None):
         self.capacity = DEFAULT_CAPACITY if capacity is None else capacity
-        self.token = secrets.token_bytes(32)
         self.tls = tls
+        self._routes: dict[tuple[str, str], str] = {}  # (channel, role) → the region on that side
+        self._admitted: dict[str, object] = {}  # region → () → its current attempt key, or None
         self._lanes: dict[tuple[str, int], _Lane] = {}
         self._held: dict[tuple[str, int], int] = {}
         self._cond = threading.Condition()
         self._closed = False
         self._stopping = False
         self._holding = False  # a savepoint is being taken: producers are not told of new acks
-        self._answering = wire.Answering(self._answer)
-        self.server = wire.Server(self.token, self._answering.serve, host=host, name="relay", tls=tls)
+        self._answering = wire.Answering(self._answer, codec=wire.CONTROL, name="relay hub", bound=True)
+        self.server = wire.Server(self._key_for, self._answering.serve, host=host, name="relay", tls=tls)
         self.address = (advertised_host or host, self.server.address[1])
 
-    def endpoint(self, channel: str) -> RelayEndpoint:
-        """What a relay sink or source of ``channel`` needs to reach this hub (shipped with the plan)."""
-        return RelayEndpoint(tuple(self.address), self.token, channel, self.tls)
+    def endpoint(self, channel: str, role: str | None = None, region: str | None = None) -> RelayEndpoint:
+        """What a relay sink (``role="producer"``) or source (``"consumer"``) of ``channel``
+        in ``region`` needs to reach this hub (shipped with the plan; it holds no key)."""
+        if role is not None:
+            self._routes[(channel, role)] = region
+        return RelayEndpoint(tuple(self.address), channel, self.tls)
+
+    def admit(self, region: str, current_key) -> None:
+        """``current_key()``: ``region``'s current attempt key (``None`` while it has none):
+        the only key its relay connections may derive theirs from. Idempotent."""
+        with self._cond:
+            self._admitted[region] = current_key
+            self._cond.notify_all()
+
+    def _key_for(self, hello: dict) -> bytes | None:
+        """The key the peer saying ``hello`` must prove (handshake thread), ``None``: refused."""
+        channel, role, lanes, generation = (hello.get(k) for k in ("relay", "role", "lanes", "generation"))
+        if (type(channel) is not str or role not in (PRODUCER, CONSUMER) or type(generation) is not int
+                or type(lanes) is not list or not all(type(n) is int for n in lanes)):
+            return None
+        if (channel, role) not in self._routes:
+            return None
+        region = self._routes[(channel, role)]
+        deadline = time.monotonic() + ADMIT_WAIT
+        with self._cond:  # the region's driver may not be admitted yet (its tasks start at once)
+            while True:
+                current = self._admitted.get(region)
+                key = current() if current is not None else None
+                remaining = deadline - time.monotonic()
+                if key is not None or self._closed or remaining <= 0:
+                    break
+                self._cond.wait(min(remaining, 0.05))  # admit() wakes it; an attempt starting: look again
+        return None if key is None else relay_key(key, channel, role)
 
     def _lane(self, channel: str, subtask: int) -> _Lane:
         return self._lanes.setdefault((channel, subtask), _Lane())
@@ -156,12 +205,24 @@ class RelayHub:
         else:
             lane.acked = max(lane.acked, seq)
 
-    def _answer(self, request: tuple):
-        op, channel, subtask = request[0], str(request[1]), int(request[2])
+    def _answer(self, request, hello: dict | None = None):
+        """The answer to ``request`` of a connection whose authenticated hello is ``hello``
+        (``None``: a caller in this process, e.g. a scripted test, trusted as it is)."""
+        if hello is not None:
+            refused = refusal(request, hello)
+            if refused:
+                return ("error", refused)
+        op, channel, subtask = request[0], request[1], request[2]
         with self._cond:
             lane = self._lane(channel, subtask)
+            if hello is not None:
+                role, generation = OPS[op], hello["generation"]
+                if generation < lane.generation[role]:
+                    return ("error", f"lane {subtask} of channel {channel!r}: this {role} connection is of generation "
+                                     f"{generation}, superseded by generation {lane.generation[role]}")
+                lane.generation[role] = generation
             if op == "open":
-                last, seqs, records = int(request[3]), request[4], request[5]
+                last, seqs, records = request[3], request[4], request[5]
                 lane.ended = False
                 given = lane.last
                 for seq, record in zip(seqs, records):
@@ -188,7 +249,7 @@ class RelayHub:
                 return ("ok", first, lane.acked)
             elif op == "take":
                 limit, after = int(request[3]), int(request[4])
-                if not lane.records and not lane.ended:
+                if not lane.records and not lane.ended and not self._closed:
                     self._cond.wait(TAKE_WAIT)
                 while lane.seqs and lane.seqs[0] <= after:  # the consumer's restored epoch holds it
                     lane.seqs.popleft()
@@ -203,9 +264,7 @@ class RelayHub:
                     self._cond.notify_all()
                 return ("records", out, lane.ended and not lane.records, seqs)
             elif op == "ack":
-                self._ack(channel, subtask, lane, int(request[3]))
-            else:
-                return ("error", f"unknown relay request {op!r}")
+                self._ack(channel, subtask, lane, request[3])
         return ("ok",)
 
     def stats(self) -> dict:
@@ -230,22 +289,24 @@ class RelayHub:
 
 @dataclass(frozen=True)
 class RelayEndpoint:
-    """Where channel ``channel``'s hub listens and the key its peers prove."""
+    """Where channel ``channel``'s hub listens (and, encrypted, its certificate); no key:
+    a peer proves its attempt's (:func:`relay_key`)."""
 
     address: tuple
-    token: bytes = field(repr=False)
     channel: str
     tls: object = field(default=None, repr=False)
 
-    def connect(self, role: str, subtask: int) -> wire.Connection:
-        return wire.connect(self.address, self.token, {"relay": self.channel, "role": role, "subtask": subtask},
-                            tls=self.tls)
+    def connect(self, role: str, lanes: list, creds: credentials.Credentials) -> wire.Connection:
+        """A connection of ``role`` bound to ``lanes``, proving ``creds``' attempt."""
+        hello = {"relay": self.channel, "role": role, "lanes": list(lanes), "generation": creds.generation}
+        return wire.connect(self.address, relay_key(creds.key, self.channel, role), hello, tls=self.tls,
+                            codec=wire.CONTROL)
 
     def ask(self, conn: wire.Connection, *request):
         conn.send((request[0], self.channel) + request[1:])
         answer = conn.recv()
         if answer[0] == "error":
-            raise RuntimeError(f"relay {self.channel!r}: {answer[1]}")
+            raise RuntimeError(f"relay {self.channel!r}: {answer[-1]}")
         return answer
 
 
@@ -267,26 +328,28 @@ class RelaySink(Sink):
         self.endpoint = endpoint
 
     def create_writer(self, ctx) -> SinkWriter:
-        return _RelayWriter(self.endpoint, ctx.subtask)
+        return _RelayWriter(self.endpoint, ctx.subtask, credentials.current(f"relay sink of {self.endpoint.channel!r}"))
 
 
 class _RelayWriter(SinkWriter):
     """One producer subtask's lane: ``seqs``/``kept`` are what it handed over that the
-    consumer's completed epochs do not hold yet, ``last`` the lane's number of its latest."""
+    consumer's completed epochs do not hold yet (each record as the bytes it pickled),
+    ``last`` the lane's number of its latest."""
 
-    def __init__(self, endpoint: RelayEndpoint, subtask: int):
-        self.endpoint, self.subtask = endpoint, subtask
+    def __init__(self, endpoint: RelayEndpoint, subtask: int, creds: credentials.Credentials):
+        self.endpoint, self.subtask, self.creds = endpoint, subtask, creds
         self.conn: wire.Connection | None = None
         self.seqs: collections.deque = collections.deque()
         self.kept: collections.deque = collections.deque()
         self.last = 0
 
     def restore(self, state) -> None:
-        self.conn = self.endpoint.connect("producer", self.subtask)
+        self.conn = self.endpoint.connect(PRODUCER, [self.subtask], self.creds)
         if state:
             self.last = int(state["last"])
-            self.seqs.extend(state["seqs"])
-            self.kept.extend(state["records"])
+            self.seqs.extend(int(s) for s in state["seqs"])
+            pickled = state.get("format") == _PICKLED  # an older snapshot kept the records themselves
+            self.kept.extend(state["records"] if pickled else [_pickle(r) for r in state["records"]])
         _, acked = self.endpoint.ask(self.conn, "open", self.subtask, self.last, list(self.seqs), list(self.kept))
         self._forget(acked)
 
@@ -300,7 +363,7 @@ class _RelayWriter(SinkWriter):
 
     def write_many(self, records: list) -> None:
         if records:
-            records = list(records)
+            records = [_pickle(r) for r in records]
             _, first, acked = self.endpoint.ask(self.conn, "put", self.subtask, records)
             self.seqs.extend(range(first, first + len(records)))
             self.kept.extend(records)
@@ -311,7 +374,7 @@ class _RelayWriter(SinkWriter):
         self.write_many([batch])
 
     def snapshot(self, epoch: int):
-        return {"last": self.last, "seqs": list(self.seqs), "records": list(self.kept)}
+        return {"last": self.last, "seqs": list(self.seqs), "records": list(self.kept), "format": _PICKLED}
 
     def notify_epoch_complete(self, epoch: int) -> None:
         pass
@@ -355,19 +418,22 @@ class RelaySource(Source):
         return list(range(self.producers))
 
     def create_reader(self, splits, state, *, subtask=0, parallelism=1) -> SourceReader:
-        return _RelayReader(self.endpoint, list(splits), state or {}, self.ack_on_take)
+        creds = credentials.current(f"relay source of {self.endpoint.channel!r}")
+        return _RelayReader(self.endpoint, list(splits), state or {}, creds, self.ack_on_take)
 
 
 class _RelayReader(SourceReader):
-    def __init__(self, endpoint: RelayEndpoint, lanes: list, state: dict, ack_on_take: bool = False):
-        self.endpoint, self.lanes, self.ack_on_take = endpoint, lanes, int(ack_on_take)
+    def __init__(self, endpoint: RelayEndpoint, lanes: list, state: dict, creds: credentials.Credentials,
+                 ack_on_take: bool = False):
+        self.endpoint, self.lanes, self.ack_on_take, self.creds = endpoint, lanes, int(ack_on_take), creds
+        self.bound = list(lanes)  # the lanes its connection may take from
         self.read = {lane: int(state.get(str(lane), 0)) for lane in lanes}  # the last number read per lane
         self.conn: wire.Connection | None = None
         self.next = 0
 
     def _connect(self) -> wire.Connection:
         if self.conn is None:
-            self.conn = self.endpoint.connect("consumer", self.lanes[0] if self.lanes else 0)
+            self.conn = self.endpoint.connect(CONSUMER, self.bound, self.creds)
         return self.conn
 
     def poll(self, max_records: int) -> Poll:
@@ -382,7 +448,8 @@ class _RelayReader(SourceReader):
             self.lanes.remove(lane)
             return Poll([], finished=not self.lanes)
         self.next += 1
-        return Poll(records, idle=not records)
+        # the producer's pickles, from the hub this reader authenticated (records are user data)
+        return Poll([pickle.loads(r) for r in records], idle=not records)
 
     def snapshot(self) -> dict:
         return {str(lane): seq for lane, seq in self.read.items()}  # finished lanes too: they are read to the end
@@ -397,6 +464,10 @@ class _RelayReader(SourceReader):
         if self.conn is not None:
             self.conn.close()
             self.conn = None
+
+
+def _pickle(record) -> bytes:
+    return serde.dumps(record)
 
 
 def pass_through(element):

@@ -187,6 +187,12 @@ class JobHandle:
         """The secret a query client must present (give it only to who may read the state)."""
         return self._driver.query_token
 
+    def revoke_query_token(self) -> str:
+        """Revoke the query token and return its successor: from now on the query directory
+        and every task's query server refuse the old token, and connections made with it
+        are dropped (docs/security.md). Give the new one only to who may still read."""
+        return self._driver.revoke_query_token()
+
     @property
     def query_tls(self):
         """An encrypted job's query certificate and key (:class:`~epochal.runtime.transport.tls.TLSMaterial`,
@@ -315,6 +321,20 @@ class JobDriver:
         if server is None or isinstance(server, _NotStarted) or server.outcome is not None:
             return None
         return routes_of(self.plan, server.generation, dict(server.query_addresses))
+
+    def revoke_query_token(self) -> str:
+        """:meth:`JobHandle.revoke_query_token`: a new token, its key to the directory and
+        the running attempt's tasks (later attempts start with it)."""
+        with self._server_lock:
+            self.query_token = secrets.token_hex(16)
+            key = query_key(self.query_token)
+            self.query_directory.rekey(key)
+            server, client, self._query_client = self.server, self._query_client, None
+        if server is not None and hasattr(server, "rekey_queries"):
+            server.rekey_queries(key)
+        if client is not None:
+            client.close()
+        return self.query_token
 
     def query_client(self) -> QueryClient:
         with self._server_lock:

@@ -93,6 +93,8 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
                  groups: list[tuple[str, ...]] | None = None):
         self.plan = plan
         self.generation = generation
+        self.key = key  # the attempt key (the relay hub derives its connections' keys from it)
+        self.query_key: bytes | None = None  # set once the query token was revoked: the tasks' new key
         self.lineage = lineage  # epochal.epochs.lineage.Lineage: written into every _metadata
         self.sink_mode = sink_mode  # the sinks' SinkMode value: a restore with another one is checked
         self.storage = storage
@@ -143,8 +145,9 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
         self._stopped: set[str] = set()  # tasks gone (failed, lost) after the stop's "finish"
         self._finish_sent: set[str] = set()
         self._init_failover(groups, restore, startup_timeout)
+        # control messages are data (wire.CONTROL): a frame that is not, a pickle, is refused unread
         self.server = wire.Server(key, self._on_connection, host=bind_host, name="coordinator", tls=tls,
-                                  peer_timeout=peer_timeout)
+                                  peer_timeout=peer_timeout, codec=wire.CONTROL)
         #: where tasks reach the coordinator (the driver's advertised host, its bound port)
         self.address = (advertised_host or bind_host, self.server.address[1])
         self._thread = threading.Thread(target=self._loop, name="epochal-coordinator", daemon=True)
@@ -166,6 +169,17 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
         """Manual trigger from the API (thread-safe)."""
         self.inbox.put(("manual",))
 
+    def rekey_queries(self, key: bytes) -> None:
+        """The job's query token was revoked (thread-safe): every task's query server, now
+        and after a failover region's restart, accepts only ``key``."""
+        self.inbox.put(("query_key", key))
+
+    def _start(self, task: str, restore) -> None:
+        """Send ``task`` its start (and the query key, if the token was revoked since the attempt began)."""
+        self._send(task, ("start", self.addresses, restore))
+        if self.query_key is not None:
+            self._send(task, ("query_key", self.query_key))
+
     def fail(self, cause: str, secondary: bool = False, fatal: bool = False) -> None:
         """Fail the attempt from outside: the user cancelled, or (``secondary``) the launcher
         saw a task process die — the task's own report, if it arrives within the grace
@@ -186,6 +200,9 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
         try:
             hello = conn.recv()
         except Exception:
+            conn.close()
+            return
+        if type(hello) is not tuple or len(hello) < 3:
             conn.close()
             return
         if hello[0] == "setup_failed":
@@ -299,7 +316,7 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
                 self.started = True
                 self.times["connected"] = now
                 for t in self.tasks:
-                    self._send(t, ("start", self.addresses, self.restore))
+                    self._start(t, self.restore)
         elif kind == "running":
             self.task_setup[msg[1]] = dict(msg[2]) if len(msg) > 2 else {}
             if self.group_of is not None:
@@ -345,6 +362,9 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
             self.exhausted.add(msg[1])
             if self.exhausted >= self.sources:
                 self.coordinator.request_final(now)
+        elif kind == "query_key":
+            self.query_key = msg[1]
+            self._broadcast(msg)
         elif kind == "query_address":
             self.query_addresses[msg[1]] = tuple(msg[2])
         elif kind == "metrics":

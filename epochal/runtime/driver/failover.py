@@ -255,7 +255,7 @@ class FailoverRegions:
         self.coordinator.rejoin(tasks, now)  # the pending epochs' timeouts count from now
         restore = self.latest_restore
         for t in tasks:
-            self._send(t, ("start", self.addresses, restore))
+            self._start(t, restore)
         ts = time.time()
         epochs = [p.epoch for p in self.coordinator.pending]
         for t in tasks:

@@ -48,6 +48,12 @@ class QueryDirectory:
         ok = type(msg) is tuple and msg[:1] == ("routes",)
         return ("routes", self._routes()) if ok else ("error", None, "unknown request")
 
+    def rekey(self, key: bytes) -> None:
+        """The query token was revoked: only ``key`` is accepted from now on, and the
+        connections authenticated with the old one are dropped. Idempotent."""
+        self.server.key = key
+        self._answering.drop()
+
     def close(self) -> None:
         self.server.close()
         self._answering.close()

@@ -68,7 +68,7 @@ def sub_flow(flow, part: RegionPart, relay=None):
             producer = flow._nodes[inp.node]
             channel = channel_name(inp, name)
             nodes[f"{channel}.in"] = Node(f"{channel}.in", NodeKind.SOURCE, (), producer.parallelism,
-                                         RelaySource(relay.endpoint(channel), producer.parallelism,
+                                         RelaySource(relay.endpoint(channel, "consumer", part.name), producer.parallelism,
                                                      ack_on_take=isinstance(part.region, Autonomous)),
                                          columnar=node.columnar)
             inputs.append(dataclasses.replace(inp, node=f"{channel}.in", port="main", autonomous=False))
@@ -80,7 +80,8 @@ def sub_flow(flow, part: RegionPart, relay=None):
             if inp.autonomous and inp.node in inside:
                 producer, channel = flow._nodes[inp.node], channel_name(inp, consumer.name)
                 nodes[f"{channel}.out"] = Node(f"{channel}.out", NodeKind.SINK, (Input(inp.node, FORWARD, port=inp.port),),
-                                              producer.parallelism, RelaySink(relay.endpoint(channel)),
+                                              producer.parallelism,
+                                              RelaySink(relay.endpoint(channel, "producer", part.name)),
                                               columnar=consumer.columnar)
     sub._nodes = nodes
     return sub
@@ -192,10 +193,10 @@ class _Unbound:
     """The hub of autonomous channels while plans are only checked (nothing is shipped)."""
 
     @staticmethod
-    def endpoint(channel: str):
+    def endpoint(channel: str, role=None, region=None):
         from epochal.regions.relay import RelayEndpoint
 
-        return RelayEndpoint(("127.0.0.1", 0), b"", channel)
+        return RelayEndpoint(("127.0.0.1", 0), channel)
 
 
 _UNBOUND = _Unbound()
@@ -235,6 +236,8 @@ def _start_all(flow, parts, start_one, relay, *, guarantee, checkpoint, base, re
             except EpochalError as exc:
                 raise _in_region(exc, f"region {part.name!r} of job {flow.name!r}") from exc
             handles[part.name]._driver.region = part.name
+            if relay is not None:  # the region's relay connections prove its current attempt's key
+                relay.admit(part.name, _current_key(handles[part.name]._driver))
     except BaseException:
         for handle in handles.values():
             handle.cancel()
@@ -245,6 +248,11 @@ def _start_all(flow, parts, start_one, relay, *, guarantee, checkpoint, base, re
                 pass
         raise
     return RegionsHandle(flow.name, parts, handles, base, relay, region_channels(flow, parts))
+
+
+def _current_key(driver):
+    """The current attempt key of ``driver``'s region (``None`` before its first attempt)."""
+    return lambda: getattr(driver.server, "key", None)
 
 
 def _in_region(exc: EpochalError, where: str) -> EpochalError:

@@ -70,7 +70,8 @@ class LaunchUnits:
         log.warning("job %s: failover region %d (%s) restarts alone as generation %d", driver.plan.job, group,
                     ", ".join(self.groups[group]), generation)
         server.relaunched(group, incarnation, generation)
-        payload = cloudpickle.dumps(dataclasses.replace(self.attempt, generation=generation))
+        query_key = server.query_key or self.attempt.query_key  # a revoked query token stays revoked
+        payload = cloudpickle.dumps(dataclasses.replace(self.attempt, generation=generation, query_key=query_key))
         self._units[group] = driver.launcher.launch(payload, self._indexes(group), self._on_exit(group, incarnation))
 
     def _indexes(self, group: int) -> list[int]:

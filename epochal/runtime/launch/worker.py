@@ -44,7 +44,8 @@ def run_task(attempt_bytes: bytes, index: int, host: str | None = None) -> dict:
                  "functions and classes used by the pipeline must be importable on the workers or defined in "
                  "the driver's __main__ script")
         try:
-            conn = wire.connect(attempt.coordinator, attempt.key, {"task_index": index}, tls=attempt.tls)
+            conn = wire.connect(attempt.coordinator, attempt.key, {"task_index": index}, tls=attempt.tls,
+                                codec=wire.CONTROL)
             conn.send(("setup_failed", index, cause))
             conn.close()
         except Exception:

@@ -30,7 +30,7 @@ class QuerySteps:
         if not self.queryable or self.backend is None or self.attempt.query_key is None:
             return
         unaligned = self.attempt.components.aligned_timeout == 0  # no epoch of this job is an aligned cut
-        config = dict(key=self.attempt.query_key, host=self.bind_host, task=self.spec.id,
+        config = dict(key=self.query_key or self.attempt.query_key, host=self.bind_host, task=self.spec.id,
                       key_groups=self.spec.key_groups, registry=self.queryable,
                       committed_refused=UNALIGNED_REFUSAL if unaligned else None,
                       peer_timeout=self.attempt.peer_timeout, tls=self.attempt.query_tls)
@@ -50,6 +50,13 @@ class QuerySteps:
                                             config.pop("key_groups"), config.pop("registry"), self.query_versions,
                                             self._read_live, **config)
             self._register_queries(self.query_server.address[1])
+
+    def rekey_queries(self, key: bytes) -> None:
+        """Task thread: the job's query token was revoked; the query server (and a later
+        one) accepts only ``key``, its connections of the old token are dropped."""
+        self.query_key = key
+        if self.query_server is not None:
+            self.query_server.rekey(key)
 
     def _register_queries(self, port: int) -> None:
         """Tell the coordinator where this task's queries go (task thread, or a sidecar's

@@ -52,7 +52,7 @@ from epochal.runtime.task.restore import RestoredState, edge_of, load_restored_s
 from epochal.runtime.task.router import Router
 from epochal.runtime.task.snapshots import Uploader
 from epochal.runtime.task.steps import ReadSteps
-from epochal.runtime.transport import wire
+from epochal.runtime.transport import credentials, wire
 from epochal.runtime.transport.channels import END, ChannelFailure, InputGate, OutputChannel
 from epochal.sinks.base import SinkWriteError
 from epochal.testing import FaultInjector
@@ -123,6 +123,7 @@ class Task(ReadSteps, BarrierSteps, QuerySteps):
         self.queryable: dict[str, tuple] = {}
         self.query_versions = CommittedVersions()
         self.query_server: QueryServer | None = None
+        self.query_key: bytes | None = None  # the query key once the token was revoked (else the attempt's)
         # timings as streaming summaries (count, sum, max, p50, p99): bounded over any run
         self.metrics = {"task": self.spec.id, "host": self.node, "source": self.spec.is_source, "records_in": 0,
                         "snapshots": 0, "unaligned_snapshots": 0, "channel_state_replayed": 0, "channel_state_watermarks": 0,
@@ -156,7 +157,7 @@ class Task(ReadSteps, BarrierSteps, QuerySteps):
         try:
             self.coordinator = wire.connect(
                 coordinator, key, {"task": self.spec.id, "generation": self.attempt.generation}, tls=tls,
-                peer_timeout=self.attempt.peer_timeout)
+                peer_timeout=self.attempt.peer_timeout, codec=wire.CONTROL)
         except (OSError, EpochalError) as exc:
             raise TaskStartError(
                 f"{self._where()} cannot connect to the coordinator at {coordinator[0]}:{coordinator[1]}: "
@@ -177,6 +178,9 @@ class Task(ReadSteps, BarrierSteps, QuerySteps):
             address = (self.host, self.server.address[1])
         self.coordinator.send(("hello", self.spec.id, address))
         start = self.coordinator.recv()
+        while start[0] == "query_key":  # the query token was revoked while this task joined
+            self.query_key = start[1]
+            start = self.coordinator.recv()
         if start[0] != "start":
             raise TaskCancelled(f"task {self.spec.id}: coordinator sent {start[0]!r} instead of start")
         threading.Thread(target=self._read_control, name=f"epochal-control-{self.spec.id}", daemon=True).start()
@@ -201,6 +205,7 @@ class Task(ReadSteps, BarrierSteps, QuerySteps):
         t_setup = time.monotonic()
         _, addresses, restore = start
         key = self.attempt.key
+        credentials.bind(key, self.attempt.generation)  # for relay sinks and sources (their own connections)
         for gate in self.spec.outputs:
             for cid in gate.channels:
                 consumer = self.plan.channels[cid].consumer
@@ -469,6 +474,8 @@ class Task(ReadSteps, BarrierSteps, QuerySteps):
                 self.query_versions.aborted(msg[1])
             elif kind == "query":  # a read-uncommitted lookup (epochal.query.server)
                 self._answer_live(msg)
+            elif kind == "query_key":  # the job's query token was revoked (epochal.query)
+                self.rekey_queries(msg[1])
             elif kind == "release_end":  # a loop head: the loop is quiescent, event time may end
                 if self._end_held:
                     self.chain.end_of_input()

@@ -50,7 +50,12 @@ class Codec:
     by name, ``{"$n": [name, [fields...]]}``; a name not in it is refused, so decoding
     builds nothing but tuples of data. Immutable, thread-safe."""
 
-    def __init__(self, named=()):
+    def __init__(self, named=(), lenient: bool = False):
+        #: encode subclasses of the data types (an ``OrderedDict``, a ``str`` enum, a numpy
+        #: scalar's ``item()``) as their plain type; decoding is as strict either way. For
+        #: control messages (:data:`~epochal.runtime.transport.wire.CONTROL`), whose fields are
+        #: counters and names an author may hold in such types
+        self.lenient = lenient
         self._by_name = {cls.__name__: cls for cls in named}
         self._by_class = {cls: cls.__name__ for cls in named}
         if len(self._by_name) != len(self._by_class):
@@ -83,6 +88,10 @@ class Codec:
         name = self._by_class.get(t)
         if name is not None:
             return {"$n": [name, [self.encode(v, where, d) for v in value]]}
+        if self.lenient:
+            plain = _plain(value)
+            if plain is not _NONE:
+                return self.encode(plain, where, _depth)
         raise NotData(f"{where}: a {t.__module__}.{t.__qualname__} has no data-only encoding "
                       "(str, int, float, bool, None, bytes, tuple, list, dict, set, frozenset"
                       + "".join(f", {n}" for n in self._by_name) + ")")
@@ -158,6 +167,108 @@ class Codec:
             raise NotData(f"nested deeper than {MAX_DEPTH}") from None
 
 
+_NONE = object()
+_BASES = (bool, int, float, str, bytes, tuple, list, dict, set, frozenset)
+
+
+def _plain(value):
+    """``value`` as the plain data type it subclasses (or a numpy scalar's ``item()``);
+    ``_NONE`` when it is neither."""
+    for base in _BASES:
+        if isinstance(value, base):
+            return str.__str__(value) if base is str else base(value)  # a str enum: its value
+    item = getattr(value, "item", None)
+    if type(value).__module__ == "numpy" and callable(item):
+        plain = item()
+        if type(plain) in _BASES:
+            return plain
+    return _NONE
+
+
+class NativeCodec(Codec):
+    """The encoding for control messages, cheaper on the hot path (an epoch's acks): a dict
+    whose keys are all ``str`` not starting with ``$`` is a plain JSON object (no ``$d``),
+    decoded by the JSON parser itself with a hook for the tags; a dict with any other key is
+    a ``$d``, so a plain object never looks like a tag (one that does is refused). No named
+    types; lenient when encoding. The same guarantee: decoding builds data, never runs code."""
+
+    def __init__(self):
+        super().__init__(lenient=True)
+
+    def encode(self, value, where: str = "value", _depth: int = 0):
+        t = type(value)
+        if t is str or t is int or value is None or t is bool:
+            return value
+        if t is float and value - value == 0:  # finite (inf - inf and nan - nan are nan)
+            return value
+        if _depth > MAX_DEPTH:
+            raise NotData(f"{where}: nested deeper than {MAX_DEPTH}")
+        d, enc = _depth + 1, self.encode
+        if t is dict:
+            out = {}
+            for k, v in value.items():
+                if type(k) is not str or k[:1] == "$":
+                    break
+                out[k] = enc(v, where, d)
+            else:
+                return out
+        elif t is tuple:
+            return {"$t": [enc(v, where, d) for v in value]}
+        elif t is list:
+            return [enc(v, where, d) for v in value]
+        return super().encode(value, where, _depth)
+
+    def dumps(self, value, where: str = "value") -> bytes:
+        return _ENCODER.encode(self.encode(value, where)).encode()
+
+    def loads(self, payload: bytes):
+        try:
+            return _DECODER.decode(bytes(payload).decode("utf-8"))
+        except NotData:
+            raise
+        except RecursionError:
+            raise NotData(f"nested deeper than {MAX_DEPTH}") from None
+        except (UnicodeDecodeError, ValueError, TypeError) as exc:
+            raise NotData(f"not a data-only (JSON) message: {type(exc).__name__}: {exc}"[:300]) from None
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON (non-finite floats travel as $f)")
+
+
+#: built once (json.dumps/loads with options build a new one per call: most of a small message's cost)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
+def _untag(obj: dict):
+    """The JSON parser's hook (innermost objects first) of :class:`NativeCodec`."""
+    if len(obj) != 1:
+        for k in obj:
+            if k[:1] == "$":
+                raise NotData("a plain object's member names must not start with '$'")
+        return obj
+    for tag, body in obj.items():
+        if tag[:1] != "$":
+            return obj
+        if tag == "$t":
+            return tuple(_array(body, tag))
+        if tag == "$d":
+            out = {}
+            for pair in _array(body, tag):
+                if type(pair) is not list or len(pair) != 2:
+                    raise NotData("a $d member must be a [key, value] pair")
+                out[pair[0]] = pair[1]  # an unhashable key: TypeError, refused by loads
+            return out
+        if tag in ("$s", "$z"):
+            return set(_array(body, tag)) if tag == "$s" else frozenset(_array(body, tag))
+        if tag in ("$b", "$f"):
+            return PLAIN.decode(obj)
+        raise NotData(f"unknown tag {tag!r:.40}")
+
+
+_DECODER = json.JSONDecoder(object_hook=_untag, parse_constant=_no_constant)
+
+
 def _array(body, tag: str) -> list:
     if type(body) is not list:
         raise NotData(f"{tag} must hold an array")
@@ -168,6 +279,3 @@ def _array(body, tag: str) -> list:
 PLAIN = Codec()
 encode, decode, dumps, loads = PLAIN.encode, PLAIN.decode, PLAIN.dumps, PLAIN.loads
 
-
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not JSON (non-finite floats travel as $f)")

@@ -5,9 +5,17 @@ Every connection starts with a mutual HMAC-SHA256 challenge-response over the jo
 of an older generation cannot even connect). Until both sides proved the key, only
 fixed-size nonces, MACs and a small JSON hello cross the wire — nothing is unpickled.
 After the handshake, frames (4-byte length + payload) carry pickled messages between
-peers of the same job and generation — except on connections whose peer holds only a
-read capability (query clients: :class:`Answering` with a ``codec``), where every frame is
-data-only :mod:`~epochal.runtime.transport.tagged_json` both ways.
+peers of the same job and generation — except on connections with a ``codec`` (a
+:class:`~epochal.runtime.transport.tagged_json.Codec`, chosen by both ends: the server's
+:class:`Server` and the client's :func:`connect`), where every frame is data-only tagged
+JSON both ways and a frame that is not (a pickle) is refused unread: the coordinator's
+control messages (:data:`CONTROL`), the relay hub's, and the connections of peers that hold
+only a read capability (query clients: :class:`Answering` with a ``codec``).
+
+A server's ``key`` may be a function of the peer's hello (``key(hello) -> bytes | None``):
+the hello names what the peer is (a relay lane, its generation) and the key it must prove
+is chosen by it — the hello is parsed as JSON first, but trusted only once the MAC over it
+verified; ``None`` refuses the peer.
 
 With ``tls`` (a :class:`~epochal.runtime.transport.tls.TLSMaterial`), the connection is first wrapped
 in mutually authenticated TLS 1.3 pinned to the attempt's certificate, and the HMAC
@@ -45,6 +53,7 @@ import time
 from epochal import serde
 from epochal.errors import EpochalError
 from epochal.runtime.transport import tagged_json
+from epochal.runtime.transport.answering import Answering  # noqa: F401 (where servers have found it)
 
 MAGIC = b"EPOCHAL1"
 NONCE = 32
@@ -54,6 +63,9 @@ HANDSHAKE_TIMEOUT = 10.0
 #: connections a Server keeps in the handshake at once; the oldest is dropped beyond
 MAX_PENDING_HANDSHAKES = 64
 _LEN = struct.Struct("!I")
+#: the encoding of control messages (coordinator ↔ task, the relay hub's requests): tagged
+#: JSON, lenient about subclasses of data types when encoding (counters in a ``defaultdict``)
+CONTROL = tagged_json.NativeCodec()
 
 
 class AuthenticationError(EpochalError):
@@ -150,11 +162,15 @@ class Connection:
 
     ``send`` may be called from several threads (it is locked); ``recv`` from one. With
     ``peer_timeout``, a peer host that stops answering raises :class:`PeerLost` from
-    either (module docstring).
+    either (module docstring). With ``codec``, ``send``/``recv`` are data-only tagged JSON:
+    ``send`` raises :class:`~epochal.runtime.transport.tagged_json.NotData` for a message
+    that is not data (nothing sent), ``recv`` for a frame that is not (nothing unpickled).
     """
 
-    def __init__(self, sock: socket.socket, peer_hello: dict | None = None, peer_timeout: float | None = None):
+    def __init__(self, sock: socket.socket, peer_hello: dict | None = None, peer_timeout: float | None = None,
+                 codec: tagged_json.Codec | None = None):
         self.sock = sock
+        self.codec = codec
         self.peer_hello = peer_hello or {}
         self.peer_timeout = peer_timeout
         self._send_lock = threading.Lock()
@@ -197,7 +213,8 @@ class Connection:
                 raise lost from exc
 
     def send(self, message) -> None:
-        self.send_bytes(encode(message))
+        codec = self.codec
+        self.send_bytes(encode(message) if codec is None else codec.dumps(message, where="message"))
 
     def recv_bytes(self) -> bytes:
         try:
@@ -213,7 +230,8 @@ class Connection:
             raise
 
     def recv(self):
-        return decode(self.recv_bytes())
+        codec = self.codec
+        return decode(self.recv_bytes()) if codec is None else codec.loads(self.recv_bytes())
 
     def close(self) -> None:
         if self._closed:
@@ -247,9 +265,10 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> b
 
 
 def connect(address: tuple[str, int], key: bytes, hello: dict, timeout: float = HANDSHAKE_TIMEOUT,
-            tls=None, peer_timeout: float | None = None) -> Connection:
+            tls=None, peer_timeout: float | None = None, *, codec: tagged_json.Codec | None = None) -> Connection:
     """Client side: connect, (with ``tls``) run the pinned TLS handshake, prove the key,
-    check the server proves it too, send ``hello``.
+    check the server proves it too, send ``hello``. ``codec``: the server's (its frames
+    are data-only tagged JSON both ways).
 
     Raises:
         OSError: the address cannot be reached within ``timeout`` (refused, no route, ...).
@@ -276,7 +295,7 @@ def connect(address: tuple[str, int], key: bytes, hello: dict, timeout: float = 
                                       "(wrong key: another job or generation?)") from None
         if not hmac.compare_digest(proof, _mac(key, b"server", client_nonce, server_nonce)):
             raise AuthenticationError(f"{address}: server failed authentication (another job or generation)")
-        return Connection(sock, peer_timeout=peer_timeout)
+        return Connection(sock, peer_timeout=peer_timeout, codec=codec)
     except BaseException:
         sock.close()
         raise
@@ -294,10 +313,11 @@ def _tls_wrap(sock, tls, server_side: bool, where):
                                   "this attempt's certificate (another job or generation, or not epochal)") from exc
 
 
-def accept_handshake(sock: socket.socket, key: bytes, timeout: float = HANDSHAKE_TIMEOUT, tls=None,
-                     peer_timeout: float | None = None) -> Connection:
+def accept_handshake(sock: socket.socket, key, timeout: float = HANDSHAKE_TIMEOUT, tls=None,
+                     peer_timeout: float | None = None, *, codec: tagged_json.Codec | None = None) -> Connection:
     """Server side of :func:`connect`; raises AuthenticationError for a wrong key or a
-    peer without the attempt's TLS certificate."""
+    peer without the attempt's TLS certificate. ``key``: bytes, or ``key(hello)`` → the
+    key this peer must prove, ``None`` to refuse it (module docstring)."""
     deadline = time.monotonic() + timeout  # for the whole handshake, not per read
     sock.settimeout(timeout)
     if tls is not None:
@@ -311,10 +331,20 @@ def accept_handshake(sock: socket.socket, key: bytes, timeout: float = HANDSHAKE
     if n > 4096:
         raise AuthenticationError("hello too large")
     hello_bytes = _recv_exact(sock, n, deadline)
+    hello = None
+    if callable(key):
+        try:
+            hello = json.loads(hello_bytes)
+        except (ValueError, RecursionError):
+            raise AuthenticationError("client sent a hello that is not JSON") from None
+        key = key(hello) if type(hello) is dict else None
+        if key is None:
+            raise AuthenticationError("client's hello names no peer this server admits")
     if not hmac.compare_digest(mac, _mac(key, b"client", server_nonce, client_nonce, hello_bytes)):
         raise AuthenticationError("client failed authentication (another job or generation)")
     sock.sendall(_mac(key, b"server", client_nonce, server_nonce))
-    return Connection(sock, json.loads(hello_bytes), peer_timeout=peer_timeout)
+    return Connection(sock, json.loads(hello_bytes) if hello is None else hello, peer_timeout=peer_timeout,
+                      codec=codec)
 
 
 class Server:
@@ -325,13 +355,20 @@ class Server:
     (one thread each, for at most ``HANDSHAKE_TIMEOUT``); a new one beyond that evicts the
     oldest (counted in ``evicted``).
 
+    ``key``: bytes, or a function of the peer's hello (:func:`accept_handshake`); it may be
+    replaced while serving (a revoked query token): connections authenticated before keep
+    going, new ones must prove the new key. ``codec``: every connection's frames are
+    data-only tagged JSON (:class:`Connection`).
+
     Raises (constructor): ``OSError`` when ``host`` cannot be bound (e.g. it is not an
     address of this host).
     """
 
-    def __init__(self, key: bytes, on_connection, host: str = "127.0.0.1", name: str = "server", tls=None,
-                 max_pending: int = MAX_PENDING_HANDSHAKES, peer_timeout: float | None = None):
+    def __init__(self, key, on_connection, host: str = "127.0.0.1", name: str = "server", tls=None,
+                 max_pending: int = MAX_PENDING_HANDSHAKES, peer_timeout: float | None = None,
+                 codec: tagged_json.Codec | None = None):
         self.key = key
+        self.codec = codec
         self.tls = tls
         self.peer_timeout = peer_timeout
         self.on_connection = on_connection
@@ -371,7 +408,7 @@ class Server:
 
     def _handshake(self, sock):
         try:
-            conn = accept_handshake(sock, self.key, tls=self.tls, peer_timeout=self.peer_timeout)
+            conn = accept_handshake(sock, self.key, tls=self.tls, peer_timeout=self.peer_timeout, codec=self.codec)
         except (AuthenticationError, ConnectionClosed, OSError, ValueError):
             self.rejected += 1
             self._forget(sock)
@@ -402,68 +439,3 @@ class Server:
             pass
         if threading.current_thread() is not self._thread:
             self._thread.join(5)
-
-
-class Answering:
-    """The connections of a request/answer server (a :class:`Server`'s ``on_connection``
-    calls :meth:`serve`): each connection's requests are answered in order by
-    ``answer(request)`` on the connection's thread until the peer goes or :meth:`close`.
-
-    With ``codec`` (a :class:`~epochal.runtime.transport.tagged_json.Codec`: for peers holding
-    a capability that must not run code, query clients), requests and answers are data-only
-    tagged JSON, never pickle: a
-    request that is not data (a pickle, say) is answered ``("error", None, reason)`` and
-    nothing of it is run; an answer that is not data is replaced by such an error too.
-    Without it, frames are pickles between peers of one job (:func:`decode`).
-
-    Once closed, a new connection is dropped at once; ``close`` drops the open ones
-    (their threads end on the next receive). Idempotent.
-    """
-
-    def __init__(self, answer, codec: tagged_json.Codec | None = None, name: str = "server"):
-        self._answer = answer
-        self.codec = codec
-        self.name = name
-        self._lock = threading.Lock()
-        self._conns: set = set()
-        self.closed = False
-
-    def serve(self, conn: Connection) -> None:
-        with self._lock:
-            if self.closed:
-                conn.close()
-                return
-            self._conns.add(conn)
-        try:
-            while True:
-                if self.codec is not None:
-                    conn.send_bytes(self._answer_data(conn.recv_bytes()))
-                else:
-                    conn.send(self._answer(conn.recv()))
-        except Exception:
-            pass  # the peer went (or close() dropped it): nothing to answer
-        finally:
-            with self._lock:
-                self._conns.discard(conn)
-            conn.close()
-
-    def _answer_data(self, payload: bytes) -> bytes:
-        """The data-only answer to one frame (``codec``): nothing unpickled."""
-        codec = self.codec
-        try:
-            request = codec.loads(payload)
-        except tagged_json.NotData as exc:
-            return codec.dumps(("error", None, f"{self.name}: refused a request that is not "
-                                               f"data-only (tagged JSON; pickles are never read here): {exc}"))
-        reply = self._answer(request)
-        try:
-            return codec.dumps(reply, where=f"{self.name}'s answer")
-        except tagged_json.NotData as exc:
-            return codec.dumps(("error", None, str(exc)))
-
-    def close(self) -> None:
-        with self._lock:
-            self.closed = True
-            conns, self._conns = list(self._conns), set()
-        for conn in conns:
-            conn.close()
