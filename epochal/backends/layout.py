@@ -148,12 +148,14 @@ def _json_default(obj):
 
 def encode_document(doc: dict) -> bytes:
     """A JSON document of the checkpoint directory (``_metadata``, savepoint markers):
-    :class:`StateHandle` values become dicts, keys sorted.
+    :class:`StateHandle` values become dicts, keys sorted, compact (no indentation: an
+    indented ``json.dumps`` runs Python's pure-Python encoder, which made a 1,000-task
+    ``_metadata`` cost ~4x as much on the coordinator's loop thread; ``benchmarks/scale.py``).
 
     Raises:
         TypeError: ``doc`` holds a value JSON cannot encode.
     """
-    return json.dumps(doc, default=_json_default, sort_keys=True, indent=1).encode("utf-8")
+    return json.dumps(doc, default=_json_default, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
 def metadata_document(job: str, epoch: int, meta: dict) -> dict:
