@@ -44,9 +44,9 @@ def _cut_events(url: str) -> list:
     return [event(s, i) for s, n in read.items() for i in range(n)]
 
 
-def _start(tmp_path, name: str, spark=None, **checkpoint):
+def _start(tmp_path, name: str, spark=None, rate: float = RATE, **checkpoint):
     out, storage = unique_dir(tmp_path, f"out-{name}"), "file://" + unique_dir(tmp_path, f"ckpt-{name}")
-    flow = windows_flow(f"drain-{name}", out, Tumbling(1.0), rate=RATE)
+    flow = windows_flow(f"drain-{name}", out, Tumbling(1.0), rate=rate)
     runtime = {"runtime": "spark", "spark": spark} if spark is not None else {"runtime": "local"}
     handle = flow.start(**runtime, checkpoint=ep.CheckpointConfig(interval=0.2, storage=storage, **checkpoint))
     deadline = time.monotonic() + 120
@@ -85,7 +85,10 @@ def test_drain_on_spark(tmp_path, spark):
 
 def test_drain_requested_from_another_process(tmp_path):
     """`epochal savepoint trigger --stop --drain`: the request document carries the drain."""
-    handle, out, storage = _start(tmp_path, "outside", requests_poll=0.2, savepoint_targets=[str(tmp_path)])
+    # 100 events/s: the input lasts 30 s, so a CLI process slow to start on a busy machine still
+    # finds the job running (at RATE it failed 3 of 5 runs at load 16-27: nobody answered)
+    handle, out, storage = _start(tmp_path, "outside", rate=100.0, requests_poll=0.2,
+                                  savepoint_targets=[str(tmp_path)])
     url = str(tmp_path / "sp-outside")
     exe = os.path.join(os.path.dirname(sys.executable), "epochal")
     done = subprocess.run([exe, "savepoint", "trigger", storage, "drain-outside", "--to", url, "--stop", "--drain",
