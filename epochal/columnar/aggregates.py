@@ -54,6 +54,14 @@ class Aggregation:
     width = 1
     #: whether partials combine in Arrow (``combine``): user functions do not
     combinable = True
+    #: computed per group by :meth:`reduce` (over group ids) instead of Arrow ``group_by``
+    #: specs: the selections (``arg_max``, ``top_k``, ...) of :mod:`epochal.columnar.selections`
+    grouped = False
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The input columns the aggregation reads (checked and selected per batch)."""
+        return () if self.column is None else (self.column,)
 
     def raw(self) -> list[tuple]:
         """``Table.group_by(key).aggregate`` specs: partial columns of raw rows."""

@@ -53,9 +53,14 @@ watermark that fires, at a processing-time timer due at the earliest possible de
 clock (processing ↔ event time) is refused: each key group records its stamps' clock
 (``"<op>/ttl"``).
 
+Aggregations: the built-ins, the selections of :mod:`epochal.columnar.selections`
+(``arg_max``, ``first`` / ``last`` — by the window's event-time column unless named —,
+``top_k``, ``count_distinct``) and user ``aggregate_batches`` functions
+(:mod:`epochal.columnar.accumulators`): each combines per pane, then per window.
+
 Not supported (a build-time error says so): ``allowed_lateness`` > 0, session windows,
-processing-time windows, user ``ColumnAggregateFunction``\\ s — use ``to_records`` and the
-record path's windows for those.
+processing-time windows, user ``ColumnAggregateFunction``\\ s (no merge: write them as
+``aggregate_batches``) — use ``to_records`` and the record path's windows for those.
 """
 from __future__ import annotations
 
@@ -171,12 +176,16 @@ class ColumnWindowedStream:
                 raise PipelineDefinitionError(f"{where}: {out}= must be an aggregation from epochal.columnar "
                                               f"(count(), sum(col), ...), got {type(agg).__name__}")
             if not agg.combinable:
-                raise PipelineDefinitionError(f"{where}: {out}= is a ColumnAggregateFunction; windows of batches "
-                                              "take count/sum/min/max/mean — use to_records(...) for yours")
+                raise PipelineDefinitionError(f"{where}: {out}= is a ColumnAggregateFunction (one Python accumulator "
+                                              "per key, no merge); in windows of batches write it as "
+                                              "aggregate_batches(fn, columns) (add(batch), merge, result)")
             if out in (column, "window_start", "window_end"):
                 raise PipelineDefinitionError(f"{where}: output column {out!r} is taken; name the aggregation "
                                               "otherwise")
         time, ttl = event_time_of(keyed, where), _window_ttl(where, self._ttl)
+        from epochal.columnar.selections import bind_time
+
+        aggregations = bind_time(aggregations, lambda: time.column, where)
         if not isinstance(local, bool):
             raise PipelineDefinitionError(f"{where}: local must be True or False, got {local!r}")
         if local and ttl is not None:
