@@ -131,7 +131,8 @@ class PartialPlan:
             else:
                 columns += [next(values) for _ in range(a.width)]
             pos += a.width
-        return pa.Table.from_arrays(keys + columns, names=[self.key] + self.groups + self.partial_names).combine_chunks()
+        names = [self.key] + self.groups + self.partial_names
+        return pa.Table.from_arrays(keys + columns, names=names).combine_chunks()
 
 
 def _one_group(table: pa.Table, by: list[str], specs: list) -> pa.Table | None:
