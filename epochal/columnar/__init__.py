@@ -16,7 +16,8 @@ loops are the record path's: a batch is one element of the engine's record lists
 from epochal.columnar.accumulators import BatchAggregateFunction, aggregate_batches
 from epochal.columnar.aggregates import ColumnAggregateFunction, aggregate, count, max, mean, min, sum
 from epochal.columnar.selections import arg_max, arg_min, count_distinct, first, last, top_k
+from epochal.columnar.sketches import approx_count_distinct
 from epochal.columnar.sources import ArrowFileSource
 
 __all__ = ["ArrowFileSource", "BatchAggregateFunction", "ColumnAggregateFunction", "aggregate", "aggregate_batches",
-           "arg_max", "arg_min", "count", "count_distinct", "first", "last", "max", "mean", "min", "sum", "top_k"]
+           "approx_count_distinct", "arg_max", "arg_min", "count", "count_distinct", "first", "last", "max", "mean", "min", "sum", "top_k"]
