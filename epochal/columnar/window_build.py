@@ -39,6 +39,9 @@ class ColumnWindowSpec:
     ttl_time: str = EVENT
     #: the input batches are partials of a ``<name>.local`` node (:class:`PaneLocal`), not raw rows
     partial_input: bool = False
+    #: allowed lateness (µs): a fired window keeps its panes this much longer and fires
+    #: again, updated, when rows of it arrive (:mod:`epochal.columnar.windows`)
+    lateness_us: int = 0
 
 
 @register_builder("columnar.window")
@@ -95,10 +98,8 @@ class ColumnWindowedStream:
             lateness = duration_micros(self._lateness, f"{where}: allowed_lateness")
         except Exception as exc:
             raise PipelineDefinitionError(str(exc)) from None
-        if lateness:
-            raise PipelineDefinitionError(
-                f"{where}: windows of Arrow batches fire once (allowed_lateness=0; late rows go to .late()); for "
-                "allowed_lateness use to_records(...) and the record path's windows")
+        if lateness < 0:
+            raise PipelineDefinitionError(f"{where}: allowed_lateness must not be negative, got {self._lateness!r}")
         if not keyed._timed(name):
             raise PipelineDefinitionError(f"{where} uses event time but its input has none: call "
                                           ".with_watermarks(name, timestamp='column') upstream")
@@ -128,13 +129,16 @@ class ColumnWindowedStream:
         if local and time.column in aggregations:
             raise PipelineDefinitionError(f"{where}: with local=True the partial rows carry the event-time column "
                                           f"{time.column!r}; name the aggregation otherwise")
+        if lateness and ttl is not None:
+            raise PipelineDefinitionError(f"{where}: allowed_lateness with a ttl is not supported on Arrow batches; "
+                                          "drop one of the two, or use to_records(...) and the record path's windows")
         ttl_time, ttl_us = ttl if ttl is not None else (EVENT, None)
         if ttl_us is not None:
             from epochal.columnar.aggregates import max as amax
 
             aggregations = dict(aggregations, **{STAMP: amax(time.column if ttl_time == EVENT else ARRIVAL)})
         spec = ColumnWindowSpec(column, time, assigner.spec(), dict(aggregations), budget_bytes, ttl_us, ttl_time,
-                                partial_input=local)
+                                partial_input=local, lateness_us=lateness)
         if local:
             from epochal.streams import KeyedStream
 
@@ -153,7 +157,8 @@ class ColumnWindowOutput(Stream):
         self._operator = operator
 
     def late(self) -> Stream:
-        """Rows that arrived after every window they belong to had fired, unchanged
+        """Rows that arrived after every window they belong to had fired (and, with
+        ``allowed_lateness``, expired), unchanged
         (batches with their event-time column). Read it or they are only counted
         (``late_dropped``) and logged."""
         return Stream(self._flow, (Input(self._operator, FORWARD, port="late"),))
