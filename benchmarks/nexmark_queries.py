@@ -330,22 +330,12 @@ def _millis(column: str):
     return millis
 
 
-def _q5_score(batch):
-    """``bids * 2**32 + auction``: the maximum is the most bids, ties to the highest auction."""
+def _q5_row(batch):
+    """q5's output row: the window's start and its top auction (the ``arg_max`` struct)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
-
-    return pc.add(pc.multiply(batch["n"].cast(pa.int64()), 1 << 32), batch["auction"])
-
-
-def _q5_decode(batch):
-    import pyarrow as pa
-    import pyarrow.compute as pc
 
     top = batch["top"]
-    return pa.record_batch({"start": batch["w"],
-                            "auction": pc.bit_wise_and(top, (1 << 32) - 1),
-                            "n": pc.shift_right(top, 32)})
+    return pa.record_batch({"start": batch["w"], "auction": top.field("auction"), "n": top.field("n")})
 
 
 class _Kind:
@@ -395,7 +385,7 @@ def epochal_columnar_flow(query: str, parquet_dir: str, out: str, parallelism: i
     import pyarrow.compute as pc
 
     import epochal as ep
-    from epochal.columnar import count, max as amax, sum as asum
+    from epochal.columnar import arg_max, count, max as amax, sum as asum
     from epochal.columnar.sources import ArrowFileSource
     from epochal.windows import Sliding, Tumbling
 
@@ -447,12 +437,14 @@ def epochal_columnar_flow(query: str, parquet_dir: str, out: str, parallelism: i
         counts = (events.filter("bids", pc.field("kind") == 2).select("bid-columns", "auction", "t")
                   .key_by("auction").window(Sliding(Q5_SIZE_MS / 1000, Q5_SLIDE_MS / 1000))
                   .aggregate("q5-counts", n=count())
-                  .with_column("q5-score", "score", _q5_score)
                   .with_column("q5-window", "w", _millis("window_start"))
-                  .select("q5-columns", "w", "score", "window_end"))
+                  .select("q5-columns", "w", "auction", "n", "window_end"))
+        # per window the auction with the most bids, ties to the highest auction id: the
+        # largest (n, auction), as Spark's max(struct(count, auction))
+        top = arg_max(("n", "auction"), ("auction", "n"))
         result = (counts.with_watermarks("q5-time", timestamp="window_end").key_by("w")
-                  .window(Tumbling(Q5_SLIDE_MS / 1000)).aggregate("q5", top=amax("score"))
-                  .map_batches("q5-row", _q5_decode))
+                  .window(Tumbling(Q5_SLIDE_MS / 1000)).aggregate("q5", top=top)
+                  .map_batches("q5-row", _q5_row))
     elif query == "q7":
         # local=True: each batch's highest price per window, before the shuffle (Spark's partial aggregate)
         result = (events.filter("bids", _Kind(2))

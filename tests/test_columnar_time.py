@@ -178,8 +178,8 @@ def test_build_errors_name_what_columnar_windows_do_not_do():
         src.key_by("k").window(Tumbling("1s")).aggregate("w1", n=count())
     timed = src.with_watermarks("wm", timestamp="ts")
     keyed = timed.key_by("k")
-    with pytest.raises(PipelineDefinitionError, match="allowed_lateness use to_records"):
-        keyed.window(Tumbling("1s"), allowed_lateness="2s").aggregate("w2", n=count())
+    with pytest.raises(PipelineDefinitionError, match="allowed_lateness with a ttl is not supported on Arrow batches"):
+        keyed.window(Tumbling("1s"), allowed_lateness="2s", ttl=ep.StateTtl(5, time="event")).aggregate("w2", n=count())
     with pytest.raises(PipelineDefinitionError, match="Tumbling.*Sliding.*for Session use to_records"):
         keyed.window(Session("1s")).aggregate("w3", n=count())
     with pytest.raises(PipelineDefinitionError, match="processing-time windows need records"):

@@ -14,6 +14,12 @@ whole columns at a time (Arrow C++ kernels, no per-row or per-key Python for the
     count()              rows per key                 sum(column)   min(column)   max(column)
     mean(column)         sum / count                  aggregate(column, ColumnAggregateFunction)
 
+Selections Arrow has no ``group_by`` kernel for (``arg_max``, ``first`` / ``last``, ``top_k``,
+``count_distinct``: :mod:`epochal.columnar.selections`; ``approx_count_distinct``:
+:mod:`epochal.columnar.sketches`) and user aggregations over Arrow batches
+(``aggregate_batches``: :mod:`epochal.columnar.accumulators`) are :attr:`Aggregation.grouped`:
+computed by their ``reduce`` over each row's group id, in the same grouping.
+
 Nulls: ``sum``, ``min``, ``max`` and ``mean`` skip them (a key with only nulls has a null
 result); ``count`` counts rows. A user :class:`ColumnAggregateFunction` sees a key's values
 as a ``pyarrow.Array`` (``add(acc, values)``) — all of an epoch's values of the key at
@@ -54,6 +60,14 @@ class Aggregation:
     width = 1
     #: whether partials combine in Arrow (``combine``): user functions do not
     combinable = True
+    #: computed per group by :meth:`reduce` (over group ids) instead of Arrow ``group_by``
+    #: specs: the selections (``arg_max``, ``top_k``, ...) of :mod:`epochal.columnar.selections`
+    grouped = False
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The input columns the aggregation reads (checked and selected per batch)."""
+        return () if self.column is None else (self.column,)
 
     def raw(self) -> list[tuple]:
         """``Table.group_by(key).aggregate`` specs: partial columns of raw rows."""

@@ -75,10 +75,14 @@ def build_aggregate(keyed, name: str, parallelism, aggregations: dict, local: bo
         raise PipelineDefinitionError(f"aggregate {name!r}: budget_bytes must be a positive integer, got "
                                       f"{budget_bytes!r}")
     config = _aggregate_ttl(name, ttl)
+    from epochal.columnar.selections import bind_time
+    from epochal.columnar.time import event_time_of
+
+    aggregations = bind_time(aggregations, lambda: event_time_of(keyed, f"aggregate {name!r}: first/last").column,
+                             f"aggregate {name!r}")
     ttl_time = None
     if config is not None and config.time == "event":
         from epochal.columnar.aggregates import max as amax, min as amin
-        from epochal.columnar.time import event_time_of
         from epochal.columnar.ttl import OLDEST, STAMP
 
         ttl_time = event_time_of(keyed, f"aggregate {name!r}: event-time ttl")

@@ -23,6 +23,7 @@ the raw rows instead, grouped once when drained.
 """
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -31,6 +32,7 @@ from epochal.columnar.aggregates import Aggregation
 __all__ = ["PartialBuffer", "PartialPlan"]
 
 _KEY = "\x00key"  # the key column while grouping: no aggregate output can be named so
+_ROW = "\x00row"  # row numbers while grouping, for grouped aggregations' group ids
 
 
 class PartialPlan:
@@ -52,9 +54,9 @@ class PartialPlan:
         self.combinable = all(a.combinable for a in self.aggs)
         # each column once: an aggregation may read the key column (max of the timestamp a
         # window is keyed by) or a group column
-        self.inputs = list(dict.fromkeys([self.key] + self.groups + [a.column for a in self.aggs
-                                                                     if a.column is not None]))
-        self._reads_key = any(a.column == self.key for a in self.aggs)
+        self.inputs = list(dict.fromkeys([self.key] + self.groups + [c for a in self.aggs for c in a.reads]))
+        self._reads_key = any(self.key in a.reads for a in self.aggs)
+        self._grouped = any(a.grouped for a in self.aggs)
         self._raw = [spec for a in self.aggs for spec in a.raw()]
         pos, self._combine = 0, []
         for a in self.aggs:
@@ -73,12 +75,12 @@ class PartialPlan:
     def of_raw(self, batches: list) -> pa.Table:
         """One partial row per distinct key of the raw rows of ``batches``."""
         table = pa.Table.from_batches([b.select(self.inputs) for b in batches]) if batches else None
-        return self._group(table, self._raw)
+        return self._group(table, partial=False)
 
     def combine(self, partials: list) -> pa.Table:
         """Partial tables (or batches) → one partial row per key. Combinable plans only."""
         tables = [p if isinstance(p, pa.Table) else pa.Table.from_batches([p]) for p in partials]
-        return self._group(pa.concat_tables(tables), self._combine)
+        return self._group(pa.concat_tables(tables), partial=True)
 
     def passthrough(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """The partial batch of ``batch`` without grouping (one partial row per row), typed
@@ -88,7 +90,13 @@ class PartialPlan:
                                                                          for c in a.passthrough(batch)]
         return pa.RecordBatch.from_arrays([c.cast(f.type) for c, f in zip(columns, schema)], schema=schema)
 
-    def _group(self, table: pa.Table, specs: list) -> pa.Table:
+    def _group(self, table: pa.Table, partial: bool) -> pa.Table:
+        """One row per distinct (key, groups) of ``table`` (raw rows, or with ``partial``
+        partial rows): Arrow ``group_by`` specs for the combinable built-ins, and for
+        :attr:`~epochal.columnar.aggregates.Aggregation.grouped` aggregations each row's
+        group id (from the same ``group_by``: a ``list`` of row numbers) handed to their
+        ``reduce``."""
+        specs = self._combine if partial else self._raw
         key = table.column(self.key)
         if pa.types.is_dictionary(key.type):  # group by the values, not the dictionary codes
             key = key.cast(key.type.value_type)
@@ -98,13 +106,33 @@ class PartialPlan:
         else:
             table = table.set_column(index, _KEY, key)
         by = [_KEY] + self.groups
-        grouped = _one_group(table, by, specs)
-        if grouped is None:
+        grouped, gid = _one_group(table, by, specs), None
+        if grouped is not None:
+            gid = np.zeros(table.num_rows, np.int64) if self._grouped else None
+        elif self._grouped:  # the row numbers of each group give every row its group id
+            table = table.append_column(_ROW, pa.array(np.arange(table.num_rows, dtype=np.int64)))
+            grouped = table.group_by(by, use_threads=False).aggregate(specs + [(_ROW, "list")])
+            rows = grouped.column(grouped.num_columns - 1).combine_chunks()
+            gid = np.empty(table.num_rows, np.int64)
+            gid[pc.list_flatten(rows).to_numpy()] = np.repeat(np.arange(len(rows), dtype=np.int64),
+                                                              pc.list_value_length(rows).to_numpy())
+            grouped = grouped.drop_columns([grouped.schema.names[-1]])
+        else:
             grouped = table.group_by(by, use_threads=False).aggregate(specs)
         names = grouped.schema.names
         keys = [grouped.column(n) for n in by]
-        values = [c for n, c in zip(names, grouped.columns) if n not in by]
-        return pa.Table.from_arrays(keys + values, names=[self.key] + self.groups + self.partial_names).combine_chunks()
+        values = iter([c for n, c in zip(names, grouped.columns) if n not in by])
+        columns, pos = [], 0
+        for a in self.aggs:
+            if a.grouped:
+                sources = self.partial_names[pos:pos + a.width] if partial else a.reads
+                columns += a.reduce([table.column(c).combine_chunks() for c in sources], gid, grouped.num_rows,
+                                    partial)
+            else:
+                columns += [next(values) for _ in range(a.width)]
+            pos += a.width
+        names = [self.key] + self.groups + self.partial_names
+        return pa.Table.from_arrays(keys + columns, names=names).combine_chunks()
 
 
 def _one_group(table: pa.Table, by: list[str], specs: list) -> pa.Table | None:

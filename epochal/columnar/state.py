@@ -49,8 +49,18 @@ def _concat(columns: list):
         return np.concatenate(columns)
     arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
     if len({a.type for a in arrays}) > 1:
-        arrays = [a.cast(arrays[0].type) for a in arrays]
+        # to the type with the fewest null parts: accumulators restored from Python values
+        # (per-key entries) have null types where every value was None
+        target = min(arrays, key=lambda a: _null_parts(a.type)).type
+        arrays = [a.cast(target) for a in arrays]
     return pa.concat_arrays(arrays)
+
+
+def _null_parts(t: pa.DataType) -> int:
+    """How many parts of type ``t`` (itself, its fields, its items) are the null type."""
+    if t == pa.null():
+        return 1
+    return sum(_null_parts(t.field(i).type) for i in range(t.num_fields)) if pa.types.is_nested(t) else 0
 
 
 class KeyBlock:

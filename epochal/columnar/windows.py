@@ -53,172 +53,45 @@ watermark that fires, at a processing-time timer due at the earliest possible de
 clock (processing ↔ event time) is refused: each key group records its stamps' clock
 (``"<op>/ttl"``).
 
-Not supported (a build-time error says so): ``allowed_lateness`` > 0, session windows,
-processing-time windows, user ``ColumnAggregateFunction``\\ s — use ``to_records`` and the
-record path's windows for those.
+Aggregations: the built-ins, the selections of :mod:`epochal.columnar.selections`
+(``arg_max``, ``first`` / ``last`` — by the window's event-time column unless named —,
+``top_k``, ``count_distinct``) and user ``aggregate_batches`` functions
+(:mod:`epochal.columnar.accumulators`): each combines per pane, then per window.
+
+**Allowed lateness** (``window(..., allowed_lateness=d)``): the record path's, per batch. A
+row is late only when every window holding it expired (``end - 1 + d <= watermark``);
+panes are deleted once their last window expired (at the next window end the watermark
+passes). A batch with rows of windows that already fired but have not expired is merged
+into state at once and those windows fire again, updated — one late firing per (key,
+window) and batch, where the record path fires once per row (with one row per batch the
+firings are the same: ``tests/test_columnar_window_lateness.py`` compares both on random
+inputs). After a restore, rows of windows that fired in a completed epoch (``fired``) fire
+them again at the first watermark. Not with a ttl (refused when the graph is built).
+
+Not supported (a build-time error says so): session windows, processing-time windows,
+user ``ColumnAggregateFunction``\\ s (no merge: write them as ``aggregate_batches``) — use
+``to_records`` and the record path's windows for those.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from epochal.columnar.keys import KeyGroups
-from epochal.columnar.panes import PANE, STAMP, PaneLocal
+from epochal.columnar.panes import PANE, STAMP
 from epochal.columnar.partials import PartialBuffer, PartialPlan
 from epochal.columnar.state import KeyBlock, _concat, _take
-from epochal.columnar.time import ColumnTime, event_time_of
-from epochal.streams import Stream, register_builder
-from epochal.errors import PipelineDefinitionError
-from epochal.graph import FORWARD, Input, NodeKind
+# the builder (registered when this module is imported, as epochal.dataflow does) and the spec
+from epochal.columnar.window_build import ARRIVAL, ColumnWindowedStream, ColumnWindowOutput, ColumnWindowSpec
+from epochal.columnar.window_build import EVENT as _EVENT, PROCESSING as _PROCESSING
 from epochal.operators.base import OperatorContext, RuntimeOperator
-from epochal.time.units import MAX_TIME, MIN_TIME, duration_micros, now_micros
+from epochal.time.units import MAX_TIME, MIN_TIME, now_micros
 from epochal.ttl.registry import META_KEY, meta_state, panes_record
-from epochal.windows.assigners import PaneSpec, Session, Sliding, Tumbling
 
 __all__ = ["ColumnWindowOperator", "ColumnWindowOutput", "ColumnWindowSpec", "ColumnWindowedStream"]
 
-ARRIVAL = "\x00arrival"  # processing-time ttl: the wall clock (µs) at which a row arrived
-_EVENT, _PROCESSING = "event", "processing"
 _UTC = pa.timestamp("us", tz="UTC")
-
-
-@dataclass(frozen=True)
-class ColumnWindowSpec:
-    """The payload of a columnar ``WINDOW`` node."""
-
-    column: str  # the key column
-    time: ColumnTime
-    panes: PaneSpec
-    aggregations: dict
-    budget_bytes: int = 64 << 20
-    #: ttl of the keys' panes (µs), or None; then ``aggregations`` ends with STAMP
-    ttl_us: int | None = None
-    #: the ttl's clock: "event" (STAMP is the newest event time) or "processing" (the newest arrival)
-    ttl_time: str = _EVENT
-    #: the input batches are partials of a ``<name>.local`` node (:class:`PaneLocal`), not raw rows
-    partial_input: bool = False
-
-
-@register_builder("columnar.window")
-def window_batches(keyed, assigner, allowed_lateness, ttl=None) -> "ColumnWindowedStream":
-    """``KeyedStream.window`` on a stream of Arrow batches."""
-    return ColumnWindowedStream(keyed, assigner, allowed_lateness, ttl)
-
-
-def _window_ttl(where: str, ttl) -> tuple[str, int] | None:
-    """``(time, µs)`` of a columnar window's ``ttl=``, checked at build time."""
-    from epochal.windows.ttl import checked_ttl
-
-    config = checked_ttl(ttl, where)
-    if config is None:
-        return None
-    return config.time, config.ttl_us
-
-
-class ColumnWindowedStream:
-    """``key_by(column).window(assigner)`` on a columnar stream; finish with
-    :meth:`aggregate` (see the module docstring)."""
-
-    def __init__(self, keyed, assigner, allowed_lateness, ttl=None):
-        self._keyed = keyed
-        self._assigner = assigner
-        self._lateness = allowed_lateness
-        self._ttl = ttl
-
-    def aggregate(self, name: str, *, parallelism: int | None = None, budget_bytes: int = 64 << 20,
-                  queryable: bool = False, local: bool = False, checkpoints=None,
-                  **aggregations) -> "ColumnWindowOutput":
-        """One row per key and window: ``aggregate("w", n=count(), total=sum("v"))``.
-        ``queryable=True`` is refused: windows of batches are not queryable yet.
-
-        ``local=True`` adds ``<name>.local`` before the shuffle, chained into the producer's
-        task: each batch becomes one partial row per (key, pane) — its aggregations'
-        partials and the pane's newest event time, so the row stays in its pane and is late
-        exactly when its rows would be (:class:`PaneLocal`) — and only those cross to the
-        window (Spark's partial aggregation before its exchange). The output is the same;
-        ``.late()`` then carries late *partial* rows (key, event time, partial columns), not
-        the input rows. Not with a ``ttl``."""
-        from epochal.columnar.aggregates import Aggregation
-
-        keyed, assigner, where = self._keyed, self._assigner, f"window {name!r}"
-        if checkpoints is not None:  # eventual checkpoints (epochal.eventual) are on the record path
-            raise PipelineDefinitionError(
-                f"{where}: eventual checkpoints work on records, not Arrow batches: use to_records(...) before "
-                "key_by, then window(...).aggregate(name, AggregateFunction, checkpoints=ep.Eventual(...))")
-        if queryable is not False:
-            raise PipelineDefinitionError(
-                f"{where}: windows of Arrow batches are not queryable yet; for queryable windows use "
-                "to_records(...), then key_by(...).window(...).aggregate(name, fn, queryable=True) (state 'windows')")
-        if isinstance(assigner, Session) or not isinstance(assigner, (Tumbling, Sliding)):
-            raise PipelineDefinitionError(f"{where}: on Arrow batches, windows are Tumbling(...) or Sliding(...); "
-                                          f"for {type(assigner).__name__} use to_records(...) and the record path")
-        if assigner.processing_time:
-            raise PipelineDefinitionError(f"{where}: processing-time windows need records: use to_records(...) first")
-        try:
-            lateness = duration_micros(self._lateness, f"{where}: allowed_lateness")
-        except Exception as exc:
-            raise PipelineDefinitionError(str(exc)) from None
-        if lateness:
-            raise PipelineDefinitionError(
-                f"{where}: windows of Arrow batches fire once (allowed_lateness=0; late rows go to .late()); for "
-                "allowed_lateness use to_records(...) and the record path's windows")
-        if not keyed._timed(name):
-            raise PipelineDefinitionError(f"{where} uses event time but its input has none: call "
-                                          ".with_watermarks(name, timestamp='column') upstream")
-        if not aggregations:
-            raise PipelineDefinitionError(f"{where}: name at least one aggregation, e.g. n=count()")
-        column = keyed._key_fn.column
-        for out, agg in aggregations.items():
-            if not isinstance(agg, Aggregation):
-                raise PipelineDefinitionError(f"{where}: {out}= must be an aggregation from epochal.columnar "
-                                              f"(count(), sum(col), ...), got {type(agg).__name__}")
-            if not agg.combinable:
-                raise PipelineDefinitionError(f"{where}: {out}= is a ColumnAggregateFunction; windows of batches "
-                                              "take count/sum/min/max/mean — use to_records(...) for yours")
-            if out in (column, "window_start", "window_end"):
-                raise PipelineDefinitionError(f"{where}: output column {out!r} is taken; name the aggregation "
-                                              "otherwise")
-        time, ttl = event_time_of(keyed, where), _window_ttl(where, self._ttl)
-        if not isinstance(local, bool):
-            raise PipelineDefinitionError(f"{where}: local must be True or False, got {local!r}")
-        if local and ttl is not None:
-            raise PipelineDefinitionError(f"{where}: local=True with a ttl is not supported (a key's stamp needs its "
-                                          "rows); drop one of the two")
-        if local and time.column in aggregations:
-            raise PipelineDefinitionError(f"{where}: with local=True the partial rows carry the event-time column "
-                                          f"{time.column!r}; name the aggregation otherwise")
-        ttl_time, ttl_us = ttl if ttl is not None else (_EVENT, None)
-        if ttl_us is not None:
-            from epochal.columnar.aggregates import max as amax
-
-            aggregations = dict(aggregations, **{STAMP: amax(time.column if ttl_time == _EVENT else ARRIVAL)})
-        spec = ColumnWindowSpec(column, time, assigner.spec(), dict(aggregations), budget_bytes, ttl_us, ttl_time,
-                                partial_input=local)
-        if local:
-            from epochal.streams import KeyedStream
-
-            forward = Stream(keyed.flow, tuple(Input(p.node, FORWARD, p.feedback, p.port) for p in keyed._ports))
-            partials = forward.map_batches(f"{name}.local", PaneLocal(column, time, spec.panes, spec.aggregations))
-            keyed = KeyedStream(keyed.flow, partials._repartition(keyed._ports[0].partitioning), keyed._key_fn)
-        node = keyed._then(NodeKind.WINDOW, name, spec, parallelism, keyed._key_fn, accepts="batches", timed=False)
-        return ColumnWindowOutput(keyed.flow, (Input(node.name, FORWARD),), node.name)
-
-
-class ColumnWindowOutput(Stream):
-    """The fired windows (batches), with the late rows as a side output."""
-
-    def __init__(self, flow, ports, operator: str):
-        super().__init__(flow, ports)
-        self._operator = operator
-
-    def late(self) -> Stream:
-        """Rows that arrived after every window they belong to had fired, unchanged
-        (batches with their event-time column). Read it or they are only counted
-        (``late_dropped``) and logged."""
-        return Stream(self._flow, (Input(self._operator, FORWARD, port="late"),))
 
 
 class ColumnWindowOperator(RuntimeOperator):
@@ -242,6 +115,7 @@ class ColumnWindowOperator(RuntimeOperator):
         self.watermark = MIN_TIME
         self.side_output = {"late": []}
         self.widths = [1] + [a.width for a in self.plan.aggs]
+        self.lateness = getattr(spec, "lateness_us", 0)
         self.ttl = getattr(spec, "ttl_us", None)
         self.ttl_time = getattr(spec, "ttl_time", _EVENT)
         #: processing-time ttl: deadlines are on the wall clock (µs), not the watermark
@@ -322,6 +196,7 @@ class ColumnWindowOperator(RuntimeOperator):
         if self.processing:  # these rows stamp their keys now: keys expired before start afresh
             arrival = now_micros()
             self._expire(arrival)
+        out, refire = [], False
         for batch in records:
             if not batch.num_rows:
                 continue
@@ -330,13 +205,18 @@ class ColumnWindowOperator(RuntimeOperator):
                 if valid is not None and not valid.all():
                     raise ValueError(f"event-time column {self.time.column!r} has no usable timestamp in row "
                                      f"{int((~valid).argmax())}")
-                late = self._last_start(us) + (self.size - 1) <= self.watermark
+                last = self._last_start(us)
+                late = last + (self.size - 1 + self.lateness) <= self.watermark
                 if late.any():
                     keep = pa.array(~late)
                     self.side_output["late"].append(batch.filter(pa.array(late)))
                     batch, us = batch.filter(keep), us[~late]
                     if not batch.num_rows:
                         continue
+                    last = last[~late]
+                if self.lateness and len(us) and \
+                        int(last.min()) - (self.size // self.slide - 1) * self.slide + self.size - 1 <= self.watermark:
+                    refire = True  # rows of windows that fired: they fire again once the rows are in state
                 pane = us - (us - self.offset) % self.pane
                 if arrival is not None:
                     batch = batch.append_column(ARRIVAL, pa.array(np.full(len(us), arrival, np.int64)))
@@ -348,9 +228,31 @@ class ColumnWindowOperator(RuntimeOperator):
                 self.reject(f"<RecordBatch of {batch.num_rows} rows, columns {batch.schema.names}>", exc)
                 continue
             if self.buffer.must_merge():
-                self._merge()
+                self._refire(self._merge(), self.watermark, out)
             self.buffer.reject_failures(self)
-        return []
+        if refire:
+            self._refire(self._merge(), self.watermark, out)
+        return out
+
+    def _refire(self, partials: pa.Table | None, previous: int, out: list) -> None:
+        """Allowed lateness: fire again, updated, every window of the just merged
+        ``partials`` that fired already — ``end - 1 <= max(previous, fired[kg])`` — and has
+        not expired (``end - 1 + lateness > watermark``): the record path's late firing,
+        once per batch rather than per row. After a restore (``previous`` is the minimum)
+        ``fired`` says which windows fired in completed epochs."""
+        if not self.lateness or partials is None or not partials.num_rows:
+            return
+        keys, panes = partials.column(0).combine_chunks(), partials.column(PANE).to_numpy()
+        kgs = np.asarray(self.groups.of_values(keys.to_pylist()), np.int32)
+        fired = np.array([max(previous, self.fired.get(kg, MIN_TIME)) for kg in kgs.tolist()], np.int64)
+        k = self.size // self.slide
+        index = np.repeat(np.arange(len(panes)), k)
+        starts = np.repeat(self._last_start(panes), k) - np.tile(np.arange(k, dtype=np.int64), len(panes)) * self.slide
+        ends_1 = starts + (self.size - 1)
+        again = (ends_1 <= fired[index]) & (ends_1 + self.lateness > self.watermark)
+        if again.any():
+            only = pa.table({"k": keys.take(pa.array(index[again])), "s": pa.array(starts[again], pa.int64())})
+            out += self._fire(previous, self.watermark, self.watermark, only=only, kgs=np.unique(kgs).tolist())
 
     # -- time ------------------------------------------------------------------------------
     def _ends_before(self, t: int) -> int:
@@ -366,9 +268,12 @@ class ColumnWindowOperator(RuntimeOperator):
                 (self.ttl is None or now < min(self._deadline, self._buffered)):
             self.watermark = watermark  # no window end passed and no key can expire: nothing to do
             return []
-        self._merge()
+        partials = self._merge()
         self.watermark = watermark
-        return self._fire(previous, watermark, now)
+        out = self._fire(previous, watermark, now)
+        if previous == MIN_TIME:  # the first watermark after a restore: rows of windows fired before it
+            self._refire(partials, previous, out)
+        return out
 
     def prepare_snapshot_pre_barrier(self, epoch: int) -> list:
         """Merge the buffer into state and record how far each key group's windows fired
@@ -424,12 +329,14 @@ class ColumnWindowOperator(RuntimeOperator):
             self.backend.put(self.panes_state, kg, kg, block)
             self.fired.setdefault(kg, self.watermark)
 
-    def _merge(self) -> None:
+    def _merge(self) -> pa.Table | None:
+        """Merge the buffer into the stored panes; returns the merged partials (or None)."""
         partials = self.buffer.drain()
         self.buffer.reject_failures(self)
         self._deadline, self._buffered = min(self._deadline, self._buffered), MAX_TIME
         if partials is None or not partials.num_rows:
-            return
+            return None
+        merged = partials
         kgs = np.asarray(self.groups.of_values(partials.column(0).to_pylist()), np.int32)
         touched = np.unique(kgs).tolist()
         stored = self._rows(touched)
@@ -437,16 +344,21 @@ class ColumnWindowOperator(RuntimeOperator):
             partials = self.plan.combine([stored, partials])
             kgs = np.asarray(self.groups.of_values(partials.column(0).to_pylist()), np.int32)
         self._store(partials, kgs, touched)
+        return merged
 
-    def _fire(self, previous: int, watermark: int, now: int) -> list:
+    def _fire(self, previous: int, watermark: int, now: int, only: pa.Table | None = None, kgs=None) -> list:
         """Fire every window with ``max(previous, fired[kg]) < end - 1 <= watermark``;
-        delete the panes whose last window fired (with a ttl: only windows ending before
-        their key's deadline — processing time: fired while ``now``, the wall clock, is
-        before it — fire, and the panes of keys whose deadline ``now`` reached go)."""
+        delete the panes whose last window expired (``end - 1 + lateness <= watermark``;
+        with a ttl: only windows ending before their key's deadline — processing time:
+        fired while ``now``, the wall clock, is before it — fire, and the panes of keys
+        whose deadline ``now`` reached go). With ``only`` (a table of ``k``, ``s``: keys
+        and window starts) fire exactly those windows of key groups ``kgs``, delete nothing."""
         if not self.blocks:
             self._deadline = MAX_TIME
             return []
-        kgs_all = sorted(self.blocks)
+        kgs_all = sorted(self.blocks) if kgs is None else sorted(set(kgs) & self.blocks.keys())
+        if not kgs_all:
+            return []
         rows = self._rows(kgs_all)
         counts = [len(self.blocks[kg]) for kg in kgs_all]
         kg_of_row = np.repeat(np.array(kgs_all, np.int32), counts)
@@ -458,7 +370,9 @@ class ColumnWindowOperator(RuntimeOperator):
         starts = np.repeat(last, k) - np.tile(np.arange(k, dtype=np.int64), len(panes)) * self.slide
         ends_1 = starts + (self.size - 1)
         due = (ends_1 <= watermark) & (ends_1 > floor[index])
-        keep = last + (self.size - 1) > watermark
+        keep = last + (self.size - 1 + self.lateness) > watermark
+        if only is not None:
+            due, keep = _members(rows.column(0), index, starts, only), np.ones(len(panes), bool)
         if self.ttl is not None:  # a window fires only before its key's deadline; expired keys go
             deadline = self._deadlines(rows)
             due &= (now < deadline[index]) if self.processing else (ends_1 < deadline[index])
@@ -501,3 +415,13 @@ class ColumnWindowOperator(RuntimeOperator):
         newest = pa.table({"k": keys, "s": stamps}).group_by("k", use_threads=False).aggregate([("s", "max")])
         at = pc.index_in(keys, value_set=newest.column("k").combine_chunks()).to_numpy(zero_copy_only=False)
         return newest.column("s_max").to_numpy()[at] + self.ttl
+
+
+def _members(keys, index: np.ndarray, starts: np.ndarray, only: pa.Table) -> np.ndarray:
+    """Which of the windows ``(keys[index[i]], starts[i])`` are rows of ``only``."""
+    expanded = pa.table({"k": keys.take(pa.array(index)), "s": pa.array(starts, pa.int64()),
+                         "i": pa.array(np.arange(len(index), dtype=np.int64))})
+    hit = expanded.join(only, keys=["k", "s"], join_type="left semi", use_threads=False).column("i").to_numpy()
+    mask = np.zeros(len(index), bool)
+    mask[hit] = True
+    return mask
