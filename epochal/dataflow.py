@@ -131,7 +131,7 @@ class Dataflow:
         return compile_plan(self, **kwargs)
 
     def start(self, **options):
-        """Start the job without waiting; returns a :class:`~epochal.runtime.driver.attempts.JobHandle`
+        """Start the job without waiting; returns a :class:`~epochal.runtime.driver.handle.JobHandle`
         (``trigger_epoch()``, ``wait()``, ``cancel()``). Options as for :meth:`run`."""
         from epochal.runtime.driver.job import start_job
 

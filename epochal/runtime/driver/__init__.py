@@ -5,7 +5,7 @@
   a task starts, then a driver thread;
 * ``attempts`` — :class:`~epochal.runtime.driver.attempts.JobDriver`, the restart loop
   (attempt after attempt, each a new generation), and the caller's
-  :class:`~epochal.runtime.driver.attempts.JobHandle`; ``result`` — the finished job's
+  :class:`~epochal.runtime.driver.handle.JobHandle`; ``result`` — the finished job's
   :class:`~epochal.runtime.driver.result.JobResult`;
 * ``coordinator_server`` — the epoch coordinator's network side (one per attempt);
 * ``savepoints``, ``requests`` — savepoints asked for by the handle or by another process;

@@ -1,7 +1,7 @@
 """Starting a job: everything that can be checked before a task starts is checked here
 (configuration, the plan and what it ships, output ownership, a restore point against the
 dataflow), then a :class:`~epochal.runtime.driver.attempts.JobDriver` runs it on a thread
-and the caller gets its :class:`~epochal.runtime.driver.attempts.JobHandle`.
+and the caller gets its :class:`~epochal.runtime.driver.handle.JobHandle`.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from epochal.errors import ConfigError, EpochalError
 from epochal.graph import NodeKind
 from epochal.regions.layout import layout_of
 from epochal.runtime.driver import compatibility, secure_defaults
-from epochal.runtime.driver.attempts import JobDriver, JobHandle
+from epochal.runtime.driver.attempts import JobDriver
+from epochal.runtime.driver.handle import JobHandle
 from epochal.runtime.driver.lease import JobLease
 from epochal.runtime.driver.result import JobResult
 

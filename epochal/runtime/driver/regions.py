@@ -16,7 +16,7 @@ is one savepoint per region, ``<url>/<r>/``, listed in ``<url>/_regions``.
 When a region fails for good (its restart strategy spent), the job fails: the other regions
 are cancelled and :meth:`RegionsHandle.wait` raises, naming the region.
 
-The caller gets a :class:`RegionsHandle` (what :class:`~epochal.runtime.driver.attempts.JobHandle`
+The caller gets a :class:`RegionsHandle` (what :class:`~epochal.runtime.driver.handle.JobHandle`
 is for a job of one region) and, at the end, the job's combined
 :class:`~epochal.runtime.driver.result.JobResult`.
 """
@@ -301,7 +301,7 @@ def _restore_points(restore_from, job: str, parts: list[RegionPart], allow_non_r
 
 class RegionsHandle:
     """A running job of several regions: ``regions[name]`` is each region's
-    :class:`~epochal.runtime.driver.attempts.JobHandle`; the methods act on every region.
+    :class:`~epochal.runtime.driver.handle.JobHandle`; the methods act on every region.
 
     A region that fails for good (its restart strategy spent) fails the job: a supervisor
     thread cancels the other regions at once, and :meth:`wait` raises naming the region.
