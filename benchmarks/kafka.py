@@ -316,7 +316,7 @@ def run_latency(broker, args, mode: str, rate: float, epoch_s: float | None, spa
                 broker.servers, src, out, args.partitions,
                 None if mode == "client" else epoch_s * 1000, stop, start), daemon=True)
             piper.start()
-        if not kafka_latency.warm(broker.servers, src, args.partitions, seen, 180):
+        if not kafka_latency.warm(broker.servers, src, args.partitions, seen, args.start_timeout):
             rec["error"] = f"latency {mode} {rate}/s {rec['epoch_ms']} ms: the pipeline never started" + (
                 f"; {peer.log_tail()}" if peer is not None else "")
             return rec
@@ -367,6 +367,9 @@ def main() -> int:
     parser.add_argument("--epochs", default="10,20,50,100", help="latency runs: epoch lengths (ms)")
     parser.add_argument("--latency-modes", default=",".join(LATENCY_MODES))
     parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--start-timeout", type=float, default=420.0,
+                        help="latency runs: seconds a pipeline may take to start (a Spark session took 2.5 min "
+                             "to run its first batch at load 31 here)")
     parser.add_argument("--wal-budget", default=None, help="KafkaSink wal_budget (bytes or '64MB')")
     parser.add_argument("--producers", type=int, default=None, help="KafkaSink producers (default: the sink's)")
     parser.add_argument("--max-concurrent", type=int, default=1,
