@@ -10,9 +10,10 @@ Central into a cache outside the work tree (as ``tests/kafka_jars.py`` does for 
 * PyFlink itself: ``apache-flink==FLINK_VERSION`` in a virtualenv of its own
   (``~/.cache/epochal/pyflink-<version>``): apache-beam pins cloudpickle 2.2, epochal needs 3.
 
-Every step is idempotent: once its folder exists it returns at once and runs nothing; it
-resolves into a temporary folder and renames it into place, so a killed run leaves nothing
-half-filled behind. Each returns ``(path, None)`` or ``(None, why it is not available)`` —
+Every step is idempotent: once its folder exists (the virtualenv: once its ``pyflink``
+answers with ``FLINK_VERSION``) it returns at once and runs nothing. Jars are resolved into a
+temporary folder renamed into place, so a killed run leaves no half-filled ``libs``; a
+half-finished virtualenv fails the version check and is installed again. Each returns ``(path, None)`` or ``(None, why it is not available)`` —
 the benchmark records the reason instead of the engine's figures.
 
     python benchmarks/kafka_peer_jars.py      # resolve all three, print where they are
