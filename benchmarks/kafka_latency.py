@@ -79,15 +79,16 @@ def warm(servers: str, topic: str, partitions: int, seen, timeout: float) -> boo
     return seen.is_set()
 
 
-def read(servers: str, topic: str, partitions: int, total: int, seen, results, timeout: float) -> None:
-    """Read ``topic`` read_committed from its start until every one of ``total`` sequence
+def read(servers: str, topic: str, partitions: int, total: int, seen, results, timeout: float,
+         start: dict[int, int] | None = None) -> None:
+    """Read ``topic`` read_committed from its start (or the offsets ``start``) until every one of ``total`` sequence
     numbers arrived (or ``timeout`` s after the first warm-up record); put the summary on
     ``results``: latencies (ms) p50/p99/p999/max, records seen, duplicates, missing."""
     from confluent_kafka import Consumer, TopicPartition
 
     c = Consumer({"bootstrap.servers": servers, "group.id": uuid.uuid4().hex, "isolation.level": "read_committed",
                   "fetch.wait.max.ms": 1, "fetch.min.bytes": 1, **FETCH_PACING})
-    c.assign([TopicPartition(topic, q, 0) for q in range(partitions)])
+    c.assign([TopicPartition(topic, q, (start or {}).get(q, 0)) for q in range(partitions)])
     got = bytearray(total)
     lat: list[float] = []
     produced_at = [0] * total  # µs, per sequence number
@@ -224,9 +225,15 @@ def relay(c, p, out: str, commit_ms: float | None, finished, on_error=None, wait
     c.close()
 
 
-def pipe(servers: str, src: str, out: str, partitions: int, commit_ms: float | None, stop) -> None:
+def pipe(servers: str, src: str, out: str, partitions: int, commit_ms: float | None, stop,
+         start: dict[int, int] | None = None) -> None:
     """The latency runs' client pipeline (its own process): :func:`relay` of ``src``
-    (subscribed, from its start) until ``stop`` is set."""
+    (subscribed, from its start; or assigned at the offsets ``start``) until ``stop`` is set."""
+    from confluent_kafka import TopicPartition
+
     c, p = clients(servers, commit_ms is not None, **{"auto.offset.reset": "earliest", "fetch.wait.max.ms": 1})
-    c.subscribe([src])
+    if start is None:
+        c.subscribe([src])
+    else:
+        c.assign([TopicPartition(src, q, o) for q, o in start.items()])
     relay(c, p, out, commit_ms, stop.is_set)
