@@ -108,14 +108,24 @@ class WatermarkOperator(RuntimeOperator):
     def bind_source_splits(self, splits: list) -> None:
         """The source splits this subtask reads: each gets its own generator, and the
         subtask's watermark is the minimum over them (a split not read yet holds it back;
-        a finished one no longer does)."""
+        a finished one no longer does).
+
+        Every split is registered with the tracker before any restored position is reported
+        to it: the tracker never moves back, so a first split's restored watermark reported
+        while the later splits were still unknown became the subtask's, and the records of a
+        split restored behind it went to ``.late()`` (silent loss; DESIGN.md "Time": a
+        restored subtask's watermark is the minimum over its splits)."""
         self._splits = {}
         self._order: dict = {}
         self._tracker = WatermarkTracker(0)
         for split in splits:
-            self._add_split(split)
+            self._add_split(split, report=False)
+        for split, gen in self._splits.items():
+            self._tracker.on_watermark(self._order[split], gen.current)
 
-    def _add_split(self, split):
+    def _add_split(self, split, report: bool = True):
+        """A generator for ``split`` (its restored position, if any) and a tracker channel;
+        ``report``: tell the tracker its watermark now (a split first seen at run time)."""
         gen = BoundedOutOfOrderness(self.gen.bound, self.gen.idle_timeout)
         restored = self._restored_splits.get(str(split))
         if restored is not None:
@@ -123,7 +133,8 @@ class WatermarkOperator(RuntimeOperator):
         self._splits[split] = gen
         self._order[split] = len(self._order)
         self._tracker.add_channel()
-        self._tracker.on_watermark(self._order[split], gen.current)
+        if report:
+            self._tracker.on_watermark(self._order[split], gen.current)
         return gen
 
     def set_input_split(self, split, finished: bool) -> None:
