@@ -25,7 +25,7 @@ SLICE = {
 
 @pytest.mark.parametrize("topology,seed", sorted(SLICE), ids=[f"{t}-seed{s}" for t, s in sorted(SLICE)])
 def test_campaign_history(topology, seed, request, tmp_path):
-    history = campaign.draw(seed, topologies=(topology,))
+    history = campaign.draw_v1(seed, topology)
     services = {}
     if history.sink == "postgres":
         services["postgres"] = request.getfixturevalue("postgres")

@@ -1,0 +1,205 @@
+"""The campaign's topologies and sinks (issue 46; the histories are ``tests/campaign.py``).
+
+Each topology is a dataflow and plain-Python oracles of its committed output:
+
+* :attr:`Topology.oracle` — the exactly-once output of a whole run;
+* :attr:`Topology.drained` — the output of a run stopped with a drained savepoint whose
+  sources had read ``{split: offset}`` (every window of those events fired);
+* :attr:`Topology.cut` — the output committed up to a savepoint with those source offsets,
+  when the offsets alone decide it (``count``: a running count depends only on the lines
+  read); ``None`` when they do not (``windows``: what fired also depends on the watermark).
+
+A :class:`Target` is one sink and its independent reader (``read()`` → multiset of rows).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import sys
+from typing import Callable
+
+import cloudpickle
+
+import epochal as ep
+import pipelines
+import test_event_time
+from test_event_time import SumCount, event  # shipped by value: never the module object itself
+from epochal.sinks import FileSink, LogSink, read_committed
+
+cloudpickle.register_pickle_by_value(pipelines)
+cloudpickle.register_pickle_by_value(test_event_time)
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+SPLITS = 4
+
+
+class Count(ep.KeyedProcessFunction):
+    """A running count per word: ``(word, n)``."""
+
+    def open(self, ctx):
+        self.n = ctx.value_state("n", default=0)
+
+    def process(self, word, value):
+        self.n.update(self.n.value() + 1)
+        yield (word, self.n.value())
+
+
+# ------------------------------------------------------------------------ count
+def _count_flow(history, target, parallelism: int) -> ep.Dataflow:
+    f = ep.Dataflow("campaign", parallelism=parallelism)
+    source = ep.sources.GeneratorSource(pipelines.lines_from, num_splits=SPLITS, limit=history.n_lines // SPLITS,
+                                        records_per_second=history.rate)
+    (f.source("lines", source).flat_map("split", str.split).key_by(lambda w: w)
+      .process("count", Count()).sink("out", target.sink()))
+    return f
+
+
+def _count_oracle(history) -> collections.Counter:
+    return collections.Counter(tuple(r) for r in pipelines.running_counts(history.n_lines, SPLITS))
+
+
+def _count_cut(history, read: dict) -> collections.Counter:
+    """``(w, k)`` for k = 1..count(w) over the lines below ``read`` (plain Python)."""
+    words = collections.Counter(w for s, n in read.items() for i in range(n) for w in pipelines.line(s, i).split())
+    return collections.Counter((w, k) for w, c in words.items() for k in range(1, c + 1))
+
+
+# ---------------------------------------------------------------------- windows
+#: events per split of the ``windows`` topology, and its rate (events/s per split): ≈ 5 s a run
+WINDOW_EVENTS, WINDOW_RATE, WINDOW_SIZE = 1500, 300.0, 1.0
+
+
+def _window_events(split: int, offset: int):
+    return (event(split, i) for i in range(offset, WINDOW_EVENTS))
+
+
+def _event_time(e) -> float:
+    return e[1]
+
+
+def _as_row(r) -> tuple:
+    return (r.key, r.start, r.end, r.value[0], r.value[1])
+
+
+def _windows_flow(history, target, parallelism: int) -> ep.Dataflow:
+    """Event-time tumbling windows of out-of-order events (bounded disorder, so none late):
+    ``(key, start, end, count, sum)`` per key and window."""
+    from epochal.windows import Tumbling
+
+    f = ep.Dataflow("campaign", parallelism=parallelism)
+    splits, bound = test_event_time.SPLITS, test_event_time.BOUND
+    source = ep.sources.GeneratorSource(_window_events, num_splits=splits, limit=WINDOW_EVENTS,
+                                        records_per_second=WINDOW_RATE)
+    (f.source("events", source, parallelism=splits)
+      .with_watermarks("ts", timestamp=_event_time, max_out_of_orderness=bound)
+      .key_by(lambda e: e[0]).window(Tumbling(WINDOW_SIZE)).aggregate("win", SumCount())
+      .map("row", _as_row).sink("out", target.sink()))
+    return f
+
+
+def _windows_of(events) -> collections.Counter:
+    return collections.Counter((k, s, e, c, total) for k, s, e, (c, total)
+                               in test_event_time.pane_oracle(WINDOW_SIZE, WINDOW_SIZE, events))
+
+
+def _windows_oracle(history) -> collections.Counter:
+    return _windows_of([event(s, i) for s in range(test_event_time.SPLITS) for i in range(WINDOW_EVENTS)])
+
+
+def _windows_drained(history, read: dict) -> collections.Counter:
+    """A drain ends event time: every window of the events read fires (tests/test_drain.py)."""
+    return _windows_of([event(s, i) for s, n in read.items() for i in range(n)])
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    flow: Callable
+    oracle: Callable
+    columns: str  # PostgreSQL columns of its rows
+    source: str  # the source operator's name (its offsets are read from savepoints)
+    splits: int
+    limit: Callable  # history → records per split
+    drained: Callable
+    cut: Callable | None
+
+
+TOPOLOGIES = {
+    "count": Topology(_count_flow, _count_oracle, "word text NOT NULL, n bigint NOT NULL", "lines", SPLITS,
+                      lambda h: h.n_lines // SPLITS, _count_cut, _count_cut),
+    "windows": Topology(_windows_flow, _windows_oracle,
+                        "k text NOT NULL, s double precision, e double precision, c bigint, total bigint",
+                        "events", test_event_time.SPLITS, lambda h: WINDOW_EVENTS, _windows_drained, None),
+}
+
+
+def source_offsets(url: str, history) -> dict:
+    """``{split: records read}`` of the savepoint or checkpoint at ``url`` (every split named)."""
+    topology = TOPOLOGIES[history.topology]
+    merged: dict = {}
+    for row in ep.state.list_source_offsets(url, topology.source):
+        merged.update(row["offsets"] or {})
+    read = {int(s): int(n) for s, n in merged.items()}
+    assert set(read) == set(range(topology.splits)), f"savepoint {url} names splits {sorted(read)}"
+    return read
+
+
+def everything(history) -> dict:
+    topology = TOPOLOGIES[history.topology]
+    return {s: topology.limit(history) for s in range(topology.splits)}
+
+
+# ----------------------------------------------------------------------------- targets
+class Target:
+    """One sink and its independent reader: ``read()`` → multiset of rows."""
+
+    def __init__(self, kind: str, workdir: str, services: dict, columns: str):
+        self.kind, self.services = kind, services
+        if kind == "file":
+            self.path = os.path.join(workdir, "out")
+        elif kind == "log":
+            self.root = os.path.join(workdir, "log")
+        elif kind == "postgres":
+            self.pg = services["postgres"]
+            self.table = self.pg.new_table(columns)
+        elif kind == "kafka":
+            self.broker = services["kafka"]
+            self.topic = self.broker.create_topic(None, 2)
+        else:
+            raise ValueError(kind)
+
+    #: what a restore from an older savepoint does to the epochs the parent committed after
+    #: it (docs/lifecycle.md): ``remove`` — the branch deletes them (one history); ``keep`` —
+    #: they stay and the branch produces them again (the parent's output plus the re-emitted epochs)
+    @property
+    def rollback(self) -> str:
+        return "remove" if self.kind == "file" else "keep"
+
+    def sink(self):
+        if self.kind == "file":
+            return FileSink(self.path, rollback="remove")
+        if self.kind == "log":
+            return LogSink(self.root, "counts", partitions=2)
+        if self.kind == "postgres":
+            from epochal.sinks import PostgresSink
+
+            return PostgresSink(self.services["postgres"].dsn, self.table)
+        from epochal.sinks import KafkaSink
+
+        return KafkaSink(self.broker.servers, self.topic, key=lambda r: r[0], serializer=_json)
+
+    def read(self) -> collections.Counter:
+        if self.kind == "file":
+            return collections.Counter(tuple(r) for r in read_committed(self.path))
+        if self.kind == "log":
+            from epochal.sources.log import read_committed_log
+
+            return collections.Counter(tuple(r) for rs in read_committed_log(self.root, "counts").values() for r in rs)
+        if self.kind == "postgres":
+            return collections.Counter(tuple(r) for r in self.pg.execute(f"SELECT * FROM {self.table}"))
+        return collections.Counter(tuple(json.loads(v)) for v in self.broker.values(self.topic))
+
+
+def _json(record) -> bytes:
+    return json.dumps(record).encode()
