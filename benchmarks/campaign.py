@@ -87,7 +87,7 @@ def main() -> None:
     # a campaign stopped with SIGTERM still stops the servers it started (the finally below)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     live, stoppers = services(args.sinks)
-    runnable = [s for s in args.sinks if s in ("file", "log") or s in live]
+    runnable = [s for s in args.sinks if s not in SERVERS or s in live]
     reports, t0 = [], time.time()
 
     def document() -> dict:

@@ -23,11 +23,13 @@ from typing import Callable
 import cloudpickle
 
 import epochal as ep
+import joindata
 import pipelines
 import test_event_time
 from test_event_time import SumCount, event  # shipped by value: never the module object itself
 from epochal.sinks import FileSink, LogSink, read_committed
 
+cloudpickle.register_pickle_by_value(joindata)
 cloudpickle.register_pickle_by_value(pipelines)
 cloudpickle.register_pickle_by_value(test_event_time)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -51,8 +53,8 @@ def _count_flow(history, target, parallelism: int) -> ep.Dataflow:
     f = ep.Dataflow("campaign", parallelism=parallelism)
     source = ep.sources.GeneratorSource(pipelines.lines_from, num_splits=SPLITS, limit=history.n_lines // SPLITS,
                                         records_per_second=history.rate)
-    (f.source("lines", source).flat_map("split", str.split).key_by(lambda w: w)
-      .process("count", Count()).sink("out", target.sink()))
+    target.into(f.source("lines", source).flat_map("split", str.split).key_by(lambda w: w)
+                .process("count", Count()))
     return f
 
 
@@ -92,10 +94,10 @@ def _windows_flow(history, target, parallelism: int) -> ep.Dataflow:
     splits, bound = test_event_time.SPLITS, test_event_time.BOUND
     source = ep.sources.GeneratorSource(_window_events, num_splits=splits, limit=WINDOW_EVENTS,
                                         records_per_second=WINDOW_RATE)
-    (f.source("events", source, parallelism=splits)
-      .with_watermarks("ts", timestamp=_event_time, max_out_of_orderness=bound)
-      .key_by(lambda e: e[0]).window(Tumbling(WINDOW_SIZE)).aggregate("win", SumCount())
-      .map("row", _as_row).sink("out", target.sink()))
+    target.into(f.source("events", source, parallelism=splits)
+                .with_watermarks("ts", timestamp=_event_time, max_out_of_orderness=bound)
+                .key_by(lambda e: e[0]).window(Tumbling(WINDOW_SIZE)).aggregate("win", SumCount())
+                .map("row", _as_row))
     return f
 
 
@@ -111,6 +113,35 @@ def _windows_oracle(history) -> collections.Counter:
 def _windows_drained(history, read: dict) -> collections.Counter:
     """A drain ends event time: every window of the events read fires (tests/test_drain.py)."""
     return _windows_of([event(s, i) for s, n in read.items() for i in range(n)])
+
+
+# -------------------------------------------------------------------------- join
+#: the interval join's bounds (seconds, as tests/test_joins.py) and its rows' rate (rows/s): ≈ 5 s a run
+JOIN_LOWER, JOIN_UPPER, JOIN_ROWS, JOIN_RATE = -0.3, 0.2, 3000, 600.0
+
+
+def _join_flow(history, target, parallelism: int) -> ep.Dataflow:
+    """An inner interval join of two sides of one out-of-order stream (tests/joindata.py):
+    ``(left id, right id)`` per pair; the certainly-late rows go to the late output, not here."""
+    f = ep.Dataflow("campaign", parallelism=parallelism)
+    left, right = joindata.sides(f, JOIN_ROWS, JOIN_RATE)
+    joined = left.interval_join(right, JOIN_LOWER, JOIN_UPPER, how="inner").apply("join", joindata.ids)
+    target.into(joined)
+    return f
+
+
+def _join_cut(history, read: dict) -> collections.Counter:
+    """The pairs among the rows below the offset: an inner interval join emits a pair when
+    its later row arrives, so the rows read decide the output (and a drain adds nothing)."""
+    rows = joindata.all_rows(JOIN_ROWS)[:read.get(0, 0)]
+    prefix = joindata._prefix_max(rows)
+    on_time = [r for i, r in enumerate(rows) if joindata.category(i, rows, prefix) == "on time"]
+    return joindata.interval_oracle([r for r in on_time if r[0] == "L"], [r for r in on_time if r[0] == "R"],
+                                    JOIN_LOWER, JOIN_UPPER, "inner")
+
+
+def _join_oracle(history) -> collections.Counter:
+    return _join_cut(history, {0: JOIN_ROWS})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +162,8 @@ TOPOLOGIES = {
     "windows": Topology(_windows_flow, _windows_oracle,
                         "k text NOT NULL, s double precision, e double precision, c bigint, total bigint",
                         "events", test_event_time.SPLITS, lambda h: WINDOW_EVENTS, _windows_drained, None),
+    "join": Topology(_join_flow, _join_oracle, "l bigint, r bigint", "rows", 1, lambda h: JOIN_ROWS,
+                     _join_cut, _join_cut),
 }
 
 
@@ -166,8 +199,20 @@ class Target:
         elif kind == "kafka":
             self.broker = services["kafka"]
             self.topic = self.broker.create_topic(None, 2)
+        elif kind == "delta":
+            self.uri = os.path.join(workdir, "table")
+        elif kind == "iceberg":
+            self.catalog = {"type": "sql", "uri": f"sqlite:///{workdir}/catalog.db",
+                            "warehouse": f"file://{workdir}/warehouse"}
         else:
             raise ValueError(kind)
+        self.names, self.schema = _schema(columns)
+
+    def into(self, stream):
+        """The topology's last stream into this sink (tables get rows as dicts)."""
+        if self.kind in ("delta", "iceberg"):
+            stream = stream.map("as-dict", _AsDict(self.names))
+        return stream.sink("out", self.sink())
 
     #: what a restore from an older savepoint does to the epochs the parent committed after
     #: it (docs/lifecycle.md): ``remove`` — the branch deletes them (one history); ``keep`` —
@@ -185,9 +230,17 @@ class Target:
             from epochal.sinks import PostgresSink
 
             return PostgresSink(self.services["postgres"].dsn, self.table)
+        if self.kind == "delta":
+            from epochal.sinks import DeltaSink
+
+            return DeltaSink(self.uri, schema=self.schema)
+        if self.kind == "iceberg":
+            from epochal.sinks import IcebergSink
+
+            return IcebergSink(self.catalog, "db.campaign", schema=self.schema)
         from epochal.sinks import KafkaSink
 
-        return KafkaSink(self.broker.servers, self.topic, key=lambda r: r[0], serializer=_json)
+        return KafkaSink(self.broker.servers, self.topic, key=lambda r: str(r[0]), serializer=_json)
 
     def read(self) -> collections.Counter:
         if self.kind == "file":
@@ -198,8 +251,54 @@ class Target:
             return collections.Counter(tuple(r) for rs in read_committed_log(self.root, "counts").values() for r in rs)
         if self.kind == "postgres":
             return collections.Counter(tuple(r) for r in self.pg.execute(f"SELECT * FROM {self.table}"))
+        if self.kind in ("delta", "iceberg"):
+            import tables
+
+            if self.kind == "delta":
+                rows = tables.read_delta(self.uri) if os.path.exists(os.path.join(self.uri, "_delta_log")) else []
+            else:
+                rows = _read_iceberg(self.catalog)
+            return collections.Counter(tuple(r[n] for n in self.names) for r in rows)
         return collections.Counter(tuple(json.loads(v)) for v in self.broker.values(self.topic))
 
 
 def _json(record) -> bytes:
     return json.dumps(record).encode()
+
+
+class _AsDict:
+    """A row tuple as the table's dict (picklable: it travels to the tasks)."""
+
+    def __init__(self, names):
+        self.names = tuple(names)
+
+    def __call__(self, row) -> dict:
+        return dict(zip(self.names, row))
+
+
+_TYPES = {"text": "string", "bigint": "int64", "double": "float64"}
+
+
+def _schema(columns: str):
+    """Column names and the pyarrow schema of a PostgreSQL column list (text, bigint, double)."""
+    import pyarrow as pa
+
+    names, fields = [], []
+    for column in columns.split(","):
+        name, kind = column.split()[:2]
+        names.append(name)
+        fields.append(pa.field(name, getattr(pa, _TYPES[kind])()))
+    return names, pa.schema(fields)
+
+
+def _read_iceberg(catalog: dict) -> list:
+    """The Iceberg table's current snapshot, read with pyiceberg's own scan ([] before the first commit)."""
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    props = dict(catalog)
+    try:
+        table = load_catalog(props.pop("name", "default"), **props).load_table("db.campaign")
+    except (NoSuchTableError, NoSuchNamespaceError):
+        return []
+    return table.scan().to_arrow().to_pylist()
