@@ -80,6 +80,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="*", help="replay exactly these seeds")
     parser.add_argument("--sinks", nargs="*", default=list(campaign.SINKS))
     parser.add_argument("--topologies", nargs="*", default=list(campaign.TOPOLOGIES))
+    parser.add_argument("--max-actions", type=int, default=3)
+    parser.add_argument("--speed", type=float, default=1.0, help="source rates times this (shorter runs)")
     parser.add_argument("--out", default=None, help="the JSON report (default: print the summary only)")
     args = parser.parse_args()
 
@@ -99,7 +101,8 @@ def main() -> None:
 
     try:
         for seed in seeds:
-            history = campaign.draw(seed, topologies=tuple(args.topologies))
+            history = campaign.draw(seed, topologies=tuple(args.topologies), max_actions=args.max_actions,
+                                    speed=args.speed)
             if history.sink not in runnable:
                 continue
             with tempfile.TemporaryDirectory(prefix="campaign-") as work:

@@ -80,14 +80,16 @@ class History:
     topology: str = "count"
     n_lines: int = 1200
     rate: float = 60.0  # lines/s per split: 1200 lines over 4 splits ≈ 5 s of input per run
+    speed: float = 1.0  # every topology's source rate times this (a shorter run)
 
     def describe(self) -> str:
         acts = ", ".join(f"{a}@{at:.2f}" + (f"->p{p}" if p else "") for a, at, p in self.actions)
-        return f"seed={self.seed} {self.topology}/{self.sink}/{self.guarantee}/p{self.parallelism} [{acts}]"
+        fast = f" x{self.speed:g}" if self.speed != 1.0 else ""
+        return f"seed={self.seed} {self.topology}/{self.sink}/{self.guarantee}/p{self.parallelism}{fast} [{acts}]"
 
 
 def draw(seed: int, sinks=SINKS, actions=ACTIONS, max_actions: int = 3, topologies=("count",),
-         rollback_sinks=SINKS) -> History:
+         rollback_sinks=SINKS, speed: float = 1.0) -> History:
     """The history of ``seed``: the same seed gives the same history (the topology is drawn
     apart, so a seed keeps its sink, guarantee and actions whatever ``topologies`` offers).
     A ``drain`` ends the schedule (a drained job cannot run on)."""
@@ -103,7 +105,7 @@ def draw(seed: int, sinks=SINKS, actions=ACTIONS, max_actions: int = 3, topologi
         if action == "drain":
             break
     return History(seed, sink, rng.choice(["exactly-once", "at-least-once"]), rng.choice([1, 2, 3]), chosen,
-                   topology)
+                   topology, speed=speed)
 
 
 def draw_v1(seed: int, topology: str = "count") -> History:
@@ -326,7 +328,7 @@ class _Runner:
 
     def run_seconds(self) -> float:
         """How long a whole run reads its input (the sources are throttled)."""
-        return self.h.n_lines / (SPLITS * self.h.rate)
+        return self.h.n_lines / (SPLITS * self.h.rate * self.h.speed)
 
     def _savepoint(self, stop: bool, drain: bool = False) -> str | None:
         """A savepoint (then stop), as a user would take it: a savepoint whose epoch a task

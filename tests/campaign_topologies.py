@@ -52,7 +52,7 @@ class Count(ep.KeyedProcessFunction):
 def _count_flow(history, target, parallelism: int) -> ep.Dataflow:
     f = ep.Dataflow("campaign", parallelism=parallelism)
     source = ep.sources.GeneratorSource(pipelines.lines_from, num_splits=SPLITS, limit=history.n_lines // SPLITS,
-                                        records_per_second=history.rate)
+                                        records_per_second=history.rate * history.speed)
     target.into(f.source("lines", source).flat_map("split", str.split).key_by(lambda w: w)
                 .process("count", Count()))
     return f
@@ -93,7 +93,7 @@ def _windows_flow(history, target, parallelism: int) -> ep.Dataflow:
     f = ep.Dataflow("campaign", parallelism=parallelism)
     splits, bound = test_event_time.SPLITS, test_event_time.BOUND
     source = ep.sources.GeneratorSource(_window_events, num_splits=splits, limit=WINDOW_EVENTS,
-                                        records_per_second=WINDOW_RATE)
+                                        records_per_second=WINDOW_RATE * history.speed)
     target.into(f.source("events", source, parallelism=splits)
                 .with_watermarks("ts", timestamp=_event_time, max_out_of_orderness=bound)
                 .key_by(lambda e: e[0]).window(Tumbling(WINDOW_SIZE)).aggregate("win", SumCount())
@@ -124,7 +124,7 @@ def _join_flow(history, target, parallelism: int) -> ep.Dataflow:
     """An inner interval join of two sides of one out-of-order stream (tests/joindata.py):
     ``(left id, right id)`` per pair; the certainly-late rows go to the late output, not here."""
     f = ep.Dataflow("campaign", parallelism=parallelism)
-    left, right = joindata.sides(f, JOIN_ROWS, JOIN_RATE)
+    left, right = joindata.sides(f, JOIN_ROWS, JOIN_RATE * history.speed)
     joined = left.interval_join(right, JOIN_LOWER, JOIN_UPPER, how="inner").apply("join", joindata.ids)
     target.into(joined)
     return f
