@@ -290,15 +290,20 @@ class _Runner:
         return ok
 
     def _second_launch(self, rng, rescale) -> bool:
+        """The same job started twice onto its running storage: from scratch and with
+        ``resume=True`` (the same script run again); each must be refused at start."""
         ok = self.landed()
-        try:
-            second = flow(self.h, self.target, self.parallelism).start(runtime="local", **self.options())
-        except ep.ConfigError as exc:
-            if "already running" not in str(exc):
-                raise
-            return ok
-        second.cancel()
-        raise AssertionError("a second launch onto the running job's storage was not refused")
+        for options in ({}, {"resume": True}):
+            try:
+                second = flow(self.h, self.target, self.parallelism).start(runtime="local", **self.options(**options))
+            except ep.ConfigError as exc:
+                if "already running" not in str(exc) and options:
+                    raise
+                continue
+            second.cancel()
+            raise AssertionError(f"a second launch ({options or 'fresh'}) onto the running job's storage was not "
+                                 f"refused")
+        return ok and self.handle.running
 
     def _drain(self, rng, rescale) -> bool:
         ok = self.landed()
