@@ -14,9 +14,9 @@ A history (:func:`draw`):
 * **sink**: ``file`` (:class:`~epochal.sinks.FileSink`, ``rollback="remove"``), ``log`` (the
   transactional log), ``postgres``, ``kafka`` — each read back by an independent reader;
 * **guarantee**: exactly-once or at-least-once, and parallelism 1–3;
-* **actions**, each once the committed output reached a drawn fraction of the whole (progress
-  observed in the target, not wall time), asserted to have landed while the job ran with
-  input left:
+* **actions**, each once the sources had read a drawn fraction of the input at a completed
+  checkpoint (progress observed in the checkpoint storage, not wall time), asserted to have
+  landed while the job ran with input left:
   ``kill`` (SIGKILL of a task process from outside), ``kill-twice`` (a kill, then another of
   the restarted attempt's processes as soon as they exist), ``stop-restore`` (stop with a
   savepoint, restore it, maybe at another parallelism), ``cancel-resume`` (cancel, then
@@ -173,16 +173,24 @@ class _Runner:
         """Progress in the target: committed rows, less what a rollback added on purpose."""
         return sum(self.target.read().values()) - (sum(self.expected.values()) - sum(self.truth.values()))
 
+    def read_fraction(self) -> float:
+        """Progress: the share of the input the sources had read at the current storage's
+        latest completed checkpoint (0 before the first one)."""
+        try:
+            read = source_offsets(self.storage + "/campaign", self.h)
+        except Exception:  # noqa: BLE001 - none yet, or retention removed it while it was read
+            return 0.0
+        return sum(read.values()) / sum(everything(self.h).values())
+
     def wait_for(self, fraction: float) -> bool:
-        """Wait until ``fraction`` of the whole output is committed and this run completed an
-        epoch; False if the job ended first. Progress, not wall time: a slow machine delays
-        the action with the job instead of letting the job finish before it."""
-        want = fraction * sum(self.truth.values())
+        """Wait until the sources had read ``fraction`` of the input at a completed
+        checkpoint of this run; False if the job ended first. Progress, not wall time: a slow
+        machine delays the action with the job instead of letting the job finish before it."""
         deadline = time.monotonic() + RUN_BOUND
         while self.handle.running and time.monotonic() < deadline:
-            if self.handle.completed_epochs and self.committed() >= want:
+            if self.handle.completed_epochs and self.read_fraction() >= fraction:
                 return True
-            time.sleep(0.1)
+            time.sleep(0.05)
         return False
 
     def task_pids(self) -> dict:
@@ -190,8 +198,9 @@ class _Runner:
         return {name: t.get("pid") for name, t in tasks.items() if t.get("pid") and t.get("pid") != os.getpid()}
 
     def landed(self) -> bool:
-        """The job runs and has not committed all of its output yet (read from the target)."""
-        return self.handle.running and self.committed() < sum(self.truth.values())
+        """The job runs, its latest checkpoint has input left to read, and it has not
+        committed all of its output yet (read from the target)."""
+        return self.handle.running and self.read_fraction() < 1.0 and self.committed() < sum(self.truth.values())
 
     # ---------------------------------------------------------------- the actions
     def act(self, action: str, rng: random.Random, rescale) -> bool:
@@ -279,7 +288,7 @@ class _Runner:
         try:
             # SIGKILL once the child's job checkpointed twice, wherever its output stands
             ok = child.wait_epochs(2, RUN_BOUND) and ok
-            ok = ok and child.running and self.committed() < sum(self.truth.values())
+            ok = ok and child.running and self.read_fraction() < 1.0 and self.committed() < sum(self.truth.values())
         finally:
             if child.running:
                 child.kill()
