@@ -96,7 +96,8 @@ def draw(seed: int, sinks=SINKS, actions=ACTIONS, max_actions: int = 3, topologi
     topology = random.Random(seed ^ 0x5EED).choice(list(topologies))
     rng = random.Random(seed)
     sink = rng.choice(list(sinks))
-    allowed = [a for a in actions if a != "rollback" or sink in rollback_sinks]
+    allowed = [a for a in actions if (a != "rollback" or sink in rollback_sinks)
+               and (a != "drain" or TOPOLOGIES[topology].drained is not None)]
     chosen = []
     for _ in range(rng.randint(1, max_actions)):
         action = rng.choice(allowed)

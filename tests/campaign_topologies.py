@@ -4,7 +4,8 @@ Each topology is a dataflow and plain-Python oracles of its committed output:
 
 * :attr:`Topology.oracle` — the exactly-once output of a whole run;
 * :attr:`Topology.drained` — the output of a run stopped with a drained savepoint whose
-  sources had read ``{split: offset}`` (every window of those events fired);
+  sources had read ``{split: offset}`` (every window of those events fired); ``None`` where
+  a drain is refused (loops);
 * :attr:`Topology.cut` — the output committed up to a savepoint with those source offsets,
   when the offsets alone decide it (``count``: a running count depends only on the lines
   read); ``None`` when they do not (``windows``: what fired also depends on the watermark).
@@ -144,6 +145,32 @@ def _join_oracle(history) -> collections.Counter:
     return _join_cut(history, {0: JOIN_ROWS})
 
 
+# -------------------------------------------------------------------------- loop
+#: numbers through the Collatz loop (two splits) and their rate (numbers/s per split): ≈ 2.5 s a run
+LOOP_NUMBERS, LOOP_RATE = 400, 80.0
+
+
+def _loop_flow(history, target, parallelism: int) -> ep.Dataflow:
+    """A loop with keyed state in its body (pipelines.visits_loop): one Collatz step per pass;
+    ``(n, 1, steps, passes)`` per number, ``passes`` counted in keyed state (lost or doubled
+    state shows in the output)."""
+    f = ep.Dataflow("campaign", parallelism=parallelism)
+    src = f.source("numbers", ep.sources.GeneratorSource(pipelines._numbers, num_splits=2, limit=LOOP_NUMBERS // 2,
+                                                         records_per_second=LOOP_RATE * history.speed), parallelism=2)
+
+    def body(s):
+        stepped = s.key_by(lambda r: r[0]).process("visit", pipelines.CollatzVisits())
+        return (stepped.filter("more", lambda r: r[1] != 1).key_by(lambda r: r[0]),
+                stepped.filter("done", lambda r: r[1] == 1))
+
+    target.into(src.map("init", lambda x: (x, x, 0, 0), parallelism=2).iterate("loop", body))
+    return f
+
+
+def _loop_oracle(history) -> collections.Counter:
+    return collections.Counter(tuple(json.loads(r)) for r in pipelines.visits_golden(LOOP_NUMBERS).elements())
+
+
 @dataclasses.dataclass(frozen=True)
 class Topology:
     flow: Callable
@@ -162,6 +189,9 @@ TOPOLOGIES = {
     "windows": Topology(_windows_flow, _windows_oracle,
                         "k text NOT NULL, s double precision, e double precision, c bigint, total bigint",
                         "events", test_event_time.SPLITS, lambda h: WINDOW_EVENTS, _windows_drained, None),
+    # a loop's output at a cut also depends on what circulates in it: no cut; a drain is refused for loops
+    "loop": Topology(_loop_flow, _loop_oracle, "n bigint, c bigint, steps bigint, passes bigint", "numbers", 2,
+                     lambda h: LOOP_NUMBERS // 2, None, None),
     "join": Topology(_join_flow, _join_oracle, "l bigint, r bigint", "rows", 1, lambda h: JOIN_ROWS,
                      _join_cut, _join_cut),
 }

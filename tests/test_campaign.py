@@ -8,8 +8,8 @@ each checked against the plain-Python model, each action asserted to have landed
 * ``LATER``: the actions, sinks and topologies added since — a driver SIGKILLed in its own
   process then resumed, a second launch refused, a drain, the checkpoint storage full for a
   while, rollbacks whose sink keeps the abandoned epochs (the model adds them once more),
-  an interval join, Delta and Iceberg (``slow``: their task processes import the table
-  libraries).
+  an interval join, a loop, Delta and Iceberg (``slow``: 15-30 s each; the table sinks' task
+  processes import the table libraries).
 
 A seed that fails in the campaign is added here once its defect is fixed."""
 from __future__ import annotations
@@ -44,6 +44,8 @@ SLOW = {  # opt-in (-m slow): 15-30 s each
                                           [("rollback", 0.25, 1), ("drain", 0.6, None)]),
     "delta-windows-rollback-driver-kill": ("windows", "delta", "exactly-once", 2,
                                            [("rollback", 0.3, None), ("driver-kill", 0.5, None)]),
+    "loop-log-kill-twice-rollback": ("loop", "log", "exactly-once", 2,
+                                          [("kill-twice", 0.3, None), ("rollback", 0.5, 1)]),
     "iceberg-count-storage-full-rollback": ("count", "iceberg", "exactly-once", 2,
                                             [("storage-outage", 0.3, None), ("rollback", 0.5, 1)]),
 }
