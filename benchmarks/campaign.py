@@ -84,6 +84,35 @@ def summary(reports: list) -> dict:
             "per_sink_action_landed": {k: dict(v) for k, v in sorted(by_sink.items())}}
 
 
+#: action → what an exactly-once target holds afterwards (docs/lifecycle.md); rollback per sink
+AFTER = {
+    "kill": "exactly the oracle", "kill-twice": "exactly the oracle", "stop-restore": "exactly the oracle",
+    "cancel-resume": "exactly the oracle", "switch": "exactly the oracle (at-least-once part: nothing lost)",
+    "driver-kill": "exactly the oracle", "second-launch": "refused at start; the first run's output exact",
+    "drain": "exactly the oracle of the input read before the stop, every window fired",
+    "storage-outage": "exactly the oracle (checkpoints declined meanwhile)",
+    "rollback": {"file": "one history: the abandoned epochs' files removed, then the branch's",
+                 "*": "the parent's output plus its epochs after the savepoint once more"},
+}
+
+
+def lifecycle_table(summary: dict, sinks) -> str:
+    """docs/lifecycle.md's table: per action and sink, what the output is afterwards, and of
+    the histories in which the action landed, how many met the model (of how many)."""
+    cells = summary["per_sink_action_landed"]
+    lines = ["| action | " + " | ".join(sinks) + " |", "|---" * (len(sinks) + 1) + "|"]
+    for action, after in AFTER.items():
+        row = [f"**{action}**" + (f": {after}" if isinstance(after, str) else "")]
+        for sink in sinks:
+            c = cells.get(f"{sink} × {action}", {})
+            n, passed = sum(c.values()), c.get("ok", 0) + c.get("not-landed", 0)  # both met the model
+            text = (after.get(sink) or after["*"]) + ": " if isinstance(after, dict) else ""
+            bad = ", ".join(f"{v} {k}" for k, v in sorted(c.items()) if k not in ("ok", "not-landed"))
+            row.append(f"{text}{passed}/{n}" + (f" ({bad})" if bad else "") if n else text + "no history")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def merge(paths: list, out: str | None) -> None:
     """One report of earlier campaign reports (each history keeps the command it ran with)."""
     reports, runs = [], []
@@ -96,6 +125,7 @@ def merge(paths: list, out: str | None) -> None:
                      "machine": doc["machine"], "sinks": doc["sinks"], "topologies": doc["topologies"]})
     doc = {"benchmark": "campaign", "runs": runs, "summary": summary(reports), "reports": reports}
     print(json.dumps(doc["summary"], indent=1))
+    print(lifecycle_table(doc["summary"], ["file", "log", "postgres", "kafka", "delta", "iceberg"]))
     if out:
         Path(out).write_text(json.dumps(doc, indent=1))
 
