@@ -10,9 +10,11 @@ combinations nobody wrote down; every history is reproducible from its printed s
 A history (:func:`draw`):
 
 * **topology** (``tests/campaign_topologies.py``): ``count``, a keyed running count of a
-  throttled generator of four splits; ``windows``, event-time tumbling windows;
+  throttled generator of four splits; ``windows``, event-time tumbling windows; ``join``, an
+  inner interval join; ``loop``, a Collatz loop with keyed state in its body;
 * **sink**: ``file`` (:class:`~epochal.sinks.FileSink`, ``rollback="remove"``), ``log`` (the
-  transactional log), ``postgres``, ``kafka`` — each read back by an independent reader;
+  transactional log), ``postgres``, ``kafka``, ``delta``, ``iceberg`` — each read back by an
+  independent reader;
 * **guarantee**: exactly-once or at-least-once, and parallelism 1–3;
 * **actions**, each once the sources had read a drawn fraction of the input at a completed
   checkpoint (progress observed in the checkpoint storage, not wall time), asserted to have
@@ -31,9 +33,10 @@ A history (:func:`draw`):
 
 The model (:class:`_Runner` keeps it, :func:`check` compares): exactly-once histories end
 with the oracle's multiset plus what the documented rollback semantics add — ``remove``
-(files): nothing; ``keep`` (log, PostgreSQL, Kafka): the parent's output of the epochs
+(files): nothing; ``keep`` (the others): the parent's output of the epochs
 after the restored savepoint, once more, computed from the two savepoints' source offsets
-(``windows``, where offsets do not decide what fired: every row a true window, none lost).
+(``windows``, ``loop``, where offsets do not decide what was emitted: every row a true
+one, none lost).
 A drain ends with the oracle of the input below the drained savepoint's offsets. A history
 with an at-least-once run ends with no input lost (:func:`pipelines.no_count_lost`). A run
 not ending within :data:`RUN_BOUND` is a wedge. Failures are reported, never retried away.
