@@ -11,7 +11,8 @@ A history (:func:`draw`):
 
 * **topology** (``tests/campaign_topologies.py``): ``count``, a keyed running count of a
   throttled generator of four splits; ``windows``, event-time tumbling windows; ``join``, an
-  inner interval join; ``loop``, a Collatz loop with keyed state in its body;
+  inner interval join; ``loop``, a Collatz loop with keyed state in its body; ``failover``,
+  four forward-only pipelines, each a failover region restarted alone;
 * **sink**: ``file`` (:class:`~epochal.sinks.FileSink`, ``rollback="remove"``), ``log`` (the
   transactional log), ``postgres``, ``kafka``, ``delta``, ``iceberg`` — each read back by an
   independent reader;
@@ -166,7 +167,7 @@ class _Runner:
         return dict(guarantee=self.guarantee,
                     checkpoint=ep.CheckpointConfig(interval=0.2, storage=self.storage, retained=3,
                                                    tolerable_failures=tolerable),
-                    restart=ep.RestartStrategy(max_attempts=6, delay=0.0), **options)
+                    restart=ep.RestartStrategy(max_attempts=6, delay=0.0, **self.topology.restart), **options)
 
     def start(self, **options):
         self.runs += 1

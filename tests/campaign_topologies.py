@@ -171,6 +171,34 @@ def _loop_oracle(history) -> collections.Counter:
     return collections.Counter(tuple(json.loads(r)) for r in pipelines.visits_golden(LOOP_NUMBERS).elements())
 
 
+# --------------------------------------------------------------------- failover
+#: records per split of the four forward-only pipelines, and their rate (records/s per split)
+PIPELINE_RECORDS, PIPELINE_RATE = 600, 120.0
+
+
+def _tagged(split: int, offset: int):
+    return ((f"s{split}-{i}",) for i in range(offset, PIPELINE_RECORDS))
+
+
+def _failover_flow(history, target, parallelism: int) -> ep.Dataflow:
+    """Four forward-only pipelines (source subtask j → map → sink subtask j, no shuffle): each
+    a failover region of its own, restarted alone (``RestartStrategy(failover="region")``);
+    ``(f"s{split}-{i}",)`` per record. Always at parallelism 4: a pipeline per split."""
+    f = ep.Dataflow("campaign", parallelism=SPLITS)
+    source = ep.sources.GeneratorSource(_tagged, num_splits=SPLITS, limit=PIPELINE_RECORDS,
+                                        records_per_second=PIPELINE_RATE * history.speed)
+    target.into(f.source("gen", source).map("pass", _same))
+    return f
+
+
+def _same(r):
+    return r
+
+
+def _failover_cut(history, read: dict) -> collections.Counter:
+    return collections.Counter((f"s{s}-{i}",) for s, n in read.items() for i in range(n))
+
+
 @dataclasses.dataclass(frozen=True)
 class Topology:
     flow: Callable
@@ -181,6 +209,7 @@ class Topology:
     limit: Callable  # history → records per split
     drained: Callable
     cut: Callable | None
+    restart: dict = dataclasses.field(default_factory=dict)  # RestartStrategy options it needs
 
 
 TOPOLOGIES = {
@@ -192,6 +221,9 @@ TOPOLOGIES = {
     # a loop's output at a cut also depends on what circulates in it: no cut; a drain is refused for loops
     "loop": Topology(_loop_flow, _loop_oracle, "n bigint, c bigint, steps bigint, passes bigint", "numbers", 2,
                      lambda h: LOOP_NUMBERS // 2, None, None),
+    "failover": Topology(_failover_flow, lambda h: _failover_cut(h, {s: PIPELINE_RECORDS for s in range(SPLITS)}),
+                         "r text NOT NULL", "gen", SPLITS, lambda h: PIPELINE_RECORDS, _failover_cut, _failover_cut,
+                         {"failover": "region"}),
     "join": Topology(_join_flow, _join_oracle, "l bigint, r bigint", "rows", 1, lambda h: JOIN_ROWS,
                      _join_cut, _join_cut),
 }

@@ -8,7 +8,7 @@ each checked against the plain-Python model, each action asserted to have landed
 * ``LATER``: the actions, sinks and topologies added since — a driver SIGKILLed in its own
   process then resumed, a second launch refused, a drain, the checkpoint storage full for a
   while, rollbacks whose sink keeps the abandoned epochs (the model adds them once more),
-  an interval join, a loop, Delta and Iceberg (``slow``: 15-30 s each; the table sinks' task
+  an interval join, a loop, failover regions, Delta and Iceberg (``slow``: 15-30 s each; the table sinks' task
   processes import the table libraries).
 
 A seed that fails in the campaign is added here once its defect is fixed."""
@@ -46,6 +46,8 @@ SLOW = {  # opt-in (-m slow): 15-30 s each
                                            [("rollback", 0.3, None), ("driver-kill", 0.5, None)]),
     "loop-log-kill-twice-rollback": ("loop", "log", "exactly-once", 2,
                                           [("kill-twice", 0.3, None), ("rollback", 0.5, 1)]),
+    "failover-postgres-kill-twice-drain": ("failover", "postgres", "exactly-once", 4,
+                                           [("kill-twice", 0.3, None), ("drain", 0.6, None)]),
     "iceberg-count-storage-full-rollback": ("count", "iceberg", "exactly-once", 2,
                                             [("storage-outage", 0.3, None), ("rollback", 0.5, 1)]),
 }
