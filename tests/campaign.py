@@ -291,8 +291,8 @@ class _Runner:
         child = DriverProcess(flow(self.h, self.target, self.parallelism), self.workdir,
                               **self.options(restore_from=url))
         try:
-            # SIGKILL once the child's job checkpointed twice, wherever its output stands
-            ok = child.wait_epochs(2, RUN_BOUND) and ok
+            # SIGKILL once the child's job completed a checkpoint (its resume has one to restore)
+            ok = child.wait_epochs(1, RUN_BOUND) and ok
             ok = ok and child.running and self.read_fraction() < 1.0 and self.committed() < sum(self.truth.values())
         finally:
             if child.running:
