@@ -205,7 +205,12 @@ class _Runner:
     def landed(self) -> bool:
         """The job runs, its latest checkpoint has input left to read, and it has not
         committed all of its output yet (read from the target)."""
-        return self.handle.running and self.read_fraction() < 1.0 and self.committed() < sum(self.truth.values())
+        return self.handle.running and self.read_fraction() < 1.0 and self._output_left()
+
+    def _output_left(self) -> bool:
+        """Not all output committed yet; not asked after a rollback the model cannot price
+        (``loose``): the kept windows of the parent then count beyond the truth."""
+        return self.loose or self.committed() < sum(self.truth.values())
 
     # ---------------------------------------------------------------- the actions
     def act(self, action: str, rng: random.Random, rescale) -> bool:
@@ -293,7 +298,7 @@ class _Runner:
         try:
             # SIGKILL once the child's job completed a checkpoint (its resume has one to restore)
             ok = child.wait_epochs(1, RUN_BOUND) and ok
-            ok = ok and child.running and self.read_fraction() < 1.0 and self.committed() < sum(self.truth.values())
+            ok = ok and child.running and self.read_fraction() < 1.0 and self._output_left()
         finally:
             if child.running:
                 child.kill()
