@@ -180,7 +180,10 @@ class _Runner:
 
     def read_fraction(self) -> float:
         """Progress: the share of the input the sources had read at the current storage's
-        latest completed checkpoint (0 before the first one)."""
+        latest completed checkpoint (0 before the first one); for a loop, the share of its
+        distinct output rows committed (one per number: a rollback's kept rows add none)."""
+        if self.topology.by_output:
+            return len(set(self.target.read()) & set(self.truth)) / len(set(self.truth))
         try:
             read = source_offsets(self.storage + "/campaign", self.h)
         except Exception:  # noqa: BLE001 - none yet, or retention removed it while it was read

@@ -210,6 +210,9 @@ class Topology:
     drained: Callable
     cut: Callable | None
     restart: dict = dataclasses.field(default_factory=dict)  # RestartStrategy options it needs
+    #: progress is the committed output, not the input read: a loop reads its input at once
+    #: and works on it for a long while after
+    by_output: bool = False
 
 
 TOPOLOGIES = {
@@ -220,7 +223,7 @@ TOPOLOGIES = {
                         "events", test_event_time.SPLITS, lambda h: WINDOW_EVENTS, _windows_drained, None),
     # a loop's output at a cut also depends on what circulates in it: no cut; a drain is refused for loops
     "loop": Topology(_loop_flow, _loop_oracle, "n bigint, c bigint, steps bigint, passes bigint", "numbers", 2,
-                     lambda h: LOOP_NUMBERS // 2, None, None),
+                     lambda h: LOOP_NUMBERS // 2, None, None, by_output=True),
     "failover": Topology(_failover_flow, lambda h: _failover_cut(h, {s: PIPELINE_RECORDS for s in range(SPLITS)}),
                          "r text NOT NULL", "gen", SPLITS, lambda h: PIPELINE_RECORDS, _failover_cut, _failover_cut,
                          {"failover": "region"}),
