@@ -141,6 +141,9 @@ class SmallDisk:
             os.unlink(self.filler)
 
     def close(self) -> None:
-        self.free()
-        subprocess.run(["umount", "-l", self.path], check=False, capture_output=True)
-        os.rmdir(self.path)
+        """Unmount and remove; never raises (a write racing the unmount lands underneath)."""
+        try:
+            self.free()
+        finally:
+            subprocess.run(["umount", "-l", self.path], check=False, capture_output=True)
+            shutil.rmtree(self.path, ignore_errors=True)
