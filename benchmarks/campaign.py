@@ -138,6 +138,7 @@ def main() -> None:
     parser.add_argument("--sinks", nargs="*", default=list(campaign.SINKS))
     parser.add_argument("--topologies", nargs="*", default=list(campaign.TOPOLOGIES))
     parser.add_argument("--max-actions", type=int, default=3)
+    parser.add_argument("--actions", nargs="*", default=list(campaign.ACTIONS), help="draw only these actions")
     parser.add_argument("--speed", type=float, default=1.0, help="source rates times this (shorter runs)")
     parser.add_argument("--merge", nargs="*", help="merge these reports into --out; run nothing")
     parser.add_argument("--out", default=None, help="the JSON report (default: print the summary only)")
@@ -162,7 +163,7 @@ def main() -> None:
     try:
         for seed in seeds:
             history = campaign.draw(seed, topologies=tuple(args.topologies), max_actions=args.max_actions,
-                                    speed=args.speed)
+                                    speed=args.speed, actions=tuple(args.actions))
             if history.sink not in runnable:
                 continue
             with tempfile.TemporaryDirectory(prefix="campaign-") as work:
