@@ -166,7 +166,8 @@ def main() -> None:
                                     speed=args.speed, actions=tuple(args.actions))
             if history.sink not in runnable:
                 continue
-            with tempfile.TemporaryDirectory(prefix="campaign-") as work:
+            # a stray write after the history (a killed task's last gasp) must not end the campaign
+            with tempfile.TemporaryDirectory(prefix="campaign-", ignore_cleanup_errors=True) as work:
                 report = campaign.run(history, live, work)
             reports.append(dataclasses.asdict(report))
             print(f"{report.outcome:>10}  {report.seconds:6.1f} s  {report.history}"

@@ -390,8 +390,14 @@ class _Runner:
             raise
 
     def close(self) -> None:
+        """Cancel a job still running and wait for its end (its driver writes to the storage
+        until then), then unmount the small disk."""
         if self.handle is not None and self.handle.running:
             self.handle.cancel()
+            try:
+                self.handle.wait(RUN_BOUND)
+            except Exception:  # noqa: BLE001 - cancelled, or it failed: the report already says
+                pass
         if self.disk is not None:
             self.disk.close()
 
