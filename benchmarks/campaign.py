@@ -91,8 +91,7 @@ AFTER = {
     "driver-kill": "exactly the oracle", "second-launch": "refused at start; the first run's output exact",
     "drain": "exactly the oracle of the input read before the stop, every window fired",
     "storage-outage": "exactly the oracle (checkpoints declined meanwhile)",
-    "rollback": {"file": "one history: the abandoned epochs' files removed, then the branch's",
-                 "*": "the parent's output plus its epochs after the savepoint once more"},
+    "rollback": {"file": "remove", "*": "keep"},
 }
 
 
@@ -102,7 +101,9 @@ def lifecycle_table(summary: dict, sinks) -> str:
     cells = summary["per_sink_action_landed"]
     lines = ["| action | " + " | ".join(sinks) + " |", "|---" * (len(sinks) + 1) + "|"]
     for action, after in AFTER.items():
-        row = [f"**{action}**" + (f": {after}" if isinstance(after, str) else "")]
+        row = [f"**{action}**: " + (after if isinstance(after, str) else
+                                    "*remove*: one history (the abandoned epochs' files deleted, then the branch's); "
+                                    "*keep*: the parent's output plus its epochs after the savepoint once more")]
         for sink in sinks:
             c = cells.get(f"{sink} × {action}", {})
             n, passed = sum(c.values()), c.get("ok", 0) + c.get("not-landed", 0)  # both met the model
