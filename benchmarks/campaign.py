@@ -1,16 +1,22 @@
 """The randomized campaign of job histories (issue 46; the harness is ``tests/campaign.py``).
 
-Draws ``--histories`` histories from consecutive seeds (a keyed running count into a file,
-transactional-log, PostgreSQL or Kafka sink, exactly-once or at-least-once, with one to three
-actions — SIGKILLs of task processes from outside, one during a recovery, stop and restore
-with a rescale, cancel and resume, a rollback to an older savepoint, a guarantee switch),
-runs each on the local runtime against its own PostgreSQL server and Kafka broker, and
-checks each against the plain-Python model. Writes a report: every history with its seed and
-outcome, and per sink × action how many landed mid-run and how many histories lost,
-duplicated or wedged.
+Draws ``--histories`` histories from consecutive seeds (a keyed running count, event-time
+windows or an interval join; into a file, transactional-log, PostgreSQL, Kafka, Delta or
+Iceberg sink; exactly-once or at-least-once; with up to ``--max-actions`` actions — SIGKILLs
+of task processes from outside, one during a recovery, stop and restore with a rescale,
+cancel and resume, a rollback to an older savepoint, a guarantee switch, a SIGKILLed driver
+then a resume, a second launch, a drain, the checkpoint storage full for a while), runs each
+on the local runtime against its own PostgreSQL server and Kafka broker, and checks each
+against the plain-Python model. Writes a report: every history with its seed and outcome;
+per topology × sink × action how many landed mid-run and the outcomes (ok, lost, duplicated,
+wedged, error, not-landed); per sink × action the same, for docs/lifecycle.md.
 
     python benchmarks/campaign.py --histories 300 --out benchmarks/results/campaign.json
-    python benchmarks/campaign.py --seeds 29 26        # replay histories by seed
+    python benchmarks/campaign.py --seeds 29 26        # replay histories by seed (same flags)
+    python benchmarks/campaign.py --merge a.json b.json --out all.json   # one report of earlier runs
+
+A seed replays only with the flags it was drawn with (``--topologies``, ``--max-actions``,
+``--speed``: the report's ``command``).
 
 A history whose output differs from the model is a defect: fix it, then add its seed to
 ``tests/test_campaign.py``'s slice.
@@ -69,8 +75,60 @@ def summary(reports: list) -> dict:
             cell[r["outcome"]] += 1
     outcomes = collections.Counter(r["outcome"] for r in reports)
     per_action = collections.Counter(a for r in reports for a, ok in zip(r["actions"], r["landed"]) if ok)
+    by_sink: dict = collections.defaultdict(lambda: collections.Counter())
+    for r in reports:  # per sink × action: the histories in which it landed, by outcome
+        for action in {a for a, ok in zip(r["actions"], r["landed"]) if ok}:
+            by_sink[f"{r['sink']} × {action}"][r["outcome"]] += 1
     return {"histories": len(reports), "outcomes": dict(outcomes), "landed_per_action": dict(per_action),
-            "per_topology_sink_action": {k: dict(v) for k, v in sorted(table.items())}}
+            "per_topology_sink_action": {k: dict(v) for k, v in sorted(table.items())},
+            "per_sink_action_landed": {k: dict(v) for k, v in sorted(by_sink.items())}}
+
+
+#: action → what an exactly-once target holds afterwards (docs/lifecycle.md); rollback per sink
+AFTER = {
+    "kill": "exactly the oracle", "kill-twice": "exactly the oracle", "stop-restore": "exactly the oracle",
+    "cancel-resume": "exactly the oracle", "switch": "exactly the oracle (at-least-once part: nothing lost)",
+    "driver-kill": "exactly the oracle", "second-launch": "refused at start; the first run's output exact",
+    "drain": "exactly the oracle of the input read before the stop, every window fired",
+    "storage-outage": "exactly the oracle (checkpoints declined meanwhile)",
+    "rollback": {"file": "remove", "*": "keep"},
+}
+
+
+def lifecycle_table(summary: dict, sinks) -> str:
+    """docs/lifecycle.md's table: per action and sink, what the output is afterwards, and of
+    the histories in which the action landed, how many met the model (of how many)."""
+    cells = summary["per_sink_action_landed"]
+    lines = ["| action | " + " | ".join(sinks) + " |", "|---" * (len(sinks) + 1) + "|"]
+    for action, after in AFTER.items():
+        row = [f"**{action}**: " + (after if isinstance(after, str) else
+                                    "*remove*: one history (the abandoned epochs' files deleted, then the branch's); "
+                                    "*keep*: the parent's output plus its epochs after the savepoint once more")]
+        for sink in sinks:
+            c = cells.get(f"{sink} × {action}", {})
+            n, passed = sum(c.values()), c.get("ok", 0) + c.get("not-landed", 0)  # both met the model
+            text = (after.get(sink) or after["*"]) + ": " if isinstance(after, dict) else ""
+            bad = ", ".join(f"{v} {k}" for k, v in sorted(c.items()) if k not in ("ok", "not-landed"))
+            row.append(f"{text}{passed}/{n}" + (f" ({bad})" if bad else "") if n else text + "no history")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def merge(paths: list, out: str | None) -> None:
+    """One report of earlier campaign reports (each history keeps the command it ran with)."""
+    reports, runs = [], []
+    for path in paths:
+        doc = json.loads(Path(path).read_text())
+        for r in doc["reports"]:
+            r.setdefault("command", doc["command"])
+        reports += doc["reports"]
+        runs.append({"command": doc["command"], "histories": len(doc["reports"]), "seconds": doc["seconds"],
+                     "machine": doc["machine"], "sinks": doc["sinks"], "topologies": doc["topologies"]})
+    doc = {"benchmark": "campaign", "runs": runs, "summary": summary(reports), "reports": reports}
+    print(json.dumps(doc["summary"], indent=1))
+    print(lifecycle_table(doc["summary"], ["file", "log", "postgres", "kafka", "delta", "iceberg"]))
+    if out:
+        Path(out).write_text(json.dumps(doc, indent=1))
 
 
 def main() -> None:
@@ -80,14 +138,20 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="*", help="replay exactly these seeds")
     parser.add_argument("--sinks", nargs="*", default=list(campaign.SINKS))
     parser.add_argument("--topologies", nargs="*", default=list(campaign.TOPOLOGIES))
+    parser.add_argument("--max-actions", type=int, default=3)
+    parser.add_argument("--actions", nargs="*", default=list(campaign.ACTIONS), help="draw only these actions")
+    parser.add_argument("--speed", type=float, default=1.0, help="source rates times this (shorter runs)")
+    parser.add_argument("--merge", nargs="*", help="merge these reports into --out; run nothing")
     parser.add_argument("--out", default=None, help="the JSON report (default: print the summary only)")
     args = parser.parse_args()
+    if args.merge:
+        return merge(args.merge, args.out)
 
     seeds = args.seeds or list(range(args.first_seed, args.first_seed + args.histories))
     # a campaign stopped with SIGTERM still stops the servers it started (the finally below)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     live, stoppers = services(args.sinks)
-    runnable = [s for s in args.sinks if s in ("file", "log") or s in live]
+    runnable = [s for s in args.sinks if s not in SERVERS or s in live]
     reports, t0 = [], time.time()
 
     def document() -> dict:
@@ -99,10 +163,12 @@ def main() -> None:
 
     try:
         for seed in seeds:
-            history = campaign.draw(seed, topologies=tuple(args.topologies))
+            history = campaign.draw(seed, topologies=tuple(args.topologies), max_actions=args.max_actions,
+                                    speed=args.speed, actions=tuple(args.actions))
             if history.sink not in runnable:
                 continue
-            with tempfile.TemporaryDirectory(prefix="campaign-") as work:
+            # a stray write after the history (a killed task's last gasp) must not end the campaign
+            with tempfile.TemporaryDirectory(prefix="campaign-", ignore_cleanup_errors=True) as work:
                 report = campaign.run(history, live, work)
             reports.append(dataclasses.asdict(report))
             print(f"{report.outcome:>10}  {report.seconds:6.1f} s  {report.history}"
