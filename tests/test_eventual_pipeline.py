@@ -263,6 +263,54 @@ def test_a_job_on_the_local_runtime_commits_the_oracle(tmp_path):
     assert len(recoveries(f"{tmp_path}/ckpt/loc/eventual/sums")) == 2  # one fresh start per split, in the storage
 
 
+def test_a_jobs_metrics_and_dashboard_show_the_windows_the_extent_and_footprints(tmp_path):
+    """The CEC reader's gauges reach the progress events (``handle.metrics()``, the listener)
+    and the operator's dashboard page. Plain-Python bounds from the input: while the job runs,
+    1..(distinct keys) tumbling windows are open (one per key at a time), the extent lag is
+    within ``max_extent`` (1 s) and the input's event-time span, and footprints are written at
+    some rate; at the end every window is closed and at least one footprint (its Gopen) was
+    written per window of the oracle. Failed with the task's ``"reader"`` report removed (no
+    gauges in any event). ~3 s."""
+    from epochal.epochs.history import EpochHistory
+    from epochal.ui.model import DashboardModel
+
+    items, assigner = tuples(3000), WINDOWS["tumbling"]
+    flow, results = job("gauges", items, assigner, flush_every=100, timestamp=Throttle(str(tmp_path)))
+    out = str(tmp_path / "out")
+    results.sink("out", ep.sinks.FileSink(out, format="jsonl"))
+    events: list = []
+    handle = flow.start(runtime="local", checkpoint=ep.CheckpointConfig(interval=0.2, storage=f"file://{tmp_path}/c"),
+                        metrics=ep.MetricsConfig(interval=0.05, listener=events.append, status=False, log=False))
+    result = handle.wait(120)
+    final = handle.metrics()
+    assert result.attempts == 1 and canon_rows(read_committed(out)) == oracle(items, assigner)
+    expected = oracle(items, assigner)
+    keys, span = len({k for k, _, _ in items}), items[-1][1] - items[0][1]
+    running = [e for e in events if e["state"] == "running"
+               and (e["operators"].get("sums", {}).get("reader") or {}).get("open_windows")]
+    assert running, f"none of {len(events)} progress events while running showed open windows"
+    for e in running:
+        g = e["operators"]["sums"]["reader"]
+        assert 0 < g["open_windows"] <= keys and 0 <= g["extent_lag_s"] < min(1.0, span), g
+        tasks = [t["reader"] for t in e["tasks"].values() if t.get("reader")]
+        assert 1 <= len(tasks) <= 2 and sum(t["open_windows"] for t in tasks) == g["open_windows"]  # a task per split
+    assert any(e["operators"]["sums"]["reader"]["footprints_per_s"] > 0 for e in running)
+    done = final["operators"]["sums"]["reader"]
+    assert done["open_windows"] == 0 and done["extent_lag_s"] == 0 and done["footprints"] >= len(expected) > 0, done
+    page = DashboardModel(flow.plan(), lambda: {"state": "running", "generation": 0, "history": EpochHistory(4)},
+                          lambda: running[-1]).view()["operators"]["sums"]
+    assert page["reader"]["open_windows"] == running[-1]["operators"]["sums"]["reader"]["open_windows"]
+    assert sorted(r["subtask"] for r in page["subtasks"] if r.get("reader")) == [0, 1]
+    prometheus = pytest.importorskip("prometheus_client")
+    from epochal.metrics.prometheus import _Collector
+
+    registry = prometheus.CollectorRegistry()
+    registry.register(_Collector(type("Newest", (), {"latest": running[-1]})()))
+    text = prometheus.generate_latest(registry).decode()
+    assert f'epochal_operator_open_windows{{job="gauges",operator="sums"}} {float(page["reader"]["open_windows"])}' \
+        in text and 'epochal_operator_extent_lag_seconds{job="gauges",operator="sums"}' in text
+
+
 def test_a_signed_job_signs_its_logs_and_refuses_a_frame_planted_without_the_key(tmp_path):
     """With ``signing_key``, the tasks sign every log frame with the key derived for task logs
     (``AttemptSpec.log_key``, never the signing key itself): the logs read back with it, and a

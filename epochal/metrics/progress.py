@@ -19,6 +19,11 @@ latest ones, the completed epochs and the driver's attempt history into one JSON
   over the last interval (1.0: one core);
 * ``backpressure_ratio`` per task (the share of the last interval it waited for credit),
   ``queued_batches`` (its input queues), ``watermark`` (its output event time, seconds);
+* ``reader`` per task and per operator, where a source reader reports figures of its own
+  (``SourceReader.metrics()``; e.g. the CEC window operator, docs/eventual.md "Metrics"):
+  its splits folded — ``extent_lag`` (µs) as ``extent_lag_s``, the highest; every other figure
+  summed; the counters of :data:`READER_RATES` also as rates (``footprints_per_s``, ...).
+  An operator's entry folds its tasks the same way (the reader is its task's first operator);
 * checkpoints: ``last_completed_epoch``, its age, the attempt's completed and aborted
   counts, and duration / size p50 and p99 over all its completed epochs (streaming
   quantiles within 1 %, :mod:`epochal.metrics.quantiles`).
@@ -34,7 +39,32 @@ import time
 from epochal.graph import NodeKind
 from epochal.time.units import MIN_TIME, to_seconds
 
-__all__ = ["ProgressBuilder", "percentile"]
+__all__ = ["READER_RATES", "ProgressBuilder", "percentile"]
+
+#: a reader's counters reported as rates too: counter → its rate's name (per second)
+READER_RATES = {"footprints": "footprints_per_s", "ignored": "ignored_per_s", "checkpoint_seconds": "checkpoint_load"}
+#: a reader's gauges folded by their highest value, not summed: name → (reported name, scale)
+_READER_HIGHEST = {"extent_lag": ("extent_lag_s", 1e-6)}
+
+
+def _fold_splits(splits: dict | None) -> dict:
+    """One task's reader figures (``{split: {name: number}}``) as one dict (module docstring)."""
+    out: dict = {}
+    for figures in (splits or {}).values():
+        for name, v in figures.items():
+            if name in _READER_HIGHEST:
+                key, scale = _READER_HIGHEST[name]
+                out[key] = max(out.get(key, 0.0), v * scale)
+            else:
+                out[name] = out.get(name, 0) + v
+    return out
+
+
+def _fold_into(total: dict, entry: dict) -> None:
+    """Add a task's folded reader figures to its operator's."""
+    highest = {key for key, _ in _READER_HIGHEST.values()}
+    for name, v in entry.items():
+        total[name] = max(total.get(name, 0.0), v) if name in highest else total.get(name, 0) + v
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -53,6 +83,7 @@ class ProgressBuilder:
         self.job = plan.job
         self.sources = {t.id for t in plan.tasks if t.is_source}
         self.sinks = {n.name for n in plan.nodes.values() if n.kind is NodeKind.SINK}
+        self.first_operator = {t.id: t.chain[0] for t in plan.tasks if t.chain}  # whose reader a task runs
         self.sequence = 0
         self.started = time.monotonic()
         self._previous: dict[str, dict] = {}  # task -> its counters at the previous event
@@ -115,6 +146,17 @@ class ProgressBuilder:
                                             "records_in_per_s": rate(n_in, b_in), "records_out_per_s": rate(n_out, b_out)}
                 if name in self.sinks:
                     rate_out += rate(n_in, b_in)
+            if m.get("reader") is not None:
+                entry["reader"] = reader = _fold_splits(m["reader"])
+                before_reader = _fold_splits((prev or {}).get("reader")) if not fresh else {}
+                for counter, rate_name in READER_RATES.items():
+                    if counter in reader:
+                        reader[rate_name] = rate(reader[counter], before_reader.get(counter, 0))
+                name = self.first_operator.get(task)
+                if name is not None:
+                    op = operators.setdefault(name, {"records_in": 0, "records_out": 0, "records_in_per_s": 0.0,
+                                                     "records_out_per_s": 0.0})
+                    _fold_into(op.setdefault("reader", {}), reader)
             self._previous[task] = m
         last = history.latest if history is not None else None
 

@@ -3,7 +3,8 @@
 The driver serves ``/metrics`` with ``prometheus_client`` (``pip install 'epochal[metrics]'``).
 A custom collector reads the newest progress event at scrape time (pull, nothing to keep in
 sync); every sample carries the ``job`` label, task samples a ``task`` label and operator
-samples an ``operator`` label.
+samples an ``operator`` label; a source reader with figures of its own (the CEC window operator)
+adds per-operator gauges (:data:`_READER_GAUGES`).
 """
 from __future__ import annotations
 
@@ -100,3 +101,21 @@ class _Collector:
             for op, o in p["operators"].items():
                 g.add_metric([job, op], o[key])
             yield g
+        for name, key, doc in _READER_GAUGES:  # a source reader's own figures (progress: an operator's "reader")
+            g = GaugeMetricFamily(name, doc, labels=["job", "operator"])
+            for op, o in p["operators"].items():
+                if (o.get("reader") or {}).get(key) is not None:
+                    g.add_metric([job, op], o["reader"][key])
+            yield g
+
+
+#: per operator, from its source reader's figures (the CEC window operator's, docs/eventual.md "Metrics")
+_READER_GAUGES = (
+    ("epochal_operator_open_windows", "open_windows", "windows open in the operator (eventual checkpoints)"),
+    ("epochal_operator_extent_lag_seconds", "extent_lag_s", "event time from T, the oldest footprint, to the "
+     "operator's newest input: how far back a recovery now would replay (eventual checkpoints)"),
+    ("epochal_operator_footprints_per_second", "footprints_per_s", "Gopen and Gcheck records written per second "
+     "(eventual checkpoints)"),
+    ("epochal_operator_checkpoint_load", "checkpoint_load", "share of the last interval the operator spent on "
+     "its Gchecks, against its budget (eventual checkpoints)"),
+)

@@ -3,7 +3,9 @@
 * :func:`subtasks` — an operator's page: one row per subtask (the task that runs it; chained
   operators share a task) with its records in / out per second *of that operator*, its
   task's back-pressure, CPU, resident memory, watermark, queued batches, and the state
-  size that task acknowledged for the newest completed epoch; and :func:`spread`, the
+  size that task acknowledged for the newest completed epoch, and ``reader``, the figures of
+  its source reader when the operator is the task's source and its reader reports some (the
+  CEC window operator's open windows, extent lag, footprints); and :func:`spread`, the
   lowest and highest of a figure over the subtasks, so an operator's box never hides a
   skew behind one number.
 * :func:`exceptions` — every failed attempt (its cause and the traceback text the task
@@ -61,7 +63,8 @@ def subtasks(operator: str, chains: dict[str, tuple], progress: dict, acked: dic
                      "backpressure": t.get("backpressure_ratio"), "cpu_load": t.get("cpu_load"),
                      "rss_bytes": t.get("rss_bytes"), "watermark": t.get("watermark"),
                      "queued_batches": t.get("queued_batches"), "idle": t.get("idle", False),
-                     "state_bytes": (acked or {}).get(task, {}).get("state_bytes")})
+                     "state_bytes": (acked or {}).get(task, {}).get("state_bytes"),
+                     "reader": t.get("reader") if chain and chain[0] == operator else None})
     return sorted(rows, key=lambda r: (r["subtask"] is None, r["subtask"] or 0, r["task"]))
 
 

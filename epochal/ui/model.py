@@ -249,7 +249,9 @@ class DashboardModel:
         its tasks kept busy over the last interval; operators chained into one task share it);
         ``subtasks``, a row per subtask (:func:`epochal.ui.drilldown.subtasks`; ``acked``: the
         newest completed epoch's acknowledgements, for the state sizes) and ``spread``, the
-        lowest and highest per subtask of its rates and back-pressure."""
+        lowest and highest per subtask of its rates and back-pressure; ``reader``, when the
+        operator's source reader reports figures (the CEC window operator: open windows, the
+        extent lag, footprints per second; :mod:`epochal.metrics.progress`)."""
         ops = {n["name"]: {"records_in_per_s": 0.0, "records_out_per_s": 0.0, "records_in": 0, "records_out": 0,
                            "backpressure": 0.0, "cpu_load": None, "parallelism": n["parallelism"]}
                for n in self.graph["nodes"]}
@@ -257,6 +259,8 @@ class DashboardModel:
             if name in ops:
                 ops[name].update({k: o[k] for k in ("records_in_per_s", "records_out_per_s", "records_in",
                                                     "records_out")})
+                if o.get("reader") is not None:  # its source reader's own figures (eventual checkpoints')
+                    ops[name]["reader"] = dict(o["reader"])
         for task, t in progress.get("tasks", {}).items():
             for name in self._chains.get(task, ()):
                 if name in ops:

@@ -31,7 +31,20 @@ class MetricSteps:
             "operators": operators, "snapshots": self.metrics["snapshots"],
             "late_dropped": self.metrics.get("late_dropped", 0), "host": self.node, "time": time.time(),
             "rss_bytes": _rss_bytes(), "pid": os.getpid(), "cpu_s": self.cpu_seconds(),
+            "reader": self.reader_gauges(),
         }
+
+    def reader_gauges(self) -> dict | None:
+        """The source reader's own figures, when it has a ``metrics()`` (e.g. the CEC reader,
+        :meth:`epochal.eventual.source.EventualReader.metrics`): ``{split: {name: number}}``
+        with the splits as strings (the report is JSON-able); ``None`` for a task without a
+        reader or a reader without figures. The progress builder folds them per operator
+        (:mod:`epochal.metrics.progress`); they belong to the task's first operator."""
+        gauges = getattr(getattr(self, "reader", None), "metrics", None)
+        if not callable(gauges):
+            return None
+        return {str(split): {k: v for k, v in figures.items() if isinstance(v, (int, float))}
+                for split, figures in gauges().items()}
 
     def cpu_seconds(self) -> float:
         """CPU seconds (user + system) of this task's process since the task started: its

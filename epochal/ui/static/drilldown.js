@@ -56,6 +56,20 @@
            ["queued", t.queued_batches ?? "–", t.queued_batches],
            ["state", t.state_bytes == null ? "not acknowledged yet" : fmtBytes(t.state_bytes), t.state_bytes]],
         {task: t.task, subtask: t.subtask})));
+      drawReader(o);
+    }
+    function drawReader(o) {  // a source reader's own figures (the CEC window operator's), when it reports some
+      const box = $("op-reader");
+      box.hidden = !o.reader;
+      if (!o.reader) return;
+      const line = (label, g, data) => row([label, ["open_windows", g.open_windows ?? "–", g.open_windows],
+        ["extent_lag", g.extent_lag_s == null ? "–" : fmtS(g.extent_lag_s), g.extent_lag_s],
+        ["footprints_rate", fmtRate(g.footprints_per_s), g.footprints_per_s],
+        ["footprints", fmtRate(g.footprints), g.footprints],
+        ["checkpoint_load", fmtPct(g.checkpoint_load), g.checkpoint_load], ["overdrafts", g.overdrafts ?? "–"],
+        ["segments", g.segments ?? "–"], ["torn", g.torn ?? "–"]], data);
+      document.querySelector("#op-reader-table tbody").replaceChildren(line("all", o.reader, {total: 1}),
+        ...(o.subtasks || []).filter((t) => t.reader).map((t) => line(t.subtask ?? "–", t.reader, {subtask: t.subtask})));
     }
     let shownCheckpoint = null;
     async function drawCheckpoint(s) {
