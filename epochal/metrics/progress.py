@@ -20,7 +20,7 @@ latest ones, the completed epochs and the driver's attempt history into one JSON
 * ``backpressure_ratio`` per task (the share of the last interval it waited for credit),
   ``queued_batches`` (its input queues), ``watermark`` (its output event time, seconds);
 * ``reader`` per task and per operator, where a source reader reports figures of its own
-  (``SourceReader.metrics()``; e.g. the CEC window operator, docs/eventual.md "Metrics"):
+  (a ``metrics()`` of the reader; e.g. the CEC window operator's, docs/eventual.md "Metrics"):
   its splits folded — ``extent_lag`` (µs) as ``extent_lag_s``, the highest; every other figure
   summed; the counters of :data:`READER_RATES` also as rates (``footprints_per_s``, ...).
   An operator's entry folds its tasks the same way (the reader is its task's first operator);
