@@ -466,7 +466,7 @@ def check(got: collections.Counter, expected: collections.Counter, truth: collec
         outcome = "lost" if lost else "duplicated"
         return outcome, f"{sum(lost.values())} lost (e.g. {list(lost)[:3]}), {sum(extra.values())} extra " \
                         f"(e.g. {list(extra)[:3]})"
-    if topology == "windows":
+    if topology in ("windows", "columnar"):
         best: dict = {}
         for k, s, e, c, _ in got:
             best[(k, s, e)] = max(best.get((k, s, e), 0), c)
