@@ -101,7 +101,8 @@ def draw(seed: int, sinks=SINKS, actions=ACTIONS, max_actions: int = 3, topologi
     rng = random.Random(seed)
     sink = rng.choice(list(sinks))
     allowed = [a for a in actions if (a != "rollback" or sink in rollback_sinks)
-               and (a != "drain" or TOPOLOGIES[topology].drained is not None)]
+               and (a != "drain" or TOPOLOGIES[topology].drained is not None)
+               and a not in TOPOLOGIES[topology].excluded]
     chosen = []
     for _ in range(rng.randint(1, max_actions)):
         action = rng.choice(allowed)
@@ -157,6 +158,8 @@ class _Runner:
         # the model: what the committed output must be after the history so far
         self.expected = collections.Counter(self.truth)  # exactly-once
         self.loose = False  # True: a rollback whose re-emitted rows the offsets cannot say (windows)
+        #: an autonomous channel's guarantee so far: what kills and resumes made of it (docs/regions.md)
+        self.crossing: set = set()
 
     def _new_storage(self) -> str:
         root = self.disk.path if self.disk else self.workdir
@@ -185,7 +188,7 @@ class _Runner:
         if self.topology.by_output:
             return len(set(self.target.read()) & set(self.truth)) / len(set(self.truth))
         try:
-            read = source_offsets(self.storage + "/campaign", self.h)
+            read = source_offsets(f"{self.storage}/{self.topology.checkpoints}", self.h)
         except Exception:  # noqa: BLE001 - none yet, or retention removed it while it was read
             return 0.0
         return sum(read.values()) / sum(everything(self.h).values())
@@ -202,8 +205,31 @@ class _Runner:
         return False
 
     def task_pids(self) -> dict:
-        tasks = (self.handle.metrics().get("tasks") or {})
-        return {name: t.get("pid") for name, t in tasks.items() if t.get("pid") and t.get("pid") != os.getpid()}
+        """``{(region, task): pid}`` of the running tasks (region None: a job of one region)."""
+        m = self.handle.metrics()
+        per_region = m["regions"].items() if "regions" in m else [(None, m)]
+        return {(region, name): t.get("pid") for region, rm in per_region for name, t in (rm.get("tasks") or {}).items()
+                if t.get("pid") and t.get("pid") != os.getpid()}
+
+    def generation(self):
+        """The attempts' generations (one per region)."""
+        m = self.handle.metrics()
+        return tuple(rm.get("generation") for rm in m["regions"].values()) if "regions" in m else m.get("generation")
+
+    def aborted(self) -> int:
+        """Checkpoints aborted so far (over every region)."""
+        m = self.handle.metrics()
+        return sum((rm.get("checkpoints") or {}).get("aborted", 0) for rm in (m["regions"].values() if "regions" in m
+                                                                              else [m]))
+
+    def _killed(self, region) -> None:
+        """The model: what a task killed in ``region`` does to an autonomous channel."""
+        if region in self.topology.crossing:
+            self.crossing.add(self.topology.crossing[region])
+
+    def _resumed(self) -> None:
+        if "resume" in self.topology.crossing:
+            self.crossing.add(self.topology.crossing["resume"])
 
     def landed(self) -> bool:
         """The job runs, its latest checkpoint has input left to read, and it has not
@@ -224,18 +250,19 @@ class _Runner:
         pids = self.task_pids()
         if not pids or not self.landed():
             return False
-        victim = rng.choice(sorted(pids))
-        generation = self.handle.metrics().get("generation")
+        victim = rng.choice(sorted(pids, key=str))
+        generation = self.generation()
         os.kill(pids[victim], signal.SIGKILL)
+        self._killed(victim[0])
         if not twice:
             return True
         deadline = time.monotonic() + 60  # the restarted attempt's processes, as soon as they exist
         while time.monotonic() < deadline and self.handle.running:
-            m = self.handle.metrics()
-            fresh = {n: t.get("pid") for n, t in (m.get("tasks") or {}).items()
-                     if t.get("pid") and t.get("pid") not in pids.values()}
-            if fresh and m.get("generation") != generation:
-                os.kill(fresh[rng.choice(sorted(fresh))], signal.SIGKILL)
+            fresh = {n: p for n, p in self.task_pids().items() if p not in pids.values()}
+            if fresh and self.generation() != generation:
+                second = rng.choice(sorted(fresh, key=str))
+                os.kill(fresh[second], signal.SIGKILL)
+                self._killed(second[0])
                 return True
             time.sleep(0.005)
         return False
@@ -247,6 +274,7 @@ class _Runner:
         ok = self.landed()
         self.handle.cancel()
         self._wait_end(cancelled=True)
+        self._resumed()
         self.start(resume=True)
         return ok
 
@@ -308,6 +336,7 @@ class _Runner:
             else:  # ended on its own (or failed): its storage holds the end, the resume finds it
                 child.proc.wait()
         self.runs += 1
+        self._resumed()
         self.start(resume=True)
         return ok
 
@@ -339,16 +368,15 @@ class _Runner:
 
     def _storage_outage(self, rng, rescale) -> bool:
         ok = self.landed()
-        aborted = (self.handle.metrics().get("checkpoints") or {}).get("aborted", 0)
+        aborted = self.aborted()
         self.disk.fill()
         try:
             deadline = time.monotonic() + 0.2 * self.run_seconds() + 2
             while self.handle.running and time.monotonic() < deadline:
-                now = (self.handle.metrics().get("checkpoints") or {}).get("aborted", 0)
-                if now >= aborted + 3:  # three checkpoints failed for it
+                if self.aborted() >= aborted + 3:  # three checkpoints failed for it
                     break
                 time.sleep(0.05)
-            hit = (self.handle.metrics().get("checkpoints") or {}).get("aborted", 0) > aborted
+            hit = self.aborted() > aborted
         finally:
             self.disk.free()
         return ok and hit  # checkpoints failed for it while the job ran with input left
@@ -426,8 +454,11 @@ def run(history: History, services: dict | None = None, workdir: str | None = No
             return report
         report.runs = runner.runs
         got = runner.target.read()
-        report.outcome, report.detail = check(got, runner.expected, runner.truth, runner.guarantees_used,
-                                              history.topology, runner.loose, oracle(history))
+        own = runner.topology.check
+        report.outcome, report.detail = (
+            own(got, runner.expected, runner.truth, runner.guarantees_used, runner.loose, runner.crossing) if own else
+            check(got, runner.expected, runner.truth, runner.guarantees_used, history.topology, runner.loose,
+                  oracle(history)))
         if report.outcome == "ok" and not all(report.landed):
             report.outcome = "not-landed"
             report.detail = f"actions that did not land mid-run: {[a for a, ok in zip(report.actions, report.landed) if not ok]}"

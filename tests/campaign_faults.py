@@ -34,7 +34,8 @@ seen = -1
 while handle.running:
     n = len(handle.completed_epochs)
     if n != seen:
-        tasks = (handle.metrics().get("tasks") or {})
+        m = handle.metrics()  # a job of regions: each region's tasks
+        tasks = {(r, n): t for r, rm in (m.get("regions") or {None: m}).items() for n, t in (rm.get("tasks") or {}).items()}
         pids = sorted({t.get("pid") for t in tasks.values() if t.get("pid") and t.get("pid") != os.getpid()})
         print("EPOCHS", n, *pids, flush=True)
         seen = n
