@@ -12,7 +12,10 @@ A history (:func:`draw`):
 * **topology** (``tests/campaign_topologies.py``): ``count``, a keyed running count of a
   throttled generator of four splits; ``windows``, event-time tumbling windows; ``join``, an
   inner interval join; ``loop``, a Collatz loop with keyed state in its body; ``failover``,
-  four forward-only pipelines, each a failover region restarted alone;
+  four forward-only pipelines, each a failover region restarted alone; ``columnar``,
+  event-time tumbling windows over Arrow batches; ``regions``, Figure 1(c) — two consistent
+  regions and an autonomous channel between them (no ``drain``: its cut's clicks are not
+  decided by offsets);
 * **sink**: ``file`` (:class:`~epochal.sinks.FileSink`, ``rollback="remove"``), ``log`` (the
   transactional log), ``postgres``, ``kafka``, ``delta``, ``iceberg`` — each read back by an
   independent reader;
@@ -37,7 +40,7 @@ with the oracle's multiset plus what the documented rollback semantics add — `
 (files): nothing; ``keep`` (the others): the parent's output of the epochs
 after the restored savepoint, once more, computed from the two savepoints' source offsets
 (``windows``, ``loop``, where offsets do not decide what was emitted: every row a true
-one, none lost).
+one, none lost). ``regions`` has its own model (``campaign_regions.check``, docs/regions.md).
 A drain ends with the oracle of the input below the drained savepoint's offsets. A history
 with an at-least-once run ends with no input lost (:func:`pipelines.no_count_lost`). A run
 not ending within :data:`RUN_BOUND` is a wedge. Failures are reported, never retried away.
@@ -59,6 +62,7 @@ import cloudpickle
 import epochal as ep
 import pipelines
 from campaign_faults import DriverProcess, SmallDisk
+from campaign_regions import per_region
 from campaign_topologies import TOPOLOGIES, Target, everything, source_offsets
 import campaign_topologies
 
@@ -205,31 +209,18 @@ class _Runner:
         return False
 
     def task_pids(self) -> dict:
-        """``{(region, task): pid}`` of the running tasks (region None: a job of one region)."""
-        m = self.handle.metrics()
-        per_region = m["regions"].items() if "regions" in m else [(None, m)]
-        return {(region, name): t.get("pid") for region, rm in per_region for name, t in (rm.get("tasks") or {}).items()
-                if t.get("pid") and t.get("pid") != os.getpid()}
+        return {(region, name): t.get("pid") for region, m in per_region(self.handle.metrics())
+                for name, t in (m.get("tasks") or {}).items() if t.get("pid") and t.get("pid") != os.getpid()}
 
-    def generation(self):
-        """The attempts' generations (one per region)."""
-        m = self.handle.metrics()
-        return tuple(rm.get("generation") for rm in m["regions"].values()) if "regions" in m else m.get("generation")
+    def generation(self) -> tuple:  # one per region, as task_pids' and aborted's
+        return tuple(m.get("generation") for _, m in per_region(self.handle.metrics()))
 
     def aborted(self) -> int:
-        """Checkpoints aborted so far (over every region)."""
-        m = self.handle.metrics()
-        return sum((rm.get("checkpoints") or {}).get("aborted", 0) for rm in (m["regions"].values() if "regions" in m
-                                                                              else [m]))
+        return sum((m.get("checkpoints") or {}).get("aborted", 0) for _, m in per_region(self.handle.metrics()))
 
-    def _killed(self, region) -> None:
-        """The model: what a task killed in ``region`` does to an autonomous channel."""
-        if region in self.topology.crossing:
-            self.crossing.add(self.topology.crossing[region])
-
-    def _resumed(self) -> None:
-        if "resume" in self.topology.crossing:
-            self.crossing.add(self.topology.crossing["resume"])
+    def _crossed(self, cause) -> None:
+        """The model: what a kill in region ``cause``, or a ``"resume"``, does to an autonomous channel."""
+        self.crossing.update([self.topology.crossing[cause]] if cause in self.topology.crossing else [])
 
     def landed(self) -> bool:
         """The job runs, its latest checkpoint has input left to read, and it has not
@@ -253,7 +244,7 @@ class _Runner:
         victim = rng.choice(sorted(pids, key=str))
         generation = self.generation()
         os.kill(pids[victim], signal.SIGKILL)
-        self._killed(victim[0])
+        self._crossed(victim[0])
         if not twice:
             return True
         deadline = time.monotonic() + 60  # the restarted attempt's processes, as soon as they exist
@@ -262,7 +253,7 @@ class _Runner:
             if fresh and self.generation() != generation:
                 second = rng.choice(sorted(fresh, key=str))
                 os.kill(fresh[second], signal.SIGKILL)
-                self._killed(second[0])
+                self._crossed(second[0])
                 return True
             time.sleep(0.005)
         return False
@@ -274,7 +265,7 @@ class _Runner:
         ok = self.landed()
         self.handle.cancel()
         self._wait_end(cancelled=True)
-        self._resumed()
+        self._crossed("resume")
         self.start(resume=True)
         return ok
 
@@ -336,7 +327,7 @@ class _Runner:
             else:  # ended on its own (or failed): its storage holds the end, the resume finds it
                 child.proc.wait()
         self.runs += 1
-        self._resumed()
+        self._crossed("resume")
         self.start(resume=True)
         return ok
 
@@ -454,11 +445,10 @@ def run(history: History, services: dict | None = None, workdir: str | None = No
             return report
         report.runs = runner.runs
         got = runner.target.read()
-        own = runner.topology.check
-        report.outcome, report.detail = (
-            own(got, runner.expected, runner.truth, runner.guarantees_used, runner.loose, runner.crossing) if own else
-            check(got, runner.expected, runner.truth, runner.guarantees_used, history.topology, runner.loose,
-                  oracle(history)))
+        own, used = runner.topology.check, runner.guarantees_used
+        report.outcome, report.detail = (own(got, runner.expected, runner.truth, used, runner.loose, runner.crossing)
+                                         if own else check(got, runner.expected, runner.truth, used, history.topology,
+                                                           runner.loose, oracle(history)))
         if report.outcome == "ok" and not all(report.landed):
             report.outcome = "not-landed"
             report.detail = f"actions that did not land mid-run: {[a for a, ok in zip(report.actions, report.landed) if not ok]}"

@@ -26,7 +26,8 @@ import cloudpickle
 import epochal as ep
 import joindata
 import pipelines
-import test_autonomous
+import campaign_columnar
+import campaign_regions
 import test_columnar_time
 import test_event_time
 from test_event_time import SumCount, event  # shipped by value: never the module object itself
@@ -35,9 +36,6 @@ from epochal.sinks import FileSink, LogSink, read_committed
 cloudpickle.register_pickle_by_value(joindata)
 cloudpickle.register_pickle_by_value(pipelines)
 cloudpickle.register_pickle_by_value(test_event_time)
-cloudpickle.register_pickle_by_value(test_columnar_time)
-cloudpickle.register_pickle_by_value(test_autonomous)
-cloudpickle.register_pickle_by_value(test_autonomous.test_regions)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 SPLITS = 4
@@ -204,155 +202,6 @@ def _failover_cut(history, read: dict) -> collections.Counter:
     return collections.Counter((f"s{s}-{i}",) for s, n in read.items() for i in range(n))
 
 
-# ---------------------------------------------------------------------- columnar
-#: Arrow batches of ``test_columnar_time`` (4 splits × 15 batches of 100 events, offsets count
-#: batches) at COLUMNAR_RATE batches/s per split: ≈ 5 s a run; COLUMNAR_WINDOW its tumbling window
-COLUMNAR_RATE, COLUMNAR_WINDOW = 3.0, 2.0
-
-
-def _columnar_flow(history, target, parallelism: int) -> ep.Dataflow:
-    """A columnar event-time tumbling window over Arrow batches (``test_columnar_time``'s
-    job: watermarks from the ``ts`` column, ``count`` and ``sum`` per key and window),
-    converted to records for the sinks: ``(key, start, end, count, sum)`` as ``windows``."""
-    from epochal.columnar import count, sum as asum
-    from epochal.windows import Tumbling
-
-    f = ep.Dataflow("campaign", parallelism=parallelism)
-    source = ep.sources.GeneratorSource(test_columnar_time.batches, num_splits=test_columnar_time.SPLITS,
-                                        schema=test_columnar_time.SCHEMA,
-                                        records_per_second=COLUMNAR_RATE * history.speed)
-    fired = (f.source("ev", source, parallelism=test_columnar_time.SPLITS)
-             .with_watermarks("wm", timestamp="ts", max_out_of_orderness="1s")
-             .key_by("k").window(Tumbling(f"{COLUMNAR_WINDOW:g}s")).aggregate("win", n=count(), total=asum("v")))
-    target.into(fired.to_records("rows").map("row", _columnar_row))
-    return f
-
-
-def _seconds(t) -> float:
-    """A window bound of a columnar record (a datetime, or µs) in seconds, rounded to the µs."""
-    if hasattr(t, "timestamp"):
-        return round(t.timestamp(), 6)
-    return round(t / 1_000_000, 6)
-
-
-def _columnar_row(r) -> tuple:
-    start = _seconds(r["window_start"])
-    return (r["k"], start, round(start + COLUMNAR_WINDOW, 6), int(r["n"]), int(r["total"]))
-
-
-def _columnar_of(events) -> collections.Counter:
-    """Plain Python: ``(key, start, end, count, sum)`` per key and tumbling window of ``events``."""
-    out: dict = collections.defaultdict(list)
-    for k, t, v in events:
-        start = round(t * 1_000_000) // round(COLUMNAR_WINDOW * 1_000_000) * round(COLUMNAR_WINDOW * 1_000_000)
-        out[(k, start)].append(v)
-    return collections.Counter((k, round(s / 1_000_000, 6), round(s / 1_000_000 + COLUMNAR_WINDOW, 6), len(vs),
-                                sum(vs)) for (k, s), vs in out.items())
-
-
-def _columnar_oracle(history) -> collections.Counter:
-    return _columnar_of(test_columnar_time.every_event())
-
-
-def _columnar_drained(history, read: dict) -> collections.Counter:
-    """A drain ends event time: every window of the batches read fires (offsets count batches)."""
-    rows = test_columnar_time.ROWS
-    return _columnar_of([test_columnar_time.event(s, i) for s, n in read.items()
-                         for i in range(min(n * rows, test_columnar_time.PER_SPLIT))])
-
-
-# ----------------------------------------------------------------------- regions
-#: records per source (two splits each) of Figure 1(c), and their rate (records/s per split): ≈ 5 s a run
-REGION_RECORDS, REGION_RATE = 1200, 120.0
-
-
-def _regions_flow(history, target, parallelism: int) -> ep.Dataflow:
-    """Figure 1(c) (``test_autonomous.figure_1c``): region ``main`` — orders and the clicks
-    channel → a running count per key → the sink; region ``side`` — clicks → ``tag`` → the
-    autonomous channel into main. ``(key, n)`` per record; order keys ``o*``, click keys
-    ``c*``. The channel's producer (``clicks``, ``tag``) keeps parallelism 2 whatever the
-    history's (a restore may not rescale it, docs/regions.md); main runs at ``parallelism``."""
-    f = ep.Dataflow("campaign", parallelism=parallelism)
-    orders = f.source("orders", ep.sources.GeneratorSource(test_autonomous.order, num_splits=2,
-                                                           limit=REGION_RECORDS // 2,
-                                                           records_per_second=REGION_RATE * history.speed),
-                      region="main")
-    clicks = f.source("clicks", ep.sources.GeneratorSource(test_autonomous.click, num_splits=2,
-                                                           limit=REGION_RECORDS // 2,
-                                                           records_per_second=REGION_RATE * history.speed),
-                      region="side", parallelism=2)
-    tagged = clicks.key_by(lambda c: c).process("tag", test_autonomous.Pass(), parallelism=2)
-    target.into(orders.union(tagged.autonomous("clicks-in")).key_by(lambda k: k).process("count", Count()))
-    return f
-
-
-def _keyed(gen) -> collections.Counter:
-    return collections.Counter(k for s in range(2) for k, _ in zip(gen(s, 0), range(REGION_RECORDS // 2)))
-
-
-def _regions_oracle(history) -> collections.Counter:
-    """``(k, n)`` for n = 1..count(k) of every order and every click (plain Python)."""
-    counts = _keyed(test_autonomous.order) + _keyed(test_autonomous.click)
-    return collections.Counter((k, n) for k, c in counts.items() for n in range(1, c + 1))
-
-
-def _regions_check(got, expected, truth, guarantees: set, loose: bool, crossing: set) -> tuple[str, str]:
-    """docs/regions.md's guarantees per region. Main's own input (orders) is exactly-once
-    whatever happened: ``expected`` (``loose``: every true row, none invented), or none
-    lost at least once. The clicks crossing the channel: exactly once while nothing failed
-    (``crossing`` empty: as orders); after a failure of the producing region or a driver's
-    resume at least once (``"at-least"``: each click key's final count ≥ its truth), after
-    one of the reading region at most once (``"at-most"``: ≤); both: no bound. Main counts
-    exactly what it took either way, so under exactly-once a click key's rows are (k, 1..final)
-    (each once unless ``loose``)."""
-    def part(c, keys):
-        return collections.Counter({r: n for r, n in c.items() if r[0][0] in keys})
-
-    problems = []
-    exact_clicks = not crossing
-    for keys, exact in (("o", True), ("c", exact_clicks)):
-        g, e, t = part(got, keys), part(expected, keys), part(truth, keys)
-        name = "orders" if keys == "o" else "clicks"
-        if guarantees == {"exactly-once"} and exact:
-            if loose:
-                lost, invented = t - g, set(g) - set(t)
-                if lost or invented:
-                    problems.append((("lost" if lost else "duplicated"),
-                                     f"{name}: {sum(lost.values())} lost (e.g. {list(lost)[:3]}), {len(invented)} "
-                                     f"invented (e.g. {list(invented)[:3]})"))
-            elif g != e:
-                lost, extra = e - g, g - e
-                problems.append((("lost" if lost else "duplicated"),
-                                 f"{name}: {sum(lost.values())} lost (e.g. {list(lost)[:3]}), {sum(extra.values())} "
-                                 f"extra (e.g. {list(extra)[:3]})"))
-            continue
-        final: dict = {}
-        for k, n in g:
-            final[k] = max(final.get(k, 0), n)
-        want = {k: max(n for kk, n in t if kk == k) for k, _ in t}
-        if guarantees == {"exactly-once"}:
-            holes = [(k, n) for k, top in final.items() for n in range(1, top + 1) if (k, n) not in g]
-            twice = [r for r, c in g.items() if c > 1] if not loose else []
-            if holes or twice:
-                problems.append(("lost" if holes else "duplicated",
-                                 f"{name}: main's count of what it took is not exact: {holes[:3]} missing, "
-                                 f"{twice[:3]} twice"))
-        bound = crossing if not exact else {"at-least"}
-        if guarantees != {"exactly-once"} and not exact:
-            bound = {"at-least"} if crossing == {"at-least"} else {"none"}
-        if bound == {"at-least"}:
-            short = {k: (final.get(k, 0), c) for k, c in want.items() if final.get(k, 0) < c}
-            if short:
-                problems.append(("lost", f"{name}: keys short of their count (got, truth): {short}"))
-        elif bound == {"at-most"}:
-            over = {k: (n, want.get(k, 0)) for k, n in final.items() if n > want.get(k, 0)}
-            if over:
-                problems.append(("duplicated", f"{name}: keys beyond their count (got, truth): {over}"))
-    if not problems:
-        return "ok", ""
-    return problems[0][0], "; ".join(d for _, d in problems)
-
-
 @dataclasses.dataclass(frozen=True)
 class Topology:
     flow: Callable
@@ -394,15 +243,16 @@ TOPOLOGIES = {
     "join": Topology(_join_flow, _join_oracle, "l bigint, r bigint", "rows", 1, lambda h: JOIN_ROWS,
                      _join_cut, _join_cut),
     # what fired at a cut also depends on the watermark (as ``windows``): no cut
-    "columnar": Topology(_columnar_flow, _columnar_oracle,
+    "columnar": Topology(campaign_columnar.flow, campaign_columnar.oracle,
                          "k text NOT NULL, s double precision, e double precision, c bigint, total bigint",
                          "ev", test_columnar_time.SPLITS,
-                         lambda h: test_columnar_time.PER_SPLIT // test_columnar_time.ROWS, _columnar_drained, None),
+                         lambda h: test_columnar_time.PER_SPLIT // test_columnar_time.ROWS, campaign_columnar.drained,
+                         None),
     # progress is main's own input (orders); what clicks a cut holds depends on the channel's
     # lanes, not on offsets: no cut (a keep-rollback is checked loose)
-    "regions": Topology(_regions_flow, _regions_oracle, "k text NOT NULL, n bigint NOT NULL", "orders", 2,
-                        lambda h: REGION_RECORDS // 2, None, None, checkpoints="campaign/regions/main/campaign",
-                        check=_regions_check,
+    "regions": Topology(campaign_regions.flow, campaign_regions.oracle, "k text NOT NULL, n bigint NOT NULL",
+                        "orders", 2, lambda h: campaign_regions.RECORDS // 2, None, None,
+                        checkpoints="campaign/regions/main/campaign", check=campaign_regions.check,
                         crossing={"main": "at-most", "side": "at-least", "resume": "at-least"},
                         excluded={"drain": "a drained cut's clicks depend on what the lanes held, not on the "
                                            "sources' offsets: the model cannot say them"}),
