@@ -120,6 +120,10 @@ def merge(paths: list, out: str | None) -> None:
     reports, runs = [], []
     for path in paths:
         doc = json.loads(Path(path).read_text())
+        if "runs" in doc:  # an earlier merge: its runs and reports as they are
+            reports += doc["reports"]
+            runs += doc["runs"]
+            continue
         for r in doc["reports"]:
             r.setdefault("command", doc["command"])
         reports += doc["reports"]

@@ -32,7 +32,9 @@ flow, options = cloudpickle.loads(open(sys.argv[1], "rb").read())
 handle = flow.start(runtime="local", **options)
 seen = -1
 while handle.running:
-    n = len(handle.completed_epochs)
+    # a job of regions: the epochs every region completed (each region's resume needs one)
+    n = min(len(h.completed_epochs) for h in handle.regions.values()) if hasattr(handle, "regions") \
+        else len(handle.completed_epochs)
     if n != seen:
         m = handle.metrics()  # a job of regions: each region's tasks
         tasks = {(r, n): t for r, rm in (m.get("regions") or {None: m}).items() for n, t in (rm.get("tasks") or {}).items()}

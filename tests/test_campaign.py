@@ -52,10 +52,10 @@ SLOW = {  # opt-in (-m slow): 15-30 s each
                                            [("kill-twice", 0.3, None), ("drain", 0.6, None)]),
     "iceberg-count-storage-full-rollback": ("count", "iceberg", "exactly-once", 2,
                                             [("storage-outage", 0.3, None), ("rollback", 0.5, 1)]),
-    # two regions and an autonomous channel: a rollback rescaling main (the channel's producer
-    # keeps its parallelism), then a kill (the clicks' guarantee follows the victim's region)
-    "regions-log-rollback-rescale-kill": ("regions", "log", "exactly-once", 2,
-                                          [("rollback", 0.25, 3), ("kill", 0.6, None)]),
+    # two regions and an autonomous channel, every click exactly once: a stop-restore rescaling
+    # main (the channel's producer keeps its parallelism), then a rollback to p1
+    "regions-file-stop-restore-rescale-rollback": ("regions", "file", "exactly-once", 2,
+                                                   [("stop-restore", 0.25, 3), ("rollback", 0.5, 1)]),
     "columnar-postgres-kill-drain": ("columnar", "postgres", "exactly-once", 2,
                                      [("kill", 0.3, None), ("drain", 0.6, None)]),
 }
