@@ -1,7 +1,8 @@
 """The randomized campaign of job histories (issue 46; the harness is ``tests/campaign.py``).
 
 Draws ``--histories`` histories from consecutive seeds (a keyed running count, event-time
-windows or an interval join; into a file, transactional-log, PostgreSQL, Kafka, Delta or
+windows, an interval join, a loop, failover regions, columnar windows or two regions with an
+autonomous channel; into a file, transactional-log, PostgreSQL, Kafka, Delta or
 Iceberg sink; exactly-once or at-least-once; with up to ``--max-actions`` actions — SIGKILLs
 of task processes from outside, one during a recovery, stop and restore with a rescale,
 cancel and resume, a rollback to an older savepoint, a guarantee switch, a SIGKILLed driver
@@ -119,6 +120,10 @@ def merge(paths: list, out: str | None) -> None:
     reports, runs = [], []
     for path in paths:
         doc = json.loads(Path(path).read_text())
+        if "runs" in doc:  # an earlier merge: its runs and reports as they are
+            reports += doc["reports"]
+            runs += doc["runs"]
+            continue
         for r in doc["reports"]:
             r.setdefault("command", doc["command"])
         reports += doc["reports"]

@@ -12,7 +12,10 @@ A history (:func:`draw`):
 * **topology** (``tests/campaign_topologies.py``): ``count``, a keyed running count of a
   throttled generator of four splits; ``windows``, event-time tumbling windows; ``join``, an
   inner interval join; ``loop``, a Collatz loop with keyed state in its body; ``failover``,
-  four forward-only pipelines, each a failover region restarted alone;
+  four forward-only pipelines, each a failover region restarted alone; ``columnar``,
+  event-time tumbling windows over Arrow batches; ``regions``, Figure 1(c) — two consistent
+  regions and an autonomous channel between them (no ``drain``: its cut's clicks are not
+  decided by offsets);
 * **sink**: ``file`` (:class:`~epochal.sinks.FileSink`, ``rollback="remove"``), ``log`` (the
   transactional log), ``postgres``, ``kafka``, ``delta``, ``iceberg`` — each read back by an
   independent reader;
@@ -37,7 +40,7 @@ with the oracle's multiset plus what the documented rollback semantics add — `
 (files): nothing; ``keep`` (the others): the parent's output of the epochs
 after the restored savepoint, once more, computed from the two savepoints' source offsets
 (``windows``, ``loop``, where offsets do not decide what was emitted: every row a true
-one, none lost).
+one, none lost). ``regions`` has its own model (``campaign_regions.check``, docs/regions.md).
 A drain ends with the oracle of the input below the drained savepoint's offsets. A history
 with an at-least-once run ends with no input lost (:func:`pipelines.no_count_lost`). A run
 not ending within :data:`RUN_BOUND` is a wedge. Failures are reported, never retried away.
@@ -59,6 +62,7 @@ import cloudpickle
 import epochal as ep
 import pipelines
 from campaign_faults import DriverProcess, SmallDisk
+from campaign_regions import per_region
 from campaign_topologies import TOPOLOGIES, Target, everything, source_offsets
 import campaign_topologies
 
@@ -101,7 +105,8 @@ def draw(seed: int, sinks=SINKS, actions=ACTIONS, max_actions: int = 3, topologi
     rng = random.Random(seed)
     sink = rng.choice(list(sinks))
     allowed = [a for a in actions if (a != "rollback" or sink in rollback_sinks)
-               and (a != "drain" or TOPOLOGIES[topology].drained is not None)]
+               and (a != "drain" or TOPOLOGIES[topology].drained is not None)
+               and a not in TOPOLOGIES[topology].excluded]
     chosen = []
     for _ in range(rng.randint(1, max_actions)):
         action = rng.choice(allowed)
@@ -157,6 +162,8 @@ class _Runner:
         # the model: what the committed output must be after the history so far
         self.expected = collections.Counter(self.truth)  # exactly-once
         self.loose = False  # True: a rollback whose re-emitted rows the offsets cannot say (windows)
+        #: an autonomous channel's guarantee so far: what kills and resumes made of it (docs/regions.md)
+        self.crossing: set = set()
 
     def _new_storage(self) -> str:
         root = self.disk.path if self.disk else self.workdir
@@ -185,7 +192,7 @@ class _Runner:
         if self.topology.by_output:
             return len(set(self.target.read()) & set(self.truth)) / len(set(self.truth))
         try:
-            read = source_offsets(self.storage + "/campaign", self.h)
+            read = source_offsets(f"{self.storage}/{self.topology.checkpoints}", self.h)
         except Exception:  # noqa: BLE001 - none yet, or retention removed it while it was read
             return 0.0
         return sum(read.values()) / sum(everything(self.h).values())
@@ -202,8 +209,18 @@ class _Runner:
         return False
 
     def task_pids(self) -> dict:
-        tasks = (self.handle.metrics().get("tasks") or {})
-        return {name: t.get("pid") for name, t in tasks.items() if t.get("pid") and t.get("pid") != os.getpid()}
+        return {(region, name): t.get("pid") for region, m in per_region(self.handle.metrics())
+                for name, t in (m.get("tasks") or {}).items() if t.get("pid") and t.get("pid") != os.getpid()}
+
+    def generation(self) -> tuple:  # one per region, as task_pids' and aborted's
+        return tuple(m.get("generation") for _, m in per_region(self.handle.metrics()))
+
+    def aborted(self) -> int:
+        return sum((m.get("checkpoints") or {}).get("aborted", 0) for _, m in per_region(self.handle.metrics()))
+
+    def _crossed(self, cause) -> None:
+        """The model: what a kill in region ``cause``, or a ``"resume"``, does to an autonomous channel."""
+        self.crossing.update([self.topology.crossing[cause]] if cause in self.topology.crossing else [])
 
     def landed(self) -> bool:
         """The job runs, its latest checkpoint has input left to read, and it has not
@@ -224,18 +241,19 @@ class _Runner:
         pids = self.task_pids()
         if not pids or not self.landed():
             return False
-        victim = rng.choice(sorted(pids))
-        generation = self.handle.metrics().get("generation")
+        victim = rng.choice(sorted(pids, key=str))
+        generation = self.generation()
         os.kill(pids[victim], signal.SIGKILL)
+        self._crossed(victim[0])
         if not twice:
             return True
         deadline = time.monotonic() + 60  # the restarted attempt's processes, as soon as they exist
         while time.monotonic() < deadline and self.handle.running:
-            m = self.handle.metrics()
-            fresh = {n: t.get("pid") for n, t in (m.get("tasks") or {}).items()
-                     if t.get("pid") and t.get("pid") not in pids.values()}
-            if fresh and m.get("generation") != generation:
-                os.kill(fresh[rng.choice(sorted(fresh))], signal.SIGKILL)
+            fresh = {n: p for n, p in self.task_pids().items() if p not in pids.values()}
+            if fresh and self.generation() != generation:
+                second = rng.choice(sorted(fresh, key=str))
+                os.kill(fresh[second], signal.SIGKILL)
+                self._crossed(second[0])
                 return True
             time.sleep(0.005)
         return False
@@ -247,6 +265,7 @@ class _Runner:
         ok = self.landed()
         self.handle.cancel()
         self._wait_end(cancelled=True)
+        self._crossed("resume")
         self.start(resume=True)
         return ok
 
@@ -308,6 +327,7 @@ class _Runner:
             else:  # ended on its own (or failed): its storage holds the end, the resume finds it
                 child.proc.wait()
         self.runs += 1
+        self._crossed("resume")
         self.start(resume=True)
         return ok
 
@@ -339,16 +359,15 @@ class _Runner:
 
     def _storage_outage(self, rng, rescale) -> bool:
         ok = self.landed()
-        aborted = (self.handle.metrics().get("checkpoints") or {}).get("aborted", 0)
+        aborted = self.aborted()
         self.disk.fill()
         try:
             deadline = time.monotonic() + 0.2 * self.run_seconds() + 2
             while self.handle.running and time.monotonic() < deadline:
-                now = (self.handle.metrics().get("checkpoints") or {}).get("aborted", 0)
-                if now >= aborted + 3:  # three checkpoints failed for it
+                if self.aborted() >= aborted + 3:  # three checkpoints failed for it
                     break
                 time.sleep(0.05)
-            hit = (self.handle.metrics().get("checkpoints") or {}).get("aborted", 0) > aborted
+            hit = self.aborted() > aborted
         finally:
             self.disk.free()
         return ok and hit  # checkpoints failed for it while the job ran with input left
@@ -426,8 +445,10 @@ def run(history: History, services: dict | None = None, workdir: str | None = No
             return report
         report.runs = runner.runs
         got = runner.target.read()
-        report.outcome, report.detail = check(got, runner.expected, runner.truth, runner.guarantees_used,
-                                              history.topology, runner.loose, oracle(history))
+        own, used = runner.topology.check, runner.guarantees_used
+        report.outcome, report.detail = (own(got, runner.expected, runner.truth, used, runner.loose, runner.crossing)
+                                         if own else check(got, runner.expected, runner.truth, used, history.topology,
+                                                           runner.loose, oracle(history)))
         if report.outcome == "ok" and not all(report.landed):
             report.outcome = "not-landed"
             report.detail = f"actions that did not land mid-run: {[a for a, ok in zip(report.actions, report.landed) if not ok]}"
@@ -466,7 +487,7 @@ def check(got: collections.Counter, expected: collections.Counter, truth: collec
         outcome = "lost" if lost else "duplicated"
         return outcome, f"{sum(lost.values())} lost (e.g. {list(lost)[:3]}), {sum(extra.values())} extra " \
                         f"(e.g. {list(extra)[:3]})"
-    if topology == "windows":
+    if topology in ("windows", "columnar"):
         best: dict = {}
         for k, s, e, c, _ in got:
             best[(k, s, e)] = max(best.get((k, s, e), 0), c)

@@ -32,9 +32,12 @@ flow, options = cloudpickle.loads(open(sys.argv[1], "rb").read())
 handle = flow.start(runtime="local", **options)
 seen = -1
 while handle.running:
-    n = len(handle.completed_epochs)
+    # a job of regions: the epochs every region completed (each region's resume needs one)
+    n = min(len(h.completed_epochs) for h in handle.regions.values()) if hasattr(handle, "regions") \
+        else len(handle.completed_epochs)
     if n != seen:
-        tasks = (handle.metrics().get("tasks") or {})
+        m = handle.metrics()  # a job of regions: each region's tasks
+        tasks = {(r, n): t for r, rm in (m.get("regions") or {None: m}).items() for n, t in (rm.get("tasks") or {}).items()}
         pids = sorted({t.get("pid") for t in tasks.values() if t.get("pid") and t.get("pid") != os.getpid()})
         print("EPOCHS", n, *pids, flush=True)
         seen = n

@@ -26,6 +26,9 @@ import cloudpickle
 import epochal as ep
 import joindata
 import pipelines
+import campaign_columnar
+import campaign_regions
+import test_columnar_time
 import test_event_time
 from test_event_time import SumCount, event  # shipped by value: never the module object itself
 from epochal.sinks import FileSink, LogSink, read_committed
@@ -213,6 +216,16 @@ class Topology:
     #: progress is the committed output, not the input read: a loop reads its input at once
     #: and works on it for a long while after
     by_output: bool = False
+    #: the source's checkpoints under the job's storage (a job of regions: its region's)
+    checkpoints: str = "campaign"
+    #: a topology's own model, ``(got, expected, truth, guarantees, loose, crossing) → (outcome,
+    #: detail)``; None: :func:`campaign.check`'s
+    check: Callable | None = None
+    #: an autonomous channel: what a kill in each region, and a resume (``"resume"``), does
+    #: to the records crossing it (docs/regions.md) — ``"at-least"`` or ``"at-most"``
+    crossing: dict = dataclasses.field(default_factory=dict)
+    #: actions never drawn for it → why
+    excluded: dict = dataclasses.field(default_factory=dict)
 
 
 TOPOLOGIES = {
@@ -229,6 +242,20 @@ TOPOLOGIES = {
                          {"failover": "region"}),
     "join": Topology(_join_flow, _join_oracle, "l bigint, r bigint", "rows", 1, lambda h: JOIN_ROWS,
                      _join_cut, _join_cut),
+    # what fired at a cut also depends on the watermark (as ``windows``): no cut
+    "columnar": Topology(campaign_columnar.flow, campaign_columnar.oracle,
+                         "k text NOT NULL, s double precision, e double precision, c bigint, total bigint",
+                         "ev", test_columnar_time.SPLITS,
+                         lambda h: test_columnar_time.PER_SPLIT // test_columnar_time.ROWS, campaign_columnar.drained,
+                         None),
+    # progress is main's own input (orders); what clicks a cut holds depends on the channel's
+    # lanes, not on offsets: no cut (a keep-rollback is checked loose)
+    "regions": Topology(campaign_regions.flow, campaign_regions.oracle, "k text NOT NULL, n bigint NOT NULL",
+                        "orders", 2, lambda h: campaign_regions.RECORDS // 2, None, None,
+                        checkpoints="campaign/regions/main/campaign", check=campaign_regions.check,
+                        crossing={"main": "at-most", "side": "at-least", "resume": "at-least"},
+                        excluded={"drain": "a drained cut's clicks depend on what the lanes held, not on the "
+                                           "sources' offsets: the model cannot say them"}),
 }
 
 

@@ -8,7 +8,8 @@ each checked against the plain-Python model, each action asserted to have landed
 * ``LATER``: the actions, sinks and topologies added since — a driver SIGKILLed in its own
   process then resumed, a second launch refused, a drain, the checkpoint storage full for a
   while, rollbacks whose sink keeps the abandoned epochs (the model adds them once more),
-  an interval join, a loop, failover regions, Delta and Iceberg (``slow``: 15-30 s each; the table sinks' task
+  an interval join, a loop, failover regions, two regions with an autonomous channel, columnar
+  windows over Arrow batches, Delta and Iceberg (``slow``: 15-30 s each; the table sinks' task
   processes import the table libraries).
 
 A seed that fails in the campaign is added here once its defect is fixed."""
@@ -51,6 +52,12 @@ SLOW = {  # opt-in (-m slow): 15-30 s each
                                            [("kill-twice", 0.3, None), ("drain", 0.6, None)]),
     "iceberg-count-storage-full-rollback": ("count", "iceberg", "exactly-once", 2,
                                             [("storage-outage", 0.3, None), ("rollback", 0.5, 1)]),
+    # two regions and an autonomous channel, every click exactly once: a stop-restore rescaling
+    # main (the channel's producer keeps its parallelism), then a rollback to p1
+    "regions-file-stop-restore-rescale-rollback": ("regions", "file", "exactly-once", 2,
+                                                   [("stop-restore", 0.25, 3), ("rollback", 0.5, 1)]),
+    "columnar-postgres-kill-drain": ("columnar", "postgres", "exactly-once", 2,
+                                     [("kill", 0.3, None), ("drain", 0.6, None)]),
 }
 
 
