@@ -1,0 +1,87 @@
+"""Nothing of a job writes after its end (the campaign's seed 9004: something still wrote into
+a history's checkpoint storage after the job's handle returned).
+
+A savepoint copy runs on its own thread (epochal.runtime.driver.savepoints) and, once started,
+finishes even if the attempt fails meanwhile: it writes the savepoint and records it in the
+job's storage (``_savepoints/``). The job's end — :meth:`SavepointTracker.close`, called by the
+driver before it releases the job's lease — must therefore wait for copies in flight, or a
+cancelled job's ``wait()`` returns while its copy still writes (into a storage the next run of
+the job may already hold). The copy is held in flight by a named pipe standing in for the
+checkpoint's state file: reading it blocks until the test writes the file's bytes into it, so
+the copy is mid-way for as long as the test decides (no timing involved). A pipe cannot be
+seeked, so the released copy then fails naming the file (abandoned, no savepoint marker): the
+job's end waits for a copy that fails as for one that succeeds.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from epochal.backends.storage import CheckpointStorage
+from epochal.errors import SavepointError
+from epochal.runtime.driver.savepoints import SavepointRequest, SavepointTracker
+from epochal.runtime.task.snapshots import encode_task_state
+
+
+def _tree(root) -> dict:
+    """Every path under ``root`` with its size: the storage as a plain listing (the oracle)."""
+    out = {}
+    for d, dirs, files in os.walk(root):
+        for name in files + dirs:
+            p = os.path.join(d, name)
+            out[os.path.relpath(p, root)] = os.lstat(p).st_size
+    return out
+
+
+def test_the_job_end_waits_for_a_savepoint_copy_in_flight(tmp_path):
+    s = CheckpointStorage(f"file://{tmp_path / 'ckpt'}", "job")
+    data = encode_task_state({"t": 3}, None, None)
+    h = s.write_state(3, "t-0.state", data)
+    meta = {"epoch": 3, "job": "job", "generation": 1, "plan": {}, "max_parallelism": 128,
+            "tasks": {"t[0]": {"handle": h.to_dict(), "chain": ["t"], "subtask": 0, "parallelism": 1, "shared": []}}}
+    s.write_metadata(3, meta)
+    state_file = os.path.join(tmp_path, "ckpt", "job", h.path)
+    os.unlink(state_file)
+    os.mkfifo(state_file)  # the copy's read of the state file blocks here until the test writes it
+
+    tracker = SavepointTracker(s, lambda m: None)
+    events = []
+    tracker.attach(events.append)
+    req = SavepointRequest(str(tmp_path / "sp"), stop=False)
+    tracker.add(req)
+    tracker.on_trigger(3)
+    tracker.on_complete(3, meta)  # the copy thread starts and blocks on the pipe
+    assert tracker.busy, "the copy is not in flight: the fault (a held read) did not fire"
+    tracker.attempt_ended("task t[0] failed")  # the attempt fails mid-copy; the user cancels the job
+
+    closed = threading.Event()
+    closer = threading.Thread(target=lambda: (tracker.close("job 'job' is not running"), closed.set()))
+    closer.start()
+    closer.join(0.5)
+    # the job's end must not pass while its copy can still write
+    assert not closed.is_set(), "the job ended while its savepoint copy was still in flight"
+    assert tracker.busy and not req.done
+    with open(state_file, "wb") as pipe:  # let the copy go on
+        pipe.write(data)
+    closer.join(30)
+    assert closed.is_set()
+    assert not tracker.busy and [t for t in threading.enumerate() if t.name == "epochal-savepoint-3"] == []
+    assert req.done  # the copy ended and resolved its request before the job's end returned
+    with pytest.raises(SavepointError, match="t-0.state"):
+        req.wait(0)
+    after = _tree(tmp_path)
+    assert "sp/_savepoint" not in after and not any(p.startswith("ckpt/job/_savepoints/") for p in after)
+    assert _tree(tmp_path) == after  # nothing of the job writes any more
+    assert events[-1] == ("savepoint_done", 3)
+
+
+def test_close_with_no_copy_returns_at_once_and_is_idempotent(tmp_path):
+    tracker = SavepointTracker(CheckpointStorage(f"file://{tmp_path}", "job"), lambda m: None)
+    req = SavepointRequest(None, stop=True)
+    tracker.add(req)
+    tracker.close("job 'job' is not running")
+    tracker.close("job 'job' is not running")
+    with pytest.raises(SavepointError, match="not running"):
+        req.wait(0)
