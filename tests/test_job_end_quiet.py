@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 
@@ -85,3 +86,38 @@ def test_close_with_no_copy_returns_at_once_and_is_idempotent(tmp_path):
     tracker.close("job 'job' is not running")
     with pytest.raises(SavepointError, match="not running"):
         req.wait(0)
+
+
+def test_the_job_end_waits_for_the_answers_of_requested_savepoints(tmp_path):
+    """A savepoint requested through the storage (``epochal savepoint trigger``) is answered by
+    a thread of the request watcher: the job's end (tracker closed, then the watcher) returns
+    only once that answer is written, so it never lands in the storage after the end."""
+    from epochal.runtime.driver import requests
+
+    s = CheckpointStorage(f"file://{tmp_path / 'ckpt'}", "job")
+    tracker = SavepointTracker(s, lambda m: None)
+    tracker.attach(lambda event: None)
+
+    def take(url, stop, drain):
+        req = SavepointRequest(url, stop, drain)
+        tracker.add(req)
+        return req
+
+    watcher = requests.RequestWatcher(s, take, 0.02, "job").start()
+    rid = requests.submit(s, None, stop=False)
+    deadline = time.monotonic() + 30
+    while not requests.taken(s, rid) and time.monotonic() < deadline:  # the watcher's poll, observed
+        time.sleep(0.01)
+    assert requests.taken(s, rid), "the watcher never took the request: the case did not arise"
+    serving = [t for t in threading.enumerate() if t.name == f"epochal-request-{rid}"]
+    assert serving, "no thread waits to answer the request"
+
+    tracker.close("job 'job' is not running")  # the driver's end, in its order
+    watcher.close()
+    assert [t for t in serving if t.is_alive()] == [], "the request's answer was still being written after the end"
+    answer = s.read_document(f"{requests.DIR}/{rid}.done.json")
+    assert answer is not None and "not running" in answer["error"]
+    after = _tree(tmp_path)
+    watcher.close()  # idempotent
+    assert _tree(tmp_path) == after  # nothing of the job writes any more
+

@@ -215,9 +215,11 @@ class JobDriver:
             self.error = exc
             self.state = "failed"
         finally:
+            # nothing of the job may write after its end: the savepoint copies in flight end
+            # first (close joins them), then the request watcher, whose answers they resolve
+            self.savepoints.close(f"job {self.plan.job!r} is not running")
             if watcher is not None:
                 watcher.close()
-            self.savepoints.close(f"job {self.plan.job!r} is not running")
             self.launcher.close()
             self.reporter.close()
             if self.dashboard is not None:
