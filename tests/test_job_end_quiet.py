@@ -109,7 +109,10 @@ def test_the_job_end_waits_for_the_answers_of_requested_savepoints(tmp_path):
     while not requests.taken(s, rid) and time.monotonic() < deadline:  # the watcher's poll, observed
         time.sleep(0.01)
     assert requests.taken(s, rid), "the watcher never took the request: the case did not arise"
-    serving = [t for t in threading.enumerate() if t.name == f"epochal-request-{rid}"]
+    serving = []
+    while not serving and time.monotonic() < deadline:  # the claim is written just before its thread starts
+        serving = [t for t in threading.enumerate() if t.name == f"epochal-request-{rid}"]
+        time.sleep(0.005)
     assert serving, "no thread waits to answer the request"
 
     tracker.close("job 'job' is not running")  # the driver's end, in its order
@@ -121,3 +124,28 @@ def test_the_job_end_waits_for_the_answers_of_requested_savepoints(tmp_path):
     watcher.close()  # idempotent
     assert _tree(tmp_path) == after  # nothing of the job writes any more
 
+
+
+def test_a_cancel_right_after_start_is_not_lost(tmp_path):
+    """``cancel()`` before the attempt's coordinator exists (right after ``start``) used to
+    be dropped: the job ran on to its end and wrote checkpoints into its storage long after
+    the caller had cancelled it (the campaign's seed 9004: a second launch that was not
+    refused, cancelled at once, then checkpointed on after the history ended). Now the
+    attempt fails as soon as it exists, ``wait()`` raises "cancelled", and the storage stays
+    still afterwards."""
+    import epochal as ep
+    from epochal.sinks import FileSink
+    from pipelines import lines_from, unique_dir
+
+    out, root = unique_dir(tmp_path, "out"), unique_dir(tmp_path, "ckpt")
+    flow = ep.Dataflow("cancelled", parallelism=1)
+    (flow.source("lines", ep.sources.GeneratorSource(lines_from, num_splits=2, limit=200, records_per_second=40.0))
+        .map("pair", lambda line: (line, 1)).sink("out", FileSink(out)))  # 5 s of input: it ends on its own later
+    handle = flow.start(runtime="local", checkpoint=ep.CheckpointConfig(interval=0.1, storage="file://" + root))
+    handle.cancel()
+    with pytest.raises(ep.JobFailedError, match="cancelled"):
+        handle.wait(60)
+    after = _tree(root)
+    assert not any(p.startswith("cancelled/_lease") for p in after), "the cancelled job still holds its lease"
+    time.sleep(0.5)  # an observation window, not a protocol step: a straggler would write within it
+    assert _tree(root) == after, "something wrote into the job's storage after its end"
