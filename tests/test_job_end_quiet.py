@@ -149,3 +149,31 @@ def test_a_cancel_right_after_start_is_not_lost(tmp_path):
     assert not any(p.startswith("cancelled/_lease") for p in after), "the cancelled job still holds its lease"
     time.sleep(0.5)  # an observation window, not a protocol step: a straggler would write within it
     assert _tree(root) == after, "something wrote into the job's storage after its end"
+
+
+def test_the_campaign_s_second_launch_after_the_job_ended_is_not_a_finding_and_leaves_nothing_running(tmp_path):
+    """The harness (tests/campaign.py): a second launch drawn when the first job has already
+    ended (a loop reads its input at once) is rightly not refused — the lease was released.
+    It used to be reported as an error, the launched job cancelled and never waited for (it
+    wrote into the history's directory after the history: seed 9004). Now the action did
+    not land, and the launched job has ended before the action returns."""
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    import campaign
+
+    history = campaign.History(1, "file", "exactly-once", 1, [], n_lines=80)
+    runner = campaign._Runner(history, str(tmp_path), {})
+    try:
+        runner.start()
+        runner._wait_end()
+        assert not runner.handle.running
+        landed = runner._second_launch(None, None)  # raised "was not refused" before the fix
+        assert landed is False
+        root = runner.storage.removeprefix("file://")
+        after = _tree(root)
+        assert not any(p.endswith("_lease") for p in after), "a launched job still holds the storage's lease"
+        time.sleep(0.5)  # an observation window, not a protocol step: a straggler would write within it
+        assert _tree(root) == after, "something wrote into the history's storage after the action"
+    finally:
+        runner.close()
