@@ -342,9 +342,17 @@ class _Runner:
                 if "already running" not in str(exc) and options:
                     raise
                 continue
-            second.cancel()
-            raise AssertionError(f"a second launch ({options or 'fresh'}) onto the running job's storage was not "
-                                 f"refused")
+            second.cancel()  # not refused: stop it and wait for its end (it writes to the storage until then)
+            try:
+                second.wait(RUN_BOUND)
+            except ep.JobFailedError:
+                pass
+            try:  # the first job may have ended (a loop reads its input at once) and released its lease
+                self.handle.wait(5.0)
+            except TimeoutError:
+                raise AssertionError(f"a second launch ({options or 'fresh'}) onto the running job's storage was "
+                                     f"not refused") from None
+            return False  # the first job had ended: the launch was rightly taken, the action did not land
         return ok and self.handle.running
 
     def _drain(self, rng, rescale) -> bool:

@@ -190,16 +190,23 @@ class JobDriver:
         return request
 
     def cancel(self) -> None:
-        self._cancelled = True
-        if self.server is not None:
-            self.server.fail("cancelled by the user")
+        """Cancel the job: its running attempt fails and none follows. Any thread, at any
+        time: a cancel before the attempt's coordinator exists (right after ``start``) fails
+        that attempt as soon as it does (:meth:`_attempt`), it is not lost. Idempotent."""
+        self._stop_job(None)
 
     def abort(self, reason: str) -> None:
         """Stop the job for ``reason`` (e.g. its lease was taken over): no restart."""
-        self._abort_reason = reason
-        self._cancelled = True
-        if self.server is not None:
-            self.server.fail(reason)
+        self._stop_job(reason)
+
+    def _stop_job(self, reason: str | None) -> None:
+        with self._server_lock:  # against _attempt publishing its server: one of the two fails it
+            if reason is not None:
+                self._abort_reason = reason
+            self._cancelled = True
+            server = self.server
+        if server is not None:
+            server.fail(reason or "cancelled by the user")
 
     def _run_guarded(self) -> None:
         watcher = None
@@ -215,9 +222,11 @@ class JobDriver:
             self.error = exc
             self.state = "failed"
         finally:
+            # nothing of the job may write after its end: the savepoint copies in flight end
+            # first (close joins them), then the request watcher, whose answers they resolve
+            self.savepoints.close(f"job {self.plan.job!r} is not running")
             if watcher is not None:
                 watcher.close()
-            self.savepoints.close(f"job {self.plan.job!r} is not running")
             self.launcher.close()
             self.reporter.close()
             if self.dashboard is not None:
@@ -356,6 +365,9 @@ class JobDriver:
         with self._server_lock:
             self.server = server
             early, self._early_trigger = self._early_trigger, False
+            cancelled = self._cancelled
+        if cancelled:  # cancelled before this attempt's coordinator existed: it fails at once
+            server.fail(self._abort_reason or "cancelled by the user")
         if early:
             server.trigger_epoch()
         attempt = AttemptSpec(self.plan_blob, generation, key, server.address, self.components, self.channels,
@@ -368,7 +380,8 @@ class JobDriver:
         units = LaunchUnits(self, server, attempt)  # one per failover region, relaunched alone
         entry["launched_s"] = time.monotonic() - t0
         self.state = "running"
-        units.run(payload)
+        if not cancelled:  # a cancelled attempt launches no task (its server has failed it)
+            units.run(payload)
         outcome: AttemptOutcome = server.wait()
         if outcome.ok:
             units.exited.wait(30.0)  # tasks said goodbye; let them exit on their own

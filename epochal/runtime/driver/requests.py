@@ -39,6 +39,8 @@ __all__ = ["RequestWatcher", "submit", "taken", "target_allowed", "wait_answer",
 
 log = logging.getLogger("epochal")
 DIR = "_requests"
+#: seconds the job's end waits for a request's answer (written at once once the tracker closed)
+SERVE_JOIN_S = 60.0
 
 
 def _location(url: str) -> tuple[str, str]:
@@ -127,13 +129,29 @@ class RequestWatcher:
         self.job = job
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"epochal-requests-{job}", daemon=True)
+        self._lock = threading.Lock()
+        self._serving: list[threading.Thread] = []  # one per request taken (joined by close)
 
     def start(self) -> "RequestWatcher":
         self._thread.start()
         return self
 
     def close(self) -> None:
+        """Stop polling, then wait for the poll thread and for every request's answer to
+        be written: nothing of the watcher writes into the storage after it returns. Called
+        by the driver at the job's end, after the job's savepoint tracker closed (every
+        request then ends: its copy finished or it failed, so its answer follows at once).
+        Idempotent."""
         self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        with self._lock:
+            serving, self._serving = self._serving, []
+        for thread in serving:
+            thread.join(SERVE_JOIN_S)  # a guard only: the closed tracker ends every request at once
+            if thread.is_alive():
+                log.warning("job %s: the answer of savepoint request %s is still pending at the job's end",
+                            self.job, thread.name.removeprefix("epochal-request-"))
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll):
@@ -163,8 +181,11 @@ class RequestWatcher:
             self.storage.write_document(_rel(rid, ".taken"), {"taken": time.time()})
             log.info("job %s: savepoint requested from outside the driver (%s%s)", self.job,
                      request.get("url") or "default location", ", then stop" if request.get("stop") else "")
-            threading.Thread(target=self._serve, args=(rid, request), name=f"epochal-request-{rid}",
-                             daemon=True).start()
+            serve = threading.Thread(target=self._serve, args=(rid, request), name=f"epochal-request-{rid}",
+                                     daemon=True)
+            with self._lock:  # started under the lock: close() never joins one not yet started
+                serve.start()
+                self._serving = [t for t in self._serving if t.is_alive()] + [serve]
 
     def _serve(self, rid: str, request: dict) -> None:
         url = request.get("url")

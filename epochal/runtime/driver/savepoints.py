@@ -15,7 +15,10 @@ epoch events, on its own thread::
 
 A request's lifecycle: WAITING (for a trigger) → BOUND (to epoch n) → COPYING → DONE or
 FAILED. A copy that started finishes and resolves its request even if the attempt fails
-meanwhile (epoch n is complete, its savepoint valid), and ``n`` stays pinned until then.
+meanwhile (epoch n is complete, its savepoint valid), and ``n`` stays pinned until then. The
+job ends only after it: :meth:`SavepointTracker.close` (the driver's end, before it releases
+the job's lease) waits for every copy in flight, so nothing of a job writes into its storage
+or a savepoint location after its ``wait()`` returned — not even after a cancel.
 
 **Stop with savepoint.** Once a stop request is bound to epoch n the coordinator triggers
 no other epoch (:attr:`SavepointTracker.stop_epoch`). When n completed, the coordinator sends
@@ -106,6 +109,7 @@ class SavepointTracker:
         self._bound: dict[int, list[SavepointRequest]] = {}
         self._copying: dict[int, int] = {}  # epoch → copies in progress (pinned)
         self._in_copy: list[SavepointRequest] = []
+        self._copiers: list[threading.Thread] = []  # copy threads started (joined by close)
         self.stop_epoch: int | None = None
         self._stop_drains = False  # the stop request bound to stop_epoch drains (drain_epoch)
         self._stop_written: SavepointRequest | None = None
@@ -129,12 +133,21 @@ class SavepointTracker:
         self._post(("savepoint",))
 
     def close(self, why: str) -> None:
-        """The job is over: waiting requests and every later one fail with ``why``."""
+        """The job is over: waiting requests and every later one fail with ``why``; then
+        wait for every copy in flight to end (it finishes, or fails, and resolves its
+        request), so that nothing of the job writes after the job's end. Called once by the
+        driver thread at the job's end; idempotent."""
         with self._lock:
             self._closed = why
             waiting, self._waiting = self._waiting, []
         for req in waiting:
             req.fail(why)
+        with self._lock:
+            copiers, self._copiers = self._copiers, []
+        for copier in copiers:
+            if copier.is_alive():
+                self.log(f"waiting for the savepoint copy {copier.name} in flight before the job ends")
+            copier.join()
 
     @property
     def has_waiting(self) -> bool:
@@ -205,8 +218,11 @@ class SavepointTracker:
             with self._lock:
                 self._copying[epoch] = self._copying.get(epoch, 0) + 1
                 self._in_copy.append(req)
-            threading.Thread(target=self._copy, args=(req, epoch, meta), daemon=True,
-                             name=f"epochal-savepoint-{epoch}").start()
+            copier = threading.Thread(target=self._copy, args=(req, epoch, meta), daemon=True,
+                                      name=f"epochal-savepoint-{epoch}")
+            with self._lock:  # started under the lock: close() never sees a copier not yet started
+                copier.start()
+                self._copiers = [t for t in self._copiers if t.is_alive()] + [copier]
 
     def stop_ready(self) -> SavepointRequest | None:
         """The stop request whose savepoint is written — or a drain's whose copy failed
