@@ -46,8 +46,8 @@ def test_a_stop_after_the_producing_region_finished_restores_both_exactly_once(t
     savepoint and restored into fresh storage: every order and every click counted exactly
     once over both runs (the plain-Python oracle)."""
     out = unique_dir(tmp_path, "out")
-    handle = flow(out, 300.0).start(runtime="local", checkpoint=ep.CheckpointConfig(
-        interval=0.1, storage="file://" + unique_dir(tmp_path, "c1")))  # 4 s of orders per split
+    handle = flow(out, 200.0).start(runtime="local", checkpoint=ep.CheckpointConfig(
+        interval=0.1, storage="file://" + unique_dir(tmp_path, "c1")))  # 6 s of orders per split
     deadline = time.monotonic() + 60
     while (handle.regions["side"].running or len(handle.regions["main"].completed_epochs) < 2) \
             and time.monotonic() < deadline:
