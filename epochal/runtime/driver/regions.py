@@ -30,15 +30,14 @@ import time
 import uuid
 
 from epochal.backends.storage import CheckpointStorage
-from epochal.errors import ConfigError, EpochalError, JobFailedError
+from epochal.errors import ConfigError, EpochalError, JobFailedError, SavepointError
 from epochal.query.protocol import QueryError
-from epochal.regions.layout import REGIONS_DIR, RegionPart, describe, region_storage_url, regions_with_checkpoints
+from epochal.regions.layout import REGIONS_DIR, RegionPart, describe, region_storage_url
+from epochal.runtime.driver.region_savepoints import REGIONS_DOCUMENT, restore_points, savepoint_of_end
 from epochal.runtime.driver.result import JobResult
 
 log = logging.getLogger("epochal")
 
-#: the document a savepoint of a job with regions keeps at its root: ``{"job", "regions"}``
-REGIONS_DOCUMENT = "_regions"
 #: how often the supervisor looks for a region that failed for good
 SUPERVISE_EVERY = 0.2
 
@@ -219,7 +218,7 @@ def _relay_hub(job: str, host: str, advertised: str | None, is_cluster: bool, ch
 def _start_all(flow, parts, start_one, relay, *, guarantee, checkpoint, base, restart, channels, runtime, spark, resume,
                faults, backend, cluster, allow_non_restored_state, metrics, restore_from) -> RegionsHandle:
     """Start every region (all or none), each with its channels bound to ``relay``."""
-    points = _restore_points(restore_from, flow.name, parts, allow_non_restored_state)
+    points = restore_points(restore_from, flow.name, parts, allow_non_restored_state)
     handles: dict = {}
     try:
         for part in parts:
@@ -261,42 +260,6 @@ def _in_region(exc: EpochalError, where: str) -> EpochalError:
         return type(exc)(f"{where}: {exc}")
     except TypeError:
         return exc
-
-
-def _restore_points(restore_from, job: str, parts: list[RegionPart], allow_non_restored_state: bool) -> dict[str, str]:
-    """``restore_from`` of a job with regions → the savepoint (or checkpoint root) of each region.
-
-    ``restore_from`` is a savepoint of such a job (``<url>/_regions`` lists its regions, one
-    savepoint each under ``<url>/<region>``) or a job's checkpoint root (``<url>/regions/<region>/<job>``).
-    A region the point does not hold starts empty (logged); a region the point holds that the
-    job no longer has is refused unless ``allow_non_restored_state``.
-    """
-    if restore_from is None:
-        return {}
-    if not isinstance(restore_from, str):
-        raise ConfigError(f"restore_from: expected a URL, got {type(restore_from).__name__}")
-    url = restore_from.rstrip("/")
-    root = CheckpointStorage.at_root(url)
-    doc = root.read_document(REGIONS_DOCUMENT)
-    if doc is not None:
-        held = {name: f"{url}/{name}" for name in doc.get("regions", [])}
-    else:
-        held = {name: f"{url}/{REGIONS_DIR}/{name}/{job}" for name in regions_with_checkpoints(root, job)}
-        if not held:
-            raise ConfigError(
-                f"restore_from {restore_from}: neither a savepoint of a job with regions ({REGIONS_DOCUMENT} is "
-                f"missing) nor a job's checkpoint root with regions ({REGIONS_DIR}/ is missing)")
-    names = {p.name for p in parts}
-    dropped = sorted(set(held) - names)
-    if dropped and not allow_non_restored_state:
-        raise ConfigError(
-            f"restore_from {restore_from} holds regions {dropped} that the job no longer has (it has "
-            f"{sorted(names)}): their state would be dropped; rename the regions back, or pass "
-            "allow_non_restored_state=True")
-    for name in sorted(names - set(held)):
-        log.warning("restore_from %s holds no region %r: it starts empty", restore_from, name)
-    return {name: point for name, point in held.items() if name in names}
-
 
 
 class RegionsHandle:
@@ -408,7 +371,13 @@ class RegionsHandle:
     def stop_with_savepoint(self, url: str | None = None, timeout: float | None = None, *,
                             drain: bool = False) -> str:
         """Stop every region with a savepoint (as :meth:`savepoint`; ``drain``: each region
-        ends event time first, :meth:`JobHandle.stop_with_savepoint`); returns its URL."""
+        ends event time first, :meth:`JobHandle.stop_with_savepoint`); returns its URL.
+
+        A region whose input ended before or while its stop was taken has finished instead
+        of stopping: its end (its latest completed checkpoint) is its savepoint
+        (:func:`~epochal.runtime.driver.region_savepoints.savepoint_of_end`), so the regions
+        already stopped run on from the job's savepoint (the campaign's regions seeds 1002,
+        1003: the call raised with ``main`` stopped, and main's input after it was lost)."""
         return self._savepoints(url, timeout, stop=True, drain=drain)
 
     def _savepoints(self, url: str | None, timeout: float | None, stop: bool, drain: bool = False) -> str:
@@ -425,10 +394,16 @@ class RegionsHandle:
             for name in cut_order(self.parts, self._channels):
                 handle = self.regions[name]
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if stop:
-                    handle.stop_with_savepoint(f"{url}/{name}", left, drain=drain)
-                else:
-                    handle.savepoint(f"{url}/{name}", left)
+                try:
+                    if stop:
+                        handle.stop_with_savepoint(f"{url}/{name}", left, drain=drain)
+                    else:
+                        handle.savepoint(f"{url}/{name}", left)
+                except SavepointError:
+                    # a region whose input ended meanwhile finished instead (the regions
+                    # before it in the cut may have stopped already): its end is its cut
+                    if not savepoint_of_end(handle, f"{url}/{name}", left):
+                        raise
         except BaseException:
             if self.relay is not None and stop:
                 self.relay.stopping(False)
