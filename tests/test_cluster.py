@@ -345,6 +345,7 @@ def test_more_tasks_than_slots_fails_with_the_counts(s3, tmp_path):
 
 
 # --------------------------------------------------------------------------- shipping code
+@pytest.mark.slow  # 70 s: opt-in (-m slow) to keep the default run under its 30 minutes
 def test_spark_submit_with_a_packed_virtualenv(s3, tmp_path):
     """README "Running on a cluster", followed literally: pack a virtualenv with epochal
     (pyspark left out: executors have Spark's own), ship it with ``spark-submit
