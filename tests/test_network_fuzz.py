@@ -30,16 +30,9 @@ from epochal.query.server import QueryServer
 from epochal.query.versions import CommittedVersions
 from epochal.runtime.driver.query_directory import QueryDirectory
 from epochal.runtime.transport import tagged_json, wire
+from planted import Plant
 
 KEY = query_key("fuzz")
-
-
-class _Plant:
-    def __init__(self, path: str):
-        self.path = path
-
-    def __reduce__(self):
-        return (os.mkdir, (self.path,))
 
 
 _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -48,11 +41,11 @@ _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow
 
 
 def _frames(marker: str):
-    plant = pickle.dumps(_Plant(marker))
+    plant = pickle.dumps(Plant(marker))
     return st.one_of(
         st.binary(max_size=300),
         st.binary(max_size=50).map(lambda b: plant + b),  # a code-running pickle, with trailing noise
-        st.just(pickle.dumps(("get", 1, "op", "v", [(0, _Plant(marker))], "read-committed", None))),
+        st.just(pickle.dumps(("get", 1, "op", "v", [(0, Plant(marker))], "read-committed", None))),
         _json.map(lambda v: json.dumps(v).encode()),  # any JSON: unknown tags, wrong shapes
         st.tuples(st.sampled_from(["get", "routes", "ok", "x"]), st.lists(_json, max_size=8)).map(
             lambda t: json.dumps({"$t": [t[0], *t[1]]}).encode()),  # request-shaped tuples of random fields

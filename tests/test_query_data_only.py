@@ -8,7 +8,6 @@ itself as oracle) and refuses arbitrary bytes with :class:`NotData` only.
 from __future__ import annotations
 
 import math
-import os
 import pickle
 from dataclasses import dataclass
 
@@ -23,19 +22,10 @@ from epochal.query.server import QueryServer
 from epochal.query.versions import CommittedVersions
 from epochal.runtime.driver.query_directory import QueryDirectory
 from epochal.runtime.transport import tagged_json, wire
+from planted import Plant
 
 TOKEN = "data-only-test"
 KEY = query_key(TOKEN)
-
-
-class _Plant:
-    """Unpickling it creates ``path`` (a directory): the proof that code ran."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def __reduce__(self):
-        return (os.mkdir, (self.path,))
 
 
 @dataclass(frozen=True)
@@ -77,7 +67,7 @@ def test_a_pickle_after_a_valid_handshake_is_refused_and_runs_nothing(endpoints,
     address = directory.address if target == "directory" else server.address
     conn = wire.connect(tuple(address), KEY, {"query": "attacker"})
     try:
-        conn.send_bytes(pickle.dumps(_Plant(str(marker))))  # the fault, injected after a valid handshake
+        conn.send_bytes(pickle.dumps(Plant(str(marker))))  # the fault, injected after a valid handshake
         raw = conn.recv_bytes()
         assert not marker.exists(), "the query endpoint unpickled a client's frame: code ran"
         reply = tagged_json.loads(raw)
@@ -90,7 +80,7 @@ def test_a_pickle_after_a_valid_handshake_is_refused_and_runs_nothing(endpoints,
         conn.close()
     assert not marker.exists(), "the query endpoint unpickled a client's frame: code ran"
     # the oracle: the same payload does run code when unpickled, so the check above means something
-    pickle.loads(pickle.dumps(_Plant(str(tmp_path / "control"))))
+    pickle.loads(pickle.dumps(Plant(str(tmp_path / "control"))))
     assert (tmp_path / "control").exists()
 
 
@@ -113,7 +103,7 @@ def test_a_client_unpickles_no_answer_of_a_hostile_endpoint(tmp_path):
 
     class Hostile(wire.Answering):
         def _answer_data(self, payload):
-            return pickle.dumps(("routes", _Plant(str(marker))))
+            return pickle.dumps(("routes", Plant(str(marker))))
 
     answering = Hostile(lambda request: None, codec=CODEC)
     server = wire.Server(KEY, answering.serve, name="hostile")

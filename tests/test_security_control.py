@@ -10,7 +10,6 @@ serving pickles (``codec=wire.CONTROL`` removed from its server): the marker app
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import time
 
@@ -23,18 +22,9 @@ from epochal.backends.storage import CheckpointStorage
 from epochal.config import CheckpointConfig
 from epochal.runtime.driver.coordinator_server import CoordinatorServer
 from epochal.runtime.transport import tagged_json, wire
+from planted import Plant
 
 KEY = wire.derive_key(b"s" * 32, "control", 1)
-
-
-class _Plant:
-    """Unpickling it creates ``path`` (a directory): the proof that code ran."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def __reduce__(self):
-        return (os.mkdir, (self.path,))
 
 
 @pytest.fixture
@@ -72,7 +62,7 @@ def test_a_pickle_after_a_valid_handshake_to_the_coordinator_runs_nothing(coordi
     conn = wire.connect(server.address, KEY, {"task": plan.tasks[0].id}, codec=wire.CONTROL)
     if when == "after the hello":
         conn.send(("hello", plan.tasks[0].id, None))
-    conn.send_bytes(pickle.dumps(_Plant(str(marker))))  # the fault, injected after a valid handshake
+    conn.send_bytes(pickle.dumps(Plant(str(marker))))  # the fault, injected after a valid handshake
     assert _refused(conn), "the coordinator kept reading a connection that sent a pickle"
     time.sleep(0.2)  # a thread that unpickled it would have run by now; the check below is the test
     assert not marker.exists(), "the coordinator unpickled a task's frame: code ran"

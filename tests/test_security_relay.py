@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from epochal.regions.relay import RelayHub, RelaySink, RelaySource
 from epochal.runtime.transport import credentials, wire
 from epochal.runtime.transport.credentials import Credentials
+from planted import Plant
 
 CH = "p-c"
 SECRET = {"P": b"p" * 32, "C": b"c" * 32}
@@ -33,16 +34,6 @@ SECRET = {"P": b"p" * 32, "C": b"c" * 32}
 
 def attempt_key(region: str, generation: int) -> bytes:
     return wire.derive_key(SECRET[region], "job", generation)
-
-
-class _Plant:
-    """Unpickling it creates ``path`` (a directory): the proof that code ran."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def __reduce__(self):
-        return (os.mkdir, (self.path,))
 
 
 @pytest.fixture
@@ -72,7 +63,7 @@ def consumer(hub, generation=7, lanes=(0,)):
 def test_a_pickle_after_a_valid_handshake_to_the_relay_runs_nothing(hub, tmp_path):
     marker = tmp_path / "marker"
     for conn in (consumer(hub), producer(hub)):
-        conn.send_bytes(pickle.dumps(("take", CH, 0, 10, 0, _Plant(str(marker)))))  # after a valid handshake
+        conn.send_bytes(pickle.dumps(("take", CH, 0, 10, 0, Plant(str(marker)))))  # after a valid handshake
         reply = wire.CONTROL.loads(conn.recv_bytes())
         assert reply[0] == "error" and "not data-only" in reply[-1], reply
         assert not marker.exists(), "the relay hub unpickled a frame: code ran"
@@ -80,7 +71,7 @@ def test_a_pickle_after_a_valid_handshake_to_the_relay_runs_nothing(hub, tmp_pat
     # a record is the bytes its producer pickled: the hub stores and hands them on unread
     ep, conn = hub.endpoint(CH), producer(hub)
     ep.ask(conn, "open", 0, 0, [], [])
-    ep.ask(conn, "put", 0, [pickle.dumps(_Plant(str(marker)))])
+    ep.ask(conn, "put", 0, [pickle.dumps(Plant(str(marker)))])
     assert hub.stats()[CH]["queued"] == 1
     assert not marker.exists(), "the relay hub unpickled a record"
     conn.close()
@@ -170,7 +161,7 @@ def _frames(marker: str):
     requests = st.tuples(st.sampled_from(["open", "put", "end", "take", "ack", "x"]),
                          st.sampled_from([CH, "other"]), st.integers(-1, 2)).flatmap(
         lambda head: st.lists(data, max_size=4).map(lambda rest: head + tuple(rest)))
-    return st.one_of(st.binary(max_size=64), st.just(pickle.dumps(_Plant(marker))),
+    return st.one_of(st.binary(max_size=64), st.just(pickle.dumps(Plant(marker))),
                      (data | requests).map(wire.CONTROL.dumps))
 
 
