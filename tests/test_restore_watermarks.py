@@ -34,7 +34,7 @@ from epochal.sources.base import Poll, Source, SourceReader
 from epochal.testing import CrashAtRecord
 from epochal.time.assign import GeneratorState, WatermarkOperator, WatermarkSpec
 from epochal.time.units import MIN_TIME
-from epochal.windows import AggregateFunction, Tumbling
+from epochal.windows import Count, Tumbling
 
 from pipelines import unique_dir
 
@@ -107,17 +107,6 @@ class _InTurnReader(SourceReader):
 
     def notify_epoch_complete(self, epoch: int, offsets: dict) -> None:
         self.waiting = False
-
-
-class Count(AggregateFunction):
-    def create(self):
-        return 0
-
-    def add(self, acc, value):
-        return acc + 1
-
-    def merge(self, a, b):
-        return a + b
 
 
 def flow(name: str, out: str, columns: bool) -> ep.Dataflow:
