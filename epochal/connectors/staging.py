@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from epochal.durable import fsync, fsync_dir
@@ -297,3 +298,24 @@ class StagedParquet:
                 self.files.finish(self._file, durable=False)
             finally:
                 self.files.delete(self.rel)
+
+
+def flat_column(schema: pa.Schema, column: str) -> bool:
+    """Whether ``column`` of ``schema`` is not nested (Delta keeps null counts of flat columns only)."""
+    t = schema.field(column).type
+    return not (pa.types.is_nested(t))
+
+
+def split_partitions(table: pa.Table, columns: list[str]):
+    """``(partition values, rows)`` for each distinct combination of ``columns`` in ``table``."""
+    keys = table.select(columns).group_by(columns, use_threads=False).aggregate([]).to_pylist()
+    if len(keys) == 1:
+        yield tuple(keys[0][c] for c in columns), table
+        return
+    for key in keys:
+        mask = None
+        for c in columns:
+            v = key[c]
+            m = pc.is_null(table.column(c)) if v is None else pc.fill_null(pc.equal(table.column(c), v), False)
+            mask = m if mask is None else pc.and_(mask, m)
+        yield tuple(key[c] for c in columns), table.filter(mask)

@@ -59,12 +59,11 @@ import uuid
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from epochal.alignment.factory import SinkMode
 from epochal.connectors.commit_retry import CommitAttempts
 from epochal.connectors.delta import client, lingering, recovery
-from epochal.connectors.staging import RowBuffer, StagedParquet, TableRows
+from epochal.connectors.staging import RowBuffer, StagedParquet, TableRows, flat_column, split_partitions
 from epochal.epochs.lineage import LINEAGE_ID
 from epochal.errors import ConfigError
 from epochal.sinks.base import Sink, SinkCommitError, SinkContext, TwoPhaseCommitSink
@@ -490,7 +489,7 @@ class DeltaSinkWriter(TableRows, TwoPhaseCommitSink):
             if written is None:
                 continue
             stats = {"numRecords": written.rows,
-                     "nullCount": {c: n for c, n in written.null_counts.items() if _flat(self._data_schema, c)}}
+                     "nullCount": {c: n for c, n in written.null_counts.items() if flat_column(self._data_schema, c)}}
             txn.files.append({"path": written.path, "size": written.size,
                               "partition_values": {c: client.encode_partition_value(v)
                                                    for c, v in zip(self._partitions, key)},
@@ -498,22 +497,3 @@ class DeltaSinkWriter(TableRows, TwoPhaseCommitSink):
             paths.append(written.path)
         self._files.sync_dirs(paths)
 
-
-def _flat(schema: pa.Schema, column: str) -> bool:
-    t = schema.field(column).type
-    return not (pa.types.is_nested(t))
-
-
-def split_partitions(table: pa.Table, columns: list[str]):
-    """``(partition values, rows)`` for each distinct combination of ``columns`` in ``table``."""
-    keys = table.select(columns).group_by(columns, use_threads=False).aggregate([]).to_pylist()
-    if len(keys) == 1:
-        yield tuple(keys[0][c] for c in columns), table
-        return
-    for key in keys:
-        mask = None
-        for c in columns:
-            v = key[c]
-            m = pc.is_null(table.column(c)) if v is None else pc.fill_null(pc.equal(table.column(c), v), False)
-            mask = m if mask is None else pc.and_(mask, m)
-        yield tuple(key[c] for c in columns), table.filter(mask)
