@@ -14,8 +14,9 @@ storage. Protocol per attempt (task → coordinator / coordinator → task):
    complete only once it exists) and then sends ``("complete", n)`` — the commit phase of
    the epoch commit (seed 004 §4.1.3). A write that still fails after the storage's retries
    declines the epoch after all (:meth:`EpochCoordinator.revoke`: ``("abort", n)``, the job
-   runs on, ``tolerable_failures`` decides); a failing retention is logged and runs again
-   after the next completion;
+   runs on, ``tolerable_failures`` decides); retention decides on this thread what to
+   delete and a background deleter deletes it (:mod:`epochal.runtime.driver.deleter`); a
+   failing retention is logged and runs again after the next completion;
 4. sources report ``("exhausted", task)``; when all are, a FINAL epoch runs; after it
    completed — and, with loops, only once its loop heads logged nothing (quiescence,
    :mod:`epochal.loops.termination`; else another FINAL epoch runs) — every task receives
@@ -52,6 +53,7 @@ from epochal.epochs.history import EpochHistory
 from epochal.epochs.pending import TriggerReason
 from epochal.runtime.transport import wire
 from epochal.runtime.driver.completion import EpochOutcomes
+from epochal.runtime.driver.deleter import CheckpointDeleter
 from epochal.runtime.driver.failover import SECONDARY_GRACE, FailoverRegions
 from epochal.runtime.driver.savepoints import SavepointTracker
 
@@ -90,7 +92,7 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
                  first_epoch: int, bind_host: str, log, startup_timeout: float = 300.0,
                  advertised_host: str | None = None, tls=None, savepoints: SavepointTracker | None = None,
                  peer_timeout: float | None = None, lineage=None, sink_mode: str | None = None,
-                 groups: list[tuple[str, ...]] | None = None):
+                 groups: list[tuple[str, ...]] | None = None, deleter: CheckpointDeleter | None = None):
         self.plan = plan
         self.generation = generation
         self.key = key  # the attempt key (the relay hub derives its connections' keys from it)
@@ -136,6 +138,9 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
         self._done = threading.Event()
         #: savepoint requests (the driver's, shared by its attempts)
         self.savepoints = savepoints if savepoints is not None else SavepointTracker(storage, log)
+        #: retention's deletes, off this loop (the driver's, shared by its attempts; else this attempt's own)
+        self._own_deleter = deleter is None
+        self.deleter = deleter if deleter is not None else CheckpointDeleter(storage, log)
         self._finish_held = False  # the job may finish once the savepoints in progress are written
         #: the savepoint URL the job stopped with (stop_with_savepoint), once it stops
         self.stopped_with_savepoint: str | None = None
@@ -191,9 +196,16 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
         return self.outcome
 
     def close(self) -> None:
+        """The attempt is over (after :meth:`wait`): close the connections, then wait for
+        retention's deletes queued by this attempt (:meth:`CheckpointDeleter.drain`), so that
+        the next attempt's restore and epoch ids never meet a directory being deleted."""
         self.server.close()
         for conn in list(self.conns.values()):
             conn.close()
+        if self._own_deleter:
+            self.deleter.close()
+        else:
+            self.deleter.drain()
 
     # ------------------------------------------------------------------ connections
     def _on_connection(self, conn: wire.Connection) -> None:
