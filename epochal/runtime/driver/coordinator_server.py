@@ -55,6 +55,7 @@ from epochal.runtime.transport import wire
 from epochal.runtime.driver.completion import EpochOutcomes
 from epochal.runtime.driver.deleter import CheckpointDeleter
 from epochal.runtime.driver.failover import SECONDARY_GRACE, FailoverRegions
+from epochal.runtime.driver.fanout import Fanout
 from epochal.runtime.driver.savepoints import SavepointTracker
 
 TICK = 0.005
@@ -81,6 +82,12 @@ def upstream_tasks(plan) -> dict[str, set[str]]:
         if not channel.feedback:
             upstream[channel.consumer].add(channel.producer)
     return upstream
+
+
+def _frame(conn, message) -> bytes:
+    """The frame payload of ``message`` on ``conn`` (its codec's, as ``Connection.send`` encodes)."""
+    codec = getattr(conn, "codec", None)
+    return wire.encode(message) if codec is None else codec.dumps(message, where="message")
 
 
 class CoordinatorServer(EpochOutcomes, FailoverRegions):
@@ -150,6 +157,8 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
         self._stopped: set[str] = set()  # tasks gone (failed, lost) after the stop's "finish"
         self._finish_sent: set[str] = set()
         self._init_failover(groups, restore, startup_timeout)
+        #: the sends to the tasks: encoded once, written off this loop by a few sender threads
+        self.fanout = Fanout(self._send_failed, _frame)
         # control messages are data (wire.CONTROL): a frame that is not, a pickle, is refused unread
         self.server = wire.Server(key, self._on_connection, host=bind_host, name="coordinator", tls=tls,
                                   peer_timeout=peer_timeout, codec=wire.CONTROL)
@@ -196,9 +205,11 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
         return self.outcome
 
     def close(self) -> None:
-        """The attempt is over (after :meth:`wait`): close the connections, then wait for
-        retention's deletes queued by this attempt (:meth:`CheckpointDeleter.drain`), so that
-        the next attempt's restore and epoch ids never meet a directory being deleted."""
+        """The attempt is over (after :meth:`wait`): let the queued sends go out (10 s at
+        most), close the connections, then wait for retention's deletes queued by this
+        attempt (:meth:`CheckpointDeleter.drain`), so that the next attempt's restore and
+        epoch ids never meet a directory being deleted."""
+        self.fanout.close()
         self.server.close()
         for conn in list(self.conns.values()):
             conn.close()
@@ -239,17 +250,23 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
             self.inbox.put(("via", task, conn, lost) if tag else lost)
 
     def _send(self, task: str, message: tuple) -> None:
+        """Queue ``message`` for ``task``'s connection (:mod:`~epochal.runtime.driver.fanout`:
+        written by a sender thread, in order); nothing if it is not connected."""
         conn = self.conns.get(task)
-        if conn is None:
-            return
-        try:
-            conn.send(message)
-        except Exception as exc:
-            self.inbox.put(("lost", task, f"send failed: {exc}", wire.lost_host(exc)))
+        if conn is not None:
+            self.fanout.send(task, conn, message)
 
-    def _broadcast(self, message: tuple) -> None:
-        for task in self.tasks:
-            self._send(task, message)
+    def _broadcast(self, message: tuple, tasks=None) -> None:
+        """Queue ``message`` for every connected task (of ``tasks``): encoded once."""
+        conns = self.conns
+        self.fanout.broadcast([(t, conns[t]) for t in (self.tasks if tasks is None else tasks) if t in conns], message)
+
+    def _send_failed(self, task: str, conn, exc: BaseException) -> None:
+        """A sender thread could not write to ``task``'s ``conn``: its connection is lost
+        (fenced like its reads with failover regions: a failed write to an older
+        incarnation's connection is dropped)."""
+        lost = ("lost", task, f"send failed: {exc}", wire.lost_host(exc))
+        self.inbox.put(("via", task, conn, lost) if self.group_of is not None else lost)
 
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:
@@ -300,8 +317,7 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
             self.highest_triggered = pending.epoch
             ts = time.time()
             message = self.savepoints.trigger(pending.epoch, ts)  # a drain's carries "drain"
-            for task in self.sources:
-                self._send(task, message)
+            self._broadcast(message, self.sources)
 
     def _handle(self, msg: tuple) -> None:
         kind = msg[0]
@@ -327,8 +343,9 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
             if len(self.conns) == len(self.tasks) and not self.started:
                 self.started = True
                 self.times["connected"] = now
-                for t in self.tasks:
-                    self._start(t, self.restore)
+                self._broadcast(("start", self.addresses, self.restore))  # encoded once for every task
+                if self.query_key is not None:
+                    self._broadcast(("query_key", self.query_key))
         elif kind == "running":
             self.task_setup[msg[1]] = dict(msg[2]) if len(msg) > 2 else {}
             if self.group_of is not None:
