@@ -140,6 +140,7 @@ def main(argv=None) -> int:
     ap.add_argument("--root", default=None, help="where the checkpoints go (default: a temporary directory)")
     ap.add_argument("--smoke", action="store_true", help="N=10 at 0.1 s for about a second")
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--label", default="", help="what code the runs measure (recorded in every run)")
     ap.add_argument("--append", action="store_true", help="add these runs to those already in --out (growth recomputed)")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -156,6 +157,7 @@ def main(argv=None) -> int:
         t0 = time.monotonic()
         run = run_once(n, interval, epochs=epochs, delay=args.delay, jitter=args.jitter, processes=processes,
                        state=args.state, state_bytes=args.state_bytes, fail=fail, root=args.root)
+        run["label"] = args.label
         runs.append(run)
         print(f"n={n} interval={interval}s epochs={epochs}: beyond slowest p99 "
               f"{_ms(run['beyond_slowest_s']['p99'])}, driver CPU {_pct((run['steady'] or {}).get('driver_cpu_share'))}, "
@@ -166,6 +168,7 @@ def main(argv=None) -> int:
                                                           "platform": platform.platform()},
            "note": NOTE,
            "settings": {k: v for k, v in vars(args).items() if k not in ("out", "append")},
+           "load_at_write": os.getloadavg(),
            "findings": FINDINGS,
            "runs": runs, "growth": growth(runs)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -102,14 +102,41 @@ def epoch_overheads(merged: dict[int, dict], n: int) -> dict[int, dict]:
     return out
 
 
+class LoopBusy:
+    """Wall time the coordinator's loop thread spends handling messages and ticks
+    (``CoordinatorServer._handle`` / ``_tick``, patched for the run): its busy share."""
+
+    def __init__(self):
+        from epochal.runtime.driver.coordinator_server import CoordinatorServer
+
+        self.cls, self.originals = CoordinatorServer, (CoordinatorServer._handle, CoordinatorServer._tick)
+        self.wall = 0.0
+        handle, tick = self.originals
+
+        def timed(fn):
+            def run(server, *args):
+                t0 = time.perf_counter()
+                try:
+                    return fn(server, *args)
+                finally:
+                    self.wall += time.perf_counter() - t0
+            return run
+        CoordinatorServer._handle, CoordinatorServer._tick = timed(handle), timed(tick)
+
+    def restore(self) -> None:
+        self.cls._handle, self.cls._tick = self.originals
+
+
 class Sampler(threading.Thread):
     """Polls the driver (every ``period``): its RSS, the completed epochs, the dashboard."""
 
-    def __init__(self, driver, window: tuple[int, int], period: float = 0.05, dashboard_every: float = 2.0):
+    def __init__(self, driver, window: tuple[int, int], busy: LoopBusy, period: float = 0.05,
+                 dashboard_every: float = 2.0):
         super().__init__(name="scale-sampler", daemon=True)
         self.driver, self.window, self.period, self.dashboard_every = driver, window, period, dashboard_every
+        self.busy = busy
         self.rss: list[int] = []
-        self.marks: dict[int, tuple[float, float]] = {}  # epoch -> (monotonic, cpu seconds) when seen completed
+        self.marks: dict[int, tuple[float, float, float]] = {}  # epoch -> (monotonic, cpu s, loop busy s) when seen completed
         self.dashboard_ms: list[float] = []
         self.dashboard_bytes = 0
         self.dashboard_errors: list[str] = []
@@ -140,7 +167,7 @@ class Sampler(threading.Thread):
                 now, cpu = time.monotonic(), sum(os.times()[:2])
                 for epoch in (lo, hi):
                     if epoch in done and epoch not in self.marks:
-                        self.marks[epoch] = (now, cpu)
+                        self.marks[epoch] = (now, cpu, self.busy.wall)
                 rss = process_rss()
                 if rss:
                     self.rss.append(rss)
@@ -193,6 +220,7 @@ def run_once(n: int, interval: float, *, epochs: int, delay: float, jitter: floa
                 "fail": dict(fail or {}), "seed": seed, "connect_parallel": connect_parallel, "first_epoch": 1}
     launcher = SimLauncher(processes, settings)
     loop_profile = LoopProfile() if profile else None
+    loop_busy = LoopBusy()
     checkpoint = ep.CheckpointConfig(interval=interval, storage=f"file://{root}/ckpt", signing_key=SIGNING_KEY,
                                      timeout=max(120.0, 20 * interval), retained=2)
     t0 = time.monotonic()
@@ -202,7 +230,7 @@ def run_once(n: int, interval: float, *, epochs: int, delay: float, jitter: floa
                         metrics=MetricsConfig(ui=True), guarantee="exactly-once")
     driver = handle._driver
     window = (2, epochs)
-    sampler = Sampler(driver, window)
+    sampler = Sampler(driver, window, loop_busy)
     sampler.start()
     try:
         result = handle.wait(timeout)
@@ -212,6 +240,10 @@ def run_once(n: int, interval: float, *, epochs: int, delay: float, jitter: floa
         stats = launcher.collect()
         launcher.stop()
     wall_s = time.monotonic() - t0
+    loop_busy.restore()
+    server = driver.server
+    fanouts = [sec for targets, sec in getattr(getattr(server, "fanout", None), "fanouts", ()) if targets >= n / 2]
+    deleter = getattr(driver, "deleter", None)
     if loop_profile is not None:
         print(loop_profile.report(), file=sys.stderr)
     merged = merge_epochs(stats)
@@ -229,9 +261,9 @@ def run_once(n: int, interval: float, *, epochs: int, delay: float, jitter: floa
     restore_plan_s = time.monotonic() - t_restore
     steady = None
     if window[0] in sampler.marks and window[1] in sampler.marks:
-        (ta, ca), (tb, cb) = sampler.marks[window[0]], sampler.marks[window[1]]
+        (ta, ca, ba), (tb, cb, bb) = sampler.marks[window[0]], sampler.marks[window[1]]
         steady = {"wall_s": tb - ta, "driver_cpu_s": cb - ca, "driver_cpu_share": (cb - ca) / (tb - ta)
-                  if tb > ta else None}
+                  if tb > ta else None, "loop_busy_share": (bb - ba) / (tb - ta) if tb > ta else None}
     failovers = [{k: f.get(k) for k in ("region", "down_s", "running_s", "restored_epoch", "pending_epochs")}
                  for f in result.failovers]
     sim_cpu = sum(p["cpu_s"] for p in stats)
@@ -248,6 +280,11 @@ def run_once(n: int, interval: float, *, epochs: int, delay: float, jitter: floa
         "ack_to_first_complete_s": summary([o["ack_to_first_complete"] for o in overheads.values()]),
         "task_work_max_s": summary([o["work_max"] for o in overheads.values()]),
         "whole_epochs": len(overheads),
+        # the driver's own share: a broadcast to the tasks queued -> its last frame written (None before
+        # the fan-out existed), and retention's deletes on the deleter thread (not the loop's)
+        "driver_fanout_s": summary(fanouts) if fanouts else None,
+        "deleter": ({"batches": deleter.batches, "epochs": deleter.epochs_deleted, "seconds": deleter.seconds,
+                     "failures": deleter.failures} if deleter is not None else None),
         "epoch_duration_s": summary([e["duration_s"] for e in history]),
         "metadata_write_s": summary([e.get("metadata_s") or 0.0 for e in history]),
         "metadata_bytes": statistics.mean(meta_bytes.values()) if meta_bytes else None,

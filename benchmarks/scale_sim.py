@@ -244,7 +244,7 @@ class SimTask:
                 t0 = time.monotonic()
                 self.conn = wire.connect(self.attempt.coordinator, self.attempt.key,
                                          {"task": self.spec.id, "generation": self.attempt.generation},
-                                         tls=self.attempt.tls)
+                                         tls=self.attempt.tls, codec=wire.CONTROL)
                 with self.sim.figures.lock:
                     c = self.sim.figures.counts
                     c["connect_s_max"] = max(c["connect_s_max"], time.monotonic() - t0)

@@ -32,6 +32,7 @@ from epochal.runtime.driver.coordinator_server import AttemptOutcome, Coordinato
 from epochal.runtime.driver.handle import JobHandle, check_drain  # noqa: F401 (JobHandle: re-exported)
 from epochal.runtime.driver.query_directory import QueryDirectory, routes_of
 from epochal.runtime.driver.result import JobResult
+from epochal.runtime.driver.deleter import CheckpointDeleter
 from epochal.runtime.driver.savepoints import SavepointRequest, SavepointTracker
 from epochal.runtime.driver.units import LaunchUnits
 from epochal.runtime.task.attempt import AttemptSpec
@@ -89,6 +90,8 @@ class JobDriver:
         self.reporter = Reporter(plan, self.metrics_config, self._progress_source)
         self.restored_from_url: str | None = None
         self.savepoints = SavepointTracker(storage, lambda m: log.info("job %s: %s", plan.job, m))
+        #: retention's deletes for every attempt, off the coordinator's loop (closed at the job's end)
+        self.deleter = CheckpointDeleter(storage, lambda m: log.info("job %s: %s", plan.job, m))
         self.stopped_with_savepoint: str | None = None
         #: this run's lineage (epochal.epochs.lineage), drawn by the first attempt
         self.lineage: Lineage | None = None
@@ -225,6 +228,7 @@ class JobDriver:
             # nothing of the job may write after its end: the savepoint copies in flight end
             # first (close joins them), then the request watcher, whose answers they resolve
             self.savepoints.close(f"job {self.plan.job!r} is not running")
+            self.deleter.close()  # retention's deletes in flight end before the job does
             if watcher is not None:
                 watcher.close()
             self.launcher.close()
@@ -361,7 +365,7 @@ class JobDriver:
                                    advertised_host=self.launcher.advertised_host, tls=tls,
                                    savepoints=self.savepoints, peer_timeout=self.peer_timeout,
                                    lineage=self.lineage, sink_mode=self.components.sink_mode.value,
-                                   groups=failover.restarts_alone(self.plan, self.restart))
+                                   groups=failover.restarts_alone(self.plan, self.restart), deleter=self.deleter)
         with self._server_lock:
             self.server = server
             early, self._early_trigger = self._early_trigger, False

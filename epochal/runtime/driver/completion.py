@@ -12,7 +12,8 @@ each :class:`~epochal.epochs.coordinator.Progress`:
   :mod:`~epochal.runtime.driver.coordinator_server`): ``chk-n/_metadata`` is written after
   every state file — the checkpoint exists only once it does; a write that still fails
   after the storage's retries revokes the epoch instead — then every task is told
-  ``("complete", n)`` (sinks publish), savepoints of ``n`` are copied and retention runs;
+  ``("complete", n)`` (sinks publish), savepoints of ``n`` are copied and retention runs
+  (it decides here and the deleter, :mod:`~epochal.runtime.driver.deleter`, deletes);
   the epoch's figures go to the history; a completed FINAL epoch decides how the attempt
   ends (another FINAL round while a loop is busy, the loop heads' release, or
   ``("finish",)``).
@@ -24,6 +25,7 @@ from __future__ import annotations
 import collections
 import time
 
+from epochal.backends import retention
 from epochal.epochs.coordinator import Progress
 from epochal.epochs.pending import TriggerReason
 from epochal.errors import CheckpointStorageError
@@ -41,8 +43,11 @@ class EpochOutcomes:
             self.history.add_aborted({"epoch": aborted.epoch, "reason": aborted.reason.value, "detail": aborted.detail})
             self.log(f"epoch {aborted.epoch} aborted ({aborted.reason.value}): {aborted.detail}")
             self._broadcast(("abort", aborted.epoch))
-            try:
-                self.storage.discard(aborted.epoch)
+            try:  # checked here (never a completed checkpoint), deleted by the deleter
+                if self.storage.load_metadata(aborted.epoch) is None:
+                    self.deleter.submit(retention.Deletions(((aborted.epoch, False),)))
+                else:
+                    self.log(f"refusing to delete aborted epoch {aborted.epoch}: it is a completed checkpoint")
             except Exception as exc:
                 self.log(f"could not delete aborted checkpoint {aborted.epoch}: {exc}")
             final = aborted.trigger_reason is TriggerReason.FINAL
@@ -138,14 +143,20 @@ class EpochOutcomes:
         savepoint is being copied from, and the shared files acknowledged to epochs still
         in flight. Runs after every completion and when a savepoint copy ends (its epoch is
         unpinned: without this pass, a checkpoint pinned while the job's last epoch completed
-        would outlive the job). Idempotent; a failure is logged, and the next pass collects
-        what this one left (nothing is lost)."""
+        would outlive the job). Decides here, on the loop thread (consistent with the
+        acknowledgements: :func:`epochal.backends.retention.plan`), and hands the deletes to
+        the background deleter (:mod:`epochal.runtime.driver.deleter`): the loop never waits
+        for them. Idempotent; a failure is logged, and the next pass collects what this one
+        left (nothing is lost)."""
         in_flight_files = {h["path"] for p in self.coordinator.pending for a in p.acks.values() if a
                            for h in a.get("shared", ())}
         try:
-            self.storage.retain(self.config.retained, protect=in_flight_files, pinned=self.savepoints.pinned)
+            deletions = retention.plan(self.storage, self.config.retained, protect=in_flight_files,
+                                       pinned=self.savepoints.pinned, busy=self.deleter.busy_epochs)
         except CheckpointStorageError as exc:
             self.log(f"retention after {after} failed, retried at the next checkpoint: {exc}")
+            return
+        self.deleter.submit(deletions)
 
 
 def _task_sample(payload, trigger_time: float) -> dict:

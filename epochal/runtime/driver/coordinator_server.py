@@ -14,8 +14,9 @@ storage. Protocol per attempt (task → coordinator / coordinator → task):
    complete only once it exists) and then sends ``("complete", n)`` — the commit phase of
    the epoch commit (seed 004 §4.1.3). A write that still fails after the storage's retries
    declines the epoch after all (:meth:`EpochCoordinator.revoke`: ``("abort", n)``, the job
-   runs on, ``tolerable_failures`` decides); a failing retention is logged and runs again
-   after the next completion;
+   runs on, ``tolerable_failures`` decides); retention decides on this thread what to
+   delete and a background deleter deletes it (:mod:`epochal.runtime.driver.deleter`); a
+   failing retention is logged and runs again after the next completion;
 4. sources report ``("exhausted", task)``; when all are, a FINAL epoch runs; after it
    completed — and, with loops, only once its loop heads logged nothing (quiescence,
    :mod:`epochal.loops.termination`; else another FINAL epoch runs) — every task receives
@@ -52,7 +53,9 @@ from epochal.epochs.history import EpochHistory
 from epochal.epochs.pending import TriggerReason
 from epochal.runtime.transport import wire
 from epochal.runtime.driver.completion import EpochOutcomes
+from epochal.runtime.driver.deleter import CheckpointDeleter
 from epochal.runtime.driver.failover import SECONDARY_GRACE, FailoverRegions
+from epochal.runtime.driver.fanout import Fanout
 from epochal.runtime.driver.savepoints import SavepointTracker
 
 TICK = 0.005
@@ -81,6 +84,12 @@ def upstream_tasks(plan) -> dict[str, set[str]]:
     return upstream
 
 
+def _frame(conn, message) -> bytes:
+    """The frame payload of ``message`` on ``conn`` (its codec's, as ``Connection.send`` encodes)."""
+    codec = getattr(conn, "codec", None)
+    return wire.encode(message) if codec is None else codec.dumps(message, where="message")
+
+
 class CoordinatorServer(EpochOutcomes, FailoverRegions):
     """Serves one attempt. ``outcome`` is set once; :meth:`wait` blocks for it; with
     failover regions (:mod:`epochal.runtime.driver.failover`) the driver also takes each
@@ -90,7 +99,7 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
                  first_epoch: int, bind_host: str, log, startup_timeout: float = 300.0,
                  advertised_host: str | None = None, tls=None, savepoints: SavepointTracker | None = None,
                  peer_timeout: float | None = None, lineage=None, sink_mode: str | None = None,
-                 groups: list[tuple[str, ...]] | None = None):
+                 groups: list[tuple[str, ...]] | None = None, deleter: CheckpointDeleter | None = None):
         self.plan = plan
         self.generation = generation
         self.key = key  # the attempt key (the relay hub derives its connections' keys from it)
@@ -136,6 +145,9 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
         self._done = threading.Event()
         #: savepoint requests (the driver's, shared by its attempts)
         self.savepoints = savepoints if savepoints is not None else SavepointTracker(storage, log)
+        #: retention's deletes, off this loop (the driver's, shared by its attempts; else this attempt's own)
+        self._own_deleter = deleter is None
+        self.deleter = deleter if deleter is not None else CheckpointDeleter(storage, log)
         self._finish_held = False  # the job may finish once the savepoints in progress are written
         #: the savepoint URL the job stopped with (stop_with_savepoint), once it stops
         self.stopped_with_savepoint: str | None = None
@@ -145,6 +157,8 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
         self._stopped: set[str] = set()  # tasks gone (failed, lost) after the stop's "finish"
         self._finish_sent: set[str] = set()
         self._init_failover(groups, restore, startup_timeout)
+        #: the sends to the tasks: encoded once, written off this loop by a few sender threads
+        self.fanout = Fanout(self._send_failed, _frame)
         # control messages are data (wire.CONTROL): a frame that is not, a pickle, is refused unread
         self.server = wire.Server(key, self._on_connection, host=bind_host, name="coordinator", tls=tls,
                                   peer_timeout=peer_timeout, codec=wire.CONTROL)
@@ -191,9 +205,18 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
         return self.outcome
 
     def close(self) -> None:
+        """The attempt is over (after :meth:`wait`): let the queued sends go out (10 s at
+        most), close the connections, then wait for retention's deletes queued by this
+        attempt (:meth:`CheckpointDeleter.drain`), so that the next attempt's restore and
+        epoch ids never meet a directory being deleted."""
+        self.fanout.close()
         self.server.close()
         for conn in list(self.conns.values()):
             conn.close()
+        if self._own_deleter:
+            self.deleter.close()
+        else:
+            self.deleter.drain()
 
     # ------------------------------------------------------------------ connections
     def _on_connection(self, conn: wire.Connection) -> None:
@@ -227,17 +250,23 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
             self.inbox.put(("via", task, conn, lost) if tag else lost)
 
     def _send(self, task: str, message: tuple) -> None:
+        """Queue ``message`` for ``task``'s connection (:mod:`~epochal.runtime.driver.fanout`:
+        written by a sender thread, in order); nothing if it is not connected."""
         conn = self.conns.get(task)
-        if conn is None:
-            return
-        try:
-            conn.send(message)
-        except Exception as exc:
-            self.inbox.put(("lost", task, f"send failed: {exc}", wire.lost_host(exc)))
+        if conn is not None:
+            self.fanout.send(task, conn, message)
 
-    def _broadcast(self, message: tuple) -> None:
-        for task in self.tasks:
-            self._send(task, message)
+    def _broadcast(self, message: tuple, tasks=None) -> None:
+        """Queue ``message`` for every connected task (of ``tasks``): encoded once."""
+        conns = self.conns
+        self.fanout.broadcast([(t, conns[t]) for t in (self.tasks if tasks is None else tasks) if t in conns], message)
+
+    def _send_failed(self, task: str, conn, exc: BaseException) -> None:
+        """A sender thread could not write to ``task``'s ``conn``: its connection is lost
+        (fenced like its reads with failover regions: a failed write to an older
+        incarnation's connection is dropped)."""
+        lost = ("lost", task, f"send failed: {exc}", wire.lost_host(exc))
+        self.inbox.put(("via", task, conn, lost) if self.group_of is not None else lost)
 
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:
@@ -288,8 +317,7 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
             self.highest_triggered = pending.epoch
             ts = time.time()
             message = self.savepoints.trigger(pending.epoch, ts)  # a drain's carries "drain"
-            for task in self.sources:
-                self._send(task, message)
+            self._broadcast(message, self.sources)
 
     def _handle(self, msg: tuple) -> None:
         kind = msg[0]
@@ -315,8 +343,9 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
             if len(self.conns) == len(self.tasks) and not self.started:
                 self.started = True
                 self.times["connected"] = now
-                for t in self.tasks:
-                    self._start(t, self.restore)
+                self._broadcast(("start", self.addresses, self.restore))  # encoded once for every task
+                if self.query_key is not None:
+                    self._broadcast(("query_key", self.query_key))
         elif kind == "running":
             self.task_setup[msg[1]] = dict(msg[2]) if len(msg) > 2 else {}
             if self.group_of is not None:
