@@ -94,9 +94,10 @@ class ColumnWindowedStream:
             raise PipelineDefinitionError(
                 f"{where}: windows of Arrow batches are not queryable yet; for queryable windows use "
                 "to_records(...), then key_by(...).window(...).aggregate(name, fn, queryable=True) (state 'windows')")
-        if isinstance(assigner, Session) or not isinstance(assigner, (Tumbling, Sliding)):
-            raise PipelineDefinitionError(f"{where}: on Arrow batches, windows are Tumbling(...) or Sliding(...); "
-                                          f"for {type(assigner).__name__} use to_records(...) and the record path")
+        if not isinstance(assigner, (Tumbling, Sliding, Session)):
+            raise PipelineDefinitionError(f"{where}: on Arrow batches, windows are Tumbling(...), Sliding(...) or "
+                                          f"Session(...); for {type(assigner).__name__} use to_records(...) and the "
+                                          "record path")
         if assigner.processing_time:
             raise PipelineDefinitionError(f"{where}: processing-time windows need records: use to_records(...) first")
         try:
@@ -137,6 +138,8 @@ class ColumnWindowedStream:
         if lateness and ttl is not None:
             raise PipelineDefinitionError(f"{where}: allowed_lateness with a ttl is not supported on Arrow batches; "
                                           "drop one of the two, or use to_records(...) and the record path's windows")
+        if isinstance(assigner, Session):
+            return self._session(name, where, column, time, ttl, local, lateness, aggregations, parallelism)
         ttl_time, ttl_us = ttl if ttl is not None else (EVENT, None)
         if ttl_us is not None:
             from epochal.columnar.aggregates import max as amax
@@ -150,6 +153,22 @@ class ColumnWindowedStream:
             forward = Stream(keyed.flow, tuple(Input(p.node, FORWARD, p.feedback, p.port) for p in keyed._ports))
             partials = forward.map_batches(f"{name}.local", PaneLocal(column, time, spec.panes, spec.aggregations))
             keyed = KeyedStream(keyed.flow, partials._repartition(keyed._ports[0].partitioning), keyed._key_fn)
+        node = keyed._then(NodeKind.WINDOW, name, spec, parallelism, keyed._key_fn, accepts="batches", timed=False)
+        return ColumnWindowOutput(keyed.flow, (Input(node.name, FORWARD),), node.name)
+
+
+    def _session(self, name, where, column, time, ttl, local, lateness, aggregations, parallelism):
+        """The ``WINDOW`` node of session windows (:mod:`epochal.columnar.sessions`)."""
+        if ttl is not None:
+            raise PipelineDefinitionError(f"{where}: session windows of Arrow batches take no ttl; use to_records(...) "
+                                          "and the record path's window(Session(...), ttl=...)")
+        if local:
+            raise PipelineDefinitionError(f"{where}: local=True is for Tumbling and Sliding windows (a batch's partial "
+                                          "rows per pane); session windows of Arrow batches merge per batch: drop it")
+        from epochal.columnar.sessions import ColumnSessionSpec
+
+        spec = ColumnSessionSpec(column, time, self._assigner.gap, dict(aggregations), lateness)
+        keyed = self._keyed
         node = keyed._then(NodeKind.WINDOW, name, spec, parallelism, keyed._key_fn, accepts="batches", timed=False)
         return ColumnWindowOutput(keyed.flow, (Input(node.name, FORWARD),), node.name)
 
