@@ -186,8 +186,8 @@ def test_build_errors_name_what_columnar_windows_do_not_do():
     with pytest.raises(PipelineDefinitionError, match=r"Tumbling.*Sliding.*Session\(\.\.\.\); for Hourly use to_records"):
         keyed.window(Hourly()).aggregate("w3", n=count())
     keyed.window(Session("1s")).aggregate("w3s", n=count())  # session windows of batches build (test_columnar_sessions)
-    with pytest.raises(PipelineDefinitionError, match="processing-time windows need records"):
-        keyed.window(Tumbling("1s", processing_time=True)).aggregate("w4", n=count())
+    with pytest.raises(PipelineDefinitionError, match="allowed_lateness applies to event-time windows only"):
+        keyed.window(Tumbling("1s", processing_time=True), allowed_lateness="1s").aggregate("w4", n=count())
     with pytest.raises(PipelineDefinitionError, match="output column 'window_start' is taken"):
         keyed.window(Tumbling("1s")).aggregate("w5", window_start=count())
 

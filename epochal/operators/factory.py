@@ -70,6 +70,10 @@ def _create(node: Node, ctx: OperatorContext) -> RuntimeOperator:
 
         if isinstance(node.payload, ColumnSessionSpec):
             return ColumnSessionOperator(ctx, node.payload)
+        if node.payload.panes.processing_time:
+            from epochal.columnar.processing_windows import ColumnProcessingWindowOperator
+
+            return ColumnProcessingWindowOperator(ctx, node.payload)
         return ColumnWindowOperator(ctx, node.payload)
     if kind is NodeKind.WINDOW:
         from epochal.windows.operator import create_window_operator
