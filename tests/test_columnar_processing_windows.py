@@ -72,7 +72,9 @@ def wake(op, now) -> list:
 
 # a step: a batch of (key, v) rows at the clock, or the clock moving on by that many µs
 rows = st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 9)), min_size=1, max_size=6)
-steps = st.lists(st.one_of(rows, st.integers(0, 15_000)), min_size=1, max_size=30)
+# small steps too: a timer due a slide late shows only when the clock stops in between
+ticks = st.one_of(st.integers(0, 15_000), st.integers(1, 4_000))
+steps = st.lists(st.one_of(rows, ticks), min_size=1, max_size=40)
 
 
 def run_both(assigner, script, monkeypatch):
