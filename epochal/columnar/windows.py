@@ -68,9 +68,10 @@ firings are the same: ``tests/test_columnar_window_lateness.py`` compares both o
 inputs). After a restore, rows of windows that fired in a completed epoch (``fired``) fire
 them again at the first watermark. Not with a ttl (refused when the graph is built).
 
-Not supported (a build-time error says so): session windows, processing-time windows,
-user ``ColumnAggregateFunction``\\ s (no merge: write them as ``aggregate_batches``) — use
-``to_records`` and the record path's windows for those.
+Session windows are :mod:`epochal.columnar.sessions`; processing-time windows
+:mod:`epochal.columnar.processing_windows` (a subclass of this operator). Not supported (a
+build-time error says so): user ``ColumnAggregateFunction``\\ s (no merge: write them as
+``aggregate_batches``).
 """
 from __future__ import annotations
 
