@@ -26,7 +26,10 @@ from epochal.windows.operator import PaneWindowOperator
 
 MAXP = 8
 SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64()), ("ts", pa.int64())])
-ASSIGNERS = {"tumbling": Tumbling("0.01s"), "sliding": Sliding("0.01s", "0.005s")}  # 10 ms, every 5 ms
+ASSIGNERS = {"tumbling": Tumbling("0.01s"), "sliding": Sliding("0.01s", "0.005s"),  # 10 ms, every 5 ms
+             # a slide that does not divide the size: a pane is in 2 or 3 windows (the columnar path
+             # fired only size // slide of them: windows went missing)
+             "sliding-uneven": Sliding("0.01s", "0.004s")}
 LATENESS = 7_000  # µs
 
 

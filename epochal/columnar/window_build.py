@@ -29,7 +29,7 @@ class ColumnWindowSpec:
     """The payload of a columnar ``WINDOW`` node."""
 
     column: str  # the key column
-    time: ColumnTime
+    time: ColumnTime | None  # None: processing-time windows on an input without event time
     panes: PaneSpec
     aggregations: dict
     budget_bytes: int = 64 << 20
@@ -94,20 +94,24 @@ class ColumnWindowedStream:
             raise PipelineDefinitionError(
                 f"{where}: windows of Arrow batches are not queryable yet; for queryable windows use "
                 "to_records(...), then key_by(...).window(...).aggregate(name, fn, queryable=True) (state 'windows')")
-        if isinstance(assigner, Session) or not isinstance(assigner, (Tumbling, Sliding)):
-            raise PipelineDefinitionError(f"{where}: on Arrow batches, windows are Tumbling(...) or Sliding(...); "
-                                          f"for {type(assigner).__name__} use to_records(...) and the record path")
-        if assigner.processing_time:
-            raise PipelineDefinitionError(f"{where}: processing-time windows need records: use to_records(...) first")
+        if not isinstance(assigner, (Tumbling, Sliding, Session)):
+            raise PipelineDefinitionError(f"{where}: on Arrow batches, windows are Tumbling(...), Sliding(...) or "
+                                          f"Session(...); for {type(assigner).__name__} use to_records(...) and the "
+                                          "record path")
         try:
             lateness = duration_micros(self._lateness, f"{where}: allowed_lateness")
         except Exception as exc:
             raise PipelineDefinitionError(str(exc)) from None
         if lateness < 0:
             raise PipelineDefinitionError(f"{where}: allowed_lateness must not be negative, got {self._lateness!r}")
-        if not keyed._timed(name):
+        processing, timed = assigner.processing_time, keyed._timed(name)
+        if processing and lateness:
+            raise PipelineDefinitionError(f"{where}: allowed_lateness applies to event-time windows only")
+        if not processing and not timed:
             raise PipelineDefinitionError(f"{where} uses event time but its input has none: call "
-                                          ".with_watermarks(name, timestamp='column') upstream")
+                                          ".with_watermarks(name, timestamp='column') upstream"
+                                          + ("" if isinstance(assigner, Session) else
+                                             f", or use {type(assigner).__name__}(..., processing_time=True)"))
         if not aggregations:
             raise PipelineDefinitionError(f"{where}: name at least one aggregation, e.g. n=count()")
         column = keyed._key_fn.column
@@ -122,10 +126,19 @@ class ColumnWindowedStream:
             if out in (column, "window_start", "window_end"):
                 raise PipelineDefinitionError(f"{where}: output column {out!r} is taken; name the aggregation "
                                               "otherwise")
-        time, ttl = event_time_of(keyed, where), _window_ttl(where, self._ttl)
+        time, ttl = event_time_of(keyed, where) if timed else None, _window_ttl(where, self._ttl)
         from epochal.columnar.selections import bind_time
 
-        aggregations = bind_time(aggregations, lambda: time.column, where)
+        def time_column() -> str:
+            if time is None:
+                raise PipelineDefinitionError(f"{where}: first/last order rows by event time, and the input has "
+                                              "none: name a column with first(column, time=...) or call "
+                                              ".with_watermarks(...) upstream")
+            return time.column
+
+        aggregations = bind_time(aggregations, time_column, where)
+        if processing:
+            return self._processing(name, where, column, time, ttl, local, aggregations, parallelism, budget_bytes)
         if not isinstance(local, bool):
             raise PipelineDefinitionError(f"{where}: local must be True or False, got {local!r}")
         if local and ttl is not None:
@@ -137,6 +150,8 @@ class ColumnWindowedStream:
         if lateness and ttl is not None:
             raise PipelineDefinitionError(f"{where}: allowed_lateness with a ttl is not supported on Arrow batches; "
                                           "drop one of the two, or use to_records(...) and the record path's windows")
+        if isinstance(assigner, Session):
+            return self._session(name, where, column, time, ttl, local, lateness, aggregations, parallelism)
         ttl_time, ttl_us = ttl if ttl is not None else (EVENT, None)
         if ttl_us is not None:
             from epochal.columnar.aggregates import max as amax
@@ -154,18 +169,50 @@ class ColumnWindowedStream:
         return ColumnWindowOutput(keyed.flow, (Input(node.name, FORWARD),), node.name)
 
 
+    def _processing(self, name, where, column, time, ttl, local, aggregations, parallelism, budget_bytes):
+        """The ``WINDOW`` node of processing-time windows (:mod:`epochal.columnar.processing_windows`)."""
+        if ttl is not None:
+            raise PipelineDefinitionError(f"{where}: processing-time windows of Arrow batches take no ttl; use "
+                                          "to_records(...) and the record path's window(..., ttl=...)")
+        if local:
+            raise PipelineDefinitionError(f"{where}: local=True is for event-time windows (a row's pane is its event "
+                                          "time's); drop it for processing-time windows")
+        spec = ColumnWindowSpec(column, time, self._assigner.spec(), dict(aggregations), budget_bytes)
+        keyed = self._keyed
+        node = keyed._then(NodeKind.WINDOW, name, spec, parallelism, keyed._key_fn, accepts="batches", timed=False)
+        return ColumnWindowOutput(keyed.flow, (Input(node.name, FORWARD),), node.name, processing_time=True)
+
+    def _session(self, name, where, column, time, ttl, local, lateness, aggregations, parallelism):
+        """The ``WINDOW`` node of session windows (:mod:`epochal.columnar.sessions`)."""
+        if ttl is not None:
+            raise PipelineDefinitionError(f"{where}: session windows of Arrow batches take no ttl; use to_records(...) "
+                                          "and the record path's window(Session(...), ttl=...)")
+        if local:
+            raise PipelineDefinitionError(f"{where}: local=True is for Tumbling and Sliding windows (a batch's partial "
+                                          "rows per pane); session windows of Arrow batches merge per batch: drop it")
+        from epochal.columnar.sessions import ColumnSessionSpec
+
+        spec = ColumnSessionSpec(column, time, self._assigner.gap, dict(aggregations), lateness)
+        keyed = self._keyed
+        node = keyed._then(NodeKind.WINDOW, name, spec, parallelism, keyed._key_fn, accepts="batches", timed=False)
+        return ColumnWindowOutput(keyed.flow, (Input(node.name, FORWARD),), node.name)
+
+
 class ColumnWindowOutput(Stream):
     """The fired windows (batches), with the late rows as a side output."""
 
-    def __init__(self, flow, ports, operator: str):
+    def __init__(self, flow, ports, operator: str, processing_time: bool = False):
         super().__init__(flow, ports)
         self._operator = operator
+        self._processing_time = processing_time
 
     def late(self) -> Stream:
         """Rows that arrived after every window they belong to had fired (and, with
         ``allowed_lateness``, expired), unchanged
         (batches with their event-time column). Read it or they are only counted
-        (``late_dropped``) and logged."""
+        (``late_dropped``) and logged. Processing-time windows have none (refused)."""
+        if self._processing_time:
+            raise PipelineDefinitionError(f"window {self._operator!r}: processing-time windows have no late records")
         return Stream(self._flow, (Input(self._operator, FORWARD, port="late"),))
 
 

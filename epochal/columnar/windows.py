@@ -68,9 +68,10 @@ firings are the same: ``tests/test_columnar_window_lateness.py`` compares both o
 inputs). After a restore, rows of windows that fired in a completed epoch (``fired``) fire
 them again at the first watermark. Not with a ttl (refused when the graph is built).
 
-Not supported (a build-time error says so): session windows, processing-time windows,
-user ``ColumnAggregateFunction``\\ s (no merge: write them as ``aggregate_batches``) — use
-``to_records`` and the record path's windows for those.
+Session windows are :mod:`epochal.columnar.sessions`; processing-time windows
+:mod:`epochal.columnar.processing_windows` (a subclass of this operator). Not supported (a
+build-time error says so): user ``ColumnAggregateFunction``\\ s (no merge: write them as
+``aggregate_batches``).
 """
 from __future__ import annotations
 
@@ -115,6 +116,8 @@ class ColumnWindowOperator(RuntimeOperator):
         self.watermark = MIN_TIME
         self.side_output = {"late": []}
         self.widths = [1] + [a.width for a in self.plan.aggs]
+        #: windows holding a pane, at most (ceil: a slide need not divide the size)
+        self.per_pane = -(-self.size // self.slide)
         self.lateness = getattr(spec, "lateness_us", 0)
         self.ttl = getattr(spec, "ttl_us", None)
         self.ttl_time = getattr(spec, "ttl_time", _EVENT)
@@ -215,7 +218,7 @@ class ColumnWindowOperator(RuntimeOperator):
                         continue
                     last = last[~late]
                 if self.lateness and len(us) and \
-                        int(last.min()) - (self.size // self.slide - 1) * self.slide + self.size - 1 <= self.watermark:
+                        int(last.min()) - (self.per_pane - 1) * self.slide + self.size - 1 <= self.watermark:
                     refire = True  # rows of windows that fired: they fire again once the rows are in state
                 pane = us - (us - self.offset) % self.pane
                 if arrival is not None:
@@ -245,14 +248,22 @@ class ColumnWindowOperator(RuntimeOperator):
         keys, panes = partials.column(0).combine_chunks(), partials.column(PANE).to_numpy()
         kgs = np.asarray(self.groups.of_values(keys.to_pylist()), np.int32)
         fired = np.array([max(previous, self.fired.get(kg, MIN_TIME)) for kg in kgs.tolist()], np.int64)
-        k = self.size // self.slide
-        index = np.repeat(np.arange(len(panes)), k)
-        starts = np.repeat(self._last_start(panes), k) - np.tile(np.arange(k, dtype=np.int64), len(panes)) * self.slide
+        index, starts = self._windows(panes)
         ends_1 = starts + (self.size - 1)
         again = (ends_1 <= fired[index]) & (ends_1 + self.lateness > self.watermark)
         if again.any():
             only = pa.table({"k": keys.take(pa.array(index[again])), "s": pa.array(starts[again], pa.int64())})
             out += self._fire(previous, self.watermark, self.watermark, only=only, kgs=np.unique(kgs).tolist())
+
+    def _windows(self, panes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(pane index, window start)`` of every window holding each pane: up to
+        ``ceil(size / slide)`` per pane, back from the pane's last window while the window
+        still reaches the pane (fewer for some panes when the slide does not divide the size)."""
+        k = self.per_pane
+        index = np.repeat(np.arange(len(panes)), k)
+        starts = np.repeat(self._last_start(panes), k) - np.tile(np.arange(k, dtype=np.int64), len(panes)) * self.slide
+        holds = starts + self.size > panes[index]
+        return (index, starts) if holds.all() else (index[holds], starts[holds])
 
     # -- time ------------------------------------------------------------------------------
     def _ends_before(self, t: int) -> int:
@@ -365,9 +376,8 @@ class ColumnWindowOperator(RuntimeOperator):
         floor = np.repeat(np.array([max(previous, self.fired.get(kg, MIN_TIME)) for kg in kgs_all], np.int64), counts)
         panes = rows.column(1).to_numpy()
         last = self._last_start(panes)
-        k = self.size // self.slide  # windows per pane
-        index = np.repeat(np.arange(len(panes)), k)
-        starts = np.repeat(last, k) - np.tile(np.arange(k, dtype=np.int64), len(panes)) * self.slide
+        index, starts = self._windows(panes)
+        k = self.per_pane
         ends_1 = starts + (self.size - 1)
         due = (ends_1 <= watermark) & (ends_1 > floor[index])
         keep = last + (self.size - 1 + self.lateness) > watermark

@@ -65,8 +65,15 @@ def _create(node: Node, ctx: OperatorContext) -> RuntimeOperator:
 
         return create_columnar_operator(ctx, node)
     if kind is NodeKind.WINDOW and node.columnar:
+        from epochal.columnar.sessions import ColumnSessionOperator, ColumnSessionSpec
         from epochal.columnar.windows import ColumnWindowOperator
 
+        if isinstance(node.payload, ColumnSessionSpec):
+            return ColumnSessionOperator(ctx, node.payload)
+        if node.payload.panes.processing_time:
+            from epochal.columnar.processing_windows import ColumnProcessingWindowOperator
+
+            return ColumnProcessingWindowOperator(ctx, node.payload)
         return ColumnWindowOperator(ctx, node.payload)
     if kind is NodeKind.WINDOW:
         from epochal.windows.operator import create_window_operator
