@@ -43,7 +43,9 @@ after the restored savepoint, once more, computed from the two savepoints' sourc
 one, none lost). ``regions`` has its own model (``campaign_regions.check``, docs/regions.md).
 A drain ends with the oracle of the input below the drained savepoint's offsets. A history
 with an at-least-once run ends with no input lost (:func:`pipelines.no_count_lost`). A run
-not ending within :data:`RUN_BOUND` is a wedge. Failures are reported, never retried away.
+not ending within :data:`RUN_BOUND` is a wedge; a history whose storage changes after its
+last job's handle returned (:data:`QUIET`) is a ``late-write``. Failures are reported, never
+retried away.
 """
 from __future__ import annotations
 
@@ -141,7 +143,7 @@ class Report:
     guarantee: str
     actions: list
     landed: list = dataclasses.field(default_factory=list)  # per action: did it land mid-run
-    outcome: str = "ok"  # ok | lost | duplicated | wedged | error | not-landed
+    outcome: str = "ok"  # ok | lost | duplicated | wedged | error | late-write | not-landed
     detail: str = ""
     seconds: float = 0.0
     runs: int = 0
@@ -416,28 +418,65 @@ class _Runner:
                 return None
             raise
 
-    def close(self) -> None:
+    def end_job(self) -> None:
         """Cancel a job still running and wait for its end (its driver writes to the storage
-        until then), then unmount the small disk."""
+        until then). Idempotent."""
         if self.handle is not None and self.handle.running:
             self.handle.cancel()
             try:
                 self.handle.wait(RUN_BOUND)
             except Exception:  # noqa: BLE001 - cancelled, or it failed: the report already says
                 pass
+
+    def listing(self) -> dict:
+        """Every file and directory the history's jobs wrote here (the work directory and the
+        small disk), with its size and modification time: compared after the job's end."""
+        out = {}
+        for root in [self.workdir] + ([self.disk.path] if self.disk else []):
+            for d, dirs, files in os.walk(root):
+                for name in files + dirs:
+                    p = os.path.join(d, name)
+                    try:
+                        st = os.lstat(p)
+                    except FileNotFoundError:  # removed while listed: a change the next listing shows
+                        continue
+                    out[p] = (st.st_size, st.st_mtime_ns) if name in files else "dir"
+        return out
+
+    def close(self) -> None:
+        """:meth:`end_job`, then unmount the small disk."""
+        self.end_job()
         if self.disk is not None:
             self.disk.close()
 
 
-def run(history: History, services: dict | None = None, workdir: str | None = None) -> Report:
-    """Run ``history`` and check it against the model; never raises for a finding."""
+#: seconds the storage is watched after the last job's handle returned: nothing may change there
+QUIET = 1.0
+
+
+def late_writes(before: dict, after: dict) -> str:
+    """What changed between two :meth:`_Runner.listing` s ("" when nothing did)."""
+    added, removed = sorted(set(after) - set(before)), sorted(set(before) - set(after))
+    changed = sorted(p for p in set(before) & set(after) if before[p] != after[p])
+    if not (added or removed or changed):
+        return ""
+    return (f"the storage changed after the job's handle returned: {len(added)} added (e.g. {added[:3]}), "
+            f"{len(removed)} removed (e.g. {removed[:3]}), {len(changed)} rewritten (e.g. {changed[:3]})")
+
+
+def run(history: History, services: dict | None = None, workdir: str | None = None,
+        quiet: float = QUIET) -> Report:
+    """Run ``history`` and check it against the model; never raises for a finding. Once
+    the last job's handle returned, the history's storage (work directory, small disk) is
+    listed and listed again ``quiet`` seconds later (after the check): any change is the
+    outcome ``late-write`` — something of a job still wrote after its end."""
     services = services or {}
     report = Report(history.describe(), history.seed, history.sink, history.guarantee,
                     [a for a, _, _ in history.actions])
     t0 = time.monotonic()
     rng = random.Random(history.seed * 7 + 1)
     workdir = workdir or tempfile.mkdtemp(prefix="campaign-")
-    runner = None
+    runner, ended = None, None  # ended: (listing, time) when the last job's handle returned
     try:
         runner = _Runner(history, workdir, services)
         runner.start()
@@ -451,6 +490,7 @@ def run(history: History, services: dict | None = None, workdir: str | None = No
         except TimeoutError as exc:
             report.outcome, report.detail = "wedged", str(exc)
             return report
+        ended = (runner.listing(), time.monotonic())
         report.runs = runner.runs
         got = runner.target.read()
         own, used = runner.topology.check, runner.guarantees_used
@@ -465,9 +505,17 @@ def run(history: History, services: dict | None = None, workdir: str | None = No
     except Exception as exc:  # noqa: BLE001 - a finding, reported with its history
         report.outcome, report.detail = "error", f"{type(exc).__name__}: {exc}"[:2000]
     finally:
-        report.seconds = round(time.monotonic() - t0, 1)
         if runner is not None:
+            runner.end_job()
+            if report.outcome != "wedged":  # a wedged job may still write: that is its finding
+                ended = ended or (runner.listing(), time.monotonic())
+                time.sleep(max(0.0, ended[1] + quiet - time.monotonic()))  # the window watched, not a protocol step
+                late = late_writes(ended[0], runner.listing())
+                if late:
+                    report.detail = f"{late}; {report.outcome}: {report.detail}" if report.detail else late
+                    report.outcome = "late-write"
             runner.close()
+        report.seconds = round(time.monotonic() - t0, 1)
     return report
 
 

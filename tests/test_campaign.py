@@ -90,3 +90,25 @@ def test_later_campaign_history(name, request, tmp_path):
     topology, sink, guarantee, parallelism, actions = {**LATER, **SLOW}[name]
     history = campaign.History(len(name), sink, guarantee, parallelism, actions, topology)
     _run(history, request, tmp_path)
+
+
+def test_a_write_into_the_storage_after_the_jobs_end_fails_the_history(tmp_path, monkeypatch):
+    """The campaign's end check: a history whose storage changes after its last job's handle
+    returned is a ``late-write`` (here the harness itself writes a file into the work
+    directory while it reads the target back — after the job's end, before the check's
+    second listing)."""
+    import campaign_topologies
+
+    read, late = campaign_topologies.Target.read, tmp_path / "written-after-the-end"
+
+    def read_then_write(self):
+        rows = read(self)
+        late.write_text("x")
+        return rows
+
+    monkeypatch.setattr(campaign_topologies.Target, "read", read_then_write)
+    history = campaign.History(3, "file", "exactly-once", 1, [], "count", speed=8.0)
+    report = campaign.run(history, {}, str(tmp_path), quiet=0.2)
+    assert late.exists(), "the late write did not happen"
+    assert report.outcome == "late-write", (report.outcome, report.detail)
+    assert "written-after-the-end" in report.detail
