@@ -6,7 +6,8 @@ autonomous channel; into a file, transactional-log, PostgreSQL, Kafka, Delta or
 Iceberg sink; exactly-once or at-least-once; with up to ``--max-actions`` actions — SIGKILLs
 of task processes from outside, one during a recovery, stop and restore with a rescale,
 cancel and resume, a rollback to an older savepoint, a guarantee switch, a SIGKILLed driver
-then a resume, a second launch, a drain, the checkpoint storage full for a while), runs each
+then a resume, a second launch, a drain, the checkpoint storage full for a while; named with
+``--actions``: a restore from a retained checkpoint drawn at random), runs each
 on the local runtime against its own PostgreSQL server and Kafka broker, and checks each
 against the plain-Python model. Writes a report: every history with its seed and outcome;
 per topology × sink × action how many landed mid-run and the outcomes (ok, lost, duplicated,
@@ -95,6 +96,14 @@ AFTER = {
     "drain": "exactly the oracle of the input read before the stop, every window fired",
     "storage-outage": "exactly the oracle (checkpoints declined meanwhile)",
     "rollback": {"file": "remove", "*": "keep"},
+    "restore-checkpoint": {"file": "remove", "*": "keep"},
+}
+#: the text of an action whose outcome depends on the sink's rollback semantics
+ROLLBACK_TEXT = {
+    "rollback": "*remove*: one history (the abandoned epochs' files deleted, then the branch's); "
+                "*keep*: the parent's output plus its epochs after the savepoint once more",
+    "restore-checkpoint": "a retained checkpoint drawn at random restored after a stop: as a rollback to "
+                          "that checkpoint's epoch",
 }
 
 
@@ -104,9 +113,7 @@ def lifecycle_table(summary: dict, sinks) -> str:
     cells = summary["per_sink_action_landed"]
     lines = ["| action | " + " | ".join(sinks) + " |", "|---" * (len(sinks) + 1) + "|"]
     for action, after in AFTER.items():
-        row = [f"**{action}**: " + (after if isinstance(after, str) else
-                                    "*remove*: one history (the abandoned epochs' files deleted, then the branch's); "
-                                    "*keep*: the parent's output plus its epochs after the savepoint once more")]
+        row = [f"**{action}**: " + (after if isinstance(after, str) else ROLLBACK_TEXT[action])]
         for sink in sinks:
             c = cells.get(f"{sink} × {action}", {})
             n, passed = sum(c.values()), c.get("ok", 0) + c.get("not-landed", 0)  # both met the model
@@ -146,7 +153,10 @@ def main() -> None:
     parser.add_argument("--sinks", nargs="*", default=list(campaign.SINKS))
     parser.add_argument("--topologies", nargs="*", default=list(campaign.TOPOLOGIES))
     parser.add_argument("--max-actions", type=int, default=3)
-    parser.add_argument("--actions", nargs="*", default=list(campaign.ACTIONS), help="draw only these actions")
+    parser.add_argument("--actions", nargs="*", default=list(campaign.ACTIONS),
+                        choices=list(campaign.ACTIONS + campaign.ACTIONS_LATER),
+                        help="draw only these actions (default: campaign.ACTIONS; campaign.ACTIONS_LATER, e.g. "
+                             "restore-checkpoint, only when named, so earlier reports' seeds replay)")
     parser.add_argument("--speed", type=float, default=1.0, help="source rates times this (shorter runs)")
     parser.add_argument("--merge", nargs="*", help="merge these reports into --out; run nothing")
     parser.add_argument("--out", default=None, help="the JSON report (default: print the summary only)")

@@ -33,7 +33,10 @@ A history (:func:`draw`):
   here from its storage), ``second-launch`` (the same job started again onto its running
   storage: must be refused at start, the first run unharmed), ``drain`` (stop with a drained
   savepoint; a drained job cannot run on, so it ends the history), ``storage-outage`` (the
-  checkpoint storage, a small tmpfs, filled up until checkpoints failed for it, then freed).
+  checkpoint storage, a small tmpfs, filled up until checkpoints failed for it, then freed),
+  ``restore-checkpoint`` (stop with a savepoint, then restore a *checkpoint* drawn at random
+  among those the storage retained, older ones included, maybe at another parallelism;
+  drawn only when named: :data:`ACTIONS_LATER`).
 
 The model (:class:`_Runner` keeps it, :func:`check` compares): exactly-once histories end
 with the oracle's multiset plus what the documented rollback semantics add — ``remove``
@@ -63,6 +66,7 @@ import cloudpickle
 
 import epochal as ep
 import pipelines
+from epochal.backends.storage import CheckpointStorage
 from campaign_faults import DriverProcess, SmallDisk
 from campaign_regions import per_region
 from campaign_topologies import TOPOLOGIES, Target, everything, source_offsets
@@ -73,6 +77,9 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 #: the first campaign's actions and sinks (the default slice's early seeds draw from these)
 ACTIONS_V1 = ("kill", "kill-twice", "stop-restore", "cancel-resume", "rollback", "switch")
 ACTIONS = ACTIONS_V1 + ("driver-kill", "second-launch", "drain", "storage-outage")
+#: actions added since: drawn only when named (``draw(actions=...)``, the campaign's
+#: ``--actions``), so that the seeds of earlier reports still draw the histories they ran
+ACTIONS_LATER = ("restore-checkpoint",)
 SINKS_V1 = ("file", "log", "postgres", "kafka")
 SINKS = SINKS_V1 + ("delta", "iceberg")
 #: seconds a run may take before the history counts as wedged
@@ -112,7 +119,8 @@ def draw(seed: int, sinks=SINKS, actions=ACTIONS, max_actions: int = 3, topologi
     chosen = []
     for _ in range(rng.randint(1, max_actions)):
         action = rng.choice(allowed)
-        rescale = rng.choice([None, 1, 2, 3]) if action in ("stop-restore", "rollback", "switch") else None
+        rescale = rng.choice([None, 1, 2, 3]) if action in ("stop-restore", "rollback", "switch",
+                                                            "restore-checkpoint") else None
         chosen.append((action, round(rng.uniform(0.15, 0.7), 2), rescale))
         if action == "drain":
             break
@@ -147,6 +155,7 @@ class Report:
     detail: str = ""
     seconds: float = 0.0
     runs: int = 0
+    restored_checkpoints: list = dataclasses.field(default_factory=list)  # [epoch, retained epochs] each
 
 
 class _Runner:
@@ -166,6 +175,7 @@ class _Runner:
         self.loose = False  # True: a rollback whose re-emitted rows the offsets cannot say (windows)
         #: an autonomous channel's guarantee so far: what kills and resumes made of it (docs/regions.md)
         self.crossing: set = set()
+        self.restored_checkpoints: list = []  # [epoch restored, epochs retained] per restore-checkpoint
 
     def _new_storage(self) -> str:
         root = self.disk.path if self.disk else self.workdir
@@ -310,6 +320,36 @@ class _Runner:
         self.storage = self._new_storage()
         self.start(restore_from=older)
         return ok
+
+    def _restore_checkpoint(self, rng, rescale) -> bool:
+        """Stop with a savepoint (so what the parent committed is known: every epoch up to
+        it), then ``restore_from`` a *checkpoint* drawn at random among those the stopped
+        job's storage retained (``chk-*``, older ones included) into fresh storage, maybe at
+        another parallelism; the model rolls back to that checkpoint's cut as for a
+        rollback (``remove``: nothing added; ``keep``: the parent's output between the
+        checkpoint's and the stop's offsets once more). Landed: the job ran with input left
+        and the checkpoint restored has input left after it."""
+        ok = self.landed()
+        stopped = self._savepoint(stop=True)
+        if stopped is None:  # the job finished before it could stop
+            return False
+        storage = CheckpointStorage(self.storage, "campaign")
+        retained = storage.completed_checkpoints()
+        assert retained, f"the stopped job's storage {self.storage} retained no checkpoint"
+        epoch = rng.choice(retained)
+        url = storage.file_url(f"chk-{epoch:010d}")
+        if self.target.rollback == "keep":
+            if self.topology.cut is None:
+                self.loose = True
+            else:
+                self.expected += self.topology.cut(self.h, source_offsets(stopped, self.h)) \
+                    - self.topology.cut(self.h, source_offsets(url, self.h))
+        left = self.topology.by_output or sum(source_offsets(url, self.h).values()) < sum(everything(self.h).values())
+        self.restored_checkpoints.append([epoch, retained])
+        self.parallelism = rescale or self.parallelism
+        self.storage = self._new_storage()
+        self.start(restore_from=url)
+        return ok and left
 
     def _driver_kill(self, rng, rescale) -> bool:
         ok = self.landed()
@@ -491,7 +531,7 @@ def run(history: History, services: dict | None = None, workdir: str | None = No
             report.outcome, report.detail = "wedged", str(exc)
             return report
         ended = (runner.listing(), time.monotonic())
-        report.runs = runner.runs
+        report.runs, report.restored_checkpoints = runner.runs, runner.restored_checkpoints
         got = runner.target.read()
         own, used = runner.topology.check, runner.guarantees_used
         report.outcome, report.detail = (own(got, runner.expected, runner.truth, used, runner.loose, runner.crossing)

@@ -63,6 +63,12 @@ SLOW = {  # opt-in (-m slow): 15-30 s each
                                                      ("stop-restore", 0.54, None)]),
     "columnar-postgres-kill-drain": ("columnar", "postgres", "exactly-once", 2,
                                      [("kill", 0.3, None), ("drain", 0.6, None)]),
+    # a restore from a retained checkpoint drawn at random (older ones included) after a stop:
+    # the log keeps the parent's epochs after it (the model adds them once more), files remove them
+    "log-count-restore-checkpoint-twice": ("count", "log", "exactly-once", 2,
+                                           [("restore-checkpoint", 0.3, 3), ("restore-checkpoint", 0.55, None)]),
+    "file-count-restore-checkpoint-kill": ("count", "file", "exactly-once", 3,
+                                           [("restore-checkpoint", 0.3, 1), ("kill", 0.55, None)]),
 }
 
 
