@@ -255,7 +255,8 @@ class _Runner:
             return False
         victim = rng.choice(sorted(pids, key=str))
         generation = self.generation()
-        os.kill(pids[victim], signal.SIGKILL)
+        if not _sigkill(pids[victim]):
+            return False  # it had exited (its region's input ended): nothing killed
         self._crossed(victim[0])
         if not twice:
             return True
@@ -264,7 +265,8 @@ class _Runner:
             fresh = {n: p for n, p in self.task_pids().items() if p not in pids.values()}
             if fresh and self.generation() != generation:
                 second = rng.choice(sorted(fresh, key=str))
-                os.kill(fresh[second], signal.SIGKILL)
+                if not _sigkill(fresh[second]):
+                    return False  # it had exited meanwhile (the campaign's regions seed 30035)
                 self._crossed(second[0])
                 return True
             time.sleep(0.005)
@@ -488,6 +490,15 @@ class _Runner:
         self.end_job()
         if self.disk is not None:
             self.disk.close()
+
+
+def _sigkill(pid: int) -> bool:
+    """SIGKILL ``pid``; False when it had exited already (a task whose input ended)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 #: seconds the storage is watched after the last job's handle returned: nothing may change there
