@@ -124,21 +124,38 @@ def lifecycle_table(summary: dict, sinks) -> str:
     return "\n".join(lines)
 
 
+def supersede(reports: list) -> tuple[list, list]:
+    """``(current, superseded)``: a history run again (the same ``history`` text: seed,
+    topology, sink, guarantee, parallelism, speed and schedule) replaces its earlier runs —
+    a replay after a fix; the earlier ones are kept under ``superseded`` with the command
+    of the run that replaced them, never dropped unseen."""
+    last = {r["history"]: i for i, r in enumerate(reports)}
+    current = [r for i, r in enumerate(reports) if last[r["history"]] == i]
+    superseded = [dict(r, superseded_by=reports[last[r["history"]]].get("command"))
+                  for i, r in enumerate(reports) if last[r["history"]] != i]
+    return current, superseded
+
+
 def merge(paths: list, out: str | None) -> None:
-    """One report of earlier campaign reports (each history keeps the command it ran with)."""
-    reports, runs = [], []
+    """One report of earlier campaign reports (each history keeps the command it ran with;
+    a history run again supersedes its earlier runs: :func:`supersede`)."""
+    reports, runs, superseded = [], [], []
     for path in paths:
         doc = json.loads(Path(path).read_text())
         if "runs" in doc:  # an earlier merge: its runs and reports as they are
             reports += doc["reports"]
             runs += doc["runs"]
+            superseded += doc.get("superseded", [])
             continue
         for r in doc["reports"]:
             r.setdefault("command", doc["command"])
         reports += doc["reports"]
         runs.append({"command": doc["command"], "histories": len(doc["reports"]), "seconds": doc["seconds"],
                      "machine": doc["machine"], "sinks": doc["sinks"], "topologies": doc["topologies"]})
-    doc = {"benchmark": "campaign", "runs": runs, "summary": summary(reports), "reports": reports}
+    reports, replaced = supersede(reports)
+    superseded += replaced
+    doc = {"benchmark": "campaign", "runs": runs, "summary": summary(reports), "reports": reports,
+           "superseded": superseded}
     print(json.dumps(doc["summary"], indent=1))
     print(lifecycle_table(doc["summary"], ["file", "log", "postgres", "kafka", "delta", "iceberg"]))
     if out:
@@ -169,12 +186,12 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     live, stoppers = services(args.sinks)
     runnable = [s for s in args.sinks if s not in SERVERS or s in live]
-    reports, t0 = [], time.time()
+    reports, t0, load_at_start = [], time.time(), os.getloadavg()[0]
 
     def document() -> dict:
         return {"benchmark": "campaign", "started": t0, "seconds": round(time.time() - t0, 1),
                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                            "load_now": os.getloadavg()[0]},
+                            "load_at_start": load_at_start, "load_now": os.getloadavg()[0]},
                 "sinks": runnable, "topologies": args.topologies, "command": " ".join(sys.argv),
                 "summary": summary(reports), "reports": reports}
 
