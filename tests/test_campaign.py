@@ -78,7 +78,8 @@ def _run(history, request, tmp_path):
         services["postgres"] = request.getfixturevalue("postgres")
     if any(a == "storage-outage" for a, _, _ in history.actions) and os.geteuid() != 0:
         pytest.skip("the storage outage mounts a small tmpfs: root only")
-    report = campaign.run(history, services, str(tmp_path))
+    # the storage watched for a short while after the end (the campaign watches campaign.QUIET)
+    report = campaign.run(history, services, str(tmp_path), quiet=0.2)
     assert report.outcome == "ok", f"{report.history}: {report.outcome}: {report.detail}"
     assert report.landed and all(report.landed), f"{report.history}: not every action landed mid-run"
 
