@@ -6,11 +6,13 @@ autonomous channel; into a file, transactional-log, PostgreSQL, Kafka, Delta or
 Iceberg sink; exactly-once or at-least-once; with up to ``--max-actions`` actions — SIGKILLs
 of task processes from outside, one during a recovery, stop and restore with a rescale,
 cancel and resume, a rollback to an older savepoint, a guarantee switch, a SIGKILLed driver
-then a resume, a second launch, a drain, the checkpoint storage full for a while), runs each
+then a resume, a second launch, a drain, the checkpoint storage full for a while; named with
+``--actions``: a restore from a retained checkpoint drawn at random), runs each
 on the local runtime against its own PostgreSQL server and Kafka broker, and checks each
 against the plain-Python model. Writes a report: every history with its seed and outcome;
 per topology × sink × action how many landed mid-run and the outcomes (ok, lost, duplicated,
-wedged, error, not-landed); per sink × action the same, for docs/lifecycle.md.
+wedged, error, late-write — the history's storage changed after its job's handle returned —,
+not-landed); per sink × action the same, for docs/lifecycle.md.
 
     python benchmarks/campaign.py --histories 300 --out benchmarks/results/campaign.json
     python benchmarks/campaign.py --seeds 29 26        # replay histories by seed (same flags)
@@ -30,6 +32,7 @@ import dataclasses
 import json
 import os
 import platform
+import shutil
 import signal
 import sys
 import tempfile
@@ -93,6 +96,14 @@ AFTER = {
     "drain": "exactly the oracle of the input read before the stop, every window fired",
     "storage-outage": "exactly the oracle (checkpoints declined meanwhile)",
     "rollback": {"file": "remove", "*": "keep"},
+    "restore-checkpoint": {"file": "remove", "*": "keep"},
+}
+#: the text of an action whose outcome depends on the sink's rollback semantics
+ROLLBACK_TEXT = {
+    "rollback": "*remove*: one history (the abandoned epochs' files deleted, then the branch's); "
+                "*keep*: the parent's output plus its epochs after the savepoint once more",
+    "restore-checkpoint": "a retained checkpoint drawn at random restored after a stop: as a rollback to "
+                          "that checkpoint's epoch",
 }
 
 
@@ -102,9 +113,7 @@ def lifecycle_table(summary: dict, sinks) -> str:
     cells = summary["per_sink_action_landed"]
     lines = ["| action | " + " | ".join(sinks) + " |", "|---" * (len(sinks) + 1) + "|"]
     for action, after in AFTER.items():
-        row = [f"**{action}**: " + (after if isinstance(after, str) else
-                                    "*remove*: one history (the abandoned epochs' files deleted, then the branch's); "
-                                    "*keep*: the parent's output plus its epochs after the savepoint once more")]
+        row = [f"**{action}**: " + (after if isinstance(after, str) else ROLLBACK_TEXT[action])]
         for sink in sinks:
             c = cells.get(f"{sink} × {action}", {})
             n, passed = sum(c.values()), c.get("ok", 0) + c.get("not-landed", 0)  # both met the model
@@ -115,21 +124,38 @@ def lifecycle_table(summary: dict, sinks) -> str:
     return "\n".join(lines)
 
 
+def supersede(reports: list) -> tuple[list, list]:
+    """``(current, superseded)``: a history run again (the same ``history`` text: seed,
+    topology, sink, guarantee, parallelism, speed and schedule) replaces its earlier runs —
+    a replay after a fix; the earlier ones are kept under ``superseded`` with the command
+    of the run that replaced them, never dropped unseen."""
+    last = {r["history"]: i for i, r in enumerate(reports)}
+    current = [r for i, r in enumerate(reports) if last[r["history"]] == i]
+    superseded = [dict(r, superseded_by=reports[last[r["history"]]].get("command"))
+                  for i, r in enumerate(reports) if last[r["history"]] != i]
+    return current, superseded
+
+
 def merge(paths: list, out: str | None) -> None:
-    """One report of earlier campaign reports (each history keeps the command it ran with)."""
-    reports, runs = [], []
+    """One report of earlier campaign reports (each history keeps the command it ran with;
+    a history run again supersedes its earlier runs: :func:`supersede`)."""
+    reports, runs, superseded = [], [], []
     for path in paths:
         doc = json.loads(Path(path).read_text())
         if "runs" in doc:  # an earlier merge: its runs and reports as they are
             reports += doc["reports"]
             runs += doc["runs"]
+            superseded += doc.get("superseded", [])
             continue
         for r in doc["reports"]:
             r.setdefault("command", doc["command"])
         reports += doc["reports"]
         runs.append({"command": doc["command"], "histories": len(doc["reports"]), "seconds": doc["seconds"],
                      "machine": doc["machine"], "sinks": doc["sinks"], "topologies": doc["topologies"]})
-    doc = {"benchmark": "campaign", "runs": runs, "summary": summary(reports), "reports": reports}
+    reports, replaced = supersede(reports)
+    superseded += replaced
+    doc = {"benchmark": "campaign", "runs": runs, "summary": summary(reports), "reports": reports,
+           "superseded": superseded}
     print(json.dumps(doc["summary"], indent=1))
     print(lifecycle_table(doc["summary"], ["file", "log", "postgres", "kafka", "delta", "iceberg"]))
     if out:
@@ -144,7 +170,10 @@ def main() -> None:
     parser.add_argument("--sinks", nargs="*", default=list(campaign.SINKS))
     parser.add_argument("--topologies", nargs="*", default=list(campaign.TOPOLOGIES))
     parser.add_argument("--max-actions", type=int, default=3)
-    parser.add_argument("--actions", nargs="*", default=list(campaign.ACTIONS), help="draw only these actions")
+    parser.add_argument("--actions", nargs="*", default=list(campaign.ACTIONS),
+                        choices=list(campaign.ACTIONS + campaign.ACTIONS_LATER),
+                        help="draw only these actions (default: campaign.ACTIONS; campaign.ACTIONS_LATER, e.g. "
+                             "restore-checkpoint, only when named, so earlier reports' seeds replay)")
     parser.add_argument("--speed", type=float, default=1.0, help="source rates times this (shorter runs)")
     parser.add_argument("--merge", nargs="*", help="merge these reports into --out; run nothing")
     parser.add_argument("--out", default=None, help="the JSON report (default: print the summary only)")
@@ -157,12 +186,12 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     live, stoppers = services(args.sinks)
     runnable = [s for s in args.sinks if s not in SERVERS or s in live]
-    reports, t0 = [], time.time()
+    reports, t0, load_at_start = [], time.time(), os.getloadavg()[0]
 
     def document() -> dict:
         return {"benchmark": "campaign", "started": t0, "seconds": round(time.time() - t0, 1),
                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                            "load_now": os.getloadavg()[0]},
+                            "load_at_start": load_at_start, "load_now": os.getloadavg()[0]},
                 "sinks": runnable, "topologies": args.topologies, "command": " ".join(sys.argv),
                 "summary": summary(reports), "reports": reports}
 
@@ -172,9 +201,13 @@ def main() -> None:
                                     speed=args.speed, actions=tuple(args.actions))
             if history.sink not in runnable:
                 continue
-            # a stray write after the history (a killed task's last gasp) must not end the campaign
-            with tempfile.TemporaryDirectory(prefix="campaign-", ignore_cleanup_errors=True) as work:
-                report = campaign.run(history, live, work)
+            work = tempfile.mkdtemp(prefix="campaign-")
+            report = campaign.run(history, live, work)  # a write after the job's end: outcome late-write
+            try:
+                shutil.rmtree(work)
+            except OSError as exc:  # something appeared while it was removed: still written after the end
+                report.outcome = "late-write"
+                report.detail = f"its directory could not be removed after the history: {exc}; {report.detail}"
             reports.append(dataclasses.asdict(report))
             print(f"{report.outcome:>10}  {report.seconds:6.1f} s  {report.history}"
                   + (f"\n            {report.detail}" if report.outcome != "ok" else ""), flush=True)

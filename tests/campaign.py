@@ -33,7 +33,10 @@ A history (:func:`draw`):
   here from its storage), ``second-launch`` (the same job started again onto its running
   storage: must be refused at start, the first run unharmed), ``drain`` (stop with a drained
   savepoint; a drained job cannot run on, so it ends the history), ``storage-outage`` (the
-  checkpoint storage, a small tmpfs, filled up until checkpoints failed for it, then freed).
+  checkpoint storage, a small tmpfs, filled up until checkpoints failed for it, then freed),
+  ``restore-checkpoint`` (stop with a savepoint, then restore a *checkpoint* drawn at random
+  among those the storage retained, older ones included, maybe at another parallelism;
+  drawn only when named: :data:`ACTIONS_LATER`).
 
 The model (:class:`_Runner` keeps it, :func:`check` compares): exactly-once histories end
 with the oracle's multiset plus what the documented rollback semantics add — ``remove``
@@ -43,7 +46,9 @@ after the restored savepoint, once more, computed from the two savepoints' sourc
 one, none lost). ``regions`` has its own model (``campaign_regions.check``, docs/regions.md).
 A drain ends with the oracle of the input below the drained savepoint's offsets. A history
 with an at-least-once run ends with no input lost (:func:`pipelines.no_count_lost`). A run
-not ending within :data:`RUN_BOUND` is a wedge. Failures are reported, never retried away.
+not ending within :data:`RUN_BOUND` is a wedge; a history whose storage changes after its
+last job's handle returned (:data:`QUIET`) is a ``late-write``. Failures are reported, never
+retried away.
 """
 from __future__ import annotations
 
@@ -61,6 +66,7 @@ import cloudpickle
 
 import epochal as ep
 import pipelines
+from epochal.backends.storage import CheckpointStorage
 from campaign_faults import DriverProcess, SmallDisk
 from campaign_regions import per_region
 from campaign_topologies import TOPOLOGIES, Target, everything, source_offsets
@@ -71,6 +77,9 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 #: the first campaign's actions and sinks (the default slice's early seeds draw from these)
 ACTIONS_V1 = ("kill", "kill-twice", "stop-restore", "cancel-resume", "rollback", "switch")
 ACTIONS = ACTIONS_V1 + ("driver-kill", "second-launch", "drain", "storage-outage")
+#: actions added since: drawn only when named (``draw(actions=...)``, the campaign's
+#: ``--actions``), so that the seeds of earlier reports still draw the histories they ran
+ACTIONS_LATER = ("restore-checkpoint",)
 SINKS_V1 = ("file", "log", "postgres", "kafka")
 SINKS = SINKS_V1 + ("delta", "iceberg")
 #: seconds a run may take before the history counts as wedged
@@ -110,7 +119,8 @@ def draw(seed: int, sinks=SINKS, actions=ACTIONS, max_actions: int = 3, topologi
     chosen = []
     for _ in range(rng.randint(1, max_actions)):
         action = rng.choice(allowed)
-        rescale = rng.choice([None, 1, 2, 3]) if action in ("stop-restore", "rollback", "switch") else None
+        rescale = rng.choice([None, 1, 2, 3]) if action in ("stop-restore", "rollback", "switch",
+                                                            "restore-checkpoint") else None
         chosen.append((action, round(rng.uniform(0.15, 0.7), 2), rescale))
         if action == "drain":
             break
@@ -141,10 +151,11 @@ class Report:
     guarantee: str
     actions: list
     landed: list = dataclasses.field(default_factory=list)  # per action: did it land mid-run
-    outcome: str = "ok"  # ok | lost | duplicated | wedged | error | not-landed
+    outcome: str = "ok"  # ok | lost | duplicated | wedged | error | late-write | not-landed
     detail: str = ""
     seconds: float = 0.0
     runs: int = 0
+    restored_checkpoints: list = dataclasses.field(default_factory=list)  # [epoch, retained epochs] each
 
 
 class _Runner:
@@ -164,6 +175,7 @@ class _Runner:
         self.loose = False  # True: a rollback whose re-emitted rows the offsets cannot say (windows)
         #: an autonomous channel's guarantee so far: what kills and resumes made of it (docs/regions.md)
         self.crossing: set = set()
+        self.restored_checkpoints: list = []  # [epoch restored, epochs retained] per restore-checkpoint
 
     def _new_storage(self) -> str:
         root = self.disk.path if self.disk else self.workdir
@@ -243,7 +255,8 @@ class _Runner:
             return False
         victim = rng.choice(sorted(pids, key=str))
         generation = self.generation()
-        os.kill(pids[victim], signal.SIGKILL)
+        if not _sigkill(pids[victim]):
+            return False  # it had exited (its region's input ended): nothing killed
         self._crossed(victim[0])
         if not twice:
             return True
@@ -252,7 +265,8 @@ class _Runner:
             fresh = {n: p for n, p in self.task_pids().items() if p not in pids.values()}
             if fresh and self.generation() != generation:
                 second = rng.choice(sorted(fresh, key=str))
-                os.kill(fresh[second], signal.SIGKILL)
+                if not _sigkill(fresh[second]):
+                    return False  # it had exited meanwhile (the campaign's regions seed 30035)
                 self._crossed(second[0])
                 return True
             time.sleep(0.005)
@@ -308,6 +322,36 @@ class _Runner:
         self.storage = self._new_storage()
         self.start(restore_from=older)
         return ok
+
+    def _restore_checkpoint(self, rng, rescale) -> bool:
+        """Stop with a savepoint (so what the parent committed is known: every epoch up to
+        it), then ``restore_from`` a *checkpoint* drawn at random among those the stopped
+        job's storage retained (``chk-*``, older ones included) into fresh storage, maybe at
+        another parallelism; the model rolls back to that checkpoint's cut as for a
+        rollback (``remove``: nothing added; ``keep``: the parent's output between the
+        checkpoint's and the stop's offsets once more). Landed: the job ran with input left
+        and the checkpoint restored has input left after it."""
+        ok = self.landed()
+        stopped = self._savepoint(stop=True)
+        if stopped is None:  # the job finished before it could stop
+            return False
+        storage = CheckpointStorage(self.storage, "campaign")
+        retained = storage.completed_checkpoints()
+        assert retained, f"the stopped job's storage {self.storage} retained no checkpoint"
+        epoch = rng.choice(retained)
+        url = storage.file_url(f"chk-{epoch:010d}")
+        if self.target.rollback == "keep":
+            if self.topology.cut is None:
+                self.loose = True
+            else:
+                self.expected += self.topology.cut(self.h, source_offsets(stopped, self.h)) \
+                    - self.topology.cut(self.h, source_offsets(url, self.h))
+        left = self.topology.by_output or sum(source_offsets(url, self.h).values()) < sum(everything(self.h).values())
+        self.restored_checkpoints.append([epoch, retained])
+        self.parallelism = rescale or self.parallelism
+        self.storage = self._new_storage()
+        self.start(restore_from=url)
+        return ok and left
 
     def _driver_kill(self, rng, rescale) -> bool:
         ok = self.landed()
@@ -416,28 +460,74 @@ class _Runner:
                 return None
             raise
 
-    def close(self) -> None:
+    def end_job(self) -> None:
         """Cancel a job still running and wait for its end (its driver writes to the storage
-        until then), then unmount the small disk."""
+        until then). Idempotent."""
         if self.handle is not None and self.handle.running:
             self.handle.cancel()
             try:
                 self.handle.wait(RUN_BOUND)
             except Exception:  # noqa: BLE001 - cancelled, or it failed: the report already says
                 pass
+
+    def listing(self) -> dict:
+        """Every file and directory the history's jobs wrote here (the work directory and the
+        small disk), with its size and modification time: compared after the job's end."""
+        out = {}
+        for root in [self.workdir] + ([self.disk.path] if self.disk else []):
+            for d, dirs, files in os.walk(root):
+                for name in files + dirs:
+                    p = os.path.join(d, name)
+                    try:
+                        st = os.lstat(p)
+                    except FileNotFoundError:  # removed while listed: a change the next listing shows
+                        continue
+                    out[p] = (st.st_size, st.st_mtime_ns) if name in files else "dir"
+        return out
+
+    def close(self) -> None:
+        """:meth:`end_job`, then unmount the small disk."""
+        self.end_job()
         if self.disk is not None:
             self.disk.close()
 
 
-def run(history: History, services: dict | None = None, workdir: str | None = None) -> Report:
-    """Run ``history`` and check it against the model; never raises for a finding."""
+def _sigkill(pid: int) -> bool:
+    """SIGKILL ``pid``; False when it had exited already (a task whose input ended)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+#: seconds the storage is watched after the last job's handle returned: nothing may change there
+QUIET = 1.0
+
+
+def late_writes(before: dict, after: dict) -> str:
+    """What changed between two :meth:`_Runner.listing` s ("" when nothing did)."""
+    added, removed = sorted(set(after) - set(before)), sorted(set(before) - set(after))
+    changed = sorted(p for p in set(before) & set(after) if before[p] != after[p])
+    if not (added or removed or changed):
+        return ""
+    return (f"the storage changed after the job's handle returned: {len(added)} added (e.g. {added[:3]}), "
+            f"{len(removed)} removed (e.g. {removed[:3]}), {len(changed)} rewritten (e.g. {changed[:3]})")
+
+
+def run(history: History, services: dict | None = None, workdir: str | None = None,
+        quiet: float = QUIET) -> Report:
+    """Run ``history`` and check it against the model; never raises for a finding. Once
+    the last job's handle returned, the history's storage (work directory, small disk) is
+    listed and listed again ``quiet`` seconds later (after the check): any change is the
+    outcome ``late-write`` — something of a job still wrote after its end."""
     services = services or {}
     report = Report(history.describe(), history.seed, history.sink, history.guarantee,
                     [a for a, _, _ in history.actions])
     t0 = time.monotonic()
     rng = random.Random(history.seed * 7 + 1)
     workdir = workdir or tempfile.mkdtemp(prefix="campaign-")
-    runner = None
+    runner, ended = None, None  # ended: (listing, time) when the last job's handle returned
     try:
         runner = _Runner(history, workdir, services)
         runner.start()
@@ -451,7 +541,8 @@ def run(history: History, services: dict | None = None, workdir: str | None = No
         except TimeoutError as exc:
             report.outcome, report.detail = "wedged", str(exc)
             return report
-        report.runs = runner.runs
+        ended = (runner.listing(), time.monotonic())
+        report.runs, report.restored_checkpoints = runner.runs, runner.restored_checkpoints
         got = runner.target.read()
         own, used = runner.topology.check, runner.guarantees_used
         report.outcome, report.detail = (own(got, runner.expected, runner.truth, used, runner.loose, runner.crossing)
@@ -465,9 +556,17 @@ def run(history: History, services: dict | None = None, workdir: str | None = No
     except Exception as exc:  # noqa: BLE001 - a finding, reported with its history
         report.outcome, report.detail = "error", f"{type(exc).__name__}: {exc}"[:2000]
     finally:
-        report.seconds = round(time.monotonic() - t0, 1)
         if runner is not None:
+            runner.end_job()
+            if report.outcome != "wedged":  # a wedged job may still write: that is its finding
+                ended = ended or (runner.listing(), time.monotonic())
+                time.sleep(max(0.0, ended[1] + quiet - time.monotonic()))  # the window watched, not a protocol step
+                late = late_writes(ended[0], runner.listing())
+                if late:
+                    report.detail = f"{late}; {report.outcome}: {report.detail}" if report.detail else late
+                    report.outcome = "late-write"
             runner.close()
+        report.seconds = round(time.monotonic() - t0, 1)
     return report
 
 

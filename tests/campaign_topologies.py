@@ -255,7 +255,10 @@ TOPOLOGIES = {
                         checkpoints="campaign/regions/main/campaign", check=campaign_regions.check,
                         crossing={"main": "at-most", "side": "at-least", "resume": "at-least"},
                         excluded={"drain": "a drained cut's clicks depend on what the lanes held, not on the "
-                                           "sources' offsets: the model cannot say them"}),
+                                           "sources' offsets: the model cannot say them",
+                                  "restore-checkpoint": "a job of regions restores from a savepoint or the "
+                                                        "latest checkpoint of each region, not from one chosen "
+                                                        "checkpoint"}),
 }
 
 

@@ -63,6 +63,12 @@ SLOW = {  # opt-in (-m slow): 15-30 s each
                                                      ("stop-restore", 0.54, None)]),
     "columnar-postgres-kill-drain": ("columnar", "postgres", "exactly-once", 2,
                                      [("kill", 0.3, None), ("drain", 0.6, None)]),
+    # a restore from a retained checkpoint drawn at random (older ones included) after a stop:
+    # the log keeps the parent's epochs after it (the model adds them once more), files remove them
+    "log-count-restore-checkpoint-twice": ("count", "log", "exactly-once", 2,
+                                           [("restore-checkpoint", 0.3, 3), ("restore-checkpoint", 0.55, None)]),
+    "file-count-restore-checkpoint-kill": ("count", "file", "exactly-once", 3,
+                                           [("restore-checkpoint", 0.3, 1), ("kill", 0.55, None)]),
 }
 
 
@@ -72,7 +78,8 @@ def _run(history, request, tmp_path):
         services["postgres"] = request.getfixturevalue("postgres")
     if any(a == "storage-outage" for a, _, _ in history.actions) and os.geteuid() != 0:
         pytest.skip("the storage outage mounts a small tmpfs: root only")
-    report = campaign.run(history, services, str(tmp_path))
+    # the storage watched for a short while after the end (the campaign watches campaign.QUIET)
+    report = campaign.run(history, services, str(tmp_path), quiet=0.2)
     assert report.outcome == "ok", f"{report.history}: {report.outcome}: {report.detail}"
     assert report.landed and all(report.landed), f"{report.history}: not every action landed mid-run"
 
@@ -90,3 +97,25 @@ def test_later_campaign_history(name, request, tmp_path):
     topology, sink, guarantee, parallelism, actions = {**LATER, **SLOW}[name]
     history = campaign.History(len(name), sink, guarantee, parallelism, actions, topology)
     _run(history, request, tmp_path)
+
+
+def test_a_write_into_the_storage_after_the_jobs_end_fails_the_history(tmp_path, monkeypatch):
+    """The campaign's end check: a history whose storage changes after its last job's handle
+    returned is a ``late-write`` (here the harness itself writes a file into the work
+    directory while it reads the target back — after the job's end, before the check's
+    second listing)."""
+    import campaign_topologies
+
+    read, late = campaign_topologies.Target.read, tmp_path / "written-after-the-end"
+
+    def read_then_write(self):
+        rows = read(self)
+        late.write_text("x")
+        return rows
+
+    monkeypatch.setattr(campaign_topologies.Target, "read", read_then_write)
+    history = campaign.History(3, "file", "exactly-once", 1, [], "count", speed=8.0)
+    report = campaign.run(history, {}, str(tmp_path), quiet=0.2)
+    assert late.exists(), "the late write did not happen"
+    assert report.outcome == "late-write", (report.outcome, report.detail)
+    assert "written-after-the-end" in report.detail

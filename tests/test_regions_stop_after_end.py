@@ -41,11 +41,9 @@ def flow(out: str, rate: float | None) -> ep.Dataflow:
     return f
 
 
-def test_a_stop_after_the_producing_region_finished_restores_both_exactly_once(tmp_path):
-    """Side's input ends and side finishes while main reads on; the job is stopped with a
-    savepoint and restored into fresh storage: every order and every click counted exactly
-    once over both runs (the plain-Python oracle)."""
-    out = unique_dir(tmp_path, "out")
+def _stopped_after_side_finished(tmp_path, out: str) -> str:
+    """Run the flow until side finished and main completed two epochs, then stop it with a
+    savepoint while main reads on; the savepoint's URL."""
     handle = flow(out, 200.0).start(runtime="local", checkpoint=ep.CheckpointConfig(
         interval=0.1, storage="file://" + unique_dir(tmp_path, "c1")))  # 6 s of orders per split
     deadline = time.monotonic() + 60
@@ -58,9 +56,35 @@ def test_a_stop_after_the_producing_region_finished_restores_both_exactly_once(t
     handle.wait(60)
     got, _ = counted(out, ORDERS)
     assert 0 < sum(got.values()) < N_ORDERS, f"the stop did not land while main read: {sum(got.values())} orders"
+    return url
+
+
+def test_a_stop_after_the_producing_region_finished_restores_both_exactly_once(tmp_path):
+    """Side's input ends and side finishes while main reads on; the job is stopped with a
+    savepoint and restored into fresh storage: every order and every click counted exactly
+    once over both runs (the plain-Python oracle)."""
+    out = unique_dir(tmp_path, "out")
+    url = _stopped_after_side_finished(tmp_path, out)
     flow(out, None).run(runtime="local", restore_from=url,
                         checkpoint=ep.CheckpointConfig(storage="file://" + unique_dir(tmp_path, "c2")))
     got, final = counted(out, ORDERS)
     assert exact(got, oracle(order, N_ORDERS)), ("orders lost or doubled across the stop", final)
     got, final = counted(out, CLICKS)
     assert exact(got, oracle(click, N_CLICKS)), ("clicks lost or doubled across the stop", final)
+
+
+def test_the_savepoint_of_a_finished_region_allows_a_guarantee_switch(tmp_path):
+    """The same stop, then a restore under at-least-once (the campaign's regions seed 30006:
+    a guarantee switch). A region that finished committed every transaction of its end, so
+    its part of the savepoint says so as a stop's does (``_sinks_committed``); before, the
+    restore was refused for region ``side`` ("checkpoint N was taken exactly-once and its
+    sinks may hold pre-committed epochs") although the same stop is allowed when no region
+    had finished. Afterwards no order and no click is lost (each key's final count reaches
+    the plain-Python truth)."""
+    out = unique_dir(tmp_path, "out")
+    url = _stopped_after_side_finished(tmp_path, out)
+    flow(out, None).run(runtime="local", restore_from=url, guarantee="at-least-once",
+                        checkpoint=ep.CheckpointConfig(storage="file://" + unique_dir(tmp_path, "c2")))
+    for keys, truth in ((ORDERS, oracle(order, N_ORDERS)), (CLICKS, oracle(click, N_CLICKS))):
+        _, final = counted(out, keys)
+        assert all(final.get(k, 0) >= c for k, c in truth.items()), ("lost across the switch", final, truth)

@@ -68,7 +68,9 @@ def savepoint_of_end(handle, url: str, timeout: float | None) -> bool:
     must still hold every region, or a restore would start this one empty and the stopped
     ones would never run on (their input after the cut lost). Restoring the end gives a
     region with nothing left to read; what its relay sinks handed over that the readers'
-    cuts do not hold is in that checkpoint (:mod:`epochal.regions.relay`). Not idempotent
+    cuts do not hold is in that checkpoint (:mod:`epochal.regions.relay`). Like a stop's
+    savepoint it records that the region's sinks committed everything up to its epoch
+    (``_sinks_committed``): a restore may switch the guarantee. Not idempotent
     (the target must be empty, as for every savepoint)."""
     from epochal.state.location import Checkpoint
     from epochal.state.savepoint import record_savepoint, write_savepoint
@@ -86,6 +88,10 @@ def savepoint_of_end(handle, url: str, timeout: float | None) -> bool:
     chk = Checkpoint(storage.file_url(f"chk-{epoch:010d}"), storage, epoch, meta)
     marker = write_savepoint(chk, url, storage.storage_options, signing_key=storage.signing_key)
     record_savepoint(storage, url, marker)
+    # a region that finished committed every sink transaction of its end, as a stop with a
+    # savepoint does: say so, so a restore under another guarantee is allowed
+    # (compatibility.check_sink_mode; the campaign's regions seed 30006 was refused)
+    driver._record_sinks_committed(url)
     log.info("job %s: region %r finished while its savepoint was taken; its end (epoch %d) is written to %s",
              driver.plan.job, getattr(driver, "region", None), epoch, url)
     return True

@@ -5,6 +5,7 @@ decides where the processes live and how to stop them.
 """
 from __future__ import annotations
 
+import collections
 import subprocess
 import threading
 from abc import ABC, abstractmethod
@@ -69,8 +70,12 @@ class LocalLauncher(Launcher):
         # a spare zygote already imported (warm.prewarm, opt-in), else a new one
         self._proc = warm.take() or warm.spawn()
         self._lock = threading.Lock()
+        self._write = threading.Lock()  # one message at a time on the zygote's stdin
         self._running: dict[int, tuple[_Unit, int]] = {}  # pid -> (unit, task index)
-        self._starting: dict[int, _Unit] = {}  # task index -> unit, until its pid is known
+        # task index -> the units that launched it, oldest first, until their pids are known
+        # (the zygote answers "run" messages in order; a region relaunched before its
+        # cancelled unit's pid came back has two)
+        self._starting: dict[int, collections.deque] = collections.defaultdict(collections.deque)
         self._units: list[_Unit] = []
         threading.Thread(target=self._read, name="epochal-zygote-reader", daemon=True).start()
 
@@ -82,43 +87,69 @@ class LocalLauncher(Launcher):
                 return
             if msg[0] == "ready":  # the zygote has imported the runtime
                 continue
-            with self._lock:
-                if msg[0] == "pid":
-                    self._running[msg[2]] = (self._starting.pop(msg[1]), msg[1])
-                    continue
-                pid, code = msg[1], msg[2]
-                unit, index = self._running.pop(pid, (None, None))
-                if unit is None:
-                    continue
-                unit.expected -= 1
-                report = None
-                if code != 0 and not unit.failed:
-                    unit.failed = True
-                    report = (False, f"task process {index} exited with code {code}")
-                elif unit.expected == 0 and not unit.failed:
-                    report = (True, "")
-                if unit.expected == 0:
-                    unit.gone.set()
-                    self._units.remove(unit)
+            if msg[0] == "pid":
+                if self._started(msg[1], msg[2]):
+                    # a task of a unit cancelled while it was starting: it dies now; its exit
+                    # is counted as any other's
+                    self._send(("kill", msg[2]))
+                continue
+            report, unit = self._exited(msg[1], msg[2])
             if report:
                 unit.on_exit(*report)
+
+    def _started(self, index: int, pid: int) -> bool:
+        """Task ``index`` runs as ``pid``; True when its unit was cancelled meanwhile."""
+        with self._lock:
+            unit = self._starting[index].popleft()
+            if not self._starting[index]:
+                del self._starting[index]
+            self._running[pid] = (unit, index)
+            return unit.cancelled
+
+    def _exited(self, pid: int, code: int) -> tuple:
+        """``(report for on_exit or None, unit)`` of task process ``pid``'s exit."""
+        with self._lock:
+            unit, index = self._running.pop(pid, (None, None))
+            if unit is None:
+                return None, None
+            unit.expected -= 1
+            report = None
+            if code != 0 and not unit.failed:
+                unit.failed = True
+                report = (False, f"task process {index} exited with code {code}")
+            elif unit.expected == 0 and not unit.failed:
+                report = (True, "")
+            if unit.expected == 0:
+                unit.gone.set()
+                self._units.remove(unit)
+            return report, unit
 
     def launch(self, attempt: bytes, tasks: list[int], on_exit: OnExit) -> object:
         unit = _Unit(len(tasks), on_exit)
         with self._lock:
             self._units.append(unit)
             for index in tasks:
-                self._starting[index] = unit
+                self._starting[index].append(unit)
         for index in tasks:
-            self._zygote_mod.write_message(self._proc.stdin.fileno(), ("run", index, attempt))
+            self._send(("run", index, attempt))
         return unit
 
+    def _send(self, message) -> None:
+        with self._write:
+            self._zygote_mod.write_message(self._proc.stdin.fileno(), message)
+
     def cancel(self, unit: object = None) -> None:
+        """Kill every task process of ``unit`` (``None``: of every unit): those running, and
+        those still starting — a task whose pid the zygote reports after this began is
+        killed as soon as it is known (the unit is marked cancelled first). Returns once
+        they are all gone (or after 10 s a unit)."""
         with self._lock:
             units = list(self._units) if unit is None else [unit]
+            for u in units:
+                u.cancelled = True
             pids = [pid for pid, (u, _) in self._running.items() if u in units]
         for pid in pids:
-            self._zygote_mod.write_message(self._proc.stdin.fileno(), ("kill", pid))
+            self._send(("kill", pid))
         for u in units:
             u.gone.wait(10)
 
@@ -141,6 +172,7 @@ class _Unit:
 
     def __init__(self, expected: int, on_exit: OnExit):
         self.expected, self.on_exit, self.failed = expected, on_exit, False
+        self.cancelled = False  # LocalLauncher.cancel ran: a task that starts from now on is killed
         self.gone = threading.Event()
         if expected == 0:
             self.gone.set()

@@ -116,7 +116,7 @@ def main() -> None:
                 os._exit(code)
             children.add(pid)
             write_message(out, ("pid", index, pid))
-        elif msg[0] == "kill":
+        elif msg[0] == "kill" and msg[1] in children:  # a child not reaped yet: its pid is still its own
             try:
                 os.kill(msg[1], signal.SIGKILL)
             except ProcessLookupError:
