@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 from epochal.backends.keygroups import stable_hash
 from epochal.errors import ConfigError, DataError
+from epochal.eventual.chain import Chain
 from epochal.eventual.extent import CheckpointScheduler, ExtentPolicy
 from epochal.eventual.log import OutputLog
 from epochal.eventual.operator_state import EventualWindows
@@ -61,9 +62,13 @@ class SeekableInput(Protocol):
 
 class ReadAll:
     """:class:`SeekableInput` over a finite, deterministic :class:`~epochal.sources.Source`: every
-    split in split order; a record's position is ``(timestamp(record) in µs, its index)``. A
-    :class:`~epochal.sources.CollectionSource` seeks to the index after the position (its splits
-    are contiguous runs of its items, so the index is the item's); any other source is read from
+    split in split order, each record through ``chain`` (a
+    :class:`~epochal.eventual.chain.Chain`: the map / filter / flat_map operators and the
+    timestamp function between the source and ``key_by``; a bare timestamp function is a chain
+    of none). The ``j``-th record made from source record ``i`` is at ``(its timestamp in µs,
+    i * chain.fanout + j)``. A :class:`~epochal.sources.CollectionSource` seeks to the source
+    record of the position (its splits are contiguous runs of its items, so the index is the
+    item's) and skips that record's outputs up to the position; any other source is read from
     its start and skipped up to the position.
 
     Raises (while reading):
@@ -71,34 +76,40 @@ class ReadAll:
             source, the record's index and the operator.
     """
 
-    def __init__(self, source: Source, timestamp: Callable[[Any], int], where: str):
-        self.source, self.timestamp, self.where = source, timestamp, where
+    def __init__(self, source: Source, chain: Callable[[Any], Any], where: str):
+        if not isinstance(chain, Chain):
+            chain = Chain([], chain, [], where)
+        self.source, self.chain, self.where = source, chain, where
 
     def _seek(self, position: Position | None) -> tuple[dict | None, int]:
-        """The reader state that starts at the record after ``position``, and its index."""
+        """The reader state that starts at the source record of the first output after
+        ``position``, and that record's index."""
         split_range = getattr(self.source, "split_range", None)
         if position is None or split_range is None:
             return None, 0
-        first = position.seq + 1
+        fanout = self.chain.fanout
+        first = position.seq // fanout + (fanout == 1)  # with a fan-out, the record may have outputs left
         return {str(s): min(max(first, r.start), r.stop) for s in self.source.splits()
                 for r in (split_range(s),)}, first
 
     def read_after(self, position: Position | None) -> Iterator[tuple[Any, Position]]:
-        state, seq = self._seek(position)
+        state, index = self._seek(position)
         reader = self.source.create_reader(self.source.splits(), state)
+        chain, fanout = self.chain, self.chain.fanout
         last = None
         try:
             while True:
                 poll = reader.poll(4096)
                 for record in poll.records:
-                    ts = self.timestamp(record)
-                    if last is not None and ts < last:
-                        raise DataError(f"{self.where}: record {seq} of source {self.source.name} has timestamp {ts} "
-                                        f"µs after {last} µs: eventual checkpoints need the input in timestamp order")
-                    last, p = ts, Position(ts, seq)
-                    seq += 1
-                    if position is None or p > position:
-                        yield record, p
+                    for j, (out, ts) in enumerate(chain(record)):
+                        if last is not None and ts < last:
+                            raise DataError(f"{self.where}: record {index} of source {self.source.name} has "
+                                            f"timestamp {ts} µs after {last} µs: eventual checkpoints need the input "
+                                            "in timestamp order")
+                        last, p = ts, Position(ts, index * fanout + j)
+                        if position is None or p > position:
+                            yield out, p
+                    index += 1
                 if poll.finished:
                     return
         finally:
