@@ -5,7 +5,6 @@ once — against a plain-Python oracle of the same transformations. Plus the see
 ``flat_map`` (a replay resumes inside one source record's outputs) and the refusals."""
 from __future__ import annotations
 
-import collections
 import sys
 
 import cloudpickle
