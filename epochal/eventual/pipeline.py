@@ -61,6 +61,10 @@ class Eventual:
         flush_every: input tuples per flush of the output queue (one segment; results reach
             downstream when flushed).
         storage: the logs' root; ``None``: the job's checkpoint storage.
+        splits: CEC operators (one log each) over the key space; ``None``: the window's
+            parallelism. Fixed for the logs' lifetime: a job restored at another parallelism
+            keeps it (each subtask runs the splits ``j`` with ``j % parallelism == subtask``),
+            so set it to the largest parallelism the job will rescale to.
 
     Raises:
         ConfigError: a value out of range, naming it.
@@ -70,10 +74,14 @@ class Eventual:
     max_extent: Any = None
     flush_every: int = 1000
     storage: str | None = None
+    splits: int | None = None
 
     def __post_init__(self):
         if isinstance(self.flush_every, bool) or not isinstance(self.flush_every, int) or self.flush_every < 1:
             raise ConfigError(f"Eventual: flush_every must be an int >= 1, got {self.flush_every!r}")
+        if self.splits is not None and (isinstance(self.splits, bool) or not isinstance(self.splits, int)
+                                        or self.splits < 1):
+            raise ConfigError(f"Eventual: splits must be an int >= 1 or None, got {self.splits!r}")
         self.policy()
 
     def policy(self) -> ExtentPolicy:
@@ -197,7 +205,8 @@ def build_eventual_window(windowed, name: str, function, checkpoints, parallelis
     src, taken, replay = _input(keyed, where)
     flow = keyed.flow
     p = keyed._default_parallelism() if parallelism is None else parallelism
-    payload = EventualWindowSource(name, replay, keyed._key_fn, windows, None, windows.result, policy, p,
+    splits = p if checkpoints.splits is None else checkpoints.splits
+    payload = EventualWindowSource(name, replay, keyed._key_fn, windows, None, windows.result, policy, splits,
                                    checkpoints.flush_every, checkpoints.storage)
     for node in taken:  # the operator reads its source itself now, through these (key_by side first)
         flow.remove_unread(node.name)

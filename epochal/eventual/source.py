@@ -25,8 +25,12 @@ position, so the committed output is exactly-once: a result is in the log once (
 never re-emits what the log holds, seed 003 "skip ... windows that are known to have
 closed"), and downstream reads each log position once per committed epoch.
 
-Each split is one CEC operator over the keys whose stable hash falls in it; the splits are the
-subtasks (``parallelism`` of the window operator). Every attempt's recovery is recorded in the
+Each split is one CEC operator over the keys whose stable hash falls in it, with its own log;
+the split count (``Eventual(splits=)``, by default the window's parallelism) is fixed for the
+logs' lifetime and the engine gives split ``j`` to subtask ``j % parallelism``. Rescaling is
+therefore a restore at another parallelism with the same split count: every log moves whole to
+its new subtask, which recovers it as after any crash (the seed's log per operator instance,
+where an instance is a split, not a subtask); another split count is refused naming why. Every attempt's recovery is recorded in the
 split's log directory as ``recovery-<n>.json`` (what was read: footprints, T, the extent).
 """
 from __future__ import annotations
@@ -127,7 +131,10 @@ class EventualWindowSource(Source):
         value: the value a record adds to its windows (default: the record).
         make_result: a durable ``R`` record → the record handed downstream.
         policy: the extent policy (budget, max_extent in µs).
-        parallelism: the number of splits (one CEC operator each).
+        splits: the number of splits (one CEC operator and one log each; a key's split is
+            ``stable_hash(key) % splits``). Fixed for the logs' lifetime; the job's parallelism
+            is not: the engine gives split ``j`` to subtask ``j % parallelism``, so a restore at
+            another parallelism moves whole logs between subtasks (rescaling, docs/eventual.md).
         flush_every: input tuples per flush (one log segment); a flush is what makes results
             visible downstream.
         storage: the log root; ``None``: the job's checkpoint storage, bound by the task.
@@ -135,10 +142,10 @@ class EventualWindowSource(Source):
 
     def __init__(self, operator: str, input: SeekableInput, key_fn: Callable, make_windows: Callable,
                  value: Callable | None, make_result: Callable[[Result], Any], policy: ExtentPolicy,
-                 parallelism: int, flush_every: int, storage: str | None = None):
+                 splits: int, flush_every: int, storage: str | None = None):
         self.operator, self.input, self.key_fn, self.make_windows = operator, input, key_fn, make_windows
         self.make_result = make_result
-        self.value, self.policy, self.parallelism, self.flush_every = value, policy, parallelism, flush_every
+        self.value, self.policy, self.n_splits, self.flush_every = value, policy, splits, flush_every
         self.storage = storage
 
     @property
@@ -146,7 +153,7 @@ class EventualWindowSource(Source):
         return f"eventual window {self.operator!r}"
 
     def splits(self) -> list[int]:
-        return list(range(self.parallelism))
+        return list(range(self.n_splits))
 
     def create_reader(self, splits: list, state: dict | None, *, subtask: int = 0,
                       parallelism: int = 1) -> SourceReader:
@@ -172,7 +179,7 @@ class _Split:
             "tc": ec.tc and list(ec.tc), "n": ec.n, "T": ec.T and list(ec.T), "extent": ec.extent,
             "frames": ec.frames, "footprints": sorted(repr(w) for w in ec.footprints),
             "position": [self.index, self.offset, self.skip], "at": time.time()}))
-        p, key_fn = src.parallelism, src.key_fn
+        p, key_fn = src.n_splits, src.key_fn
         # "request replay of input tuples with timestamps t > T": only this split's keys
         self.input = ((r, t) for r, t in src.input.read_after(ec.T) if stable_hash(key_fn(r)) % p == split)
         self.done = False
@@ -210,15 +217,25 @@ class EventualReader(SourceReader):
         if self._splits is None:
             if self._root is None:
                 raise RuntimeError(f"{self.src.name}: no storage bound (the task binds the job's checkpoint storage)")
+            if not self._ids:  # more subtasks than splits: this one has none (it never touches the logs)
+                self._splits = []
+                return self._splits
             root = f"{self._root}/eventual/{self.src.operator}"
             layout = OutputLog(root)  # the operator's directory: its split count is fixed by its logs
             found = layout.side_files("layout-")
-            mine = f"layout-{self.src.parallelism}"
+            n = self.src.n_splits
+            mine = f"layout-{n}"
             if found and not self._new_run and not found[0].endswith(mine):
                 raise ConfigError(f"{self.src.name}: its logs under {root!r} were written by "
-                                  f"{found[0].rsplit('-', 1)[-1]} splits, the job now has {self.src.parallelism}: "
-                                  "eventual checkpoints cannot be rescaled (keep the parallelism, or start over in "
-                                  "new storage)")
+                                  f"{found[0].rsplit('-', 1)[-1]} splits, the job now has {n}: a split's log holds "
+                                  "the windows of its keys, so the split count is fixed for the logs' lifetime — "
+                                  f"restore with Eventual(splits={found[0].rsplit('-', 1)[-1]}) at any parallelism, "
+                                  "or start over in new storage")
+            restored = sorted(k for k, v in self._state.items() if tuple(v) != (0, 0, 0))
+            if not found and not self._new_run and restored:
+                raise ConfigError(f"{self.src.name}: the restored epoch read its logs up to a position (splits "
+                                  f"{', '.join(restored)}) but there are no logs under {root!r}: restore with the "
+                                  "checkpoint storage the job wrote them to, or pin them with Eventual(storage=...)")
             if not found or self._new_run:
                 for path in found:
                     try:
