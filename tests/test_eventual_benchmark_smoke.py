@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-MODES = ["none-heap", "epoch-blocking", "epoch-thread", "epoch-fork", "none-cec", "cec"]
+MODES = ["none-heap", "epoch-blocking", "epoch-thread", "epoch-fork", "epoch-aligned", "epoch-unaligned", "none-cec",
+         "cec"]
 
 
 @pytest.mark.bench
@@ -30,8 +31,13 @@ def test_eventual_benchmark_smoke(tmp_path):
         lat = runs[mode]["latency_us"]
         assert 0 < lat["p50"] <= lat["p99"] <= lat["p99.9"] <= lat["max"]
         assert runs[mode]["throughput"] > 0
-    for mode in ("epoch-blocking", "epoch-thread", "epoch-fork", "cec"):
+    for mode in ("epoch-blocking", "epoch-thread", "epoch-fork", "epoch-aligned", "epoch-unaligned", "cec"):
         assert runs[mode]["checkpoints"] > 0 and runs[mode]["recovery"]["replay_records"] > 0
     cec = runs["cec"]["recovery"]
     assert cec["extent_records"] >= cec["open_windows"] > 0
+    assert runs["epoch-unaligned"]["channel_state_bytes"]["max"] > 0 and "channel_state_bytes" not in runs["epoch-aligned"]
+    assert all(r["longest_pause_us"] == r["latency_us"]["max"] for r in doc["runs"])
+    sweep = doc["recovery_vs_extent"]  # a larger max_extent never replays less (the same input, budget 0)
+    assert len(sweep) == 5 and [r["replay_records"] for r in sweep] == sorted(r["replay_records"] for r in sweep)
+    assert sweep[0]["replay_records"] < sweep[-1]["replay_records"]
     assert doc["machine"]["loadavg_at_start"] and doc["loadavg_at_end"]

@@ -2,8 +2,9 @@
 
 The protocol modules (records, log, operator_state, extent, recovery, runner): the errors,
 pickling, the durability and signing helpers — never the runtime, pyspark, or the engine's
-operators, so the protocol stays testable without processes. The two integration modules
-(``pipeline``: the ``Eventual`` option and its builder; ``source``: the operator as a source of
+operators, so the protocol stays testable without processes. The three integration modules
+(``pipeline``: the ``Eventual`` option and its builder; ``chain``: the operators before key_by;
+``source``: the operator as a source of
 the job) may also use the graph layer — streams, graph, sources, windows' assigners and
 functions, time units, key hashing — and still never the runtime. Only ``epochal.dataflow``
 (which imports every builder) and ``epochal`` (which exports ``Eventual``) import the package."""
@@ -13,7 +14,7 @@ from test_architecture import SOURCE, import_graph
 
 PACKAGE = "epochal.eventual"
 ALLOWED = {"epochal.errors", "epochal.serde", "epochal.durable", "epochal.backends.signing"}
-INTEGRATION = {f"{PACKAGE}.pipeline", f"{PACKAGE}.source"}
+INTEGRATION = {f"{PACKAGE}.pipeline", f"{PACKAGE}.source", f"{PACKAGE}.chain"}
 GRAPH_LAYER = {"epochal.graph", "epochal.streams", "epochal.sources.base", "epochal.sources.collection",
                "epochal.time.units", "epochal.windows.assigners", "epochal.windows.functions",
                "epochal.backends.keygroups"}

@@ -125,7 +125,7 @@ def test_build_makes_one_source_named_after_the_window():
 
 
 @pytest.mark.parametrize("case, match", [
-    ("map", r"window 'w'.*reads 'm'"),
+    ("map", r"window 'w': map 'm' has dead_letters=True"),
     ("generator", r"window 'w': source 'in' \(GeneratorSource\) cannot be replayed from an event-time position"),
     ("processing", r"window 'w'.*processing time"),
     ("lateness", r"window 'w'.*allowed_lateness"),
@@ -145,7 +145,7 @@ def test_unsupported_is_refused_at_build_naming_the_operator(case, match):
                                                               schema=schema))
     else:
         src = flow.source("in", ep.sources.CollectionSource(tuples(5)))
-    stream = src.map("m", lambda r: r) if case == "map" else src
+    stream = src.map("m", lambda r: r, dead_letters=True) if case == "map" else src
     if case == "columnar":
         keyed = stream.with_watermarks("ts", timestamp="t").key_by("k")
     else:

@@ -35,8 +35,14 @@ In the engine (docs/eventual.md, "In a job"):
   read the durable results by position and commit per epoch, so the committed output is
   exactly-once.
 
+* :mod:`~epochal.eventual.chain` — the ``map`` / ``filter`` / ``flat_map`` between the source
+  and ``key_by``, taken into the operator and replayed with its input after T.
+
+Rescaling: ``Eventual(splits=)`` fixes the logs (one per split), the parallelism is free; a
+restore at another parallelism moves whole logs between subtasks (docs/eventual.md,
+"Rescaling").
+
 Not built yet: sources that seek by event time without reading from the start (Kafka by
-offsets for a timestamp, the transactional log); signing the logs with the job's key; the
-operator's gauges on the dashboard; rescaling; count windows; out-of-order input; compaction
-of small segments.
+offsets for a timestamp, the transactional log); changing the split count of existing logs;
+count windows; out-of-order input; compaction of small segments.
 """

@@ -18,9 +18,12 @@ What the builder does (docs/eventual.md, "In a job"): the operator reads its inp
 since recovery asks the *input* to replay from T (seed 003 §II.B), so the source and its
 ``with_watermarks`` become part of it and the job gets one source node named after the window
 operator (:class:`~epochal.eventual.source.EventualWindowSource`); everything downstream is an
-ordinary epoch region. It refuses, naming the operator: processing-time windows, allowed
-lateness, ttl, anything between the source and ``key_by`` but ``with_watermarks``, and a source
-that cannot be replayed from an event-time position (it names the source).
+ordinary epoch region. The ``map`` / ``filter`` / ``flat_map`` operators between the source and
+``key_by`` go into the operator too (:mod:`~epochal.eventual.chain`: they run again on the
+records replayed after T, so they must be deterministic per record). It refuses, naming the
+operator: processing-time windows, allowed lateness, ttl, any other operator between the source
+and ``key_by`` (:func:`~epochal.eventual.chain.input_chain`), and a source that cannot be
+replayed from an event-time position (it names the source).
 """
 from __future__ import annotations
 
@@ -29,10 +32,10 @@ from typing import Any
 
 from epochal.errors import ConfigError, PipelineDefinitionError
 from epochal.eventual import operator_state as cec
+from epochal.eventual.chain import Chain, Mapped, input_chain
 from epochal.eventual.extent import ExtentPolicy
 from epochal.eventual.records import Result
 from epochal.eventual.source import EventualWindowSource, ReadAll
-from epochal.graph import NodeKind
 from epochal.sources.collection import CollectionSource
 from epochal.streams import register_builder
 from epochal.time.units import duration_micros, to_micros
@@ -58,6 +61,10 @@ class Eventual:
         flush_every: input tuples per flush of the output queue (one segment; results reach
             downstream when flushed).
         storage: the logs' root; ``None``: the job's checkpoint storage.
+        splits: CEC operators (one log each) over the key space; ``None``: the window's
+            parallelism. Fixed for the logs' lifetime: a job restored at another parallelism
+            keeps it (each subtask runs the splits ``j`` with ``j % parallelism == subtask``),
+            so set it to the largest parallelism the job will rescale to.
 
     Raises:
         ConfigError: a value out of range, naming it.
@@ -67,10 +74,14 @@ class Eventual:
     max_extent: Any = None
     flush_every: int = 1000
     storage: str | None = None
+    splits: int | None = None
 
     def __post_init__(self):
         if isinstance(self.flush_every, bool) or not isinstance(self.flush_every, int) or self.flush_every < 1:
             raise ConfigError(f"Eventual: flush_every must be an int >= 1, got {self.flush_every!r}")
+        if self.splits is not None and (isinstance(self.splits, bool) or not isinstance(self.splits, int)
+                                        or self.splits < 1):
+            raise ConfigError(f"Eventual: splits must be an int >= 1 or None, got {self.splits!r}")
         self.policy()
 
     def policy(self) -> ExtentPolicy:
@@ -150,29 +161,20 @@ class _Timestamp:
 
 
 def _input(keyed, where: str):
-    """The source and timestamp function the keyed stream reads (``source →
-    with_watermarks → key_by``), or an error naming what stands in the way."""
-    flow = keyed.flow
-    nodes = flow.nodes
-    ports = keyed._ports
-    stamp = nodes.get(ports[0].node) if len(ports) == 1 else None
-    if stamp is None or stamp.kind is not NodeKind.WATERMARKS or len(stamp.inputs) != 1:
-        names = ", ".join(repr(p.node) for p in ports)
-        raise PipelineDefinitionError(
-            f"{where}: eventual checkpoints read their input from a source, as source(...).with_watermarks(...)"
-            f".key_by(...).window(...); this window reads {names} — move other operators after the window, or use "
-            "epoch snapshots (no checkpoints=)")
-    src = nodes[stamp.inputs[0].node]
-    if src.kind is not NodeKind.SOURCE:
-        raise PipelineDefinitionError(
-            f"{where}: with_watermarks {stamp.name!r} reads {src.name!r}, not a source: eventual checkpoints "
-            "replay their input from the source itself — move other operators after the window")
+    """The source node, the nodes taken into the operator (its chain, :mod:`~epochal.eventual.chain`)
+    and the replayable input the keyed stream reads, or an error naming what stands in the way."""
+    src, taken, stamp, pre, post = input_chain(keyed, where)
     source = src.payload
-    timestamp = _Timestamp(stamp.payload.timestamp, stamp.payload.unit)
+    chain = Chain(pre, _Timestamp(stamp.payload.timestamp, stamp.payload.unit), post, where)
     if callable(getattr(source, "read_after", None)):
-        return src, stamp, source
+        if chain.fanout > 1:
+            raise PipelineDefinitionError(
+                f"{where}: source {src.name!r} seeks by its own positions (read_after), one position per record: "
+                "a flat_map before key_by would give several records one position — flat_map inside read_after, "
+                "or move it after the window")
+        return src, taken, (Mapped(source, chain) if pre or post else source)
     if isinstance(source, CollectionSource) and source.schema is None:
-        return src, stamp, ReadAll(source, timestamp, where)
+        return src, taken, ReadAll(source, chain, where)
     raise PipelineDefinitionError(
         f"{where}: source {src.name!r} ({source.name}) cannot be replayed from an event-time position, which "
         "eventual checkpoints recover from (seed 003: replay after T); use a CollectionSource or a source with "
@@ -200,11 +202,13 @@ def build_eventual_window(windowed, name: str, function, checkpoints, parallelis
         policy = checkpoints.policy()
     except ConfigError as exc:
         raise PipelineDefinitionError(f"{where}: {exc}") from None
-    src, stamp, replay = _input(keyed, where)
+    src, taken, replay = _input(keyed, where)
     flow = keyed.flow
     p = keyed._default_parallelism() if parallelism is None else parallelism
-    payload = EventualWindowSource(name, replay, keyed._key_fn, windows, None, windows.result, policy, p,
+    splits = p if checkpoints.splits is None else checkpoints.splits
+    payload = EventualWindowSource(name, replay, keyed._key_fn, windows, None, windows.result, policy, splits,
                                    checkpoints.flush_every, checkpoints.storage)
-    flow.remove_unread(stamp.name)  # the operator reads its source itself now
+    for node in taken:  # the operator reads its source itself now, through these (key_by side first)
+        flow.remove_unread(node.name)
     region = flow.remove_unread(src.name)
     return flow.source(name, payload, parallelism=p, region=region)

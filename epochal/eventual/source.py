@@ -25,8 +25,12 @@ position, so the committed output is exactly-once: a result is in the log once (
 never re-emits what the log holds, seed 003 "skip ... windows that are known to have
 closed"), and downstream reads each log position once per committed epoch.
 
-Each split is one CEC operator over the keys whose stable hash falls in it; the splits are the
-subtasks (``parallelism`` of the window operator). Every attempt's recovery is recorded in the
+Each split is one CEC operator over the keys whose stable hash falls in it, with its own log;
+the split count (``Eventual(splits=)``, by default the window's parallelism) is fixed for the
+logs' lifetime and the engine gives split ``j`` to subtask ``j % parallelism``. Rescaling is
+therefore a restore at another parallelism with the same split count: every log moves whole to
+its new subtask, which recovers it as after any crash (the seed's log per operator instance,
+where an instance is a split, not a subtask); another split count is refused naming why. Every attempt's recovery is recorded in the
 split's log directory as ``recovery-<n>.json`` (what was read: footprints, T, the extent).
 """
 from __future__ import annotations
@@ -39,6 +43,7 @@ from typing import Any, Protocol
 
 from epochal.backends.keygroups import stable_hash
 from epochal.errors import ConfigError, DataError
+from epochal.eventual.chain import Chain
 from epochal.eventual.extent import CheckpointScheduler, ExtentPolicy
 from epochal.eventual.log import OutputLog
 from epochal.eventual.operator_state import EventualWindows
@@ -61,9 +66,13 @@ class SeekableInput(Protocol):
 
 class ReadAll:
     """:class:`SeekableInput` over a finite, deterministic :class:`~epochal.sources.Source`: every
-    split in split order; a record's position is ``(timestamp(record) in µs, its index)``. A
-    :class:`~epochal.sources.CollectionSource` seeks to the index after the position (its splits
-    are contiguous runs of its items, so the index is the item's); any other source is read from
+    split in split order, each record through ``chain`` (a
+    :class:`~epochal.eventual.chain.Chain`: the map / filter / flat_map operators and the
+    timestamp function between the source and ``key_by``; a bare timestamp function is a chain
+    of none). The ``j``-th record made from source record ``i`` is at ``(its timestamp in µs,
+    i * chain.fanout + j)``. A :class:`~epochal.sources.CollectionSource` seeks to the source
+    record of the position (its splits are contiguous runs of its items, so the index is the
+    item's) and skips that record's outputs up to the position; any other source is read from
     its start and skipped up to the position.
 
     Raises (while reading):
@@ -71,34 +80,40 @@ class ReadAll:
             source, the record's index and the operator.
     """
 
-    def __init__(self, source: Source, timestamp: Callable[[Any], int], where: str):
-        self.source, self.timestamp, self.where = source, timestamp, where
+    def __init__(self, source: Source, chain: Callable[[Any], Any], where: str):
+        if not isinstance(chain, Chain):
+            chain = Chain([], chain, [], where)
+        self.source, self.chain, self.where = source, chain, where
 
     def _seek(self, position: Position | None) -> tuple[dict | None, int]:
-        """The reader state that starts at the record after ``position``, and its index."""
+        """The reader state that starts at the source record of the first output after
+        ``position``, and that record's index."""
         split_range = getattr(self.source, "split_range", None)
         if position is None or split_range is None:
             return None, 0
-        first = position.seq + 1
+        fanout = self.chain.fanout
+        first = position.seq // fanout + (fanout == 1)  # with a fan-out, the record may have outputs left
         return {str(s): min(max(first, r.start), r.stop) for s in self.source.splits()
                 for r in (split_range(s),)}, first
 
     def read_after(self, position: Position | None) -> Iterator[tuple[Any, Position]]:
-        state, seq = self._seek(position)
+        state, index = self._seek(position)
         reader = self.source.create_reader(self.source.splits(), state)
+        chain, fanout = self.chain, self.chain.fanout
         last = None
         try:
             while True:
                 poll = reader.poll(4096)
                 for record in poll.records:
-                    ts = self.timestamp(record)
-                    if last is not None and ts < last:
-                        raise DataError(f"{self.where}: record {seq} of source {self.source.name} has timestamp {ts} "
-                                        f"µs after {last} µs: eventual checkpoints need the input in timestamp order")
-                    last, p = ts, Position(ts, seq)
-                    seq += 1
-                    if position is None or p > position:
-                        yield record, p
+                    for j, (out, ts) in enumerate(chain(record)):
+                        if last is not None and ts < last:
+                            raise DataError(f"{self.where}: record {index} of source {self.source.name} has "
+                                            f"timestamp {ts} µs after {last} µs: eventual checkpoints need the input "
+                                            "in timestamp order")
+                        last, p = ts, Position(ts, index * fanout + j)
+                        if position is None or p > position:
+                            yield out, p
+                    index += 1
                 if poll.finished:
                     return
         finally:
@@ -116,7 +131,10 @@ class EventualWindowSource(Source):
         value: the value a record adds to its windows (default: the record).
         make_result: a durable ``R`` record → the record handed downstream.
         policy: the extent policy (budget, max_extent in µs).
-        parallelism: the number of splits (one CEC operator each).
+        splits: the number of splits (one CEC operator and one log each; a key's split is
+            ``stable_hash(key) % splits``). Fixed for the logs' lifetime; the job's parallelism
+            is not: the engine gives split ``j`` to subtask ``j % parallelism``, so a restore at
+            another parallelism moves whole logs between subtasks (rescaling, docs/eventual.md).
         flush_every: input tuples per flush (one log segment); a flush is what makes results
             visible downstream.
         storage: the log root; ``None``: the job's checkpoint storage, bound by the task.
@@ -124,10 +142,10 @@ class EventualWindowSource(Source):
 
     def __init__(self, operator: str, input: SeekableInput, key_fn: Callable, make_windows: Callable,
                  value: Callable | None, make_result: Callable[[Result], Any], policy: ExtentPolicy,
-                 parallelism: int, flush_every: int, storage: str | None = None):
+                 splits: int, flush_every: int, storage: str | None = None):
         self.operator, self.input, self.key_fn, self.make_windows = operator, input, key_fn, make_windows
         self.make_result = make_result
-        self.value, self.policy, self.parallelism, self.flush_every = value, policy, parallelism, flush_every
+        self.value, self.policy, self.n_splits, self.flush_every = value, policy, splits, flush_every
         self.storage = storage
 
     @property
@@ -135,7 +153,7 @@ class EventualWindowSource(Source):
         return f"eventual window {self.operator!r}"
 
     def splits(self) -> list[int]:
-        return list(range(self.parallelism))
+        return list(range(self.n_splits))
 
     def create_reader(self, splits: list, state: dict | None, *, subtask: int = 0,
                       parallelism: int = 1) -> SourceReader:
@@ -161,7 +179,7 @@ class _Split:
             "tc": ec.tc and list(ec.tc), "n": ec.n, "T": ec.T and list(ec.T), "extent": ec.extent,
             "frames": ec.frames, "footprints": sorted(repr(w) for w in ec.footprints),
             "position": [self.index, self.offset, self.skip], "at": time.time()}))
-        p, key_fn = src.parallelism, src.key_fn
+        p, key_fn = src.n_splits, src.key_fn
         # "request replay of input tuples with timestamps t > T": only this split's keys
         self.input = ((r, t) for r, t in src.input.read_after(ec.T) if stable_hash(key_fn(r)) % p == split)
         self.done = False
@@ -199,15 +217,25 @@ class EventualReader(SourceReader):
         if self._splits is None:
             if self._root is None:
                 raise RuntimeError(f"{self.src.name}: no storage bound (the task binds the job's checkpoint storage)")
+            if not self._ids:  # more subtasks than splits: this one has none (it never touches the logs)
+                self._splits = []
+                return self._splits
             root = f"{self._root}/eventual/{self.src.operator}"
             layout = OutputLog(root)  # the operator's directory: its split count is fixed by its logs
             found = layout.side_files("layout-")
-            mine = f"layout-{self.src.parallelism}"
+            n = self.src.n_splits
+            mine = f"layout-{n}"
             if found and not self._new_run and not found[0].endswith(mine):
                 raise ConfigError(f"{self.src.name}: its logs under {root!r} were written by "
-                                  f"{found[0].rsplit('-', 1)[-1]} splits, the job now has {self.src.parallelism}: "
-                                  "eventual checkpoints cannot be rescaled (keep the parallelism, or start over in "
-                                  "new storage)")
+                                  f"{found[0].rsplit('-', 1)[-1]} splits, the job now has {n}: a split's log holds "
+                                  "the windows of its keys, so the split count is fixed for the logs' lifetime — "
+                                  f"restore with Eventual(splits={found[0].rsplit('-', 1)[-1]}) at any parallelism, "
+                                  "or start over in new storage")
+            restored = sorted(k for k, v in self._state.items() if tuple(v) != (0, 0, 0))
+            if not found and not self._new_run and restored:
+                raise ConfigError(f"{self.src.name}: the restored epoch read its logs up to a position (splits "
+                                  f"{', '.join(restored)}) but there are no logs under {root!r}: restore with the "
+                                  "checkpoint storage the job wrote them to, or pin them with Eventual(storage=...)")
             if not found or self._new_run:
                 for path in found:
                     try:
