@@ -95,7 +95,7 @@ def delete(storage, deletions: Deletions) -> None:
     metadata = [f"{storage.epoch_dir(e)}/{METADATA_FILE}" for e, complete in deletions.epochs if complete]
     dirs = [storage.epoch_dir(e) for e, _ in deletions.epochs]
     shared = [f"{storage.root}/{rel}" for rel in deletions.shared]
-    for what, paths, recursive in (("metadata", metadata, False), ("dirs", dirs, True), ("shared", shared, False)):
+    for _what, paths, recursive in (("metadata", metadata, False), ("dirs", dirs, True), ("shared", shared, False)):
         if not paths:
             continue
 
