@@ -106,6 +106,21 @@ class Padded:
         return acc[0]
 
 
+
+def _fire_all(backend, open_windows: set) -> None:
+    """Every open window fires (its state deleted): the input passed their end."""
+    for wid in open_windows:
+        backend.delete(STATE, key_group_for(wid, MAX_PARALLELISM), wid)
+    open_windows.clear()
+
+
+def _count(backend, agg, open_windows: set, wid) -> None:
+    """One record into window ``wid``'s count (a get and a put on the heap backend)."""
+    kg = key_group_for(wid, MAX_PARALLELISM)
+    acc = backend.get(STATE, kg, wid)
+    backend.put(STATE, kg, wid, agg.add(agg.zero if acc is None else acc, 1))
+    open_windows.add(wid)
+
 def records(args, start: int = 0):
     """``(key, ts)`` of record ``n`` is ``((n * 7919) % windows, n)``: uniform, deterministic, and
     seekable by position (``start``), as a replayable source is."""
@@ -141,15 +156,9 @@ def run_heap(args, mode: str, tmp: str) -> dict:
         t0 = time.perf_counter()
         start = ts - ts % size
         if current is not None and start != current:  # the input passed the windows' end: fire them all
-            for wid in open_windows:
-                backend.delete(STATE, key_group_for(wid, MAX_PARALLELISM), wid)
-            open_windows.clear()
+            _fire_all(backend, open_windows)
         current = start
-        wid = (key, start)
-        kg = key_group_for(wid, MAX_PARALLELISM)
-        acc = backend.get(STATE, kg, wid)
-        backend.put(STATE, kg, wid, agg.add(agg.zero if acc is None else acc, 1))
-        open_windows.add(wid)
+        _count(backend, agg, open_windows, (key, start))
         snap = mode != "none-heap" and (n + 1) % args.interval == 0
         if snap:
             job = backend.snapshot(n)  # the synchronous part, at the barrier
@@ -201,15 +210,9 @@ def run_channels(args, mode: str, tmp: str) -> dict:
         nonlocal current
         start = ts - ts % size
         if current is None or start > current:  # the input passed the windows' end: fire them all
-            for wid in open_windows:
-                backend.delete(STATE, key_group_for(wid, MAX_PARALLELISM), wid)
-            open_windows.clear()
+            _fire_all(backend, open_windows)
             current = start
-        wid = (key, start)
-        kg = key_group_for(wid, MAX_PARALLELISM)
-        acc = backend.get(STATE, kg, wid)
-        backend.put(STATE, kg, wid, agg.add(agg.zero if acc is None else acc, 1))
-        open_windows.add(wid)
+        _count(backend, agg, open_windows, (key, start))
 
     def snapshot(epoch, extra=None):
         job = backend.snapshot(epoch)
