@@ -144,6 +144,7 @@ def _kill_after_first_checkpoint(cluster, storage, jobs, pick, killed, stop):
         killed.append((job, pick()))
 
 
+@pytest.mark.slow  # opt-in (-m slow): keeps the default suite under 30 minutes
 def test_sigkill_of_a_task_process_from_outside(s3, tmp_path):
     """A task process (a Python worker of an executor) SIGKILLed from outside the engine,
     once per job after its first checkpoint: the job restarts from that checkpoint and the
@@ -236,6 +237,7 @@ def test_loss_of_a_whole_worker_host(s3, tmp_path):
     cluster.wait_registered()
 
 
+@pytest.mark.slow  # opt-in (-m slow): keeps the default suite under 30 minutes
 def test_a_host_that_vanishes_silently(s3, tmp_path):
     """Host 2's cable is pulled mid-run (its bridge port goes down): no process dies and no
     connection is reset, the host just stops answering. epochal's peer timeout breaks the
@@ -284,6 +286,7 @@ def test_a_host_that_vanishes_silently(s3, tmp_path):
 
 
 # --------------------------------------------------------------------------- fail fast
+@pytest.mark.slow  # opt-in (-m slow): keeps the default suite under 30 minutes
 def test_unreachable_or_misaddressed_tasks_fail_within_seconds(s3, tmp_path):
     """Three mis-configured clusters, each run once without restarts: a task advertising an
     address nobody can reach, a task told to bind an address its host does not have, a
@@ -332,6 +335,7 @@ def test_unreachable_or_misaddressed_tasks_fail_within_seconds(s3, tmp_path):
     assert "shared_paths" in entry["error"]
 
 
+@pytest.mark.slow  # opt-in (-m slow): keeps the default suite under 30 minutes
 def test_more_tasks_than_slots_fails_with_the_counts(s3, tmp_path):
     """23 tasks on a 16-slot cluster: after cluster.executor_wait the attempt fails naming
     both counts (a too small spark.cores.max is refused up front: test_cluster_config)."""

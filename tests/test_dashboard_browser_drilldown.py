@@ -56,6 +56,7 @@ def _rows(page, selector):
             td => [td.dataset.key, td.dataset.value === undefined ? td.textContent : Number(td.dataset.value)])]))""")
 
 
+@pytest.mark.slow  # opt-in (-m slow): keeps the default suite under 30 minutes
 def test_operator_checkpoint_and_exceptions_views(tmp_path, browser):  # noqa: F811 - the fixture
     out = pipelines.unique_dir(tmp_path, "out")
     flow = skewed("drilldown", out)

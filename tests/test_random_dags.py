@@ -375,7 +375,7 @@ def _describe(result, label: str, faults=()) -> None:
 
 
 # EPOCHAL_RANDOM_DAG_EXAMPLES=200 for a longer bug hunt.
-EXAMPLES = int(os.environ.get("EPOCHAL_RANDOM_DAG_EXAMPLES", "20"))
+EXAMPLES = int(os.environ.get("EPOCHAL_RANDOM_DAG_EXAMPLES", "12"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, print_blob=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                            HealthCheck.data_too_large])

@@ -111,6 +111,7 @@ def _outage(s3, tmp_path, seconds: float, name: str):
     return result
 
 
+@pytest.mark.slow  # opt-in (-m slow): keeps the default suite under 30 minutes
 def test_a_storage_outage_is_waited_out(s3, tmp_path):
     """Every S3 request answered ``503 ServiceUnavailable`` for 8 s in the middle of a run."""
     _outage(s3, tmp_path, 8.0, "s3-outage")
