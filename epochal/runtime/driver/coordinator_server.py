@@ -33,8 +33,9 @@ request suspends further triggers; its epoch n goes out as ``("complete", n, Tru
 every task confirms with ``("committed", task, n)`` after its sinks committed; once all
 confirmed and the savepoint is written, the tasks get ``("finish",)`` upstream first (a task
 once every task feeding it finished, so no task sends into a finished one; feedback edges of
-loops excepted). From then on the attempt is stopping: a task that fails or disconnects
-instead of finishing (a loop's finished head broke its feedback channel) ends like a
+loops excepted: a finished loop head drains its feedback channels until their end of
+stream, :meth:`~epochal.runtime.task.steps.ReadSteps._await_feedback_end`). From then on
+the attempt is stopping: a task that fails or disconnects instead of finishing ends like a
 finished one — it confirmed its commits already. A stop that drains sends its epoch's
 trigger as ``("trigger", n, ts, "drain")`` (the sources end event time before the barrier);
 an abort of it fails the attempt, and a failed copy of it stops the job all the same

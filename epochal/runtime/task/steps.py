@@ -33,6 +33,9 @@ SWITCH_SLICE = 32
 #: a slice instead of after the whole batch (issue 24: a 1 ms/record map took 0.5 s batches);
 #: the rest of the batch is put back and, if the epoch goes unaligned, becomes channel state
 SLICE_SECONDS = 0.02
+#: how long a finished loop head waits for the end of its feedback channels (see
+#: :meth:`ReadSteps._await_feedback_end`)
+FEEDBACK_END_WAIT = 10.0
 
 
 class ReadSteps:
@@ -142,6 +145,40 @@ class ReadSteps:
             self.gate.ended[channel] = True
         else:
             _raise_broken(self.spec.id, msg)
+
+
+    def _await_feedback_end(self) -> None:
+        """A loop head that finished: wait for the end of stream on each feedback channel
+        before the task closes them.
+
+        The coordinator finishes tasks upstream first, and the head is upstream of its own
+        loop, so the loop's tail (the feedback producers) finishes after the head and may
+        still send records behind the last completed epoch's barrier — after a stop with
+        a savepoint, records of the loop still circulating; their epoch never completes,
+        so the savepoint holds none of them. Closing the channels at once made such a
+        producer fail on its way out with a broken pipe. Instead every channel is drained
+        (what arrives is discarded) until its END, or until it broke, the attempt was
+        cancelled or :data:`FEEDBACK_END_WAIT` passed (the producer's own ``_finish``
+        tolerates a closed channel for its END). Called on the task thread, after
+        ``("finished", ...)`` was sent: the job's outcome does not wait for it.
+        """
+        feedback = self.loop.feedback_channels
+        others = frozenset(range(len(self.gate.channel_ids))) - feedback
+        deadline = time.monotonic() + FEEDBACK_END_WAIT
+        while not all(self.gate.ended[i] for i in feedback):
+            if any(m[0] in ("cancel", "lost") for m in self.control):
+                return
+            item = self.gate.poll(others)
+            if item is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                with self.cv:
+                    self.cv.wait(min(0.05, remaining))
+                continue
+            channel, msg = item
+            if msg[0] not in (DATA, BARRIER, WATERMARK):  # END, or "!": it broke
+                self.gate.ended[channel] = True
 
 
 def _raise_broken(task: str, msg: tuple):

@@ -508,6 +508,8 @@ class Task(ReadSteps, BarrierSteps, QuerySteps, MetricSteps):
         self.finished = True
         self._send(("metrics", self.spec.id, self.live_metrics()))  # the final counts for the live metrics
         self._send(("finished", self.spec.id, self._final_metrics()))
+        if self.loop is not None:  # its loop's tail finishes after it: take what it still sends
+            self._await_feedback_end()
 
 
 def _innermost_frames(exc: BaseException, frames: int = 3) -> str:
