@@ -401,6 +401,7 @@ def main() -> int:
     modes = [m for m in args.latency_modes.split(",") if m]
     capacity_modes = [m for m in args.capacity_modes.split(",") if m]
     args.tmp = args.tmp or tempfile.mkdtemp(prefix="epochal-kafka-bench-")
+    os.makedirs(args.tmp, exist_ok=True)  # a --tmp that does not exist yet
     info = harness.machine()
     doc = harness.new_doc("kafka", args, info)
     doc.update(runs=[], latency=[], errors=[], broker=BROKER_NAME, guarantees=GUARANTEES,
