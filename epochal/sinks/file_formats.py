@@ -12,6 +12,7 @@ raises :class:`~epochal.sinks.base.SinkWriteError` before any of its bytes reach
 from __future__ import annotations
 
 import csv
+import datetime
 import io
 import json
 import posixpath
@@ -84,6 +85,16 @@ def as_row(record: Any) -> Any:
 _JSON_ERRORS = (TypeError, ValueError, RecursionError)
 
 
+def _json_default(value):
+    """What JSON has no type for: a date, time or datetime (an Arrow timestamp column — a
+    window's ``window_start`` — comes out of ``to_pylist`` as one) is written as its ISO 8601
+    text, as Spark's JSON writer does; anything else raises ``TypeError`` (the record is then
+    refused naming it, :class:`~epochal.sinks.base.SinkWriteError`)."""
+    if isinstance(value, (datetime.date, datetime.time)):  # datetime.datetime is a date
+        return value.isoformat()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def _json_chunks_encoder():
     """``json.dumps`` without its per-call set-up (which costs more than encoding a small
     record): the C encoder ``json.dumps`` uses, made once with its defaults, called as
@@ -95,10 +106,10 @@ def _json_chunks_encoder():
     make = getattr(json.encoder, "c_make_encoder", None)
     d = json.JSONEncoder()
     try:
-        encoder = make(None, d.default, json.encoder.encode_basestring_ascii, None, d.key_separator,
+        encoder = make(None, _json_default, json.encoder.encode_basestring_ascii, None, d.key_separator,
                        d.item_separator, d.sort_keys, d.skipkeys, d.allow_nan)
-        sample = [{"k": [1.5, None, True]}, "\u00e9", 2**70, float("nan")]
-        if "".join(encoder(sample, 0)) == json.dumps(sample):
+        sample = [{"k": [1.5, None, True]}, "\u00e9", 2**70, float("nan"), datetime.date(2026, 1, 2)]
+        if "".join(encoder(sample, 0)) == json.dumps(sample, default=_json_default):
             return encoder
     except TypeError:  # pragma: no cover - no C accelerator, or another signature
         pass
@@ -109,7 +120,7 @@ class JsonLinesPart(Part):
     def write(self, record: Any) -> None:
         record = as_row(record)
         try:
-            line = json.dumps(record).encode("utf-8") + b"\n"
+            line = json.dumps(record, default=_json_default).encode("utf-8") + b"\n"
         except _JSON_ERRORS as exc:
             raise SinkWriteError(self._fmt.sink_name, record, f"not JSON-serializable: {exc}") from exc
         self._open().write(line)  # only whole, encoded records reach the file

@@ -42,7 +42,8 @@ files the abandoned future committed; ``rollback="remove"`` deletes them when th
 restores (:func:`~epochal.sinks.file_names.abandoned`), so the directory holds one history.
 
 Formats (:mod:`epochal.sinks.file_formats`; named tuples are written as dicts): ``jsonl``
-(``json.dumps`` per line), ``csv`` (dict records, header from ``schema`` or the first
+(``json.dumps`` per line; dates, times and datetimes — an Arrow timestamp column — as ISO 8601
+text, as Spark writes them), ``csv`` (dict records, header from ``schema`` or the first
 record), ``parquet`` (dict records via pyarrow; schema inferred from the first batch unless
 given — pass ``schema=`` for stable column types).
 
