@@ -146,7 +146,6 @@ class ReadSteps:
         else:
             _raise_broken(self.spec.id, msg)
 
-
     def _await_feedback_end(self) -> None:
         """A loop head that finished: wait for the end of stream on each feedback channel
         before the task closes them.
