@@ -1,7 +1,12 @@
 """Restoring a task from a completed checkpoint (seed 004 §4.1.3.1, "stop, reschedule and restore").
 
 The checkpoint's ``_metadata`` lists every old task's state file with its chain and
-subtask. A new task takes:
+subtask. A task reads only the old state files it needs, each at most once: at the same
+parallelism its own old subtask's (a source's offsets and broadcast state excepted: they
+need every old subtask's); after a rescale every holder's, since their operator state is
+redistributed. Reading every holder's file in every task at the same parallelism was
+quadratic in the parallelism (a keyed operator at parallelism 1,000: a million reads at
+each restart, which only a rescale still costs). A new task takes:
 
 * state shared by all subtasks (broadcast state, stored by one subtask) from whichever old
   subtask stored it, at any parallelism (its class's ``rescale``);
@@ -9,8 +14,9 @@ subtask. A new task takes:
   rescale, the state's class redistributes it if it can (a ``rescale(states, subtask,
   parallelism)`` classmethod: two-phase-commit sinks hand old subtask ``j``'s pending
   transactions to new subtask ``j % parallelism``), else a clear error is raised;
-* the keyed state blobs of every old task that ran one of its keyed operators (the
-  backend keeps only its own key groups, seed 004 §4.2 — so keyed operators rescale);
+* the keyed state blobs of the old tasks that ran one of its keyed operators on key groups
+  that meet its own (the backend keeps only its own key groups, seed 004 §4.2 — so keyed
+  operators rescale);
 * for a source, the offsets of every old subtask merged (they are keyed by split, and
   the reader keeps the entries of its own splits — so sources rescale too);
 * for a loop head, the in-transit logs to replay before anything else (seed 004
@@ -73,9 +79,8 @@ def load_restored_state(plan, spec, restore: dict | None, storage) -> RestoredSt
     old_tasks: dict = restore["tasks"]
     mine = set(spec.chain)
     relevant = {tid: t for tid, t in old_tasks.items() if mine & set(t["chain"])}
-    blobs = {}
-    for tid, info in relevant.items():
-        blobs[tid] = decode_task_state(storage.read_state(StateHandle(**info["handle"])), f"state of {tid}")
+    blobs = _StateFiles(relevant, storage)  # read when first needed: a restore at the same
+    # parallelism reads its own old subtask's file (a source's: every one), not every holder's
 
     result = RestoredState()
     nodes = plan.nodes
@@ -86,21 +91,26 @@ def load_restored_state(plan, spec, restore: dict | None, storage) -> RestoredSt
         old_p = relevant[holders[0]]["parallelism"]
         if nodes[name].kind is NodeKind.LOOP_HEAD:
             for t in sorted(holders, key=lambda t: relevant[t]["subtask"]):
-                log = blobs[t].get("loop")
-                if log and relevant[t]["subtask"] % spec.parallelism == spec.subtask:
-                    result.loop_logs.append(log)
+                if relevant[t]["subtask"] % spec.parallelism == spec.subtask and blobs[t].get("loop"):
+                    result.loop_logs.append(blobs[t]["loop"])
             continue
         if nodes[name].is_keyed:
-            result.keyed.extend(blobs[t]["keyed"] for t in holders if blobs[t]["keyed"] is not None)
-            if all(blobs[t]["operators"].get(name) is None for t in holders):
-                continue  # keyed state only (a keyed broadcast operator also has operator state)
+            result.keyed.extend(blobs[t]["keyed"] for t in holders
+                                if _holds_key_groups(relevant[t], spec, plan.max_parallelism)
+                                and blobs[t]["keyed"] is not None)
+            if old_p == spec.parallelism:
+                own = [t for t in holders if relevant[t]["subtask"] == spec.subtask]
+                if all(blobs[t]["operators"].get(name) is None for t in own):
+                    continue  # keyed state only (a keyed broadcast operator also has operator state)
+            elif all(blobs[t]["operators"].get(name) is None for t in holders):
+                continue
         if name == spec.chain[0] and spec.is_source:
             # every old subtask's offsets, also at the same parallelism: the reader takes the
             # entries of the splits it owns now, which may have moved (a topic that gained
             # partitions reorders the plan-time split list)
             result.source = merge_offsets([blobs[t]["source"] for t in holders])
             continue
-        states = {relevant[t]["subtask"]: blobs[t]["operators"].get(name) for t in holders}
+        states = _operator_states(name, holders, relevant, blobs, spec.subtask, old_p == spec.parallelism)
         shared = next((s for s in states.values() if getattr(s, "shared_by_all_subtasks", False)), None)
         if shared is not None:  # the same for every subtask, stored once (broadcast state)
             result.operators[name] = type(shared).rescale(states, spec.subtask, spec.parallelism)
@@ -129,6 +139,44 @@ def load_restored_state(plan, spec, restore: dict | None, storage) -> RestoredSt
     return result
 
 
+class _StateFiles(dict):
+    """Old task id → its decoded state file, read from storage on first access (each at most once)."""
+
+    def __init__(self, relevant: dict, storage):
+        super().__init__()
+        self.relevant, self.storage = relevant, storage
+
+    def __missing__(self, tid: str) -> dict:
+        info = self.relevant[tid]
+        blob = decode_task_state(self.storage.read_state(StateHandle(**info["handle"])), f"state of {tid}")
+        self[tid] = blob
+        return blob
+
+
+def _holds_key_groups(info: dict, spec, max_parallelism: int) -> bool:
+    """Whether old task ``info``'s key groups (its subtask's range at its parallelism) meet
+    this task's: only those keyed blobs hold keys the new backend keeps."""
+    old = key_group_range(info["subtask"], info["parallelism"], max_parallelism)
+    return old.start < spec.key_groups.stop and spec.key_groups.start < old.stop
+
+
+def _operator_states(name: str, holders: list, relevant: dict, blobs, subtask: int, same: bool) -> dict:
+    """Old subtask → operator ``name``'s state, of the old tasks a restore needs: after a
+    rescale, every holder's (the state's class redistributes them); at the same parallelism
+    this subtask's own, unless that is state shared by all subtasks (broadcast state, stored
+    by one of them): then every holder's, as after a rescale."""
+    if not same:
+        return {relevant[t]["subtask"]: blobs[t]["operators"].get(name) for t in holders}
+    ordered = sorted(holders, key=lambda t: (relevant[t]["subtask"] != subtask, relevant[t]["subtask"]))
+    states: dict = {}
+    for t in ordered:
+        state = blobs[t]["operators"].get(name)
+        states[relevant[t]["subtask"]] = state
+        if not getattr(state, "shared_by_all_subtasks", False):
+            break  # its own state: no other subtask's is needed
+    return states
+
+
 def edge_of(channel_id: str) -> tuple[str, str, int]:
     """``(producer, consumer, input index)`` of a channel id ``"<producer>><consumer>.<i>:<up>><down>"``
     (see :func:`epochal.plan.compile_plan`; operator names contain no ``>`` or ``:``)."""
@@ -143,6 +191,7 @@ def _channel_state(plan, spec, relevant: dict, blobs: dict, epoch: int) -> list:
     docstring): ``[(descriptor, keep or None)]`` in replay order."""
     head = spec.chain[0]
     old = [(tid, d) for tid, info in relevant.items() if info["chain"][0] == head
+           and (info["parallelism"] != spec.parallelism or info["subtask"] == spec.subtask)  # else not ours
            for d in blobs[tid].get("channels") or () if d.get("count")]
     if not old:
         return []
