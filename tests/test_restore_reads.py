@@ -85,3 +85,26 @@ def test_a_restoring_task_reads_only_the_old_state_files_it_needs(p_old, p_new):
             assert set(storage.reads) == {state_file_name(f"src[{j}]") for j in range(2)}
             assert restored.source == {"split": 1}  # merged: the last one read wins a plain value
         assert max(storage.reads.values(), default=1) == 1  # each file at most once
+
+
+def test_each_task_is_sent_only_its_share_of_the_restore_metadata_and_its_consumers_addresses():
+    """What the driver sends each task in its ``start`` (CoordinatorServer._start_message):
+    at the same parallelism a keyed task's share of the checkpoint's metadata is its
+    own old task, a source's every old source task; the addresses are those of the tasks it
+    sends to. The whole metadata and every address to every task was quadratic in bytes."""
+    from epochal.runtime.driver.links import consumer_tasks
+    from epochal.runtime.task.restore import OldTasks
+
+    p = 16  # MAXP: every key group its own subtask
+    plan = _plan(p)
+    old = {t.id: {"handle": {}, "chain": list(t.chain), "subtask": t.subtask, "parallelism": t.parallelism}
+           for t in plan.tasks}
+    index, consumers = OldTasks(old), consumer_tasks(plan)
+    shares = {t.id: index.share({"epoch": 3, "tasks": old}, plan, t) for t in plan.tasks}
+    for t in plan.tasks:
+        assert shares[t.id]["epoch"] == 3
+        expected = {f"src[{j}]" for j in range(2)} if t.is_source else {t.id}
+        assert set(shares[t.id]["tasks"]) == expected, t.id
+    assert sum(len(s["tasks"]) for s in shares.values()) == 2 * 2 + p  # linear, not (2 + p)²
+    assert consumers["src[0]"] == {f"count[{j}]" for j in range(p)}  # a shuffle: every count subtask
+    assert all(not consumers[f"count[{j}]"] for j in range(p))  # the sink is chained behind the count
