@@ -193,7 +193,7 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
         """``("start", addresses, restore)`` for ``task``: the addresses of the tasks it sends
         to, and its share of the checkpoint's metadata (:meth:`OldTasks.share
         <epochal.runtime.task.restore.OldTasks.share>`) — not every task's of both, which
-        made an attempt's start quadratic in bytes (1,000 tasks: about 240 MB)."""
+        made an attempt's start quadratic in bytes (1,000 tasks: an estimated 240 MB)."""
         addresses = {t: self.addresses[t] for t in self._consumers[task] if t in self.addresses}
         if restore is not None:
             if self._old_tasks is None or self._old_tasks[0] is not restore:
