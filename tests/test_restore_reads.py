@@ -93,7 +93,7 @@ def test_each_task_is_sent_only_its_share_of_the_restore_metadata_and_its_consum
     own old task, a source's every old source task; the addresses are those of the tasks it
     sends to. The whole metadata and every address to every task was quadratic in bytes."""
     from epochal.runtime.driver.links import consumer_tasks
-    from epochal.runtime.task.restore import OldTasks
+    from epochal.epochs.restore_shares import OldTasks
 
     p = 16  # MAXP: every key group its own subtask
     plan = _plan(p)

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from epochal.epochs.coordinator import EpochCoordinator
 from epochal.epochs.history import EpochHistory
 from epochal.epochs.pending import TriggerReason
+from epochal.epochs.restore_shares import OldTasks
 from epochal.runtime.transport import wire
 from epochal.runtime.driver.completion import EpochOutcomes
 from epochal.runtime.driver.deleter import CheckpointDeleter
@@ -60,7 +61,6 @@ from epochal.runtime.driver.failover import SECONDARY_GRACE, FailoverRegions
 from epochal.runtime.driver.fanout import Fanout
 from epochal.runtime.driver.links import consumer_tasks, upstream_tasks  # noqa: F401 - tests import it here
 from epochal.runtime.driver.savepoints import SavepointTracker
-from epochal.runtime.task.restore import OldTasks
 
 TICK = 0.005
 
@@ -192,7 +192,7 @@ class CoordinatorServer(EpochOutcomes, FailoverRegions):
     def _start_message(self, task: str, restore) -> tuple:
         """``("start", addresses, restore)`` for ``task``: the addresses of the tasks it sends
         to, and its share of the checkpoint's metadata (:meth:`OldTasks.share
-        <epochal.runtime.task.restore.OldTasks.share>`) — not every task's of both, which
+        <epochal.epochs.restore_shares.OldTasks.share>`) — not every task's of both, which
         made an attempt's start quadratic in bytes (1,000 tasks: an estimated 240 MB)."""
         addresses = {t: self.addresses[t] for t in self._consumers[task] if t in self.addresses}
         if restore is not None:
