@@ -30,8 +30,8 @@ KEY = wire.derive_key(b"s" * 32, "control", 1)
 @pytest.fixture
 def coordinator(tmp_path):
     flow = ep.Dataflow("control")
-    flow.source("src", ep.sources.CollectionSource([1, 2, 3]), parallelism=2).sink(
-        "out", ep.sinks.FileSink(str(tmp_path / "out")))
+    flow.source("src", ep.sources.CollectionSource([1, 2, 3]), parallelism=2).rebalance().sink(
+        "out", ep.sinks.FileSink(str(tmp_path / "out")))  # channels: the sources send to the sinks
     plan = flow.plan()
     storage = CheckpointStorage(f"file://{tmp_path / 'ckpt'}", "control")
     server = CoordinatorServer(plan, 1, KEY, storage, CheckpointConfig(interval=None), None, 1, "127.0.0.1",
@@ -70,20 +70,26 @@ def test_a_pickle_after_a_valid_handshake_to_the_coordinator_runs_nothing(coordi
 
 
 def test_control_messages_still_reach_the_task_as_data(coordinator):
-    """Every task says hello (as data): each gets ("start", addresses, restore) — the same
-    tuple the coordinator built (the oracle: ``server.addresses``, ``server.restore``)."""
+    """Every task says hello (as data): each gets ("start", addresses, restore) — the
+    addresses the tasks it sends to said hello with (the oracle: its output gates' channels in
+    the plan), and no restore (a fresh start)."""
     server, plan = coordinator
     conns = []
-    for i, spec in enumerate(plan.tasks):
+    said = {spec.id: ("127.0.0.1", 40000 + i) for i, spec in enumerate(plan.tasks)}
+    for spec in plan.tasks:
         conn = wire.connect(server.address, KEY, {"task": spec.id}, codec=wire.CONTROL)
-        conn.send(("hello", spec.id, ("127.0.0.1", 40000 + i)))
+        conn.send(("hello", spec.id, said[spec.id]))
         conns.append(conn)
-    for conn in conns:
+    sent_some = False
+    for spec, conn in zip(plan.tasks, conns):
         conn.sock.settimeout(20)
         start = conn.recv()
-        assert start == ("start", {s.id: ("127.0.0.1", 40000 + i) for i, s in enumerate(plan.tasks)}, None)
-        assert type(start[1][plan.tasks[0].id]) is tuple  # tuples stay tuples
+        consumers = {plan.channels[c].consumer for gate in spec.outputs for c in gate.channels}
+        assert start == ("start", {t: said[t] for t in consumers}, None)
+        assert all(type(a) is tuple for a in start[1].values())  # tuples stay tuples
+        sent_some = sent_some or bool(start[1])
         conn.close()
+    assert sent_some  # some task sends to another: the addresses went through the codec
 
 
 def test_the_control_codec_refuses_what_is_not_data():
