@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import epochal as ep
-from epochal.runtime.driver.coordinator_server import upstream_tasks
+from epochal.runtime.driver.links import upstream_tasks
 from epochal.sinks import FileSink
 from epochal.sources.collection import CollectionSource
 

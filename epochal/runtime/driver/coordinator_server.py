@@ -59,7 +59,7 @@ from epochal.runtime.driver.completion import EpochOutcomes
 from epochal.runtime.driver.deleter import CheckpointDeleter
 from epochal.runtime.driver.failover import SECONDARY_GRACE, FailoverRegions
 from epochal.runtime.driver.fanout import Fanout
-from epochal.runtime.driver.links import consumer_tasks, upstream_tasks  # noqa: F401 - tests import it here
+from epochal.runtime.driver.links import consumer_tasks, upstream_tasks
 from epochal.runtime.driver.savepoints import SavepointTracker
 
 TICK = 0.005

@@ -77,9 +77,10 @@ def load_restored_state(plan, spec, restore: dict | None, storage) -> RestoredSt
     """Read and assemble this task's share of the checkpoint ``restore`` (``None``: fresh)."""
     if restore is None:
         return RestoredState()
+    # which old tasks (OldTasks decides: at the same parallelism its own old subtask, a
+    # source's and broadcast state's every one); their files read when first needed
     relevant = OldTasks(restore["tasks"]).needed_by(plan, spec)
-    blobs = _StateFiles(relevant, storage)  # read when first needed: a restore at the same
-    # parallelism reads its own old subtask's file (a source's: every one), not every holder's
+    blobs = _StateFiles(relevant, storage)
 
     result = RestoredState()
     nodes = plan.nodes
@@ -97,19 +98,15 @@ def load_restored_state(plan, spec, restore: dict | None, storage) -> RestoredSt
             result.keyed.extend(blobs[t]["keyed"] for t in holders
                                 if _holds_key_groups(relevant[t], spec, plan.max_parallelism)
                                 and blobs[t]["keyed"] is not None)
-            if old_p == spec.parallelism:
-                own = [t for t in holders if relevant[t]["subtask"] == spec.subtask]
-                if all(blobs[t]["operators"].get(name) is None for t in own):
-                    continue  # keyed state only (a keyed broadcast operator also has operator state)
-            elif all(blobs[t]["operators"].get(name) is None for t in holders):
-                continue
+            if all(blobs[t]["operators"].get(name) is None for t in holders):
+                continue  # keyed state only (a keyed broadcast operator also has operator state)
         if name == spec.chain[0] and spec.is_source:
             # every old subtask's offsets, also at the same parallelism: the reader takes the
             # entries of the splits it owns now, which may have moved (a topic that gained
             # partitions reorders the plan-time split list)
             result.source = merge_offsets([blobs[t]["source"] for t in holders])
             continue
-        states = _operator_states(name, holders, relevant, blobs, spec.subtask, old_p == spec.parallelism)
+        states = {relevant[t]["subtask"]: blobs[t]["operators"].get(name) for t in holders}
         shared = next((s for s in states.values() if getattr(s, "shared_by_all_subtasks", False)), None)
         if shared is not None:  # the same for every subtask, stored once (broadcast state)
             result.operators[name] = type(shared).rescale(states, spec.subtask, spec.parallelism)
@@ -157,23 +154,6 @@ def _holds_key_groups(info: dict, spec, max_parallelism: int) -> bool:
     this task's: only those keyed blobs hold keys the new backend keeps."""
     old = key_group_range(info["subtask"], info["parallelism"], max_parallelism)
     return old.start < spec.key_groups.stop and spec.key_groups.start < old.stop
-
-
-def _operator_states(name: str, holders: list, relevant: dict, blobs, subtask: int, same: bool) -> dict:
-    """Old subtask → operator ``name``'s state, of the old tasks a restore needs: after a
-    rescale, every holder's (the state's class redistributes them); at the same parallelism
-    this subtask's own, unless that is state shared by all subtasks (broadcast state, stored
-    by one of them): then every holder's, as after a rescale."""
-    if not same:
-        return {relevant[t]["subtask"]: blobs[t]["operators"].get(name) for t in holders}
-    ordered = sorted(holders, key=lambda t: (relevant[t]["subtask"] != subtask, relevant[t]["subtask"]))
-    states: dict = {}
-    for t in ordered:
-        state = blobs[t]["operators"].get(name)
-        states[relevant[t]["subtask"]] = state
-        if not getattr(state, "shared_by_all_subtasks", False):
-            break  # its own state: no other subtask's is needed
-    return states
 
 
 def edge_of(channel_id: str) -> tuple[str, str, int]:
