@@ -183,14 +183,9 @@ def test_sigkill_of_a_task_process_from_outside(s3, tmp_path):
 
 
 def test_loss_of_a_whole_worker_host(s3, tmp_path):
-    """Every process of a host (Worker, executor JVM, Python workers) SIGKILLed mid-run.
-
-    1. The word count (8 tasks) restarts from its latest checkpoint on the remaining host,
-       which has 8 slots: the final attempt runs entirely there.
-    2. With host 2 back, a word count of 11 tasks loses host 2 again; one host cannot run
-       it, so the driver waits (logging it) until the test brings the host back, then
-       finishes. Both outputs equal the oracle.
-    """
+    """Every process of a host (Worker, executor JVM, Python workers) SIGKILLed mid-run: the
+    word count (8 tasks) restarts from its latest checkpoint on the remaining host, which has
+    8 slots; the final attempt runs entirely there and the output equals the oracle."""
     cluster = s3
     survivors = {cluster.host(0).address}
     args = {"lines": 12000, "numbers": 0}
@@ -213,7 +208,14 @@ def test_loss_of_a_whole_worker_host(s3, tmp_path):
     assert set(entry["hosts"].values()) == survivors, f"the final attempt used a lost host: {entry['hosts']}"
     cluster.wait_registered()
 
-    # 2. not enough slots after the loss: wait for the host to come back
+
+@pytest.mark.slow  # opt-in (-m slow): 65 s; keeps the default suite under 30 minutes
+def test_a_job_that_needs_the_lost_host_waits_for_it(s3, tmp_path):
+    """A word count of 11 tasks loses host 2 mid-run; one host (8 slots) cannot run it, so
+    the driver waits (logging it) until the test brings the host back, then finishes on both
+    hosts with the oracle's output."""
+    cluster = s3
+    args = {"lines": 12000, "numbers": 0}
     proc, result, log, storage, out = _drive(cluster, tmp_path, ["wordcount"], "--lines", str(args["lines"]),
                                              "--rate", "500", "--parallelism", "3", name="hostwait")
     killed, stop = [], threading.Event()
