@@ -182,6 +182,19 @@ def test_sigkill_of_a_task_process_from_outside(s3, tmp_path):
         assert any(e for e in entry["restored_from"][1:]), f"{entry['job']} restarted without a checkpoint"
 
 
+def _wordcount_losing_host_2(cluster, tmp_path, args, *extra, name):
+    """Start a word count whose host 2 a watcher SIGKILLs after its first checkpoint; returns
+    (process, result path, log path, out, watcher, killed, stop)."""
+    proc, result, log, storage, out = _drive(cluster, tmp_path, ["wordcount"], "--lines", str(args["lines"]),
+                                             "--rate", "500", *extra, name=name)
+    killed, stop = [], threading.Event()
+    watcher = threading.Thread(target=_kill_after_first_checkpoint,
+                               args=(cluster, storage, ["wordcount"], lambda: cluster.kill_host(1), killed, stop),
+                               daemon=True)
+    watcher.start()
+    return proc, result, log, out, watcher, killed, stop
+
+
 def test_loss_of_a_whole_worker_host(s3, tmp_path):
     """Every process of a host (Worker, executor JVM, Python workers) SIGKILLed mid-run: the
     word count (8 tasks) restarts from its latest checkpoint on the remaining host, which has
@@ -189,13 +202,7 @@ def test_loss_of_a_whole_worker_host(s3, tmp_path):
     cluster = s3
     survivors = {cluster.host(0).address}
     args = {"lines": 12000, "numbers": 0}
-    proc, result, log, storage, out = _drive(cluster, tmp_path, ["wordcount"], "--lines", str(args["lines"]),
-                                             "--rate", "500", name="hostloss")
-    killed, stop = [], threading.Event()
-    watcher = threading.Thread(target=_kill_after_first_checkpoint,
-                               args=(cluster, storage, ["wordcount"], lambda: cluster.kill_host(1), killed, stop),
-                               daemon=True)
-    watcher.start()
+    proc, result, log, out, watcher, killed, stop = _wordcount_losing_host_2(cluster, tmp_path, args, name="hostloss")
     try:
         (entry,) = _finish(proc, result, log)
     finally:
@@ -216,13 +223,8 @@ def test_a_job_that_needs_the_lost_host_waits_for_it(s3, tmp_path):
     hosts with the oracle's output."""
     cluster = s3
     args = {"lines": 12000, "numbers": 0}
-    proc, result, log, storage, out = _drive(cluster, tmp_path, ["wordcount"], "--lines", str(args["lines"]),
-                                             "--rate", "500", "--parallelism", "3", name="hostwait")
-    killed, stop = [], threading.Event()
-    watcher = threading.Thread(target=_kill_after_first_checkpoint,
-                               args=(cluster, storage, ["wordcount"], lambda: cluster.kill_host(1), killed, stop),
-                               daemon=True)
-    watcher.start()
+    proc, result, log, out, _watcher, killed, stop = _wordcount_losing_host_2(cluster, tmp_path, args, "--parallelism",
+                                                                             "3", name="hostwait")
     try:
         deadline = time.monotonic() + 180
         while "waiting for executors" not in _tail(log, 400) and proc.poll() is None:
