@@ -463,13 +463,15 @@ class KeyedStream(Stream):
         ``ttl`` is refused: the watermark already bounds the buffers."""
         return _BUILDERS["window_join"](self, other, assigner, how, ttl)
 
-    def temporal_join(self, table: "KeyedStream", *, how: str = "inner", is_delete: Callable | None = None,
+    def temporal_join(self, table: "KeyedStream", *, how: str = "inner", is_delete: Callable | str | None = None,
                       ttl=None):
         """Pair each record of this stream with the latest row of the changelog stream
         ``table`` with its key as of the record's event time; finish with ``.apply(name,
-        fn)``. ``ttl`` (a duration or :class:`~epochal.ttl.StateTtl`, processing or event
-        time): a key's table expires after that long without a new row of the key
-        (docs/ttl-broadcast.md). See :mod:`epochal.joins`."""
+        fn)``. ``is_delete``: ``row -> bool`` on records, the name of a boolean column on
+        Arrow batches (:mod:`epochal.columnar.temporal_join`). ``ttl`` (a duration or
+        :class:`~epochal.ttl.StateTtl`, processing or event time; records only): a key's
+        table expires after that long without a new row of the key (docs/ttl-broadcast.md).
+        See :mod:`epochal.joins`."""
         return _BUILDERS["temporal_join"](self, table, how, is_delete, ttl)
 
     def aggregate(self, name: str, *, parallelism: int | None = None, local: bool | None = None,

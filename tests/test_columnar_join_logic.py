@@ -1,6 +1,6 @@
-"""The vectorized joins' operator (epochal/columnar/joins.py) driven directly, against the
-record path's pure per-key join logic (epochal/joins/interval.py, windowed.py) as the
-oracle: Hypothesis generates batches of both sides (out of order, late rows), watermark
+"""The vectorized joins' operators (epochal/columnar/joins.py, temporal_join.py) driven
+directly, against the record path's pure per-key join logic (epochal/joins/interval.py,
+windowed.py, temporal.py) as the oracle: Hypothesis generates batches of both sides (out of order, late rows), watermark
 steps and restarts from the operator's keyed state (heap and RocksDB), and the joined
 pairs, the outer rows and the late rows must equal the oracle's as multisets."""
 from __future__ import annotations
@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from epochal.backends.heap import HeapStateBackend
 from epochal.backends.rocksdb import RocksDBStateBackend
 from epochal.columnar.joins import ColumnJoinOperator, ColumnJoinSpec
+from epochal.columnar.temporal_join import ColumnTemporalJoinOperator
 from epochal.columnar.time import ColumnTime
-from epochal.joins import interval, windowed
+from epochal.joins import interval, temporal, windowed
 from epochal.operators.base import OperatorContext
 from epochal.time.units import MAX_TIME, MIN_TIME
 from epochal.windows.assigners import PaneSpec
@@ -39,16 +40,24 @@ KEY_TYPES = {"string": (pa.string(), pa.string()), "int64": (pa.int64(), pa.int6
              "int32-int64": (pa.int32(), pa.int64())}
 
 
-def _batch(side: int, rows: list, key_type: str = "string") -> pa.RecordBatch:
+def _batch(side: int, rows: list, key_type: str = "string", deletions: bool = False) -> pa.RecordBatch:
     """Left rows ``(k, t, id)`` as columns k, t, id; right rows as key, t, id (the right key
     has another name, ``t`` and ``id`` collide with the left's). A key ``"a"``-``"d"`` of
-    another type than a string is ``KEYS.index(k) * 7 - 9`` of it."""
+    another type than a string is ``KEYS.index(k) * 7 - 9`` of it. ``deletions``: right rows
+    get a column ``gone``, true for the rows :func:`_deletes`."""
     key = "k" if side == 0 else "key"
     type_ = KEY_TYPES[key_type][side]
     values = [r[0] if pa.types.is_string(type_) else KEYS.index(r[0]) * 7 - 9 for r in rows]
-    return pa.record_batch({key: pa.array(values, type_),
-                            "t": pa.array([r[1] for r in rows], pa.int64()),
-                            "id": pa.array([r[2] for r in rows], pa.int64())})
+    columns = {key: pa.array(values, type_), "t": pa.array([r[1] for r in rows], pa.int64()),
+               "id": pa.array([r[2] for r in rows], pa.int64())}
+    if deletions and side == 1:
+        columns["gone"] = pa.array([_deletes(r[2]) for r in rows], pa.bool_())
+    return pa.record_batch(columns)
+
+
+def _deletes(rid: int) -> bool:
+    """Whether the temporal join's version ``rid`` deletes its key (one in four)."""
+    return rid % 4 == 3
 
 
 steps = st.lists(st.one_of(
@@ -70,7 +79,13 @@ class Oracle:
             self.late.append((side, rid))
             return
         st_ = self.state[k]
-        if isinstance(self.spec, interval.IntervalSpec):
+        if isinstance(self.spec, tuple):  # ("temporal", with deletions?)
+            tables = st_.setdefault("t", [[], []])
+            if side == 0:
+                temporal.add_probe(tables, t, rid)
+            else:
+                temporal.add_version(tables, t, temporal.DELETED if self.spec[1] and _deletes(rid) else rid)
+        elif isinstance(self.spec, interval.IntervalSpec):
             buffers = st_.setdefault("b", [[], []])
             self.out.update((left, right) for _, left, right in interval.add(self.spec, buffers, side, t, rid))
         else:
@@ -81,6 +96,8 @@ class Oracle:
         for st_ in self.state.values():
             if "b" in st_:
                 self.out.update((left, right) for _, left, right in interval.expire(self.spec, st_["b"], wm))
+            if "t" in st_:
+                self.out.update((probe, version) for _, probe, version in temporal.emit(st_["t"], wm, outer=outer[0]))
             if "w" in st_:
                 for start in windowed.due(st_["w"], wm):
                     self.out.update((left, right) for _, left, right in
@@ -98,10 +115,19 @@ def _pairs(batches) -> collections.Counter:
     return out
 
 
+def _operator(spec: ColumnJoinSpec, backend):
+    if not spec.temporal:
+        op = ColumnJoinOperator(_ctx(backend), spec, 1)
+    else:
+        op = ColumnTemporalJoinOperator(_ctx(backend), spec, 1)
+        op.prune_from = 2  # prune at every doubling of the versions (the oracle keeps them all)
+    op.bind_input_channels([0, 1])
+    return op
+
+
 def _run(spec: ColumnJoinSpec, oracle_spec, script, backend_kind, key_type: str = "string") -> None:
     backend = _backend(backend_kind)
-    op = ColumnJoinOperator(_ctx(backend), spec, 1)
-    op.bind_input_channels([0, 1])
+    op = _operator(spec, backend)
     oracle = Oracle(oracle_spec)
     out, late, wm, next_id = [], [], 0, 0
     for step in script:
@@ -112,7 +138,7 @@ def _run(spec: ColumnJoinSpec, oracle_spec, script, backend_kind, key_type: str 
                 oracle.add(side, k, wm + dt - 10, next_id)
                 next_id += 1
             op.select_input(side)
-            out += op.process_batch([_batch(side, rows, key_type)])
+            out += op.process_batch([_batch(side, rows, key_type, spec.deleted is not None)])
         elif step[0] == "watermark":
             wm += step[1]
             for channel in (0, 1):
@@ -122,8 +148,7 @@ def _run(spec: ColumnJoinSpec, oracle_spec, script, backend_kind, key_type: str 
         else:  # the state written before a barrier, read by a new operator
             out += op.prepare_snapshot_pre_barrier(1)
             late += _late(op)
-            op = ColumnJoinOperator(_ctx(backend), spec, 1)
-            op.bind_input_channels([0, 1])
+            op = _operator(spec, backend)
             op.restore(None)
     for channel in (0, 1):  # the end: everything fires or expires
         op.input_watermark(channel, MAX_TIME, False)
@@ -164,6 +189,15 @@ def test_window_join_of_batches_equals_the_record_path(script, how, panes, backe
     pane_spec = PaneSpec(*panes)
     spec = ColumnJoinSpec(("k", "key"), (ColumnTime("t", "us"), ColumnTime("t", "us")), outer, panes=pane_spec)
     _run(spec, pane_spec, script, backend)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(script=steps, how=st.sampled_from(["inner", "left"]), deletions=st.booleans(),
+       backend=st.sampled_from(["heap", "rocksdb"]), key_type=st.sampled_from(sorted(KEY_TYPES)))
+def test_temporal_join_of_batches_equals_the_record_path(script, how, deletions, backend, key_type):
+    spec = ColumnJoinSpec(("k", "key"), (ColumnTime("t", "us"), ColumnTime("t", "us")), HOWS[how], temporal=True,
+                          deleted="gone" if deletions else None)
+    _run(spec, ("temporal", deletions), script, backend, key_type)
 
 
 def test_window_output_carries_the_window_and_the_key_of_either_side():

@@ -2,6 +2,7 @@
 the plain-Python nested loops of tests/joindata.py: the rows of tests/test_joins.py (out
 of order, unambiguously late rows) as Arrow batches, a crash of a join subtask mid-run,
 a SIGKILL on Spark, a rescale 2 → 3 through a savepoint (slow, as the RocksDB crash case),
+the temporal join's versions current at each probe's time through a crash,
 and the build-time errors naming the record-path equivalent of what is not vectorized."""
 from __future__ import annotations
 
@@ -56,14 +57,17 @@ def _late(out, late_rows) -> None:
     assert got == collections.Counter(late_rows)
 
 
-@pytest.mark.parametrize("join,backend", [("interval-full", "heap"),
-                                          pytest.param("tumbling-left", "rocksdb", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("join,backend", [("interval-full", "heap"), ("temporal-left", "rocksdb"),
+                                          pytest.param("tumbling-left", "rocksdb", marks=pytest.mark.slow),
+                                          pytest.param("temporal-inner", "heap", marks=pytest.mark.slow)])
 def test_joins_of_batches_equal_nested_loops_through_a_crash(tmp_path, join, backend):
     kind, how = join.split("-")
     flow = ep.Dataflow(f"columnar-{join}", parallelism=2)
     left, right = batch_sides(flow)
     if kind == "interval":
         joined = left.interval_join(right, -0.3, "200ms", how=how).apply("join", parallelism=2)
+    elif kind == "temporal":
+        joined = left.temporal_join(right, how=how).apply("join", parallelism=2)
     else:
         joined = left.window_join(right, Tumbling("0.5s"), how=how).apply("join", parallelism=2)
     out, late = unique_dir(tmp_path, "out"), unique_dir(tmp_path, "late")
@@ -73,6 +77,7 @@ def test_joins_of_batches_equal_nested_loops_through_a_crash(tmp_path, join, bac
     _run(flow, tmp_path, [CrashAtRecord("join", subtask=0, record=25, how="exit", after_epoch=1)], backend=backend)
     l_rows, r_rows, late_rows = jd.split_rows()
     expected = (jd.interval_oracle(l_rows, r_rows, -0.3, 0.2, how) if kind == "interval"
+                else jd.temporal_oracle(l_rows, r_rows, how) if kind == "temporal"
                 else jd.tumbling_oracle(l_rows, r_rows, 0.5, how))
     assert sum(expected.values()) > 500
     assert _pairs(out) == expected
@@ -129,14 +134,18 @@ def test_what_is_not_vectorized_fails_at_build_time_naming_the_record_path():
     left, right = batch_sides(flow, n=10)
     with pytest.raises(PipelineDefinitionError, match="session windows.*to_records.*record-path window_join"):
         left.window_join(right, Session("1s")).apply("s")
-    with pytest.raises(PipelineDefinitionError, match="temporal_join.*not vectorized.*to_records"):
-        left.temporal_join(right).apply("t")
+    with pytest.raises(PipelineDefinitionError, match="is_delete names the table's boolean column.*to_records"):
+        left.temporal_join(right, is_delete=lambda r: False).apply("t")
+    with pytest.raises(PipelineDefinitionError, match="temporal_join 'tt': ttl on Arrow batches is not vectorized"):
+        left.temporal_join(right, ttl="1h").apply("tt")
     with pytest.raises(PipelineDefinitionError, match="emits joined rows.*map_batches"):
         left.interval_join(right, 0, 1).apply("f", lambda a, b: (a, b))
     records = flow.source("recs", ep.sources.CollectionSource([(1.0, "a")])).with_watermarks(
         "rw", timestamp=lambda r: r[0]).key_by(lambda r: r[1])
     with pytest.raises(PipelineDefinitionError, match="other input carries records.*to_batches"):
         left.interval_join(records, 0, 1).apply("m")
+    with pytest.raises(PipelineDefinitionError, match="is_delete='gone' names a column.*function row -> bool"):
+        records.temporal_join(records, is_delete="gone").apply("rt")
     plain = pa.schema([("key", pa.string())])
     untimed = flow.source("plain", ep.sources.CollectionSource([pa.record_batch({"key": ["a"]}, schema=plain)],
                                                                schema=plain))

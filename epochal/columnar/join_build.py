@@ -1,11 +1,12 @@
-"""Building a columnar join node: ``interval_join`` / ``window_join`` of two keyed streams
-of Arrow batches (:mod:`epochal.joins.api` calls :func:`build_column_join` when both inputs
+"""Building a columnar join node: ``interval_join`` / ``window_join`` / ``temporal_join`` of
+two keyed streams of Arrow batches (:mod:`epochal.joins.api` calls :func:`build_column_join` when both inputs
 carry batches) — the checks made at build time and the node's output stream. The operator
-that runs it is :class:`epochal.columnar.joins.ColumnJoinOperator`.
+that runs it is :class:`epochal.columnar.joins.ColumnJoinOperator` (the temporal join:
+:class:`epochal.columnar.temporal_join.ColumnTemporalJoinOperator`).
 """
 from __future__ import annotations
 
-from epochal.columnar.joins import ColumnJoinSpec
+from epochal.columnar.join_spec import ColumnJoinSpec
 from epochal.columnar.keys import ColumnKey
 from epochal.columnar.time import event_time_of
 from epochal.errors import PipelineDefinitionError
@@ -20,8 +21,9 @@ _SIDES = ("left", "right")
 
 
 def build_column_join(join, name: str, fn, parallelism, right_suffix: str):
-    """The node of ``join`` (an :class:`~epochal.joins.api.IntervalJoin` or
-    :class:`~epochal.joins.api.WindowJoin` over two streams of batches); returns its output.
+    """The node of ``join`` (an :class:`~epochal.joins.api.IntervalJoin`,
+    :class:`~epochal.joins.api.WindowJoin` or :class:`~epochal.joins.api.TemporalJoin` over
+    two streams of batches); returns its output.
 
     Raises:
         PipelineDefinitionError: a function other than the default pair, a key that is not a
@@ -54,13 +56,28 @@ def build_column_join(join, name: str, fn, parallelism, right_suffix: str):
                               right_suffix=right_suffix)
     elif join.kind == "window_join" and not isinstance(join._spec, SessionSpec):
         spec = ColumnJoinSpec(tuple(keys), times, outer, panes=join._spec, right_suffix=right_suffix)
+    elif join.kind == "temporal_join":
+        spec = ColumnJoinSpec(tuple(keys), times, outer, right_suffix=right_suffix, temporal=True,
+                              deleted=_deletion_column(join, where, record_path))
     else:
-        what = "session windows" if join.kind == "window_join" else "this join"
-        raise PipelineDefinitionError(f"{where}: {what} on Arrow batches are not vectorized — {record_path}")
+        raise PipelineDefinitionError(f"{where}: session windows on Arrow batches are not vectorized — {record_path}")
     both = Stream(left.flow, left._ports + right._ports)
     node = both._then(NodeKind.KEYED_CO_PROCESS, name, spec, parallelism, (left._key_fn, right._key_fn),
                       (len(left._ports),), timed=False, accepts="batches")
     return ColumnJoinOutput(left.flow, (Input(node.name, FORWARD),), node.name)
+
+
+def _deletion_column(join, where: str, record_path: str) -> str | None:
+    """A temporal join's ``is_delete`` on batches: the name of a boolean column (or None).
+    Its ``ttl`` has no vectorized version."""
+    if join._ttl is not None:
+        raise PipelineDefinitionError(f"{where}: ttl on Arrow batches is not vectorized — {record_path}")
+    deleted = join._is_delete
+    if deleted is not None and not isinstance(deleted, str):
+        raise PipelineDefinitionError(
+            f"{where}: on Arrow batches is_delete names the table's boolean column that marks a deletion "
+            f"(is_delete='deleted'), got {deleted!r} — or {record_path} with a function")
+    return deleted
 
 
 class ColumnJoinOutput(Stream):

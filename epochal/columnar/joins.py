@@ -44,18 +44,18 @@ late, as it would have been in the run that took the snapshot, so no window fire
 no expired row joins again. Snapshots written before (``"<op>/rows"``: a key group's whole
 buffers) still restore; the first checkpoint after rewrites them as segments.
 
+The temporal join of batches is this operator too (:mod:`epochal.columnar.temporal_join`).
 Not vectorized (a build-time error names the record-path equivalent, ``to_records``):
-session windows, the temporal join, ``connect``.
+session window joins, ``connect``.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from epochal.columnar.gather import Gather
+from epochal.columnar.join_spec import ColumnJoinSpec
 from epochal.columnar.keys import KeyGroups
 from epochal.columnar.matching import equal_key_pairs
 from epochal.columnar.probe_index import KeyIndex, RowIds, comparable, int_keys
@@ -63,45 +63,13 @@ from epochal.columnar.segments import POS, SEG, UNWRITTEN, SegmentStore
 from epochal.coprocess.operator import _InputClocks
 from epochal.operators.base import OperatorContext, RuntimeOperator
 from epochal.time.units import MAX_TIME, MIN_TIME
-from epochal.windows.assigners import PaneSpec
 
-__all__ = ["ColumnJoinOperator", "ColumnJoinSpec"]
+__all__ = ["ColumnJoinOperator", "ColumnJoinSpec"]  # the spec lives in join_spec.py
 
 T, KG, ID, MATCHED, WSTART = "\x00t", "\x00kg", "\x00id", "\x00matched", "\x00w"
 HIDDEN = (T, KG, ID, MATCHED, WSTART, SEG, POS)
 _UTC = pa.timestamp("us", tz="UTC")
 _SIDES = ("left", "right")
-
-
-@dataclass(frozen=True)
-class ColumnJoinSpec:
-    """The payload of a columnar join node (a ``KEYED_CO_PROCESS`` node carrying batches)."""
-
-    keys: tuple  # (left key column, right key column)
-    times: tuple  # (left ColumnTime, right ColumnTime)
-    outer: tuple  # (outer left?, outer right?)
-    lower: int = 0  # interval join bounds (µs)
-    upper: int = 0
-    panes: PaneSpec | None = None  # window join
-    right_suffix: str = "_right"
-
-    @property
-    def windowed(self) -> bool:
-        return self.panes is not None
-
-    @property
-    def windows(self) -> PaneSpec:
-        """The window join's windows (an interval join has none)."""
-        if self.panes is None:
-            raise ValueError("an interval join has no windows")
-        return self.panes
-
-    def expiry(self, side: int, t: np.ndarray) -> np.ndarray:
-        """The watermark from which a ``side`` row at ``t`` can meet no further row
-        (:func:`epochal.joins.interval.expiry`; a window row: its window's ``end - 1``)."""
-        if self.windowed:
-            return t + (self.windows.size - 1)  # t is the window start here
-        return t + self.upper if side == 0 else t - self.lower
 
 
 def _column(table, name: str):
@@ -121,8 +89,7 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
         self.groups = (KeyGroups(spec.keys[0], ctx.max_parallelism), KeyGroups(spec.keys[1], ctx.max_parallelism))
         self.backend = ctx.keyed_backend
         self.floor_state = f"{ctx.operator}/floor"
-        self.store = SegmentStore(self.backend, ctx.operator, (ID, SEG, POS), MATCHED,
-                                  (False, False) if spec.windowed else spec.outer)
+        self.store = SegmentStore(self.backend, ctx.operator, (ID, SEG, POS), MATCHED, spec.tracks_matched)
         self.buffers: list[pa.Table | None] = [None, None]
         self.schemas: list[pa.Schema | None] = [None, None]  # the inputs' visible columns
         self.next_id = 0

@@ -79,28 +79,25 @@ class _Join:
               right_suffix: str = "_right") -> "JoinOutput":
         """Emit ``fn(left, right)`` for each joined pair (``None`` for the missing side of an
         outer row); returns the joined stream, whose :meth:`JoinOutput.late` holds the late rows.
-        On two streams of Arrow batches the vectorized join (:mod:`epochal.columnar.joins`)
+        On two streams of Arrow batches the vectorized join (:mod:`epochal.columnar.joins`,
+        :mod:`epochal.columnar.temporal_join`)
         emits joined rows instead (no ``fn``; ``right_suffix`` renames the right input's
         columns the left one has too)."""
         if not callable(fn):
             raise PipelineDefinitionError(f"{self.kind} {name!r}: expected a function (left, right) -> output, "
                                           f"got {fn!r}")
         columnar = [s._columnar(name) for s in (self._left, self._right)]
-        if all(columnar) and self.kind in ("interval_join", "window_join"):
+        if all(columnar):
             from epochal.columnar.join_build import build_column_join
 
             return build_column_join(self, name, fn, parallelism, right_suffix)
         for s, batches in zip((self._left, self._right), columnar):
             if batches:
                 nodes = ", ".join(repr(p.node) for p in s._ports)
-                if all(columnar):
-                    problem, fix = f"the {self.kind} of Arrow batches is not vectorized", "convert both inputs"
-                else:
-                    problem = "the other input carries records"
-                    fix = "convert the other input with to_batches(name, schema) for the vectorized join, or convert it"
                 raise PipelineDefinitionError(
-                    f"{self.kind} {name!r}: {nodes} carries Arrow batches and {problem} — {fix} with "
-                    f"to_records(name) (the record-path {self.kind})")
+                    f"{self.kind} {name!r}: {nodes} carries Arrow batches and the other input carries records — "
+                    "convert the other input with to_batches(name, schema) for the vectorized join, or convert it "
+                    f"with to_records(name) (the record-path {self.kind})")
             if not s._timed(name):
                 raise PipelineDefinitionError(
                     f"{self.kind} {name!r} joins in event time but {', '.join(repr(p.node) for p in s._ports)} has no "
@@ -152,12 +149,16 @@ class TemporalJoin(_Join):
 
     def __init__(self, left, table, how: str, is_delete, ttl=None):
         super().__init__(left, table, how)
-        if is_delete is not None and not callable(is_delete):
-            raise PipelineDefinitionError(f"temporal_join: is_delete must be a function row -> bool, got {is_delete!r}")
+        if is_delete is not None and not callable(is_delete) and not isinstance(is_delete, str):
+            raise PipelineDefinitionError(f"temporal_join: is_delete must be a function row -> bool (records) or the "
+                                          f"name of a boolean column (Arrow batches), got {is_delete!r}")
         self._is_delete = is_delete
         self._ttl = _join_ttl(ttl)
 
     def _function(self, fn):
+        if isinstance(self._is_delete, str):
+            raise PipelineDefinitionError(f"temporal_join: is_delete={self._is_delete!r} names a column, which only "
+                                          "streams of Arrow batches have: on records it is a function row -> bool")
         return TemporalJoinFunction(self._how == "left", self._is_delete, fn, self._ttl)
 
 
