@@ -137,6 +137,27 @@ def tumbling_oracle(left: list, right: list, size: float, how: str) -> collectio
     return out
 
 
+def session_oracle(left: list, right: list, gap: float, how: str) -> collections.Counter:
+    """Sessions per key over both sides: a row spans [t, t + gap); rows whose spans overlap,
+    directly or through others, are one session (a union of intervals, merged in time order)."""
+    rows = sorted([(r[1], us(r[2]), 0, r) for r in left] + [(r[1], us(r[2]), 1, r) for r in right],
+                  key=lambda e: (e[0], e[1]))
+    groups: list = []
+    for key, t, side, r in rows:
+        if not groups or groups[-1][0] != key or t >= groups[-1][1]:
+            groups.append([key, t + us(gap), [], []])
+        groups[-1][1] = max(groups[-1][1], t + us(gap))
+        groups[-1][2 + side].append(r)
+    out = collections.Counter()
+    for _, _, ls, rs in groups:
+        out.update((l[3], r[3]) for l in ls for r in rs)
+        if how in ("left", "full") and not rs:
+            out.update((l[3], None) for l in ls)
+        if how in ("right", "full") and not ls:
+            out.update((None, r[3]) for r in rs)
+    return out
+
+
 def temporal_oracle(probes: list, versions: list, how: str) -> collections.Counter:
     out = collections.Counter()
     for p in probes:

@@ -2,7 +2,8 @@
 the plain-Python nested loops of tests/joindata.py: the rows of tests/test_joins.py (out
 of order, unambiguously late rows) as Arrow batches, a crash of a join subtask mid-run,
 a SIGKILL on Spark, a rescale 2 → 3 through a savepoint (slow, as the RocksDB crash case),
-the temporal join's versions current at each probe's time through a crash,
+the temporal join's versions current at each probe's time and a full session window join
+through a crash,
 and the build-time errors naming the record-path equivalent of what is not vectorized."""
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def _late(out, late_rows) -> None:
     assert got == collections.Counter(late_rows)
 
 
-@pytest.mark.parametrize("join,backend", [("interval-full", "heap"), ("temporal-left", "rocksdb"),
+@pytest.mark.parametrize("join,backend", [("interval-full", "heap"), ("temporal-left", "rocksdb"), ("session-full", "heap"),
                                           pytest.param("tumbling-left", "rocksdb", marks=pytest.mark.slow),
                                           pytest.param("temporal-inner", "heap", marks=pytest.mark.slow)])
 def test_joins_of_batches_equal_nested_loops_through_a_crash(tmp_path, join, backend):
@@ -68,6 +69,8 @@ def test_joins_of_batches_equal_nested_loops_through_a_crash(tmp_path, join, bac
         joined = left.interval_join(right, -0.3, "200ms", how=how).apply("join", parallelism=2)
     elif kind == "temporal":
         joined = left.temporal_join(right, how=how).apply("join", parallelism=2)
+    elif kind == "session":
+        joined = left.window_join(right, Session("100ms"), how=how).apply("join", parallelism=2)
     else:
         joined = left.window_join(right, Tumbling("0.5s"), how=how).apply("join", parallelism=2)
     out, late = unique_dir(tmp_path, "out"), unique_dir(tmp_path, "late")
@@ -78,8 +81,9 @@ def test_joins_of_batches_equal_nested_loops_through_a_crash(tmp_path, join, bac
     l_rows, r_rows, late_rows = jd.split_rows()
     expected = (jd.interval_oracle(l_rows, r_rows, -0.3, 0.2, how) if kind == "interval"
                 else jd.temporal_oracle(l_rows, r_rows, how) if kind == "temporal"
+                else jd.session_oracle(l_rows, r_rows, 0.1, how) if kind == "session"
                 else jd.tumbling_oracle(l_rows, r_rows, 0.5, how))
-    assert sum(expected.values()) > 500
+    assert sum(expected.values()) > 500 and sum(n for p, n in expected.items() if None not in p) > 500  # pairs
     assert _pairs(out) == expected
     _late(late, late_rows)
 
@@ -132,8 +136,6 @@ def test_left_window_join_of_batches_on_spark_survives_a_sigkill_of_a_join_proce
 def test_what_is_not_vectorized_fails_at_build_time_naming_the_record_path():
     flow = ep.Dataflow("refused")
     left, right = batch_sides(flow, n=10)
-    with pytest.raises(PipelineDefinitionError, match="session windows.*to_records.*record-path window_join"):
-        left.window_join(right, Session("1s")).apply("s")
     with pytest.raises(PipelineDefinitionError, match="is_delete names the table's boolean column.*to_records"):
         left.temporal_join(right, is_delete=lambda r: False).apply("t")
     with pytest.raises(PipelineDefinitionError, match="temporal_join 'tt': ttl on Arrow batches is not vectorized"):

@@ -13,9 +13,9 @@ from epochal.errors import PipelineDefinitionError
 from epochal.graph import FORWARD, Input, NodeKind
 from epochal.joins.functions import pair
 from epochal.streams import Stream
-from epochal.windows.assigners import SessionSpec
+from epochal.windows.assigners import PaneSpec
 
-__all__ = ["ColumnJoinOutput", "build_column_join"]
+__all__ = ["ColumnJoinOutput", "build_column_join", "join_operator"]
 
 _SIDES = ("left", "right")
 
@@ -54,17 +54,34 @@ def build_column_join(join, name: str, fn, parallelism, right_suffix: str):
     if join.kind == "interval_join":
         spec = ColumnJoinSpec(tuple(keys), times, outer, lower=join._spec.lower, upper=join._spec.upper,
                               right_suffix=right_suffix)
-    elif join.kind == "window_join" and not isinstance(join._spec, SessionSpec):
+    elif join.kind == "window_join" and isinstance(join._spec, PaneSpec):
         spec = ColumnJoinSpec(tuple(keys), times, outer, panes=join._spec, right_suffix=right_suffix)
+    elif join.kind == "window_join":  # session windows
+        spec = ColumnJoinSpec(tuple(keys), times, outer, gap=join._spec.gap, right_suffix=right_suffix)
     elif join.kind == "temporal_join":
         spec = ColumnJoinSpec(tuple(keys), times, outer, right_suffix=right_suffix, temporal=True,
                               deleted=_deletion_column(join, where, record_path))
     else:
-        raise PipelineDefinitionError(f"{where}: session windows on Arrow batches are not vectorized — {record_path}")
+        raise PipelineDefinitionError(f"{where}: not a join of batches")
     both = Stream(left.flow, left._ports + right._ports)
     node = both._then(NodeKind.KEYED_CO_PROCESS, name, spec, parallelism, (left._key_fn, right._key_fn),
                       (len(left._ports),), timed=False, accepts="batches")
     return ColumnJoinOutput(left.flow, (Input(node.name, FORWARD),), node.name)
+
+
+def join_operator(spec: ColumnJoinSpec) -> type:
+    """The operator class that runs a columnar join node of ``spec``."""
+    if spec.temporal:
+        from epochal.columnar.temporal_join import ColumnTemporalJoinOperator
+
+        return ColumnTemporalJoinOperator
+    if spec.gap is not None:
+        from epochal.columnar.session_join import ColumnSessionJoinOperator
+
+        return ColumnSessionJoinOperator
+    from epochal.columnar.joins import ColumnJoinOperator
+
+    return ColumnJoinOperator
 
 
 def _deletion_column(join, where: str, record_path: str) -> str | None:

@@ -16,7 +16,8 @@ __all__ = ["ColumnJoinSpec"]
 @dataclass(frozen=True)
 class ColumnJoinSpec:
     """The payload of a columnar join node (a ``KEYED_CO_PROCESS`` node carrying batches):
-    an interval join (``lower`` / ``upper``), a window join (``panes``) or a temporal join
+    an interval join (``lower`` / ``upper``), a window join (``panes``: tumbling or sliding;
+    ``gap``: session windows, :mod:`epochal.columnar.session_join`) or a temporal join
     (``temporal``; side 0 the probes, side 1 the table's versions, ``deleted`` the boolean
     column of a version that marks the key deleted)."""
 
@@ -29,6 +30,7 @@ class ColumnJoinSpec:
     right_suffix: str = "_right"
     temporal: bool = False
     deleted: str | None = None
+    gap: int | None = None  # session window join (µs)
 
     @property
     def windowed(self) -> bool:
@@ -45,14 +47,21 @@ class ColumnJoinSpec:
     def tracks_matched(self) -> tuple:
         """Per side, whether a buffered row carries whether it matched (an outer side of an
         interval join: it comes out alone at its expiry only if it never did)."""
-        return (False, False) if self.windowed or self.temporal else self.outer
+        return self.outer if self.interval else (False, False)
+
+    @property
+    def interval(self) -> bool:
+        return not (self.windowed or self.temporal or self.gap is not None)
 
     def expiry(self, side: int, t: np.ndarray) -> np.ndarray:
         """The watermark from which a ``side`` row at ``t`` can meet no further row
         (:func:`epochal.joins.interval.expiry`; a window row: its window's ``end - 1``; a
-        temporal join's probe: its own time — a version is dropped only when superseded)."""
+        temporal join's probe: its own time — a version is dropped only when superseded; a
+        session row: the earliest its session can end, ``t + gap - 1``)."""
         if self.windowed:
             return t + (self.windows.size - 1)  # t is the window start here
         if self.temporal:
             return t
+        if self.gap is not None:
+            return t + (self.gap - 1)
         return t + self.upper if side == 0 else t - self.lower

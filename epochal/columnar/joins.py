@@ -44,9 +44,9 @@ late, as it would have been in the run that took the snapshot, so no window fire
 no expired row joins again. Snapshots written before (``"<op>/rows"``: a key group's whole
 buffers) still restore; the first checkpoint after rewrites them as segments.
 
-The temporal join of batches is this operator too (:mod:`epochal.columnar.temporal_join`).
-Not vectorized (a build-time error names the record-path equivalent, ``to_records``):
-session window joins, ``connect``.
+The temporal join and the session window join of batches are this operator too, with their
+own matching (:mod:`epochal.columnar.temporal_join`, :mod:`epochal.columnar.session_join`).
+``connect`` of batches is not vectorized (a build-time error names ``to_records``).
 """
 from __future__ import annotations
 
@@ -319,7 +319,7 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
         """Whether ``side``'s buffered rows are in its probe index: an interval join whose
         ``side`` key is an integer column (probe_index.py)."""
         schema = self.schemas[side]
-        if self.spec.windowed or schema is None:
+        if not self.spec.interval or schema is None:
             return False
         t = schema.field(self.spec.keys[side]).type
         return comparable(t, t)

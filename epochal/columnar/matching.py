@@ -1,5 +1,7 @@
 """Equal-key pairs of two Arrow arrays, for the vectorized interval join's probe
-(:mod:`epochal.columnar.joins`): a batch of one input against the other input's buffer.
+(:mod:`epochal.columnar.joins`): a batch of one input against the other input's buffer; and
+integer codes of keys (:func:`key_codes`) for the joins that sort both inputs together
+(:mod:`epochal.columnar.temporal_join`, :mod:`epochal.columnar.session_join`).
 
 Arrow's hash join (Acero) costs a few milliseconds per call whatever the sizes — an
 execution plan, a hash table over the build side, its thread pool — and the probe calls it
@@ -20,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["equal_key_pairs"]
+__all__ = ["equal_key_pairs", "key_codes"]
 
 _EMPTY = np.zeros(0, np.int64)
 
@@ -59,3 +61,22 @@ def _codes(small: pa.Array, large: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     encoded = pa.chunked_array([small, large]).dictionary_encode()
     s, l_ = (c.indices for c in encoded.chunks)
     return s.fill_null(-1).to_numpy().astype(np.int64), l_.to_numpy().astype(np.int64)
+
+
+def key_codes(*keys: pa.Array) -> list[np.ndarray]:
+    """Integer codes (int64) of the keys of several arrays (cast to the first one's type),
+    equal exactly where the keys are equal and not null; a null key gets a negative code of
+    its own, unequal to every other (nulls never match, as in :func:`equal_key_pairs`)."""
+    first = keys[0]
+    arrays = [k if k.type == first.type else k.cast(first.type) for k in keys]
+    encoded = pc.dictionary_encode(pa.chunked_array(arrays, type=first.type))
+    indices = [c.indices for c in encoded.chunks]
+    flat = (np.concatenate([i.fill_null(-1).to_numpy().astype(np.int64) for i in indices]) if indices
+            else np.zeros(0, np.int64))
+    nulls = flat < 0
+    flat[nulls] = -1 - np.arange(int(nulls.sum()), dtype=np.int64)
+    out, start = [], 0
+    for k in arrays:
+        out.append(flat[start:start + len(k)])
+        start += len(k)
+    return out

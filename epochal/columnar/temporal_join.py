@@ -7,7 +7,8 @@ once the watermark passes its time ``t``, beside the version of its key that was
 ``t`` — the latest version at or before ``t`` (a version at the probe's own time counts; of
 two versions at one time, the one that arrived later wins). No version, or a deletion (the
 ``is_delete`` column true): the probe comes out with nulls for the table's columns if the
-join is ``"left"``, else not at all. Every version at or before ``t`` has arrived by then,
+join is ``"left"``, else not at all. A null key matches nothing (as in the other joins of
+batches and SQL). Every version at or before ``t`` has arrived by then,
 because one still to come has ``t`` after the watermark (or is late).
 
 What is vectorized is how probes meet versions. Probes wait in their buffer; when the
@@ -32,28 +33,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from epochal.columnar.joins import ID, T, ColumnJoinOperator, _column
+from epochal.columnar.matching import key_codes
 
 __all__ = ["ColumnTemporalJoinOperator", "current_versions", "superseded"]
 
 #: the versions' buffer is pruned when it holds at least this many rows and twice as many as
 #: after the last pruning (``prune_from`` on an operator overrides it — for tests)
 PRUNE_FROM = 256
-
-
-def _codes(*keys: pa.Array) -> list[np.ndarray]:
-    """Integer codes of the keys of several arrays, equal where the keys are equal (a null
-    key is a key of its own, as ``None`` on the record path)."""
-    first = keys[0]
-    arrays = [k if k.type == first.type else k.cast(first.type) for k in keys]
-    chunked = pa.chunked_array(arrays, type=first.type)
-    codes = pc.dictionary_encode(chunked, null_encoding="encode")
-    flat = np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in codes.chunks]) if codes.num_chunks \
-        else np.zeros(0, np.int64)
-    out, start = [], 0
-    for k in arrays:
-        out.append(flat[start:start + len(k)].astype(np.int64))
-        start += len(k)
-    return out
 
 
 def current_versions(probe_keys: pa.Array, probe_t: np.ndarray, version_keys: pa.Array, version_t: np.ndarray,
@@ -65,7 +51,7 @@ def current_versions(probe_keys: pa.Array, probe_t: np.ndarray, version_keys: pa
     found = np.full(n_p, -1, np.int64)
     if not n_p or not n_v:
         return found
-    pk, vk = _codes(probe_keys, version_keys)
+    pk, vk = key_codes(probe_keys, version_keys)
     code = np.concatenate([pk, vk])
     time = np.concatenate([probe_t, version_t])
     kind = np.concatenate([np.ones(n_p, np.int8), np.zeros(n_v, np.int8)])  # a version before a probe of its time
@@ -88,9 +74,9 @@ def superseded(version_keys: pa.Array, version_t: np.ndarray, version_order: np.
     version after it (the key then has no table). Pure."""
     n = len(version_t)
     gone = np.zeros(n, bool)
-    if n < 2 and (deleted is None or not n):
+    if not n:
         return gone
-    (code,) = _codes(version_keys)
+    (code,) = key_codes(version_keys)
     s = np.lexsort((np.asarray(version_order, np.int64), version_t, code))
     c, past = code[s], version_t[s] <= wm
     same_next = np.zeros(n, bool)
@@ -100,6 +86,7 @@ def superseded(version_keys: pa.Array, version_t: np.ndarray, version_order: np.
     drop = past & same_next & next_past  # a newer version at or before wm follows it
     if deleted is not None:
         drop |= past & ~same_next & deleted[s]  # the key's last version: a deletion, already current
+    drop |= c < 0  # a null key: no probe matches it
     gone[s] = drop
     return gone
 
@@ -116,9 +103,6 @@ class ColumnTemporalJoinOperator(ColumnJoinOperator):
     def _probe(self, side: int, rows: pa.Table) -> tuple[pa.Table, list]:
         """Nothing meets on arrival: a probe meets its version when the watermark passes it."""
         return rows, []
-
-    def _indexed(self, side: int) -> bool:
-        return False  # the interval join's probe index is not used
 
     def _on_time(self, side: int, batch: pa.RecordBatch) -> pa.Table | None:
         column = self.spec.deleted

@@ -88,11 +88,9 @@ def _create(node: Node, ctx: OperatorContext) -> RuntimeOperator:
 
         return KeyedBroadcastProcessOperator(ctx, node.key_fn, node.payload, timed=timed)
     if kind is NodeKind.KEYED_CO_PROCESS and node.columnar:  # the vectorized joins
-        from epochal.columnar.joins import ColumnJoinOperator
-        from epochal.columnar.temporal_join import ColumnTemporalJoinOperator
+        from epochal.columnar.join_build import join_operator
 
-        cls = ColumnTemporalJoinOperator if node.payload.temporal else ColumnJoinOperator
-        return cls(ctx, node.payload, *node.extra)
+        return join_operator(node.payload)(ctx, node.payload, *node.extra)
     if kind in (NodeKind.CO_PROCESS, NodeKind.KEYED_CO_PROCESS):
         from epochal.coprocess.operator import create_co_operator
 
