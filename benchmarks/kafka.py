@@ -74,7 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import harness  # noqa: E402
 import kafka_latency  # noqa: E402
 import kafka_peer_runs  # noqa: E402
-from kafka_broker import BROKER_NAME, start_broker  # noqa: E402
+from kafka_broker import BROKER_NAME, JVM_FLAGS, KAFKA_JVM_FLAGS, start_broker  # noqa: E402
 
 import epochal as ep  # noqa: E402
 from epochal.sinks import KafkaSink  # noqa: E402
@@ -386,6 +386,8 @@ def main() -> int:
                              "minimum, spark.sql.streaming.realTimeMode.minBatchDuration, is 5000). 0: the epoch "
                              "length — at 100 ms batches RTM relaunches its tasks every batch and fell behind "
                              "2,000 records/s here (module docstring)")
+    parser.add_argument("--broker-jvm", default="tests", choices=["tests", "kafka"],
+                        help="the broker's JVM: the tests' quick-start flags, or Kafka's own start-script flags")
     parser.add_argument("--skip-capacity", action="store_true")
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--quick", "--smoke", dest="quick", action="store_true",
@@ -404,7 +406,8 @@ def main() -> int:
     os.makedirs(args.tmp, exist_ok=True)  # a --tmp that does not exist yet
     info = harness.machine()
     doc = harness.new_doc("kafka", args, info)
-    doc.update(runs=[], latency=[], errors=[], broker=BROKER_NAME, guarantees=GUARANTEES,
+    broker_flags = KAFKA_JVM_FLAGS if args.broker_jvm == "kafka" else JVM_FLAGS
+    doc.update(runs=[], latency=[], errors=[], broker=BROKER_NAME, broker_jvm=list(broker_flags), guarantees=GUARANTEES,
                loadavg_start=list(os.getloadavg()), cpu_count=os.cpu_count())
     wanted = sorted({m for m in [*([] if args.skip_latency else modes), *([] if args.skip_capacity else capacity_modes)]
                      if m in PEER_MODES})
@@ -422,7 +425,8 @@ def main() -> int:
             from epochal.runtime.launch.spark import _local_session
 
             spark = _local_session(2 * args.parallelism + 2)
-        broker = start_broker()  # one broker for the whole invocation: every engine on the same one
+        # one broker for the whole invocation: every engine on the same one
+        broker = start_broker(flags=broker_flags)
         if not args.skip_latency:
             src = broker.create_topic(None, args.partitions)  # ... and the same input topic
             for rate in rates:

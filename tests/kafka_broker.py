@@ -40,7 +40,15 @@ import kafka_jars  # tests/ is on sys.path: pytest's rootdir, the benchmarks' in
 READY_LINE = "Kafka Server started"
 #: what benchmarks record as the broker their figures come from
 BROKER_NAME = f"Apache Kafka {kafka_jars.KAFKA_VERSION} (KRaft, one node on this machine)"
-JVM_FLAGS = ["-Xms256m", "-Xmx768m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true"]
+#: the tests' broker JVM: quick to start (the C1 compiler only, the serial collector, a small heap)
+JVM_FLAGS = ("-Xms256m", "-Xmx768m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true")
+#: the JVM a user's broker runs in — what Kafka's own start scripts give it
+#: (bin/kafka-server-start.sh, bin/kafka-run-class.sh); ``benchmarks/kafka.py --broker-jvm
+#: kafka``. On this 2-core machine it took 0.85–1.1 of a core serving a 10 ms-epoch
+#: exactly-once run (the JIT and G1's threads), the tests' JVM 0.15–0.2.
+KAFKA_JVM_FLAGS = ("-Xms1g", "-Xmx1g", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+                   "-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent",
+                   "-Djava.awt.headless=true")
 
 _SERVER_PROPERTIES = """\
 process.roles=broker,controller
@@ -91,8 +99,10 @@ class Broker:
     """A running broker: ``servers`` to connect to, helpers to create, fill and read topics,
     and the process faults tests inject."""
 
-    def __init__(self, home: Path, libs: Path, port: int, controller_port: int):
+    def __init__(self, home: Path, libs: Path, port: int, controller_port: int,
+                 flags: tuple[str, ...] = JVM_FLAGS):
         self.home, self.libs, self.port, self.controller_port = home, libs, port, controller_port
+        self.flags = flags  # the broker's JVM (JVM_FLAGS or KAFKA_JVM_FLAGS)
         self.data_dir = str(home / "data")
         self.servers = f"127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
@@ -100,7 +110,8 @@ class Broker:
 
     # --------------------------------------------------------------- process
     def _java(self, main: str, *args: str, extra: tuple[str, ...] = ()) -> list[str]:
-        return ["java", *JVM_FLAGS, *extra, f"-Dlog4j2.configurationFile={kafka_jars.LOG4J2_CONFIG}",
+        flags = self.flags if main == "kafka.Kafka" else JVM_FLAGS  # (the format tool: quick)
+        return ["java", *flags, *extra, f"-Dlog4j2.configurationFile={kafka_jars.LOG4J2_CONFIG}",
                 f"-Dkafka.logs.dir={self.home}", "-cp", f"{self.libs}/*", main, *args]
 
     def format(self) -> None:
@@ -244,15 +255,27 @@ class Broker:
         left = producer.flush(60)
         assert left == 0 and not failed, f"produce to {topic}: {left} undelivered, errors {failed[:3]}"
 
-    def end_offsets(self, topic: str, committed: bool = True) -> dict[int, int]:
-        """Per partition: the last stable offset (``committed``) or the log end offset."""
-        from confluent_kafka import Consumer, TopicPartition
+    def end_offsets(self, topic: str, committed: bool = True, timeout: float = 30.0) -> dict[int, int]:
+        """Per partition: the last stable offset (``committed``) or the log end offset.
+        Retriable errors are retried until ``timeout``: a partition just created is in the
+        metadata a moment before its leader answers offset requests (NOT_LEADER_FOR_PARTITION)."""
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
 
         c = Consumer({"bootstrap.servers": self.servers, "group.id": f"ends-{uuid.uuid4().hex[:8]}",
                       "isolation.level": "read_committed" if committed else "read_uncommitted"})
+        deadline = time.monotonic() + timeout
         try:
             n = len(self.admin().list_topics(topic, timeout=10).topics[topic].partitions)
-            return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(n)}
+            ends = {}
+            for p in range(n):
+                while p not in ends:
+                    try:
+                        ends[p] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                    except KafkaException as exc:
+                        if not exc.args[0].retriable() or time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.05)
+            return ends
         finally:
             c.close()
 
@@ -312,11 +335,13 @@ def cannot_start_broker() -> str | None:
     return "confluent-kafka is not installed (pip install -e '.[test]')"
 
 
-def start_broker(timeout: float = 120.0, jvm: tuple[str, ...] | None = None) -> Broker:
-    """Resolve the jars if needed, then format and start a broker on free loopback ports."""
+def start_broker(timeout: float = 120.0, jvm: tuple[str, ...] | None = None,
+                 flags: tuple[str, ...] = JVM_FLAGS) -> Broker:
+    """Resolve the jars if needed, then format and start a broker on free loopback ports.
+    ``flags``: its JVM — the tests' quick one, or :data:`KAFKA_JVM_FLAGS` (benchmarks)."""
     libs = kafka_jars.resolve()
     for attempt in range(5):  # another process may take a port between the probe and the bind
-        broker = Broker(Path(tempfile.mkdtemp(prefix="epochal-kafka-")), libs, _free_port(), _free_port())
+        broker = Broker(Path(tempfile.mkdtemp(prefix="epochal-kafka-")), libs, _free_port(), _free_port(), flags)
         try:
             broker.format()
             broker.start(timeout, jvm)
