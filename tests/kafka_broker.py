@@ -219,15 +219,19 @@ class Broker:
             future.result(30)
         self._await_leaders(admin, topic, total)
 
-    @staticmethod
-    def _await_leaders(admin, topic: str, partitions: int, timeout: float = 30.0) -> None:
+    def _await_leaders(self, admin, topic: str, partitions: int, timeout: float = 30.0) -> None:
         """Kafka answers CreateTopics before the partitions' leaders are in every metadata
-        response; wait until they are, so a producer's first request finds them."""
+        response, and a leader is in the metadata a moment before it serves requests; wait
+        until both hold (every partition's leader answers an offsets request), so a
+        producer's first request finds them. (A load generator that started in that moment
+        got NOT_LEADER_OR_FOLLOWER and "new leader … not found in cache" thousands of times
+        and delivered its records up to a minute late: the latency benchmark measured that.)"""
         deadline = time.monotonic() + timeout
         while True:
             meta = admin.list_topics(topic, timeout=10).topics.get(topic)
             if meta is not None and meta.error is None and len(meta.partitions) >= partitions and all(
                     p.leader >= 0 for p in meta.partitions.values()):
+                self.end_offsets(topic, committed=False, timeout=max(1.0, deadline - time.monotonic()))
                 return
             if time.monotonic() > deadline:
                 raise AssertionError(f"topic {topic}: {partitions} partitions without leaders after {timeout} s")
