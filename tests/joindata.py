@@ -127,8 +127,14 @@ def tumbling_oracle(left: list, right: list, size: float, how: str) -> collectio
         groups[window(r)][0].append(r)
     for r in right:
         groups[window(r)][1].append(r)
+    return _pairs_by_group(groups.values(), how)
+
+
+def _pairs_by_group(groups, how: str) -> collections.Counter:
+    """The ids of every left × right pair within each ``(left rows, right rows)`` group, and
+    an outer side's rows of a group with no partner."""
     out = collections.Counter()
-    for ls, rs in groups.values():
+    for ls, rs in groups:
         out.update((l[3], r[3]) for l in ls for r in rs)
         if how in ("left", "full") and not rs:
             out.update((l[3], None) for l in ls)
@@ -148,14 +154,7 @@ def session_oracle(left: list, right: list, gap: float, how: str) -> collections
             groups.append([key, t + us(gap), [], []])
         groups[-1][1] = max(groups[-1][1], t + us(gap))
         groups[-1][2 + side].append(r)
-    out = collections.Counter()
-    for _, _, ls, rs in groups:
-        out.update((l[3], r[3]) for l in ls for r in rs)
-        if how in ("left", "full") and not rs:
-            out.update((l[3], None) for l in ls)
-        if how in ("right", "full") and not ls:
-            out.update((None, r[3]) for r in rs)
-    return out
+    return _pairs_by_group(((ls, rs) for _, _, ls, rs in groups), how)
 
 
 def temporal_oracle(probes: list, versions: list, how: str) -> collections.Counter:
