@@ -73,7 +73,7 @@ group.initial.rebalance.delay.ms=0
 transaction.max.timeout.ms=3600000
 transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 broker.heartbeat.interval.ms=500
-broker.session.timeout.ms=2000
+broker.session.timeout.ms={session_ms}
 """
 
 
@@ -82,7 +82,14 @@ broker.session.timeout.ms=2000
 # waits a second for it, not ten.
 # broker.session.timeout.ms: a broker restarted after SIGKILL registers again only once the
 # controller expired its old session (DuplicateBrokerRegistrationException until then): 9 s
-# by default, which made a restart take 12 s instead of 3-4 s.
+# by default, which made a restart take 12 s instead of 3-4 s — so a broker that tests restart
+# gets 2 s (RESTARTABLE_SESSION_MS). Every other broker keeps Kafka's 9 s: a single node whose
+# heartbeats to its own controller are 2 s late (a loaded machine) is fenced by it, every
+# partition loses its leader, and open transactions wait out their timeout — a latency
+# benchmark run stalled for 60 s so ("Fencing broker 1 at epoch 9 because its session has
+# timed out", librdkafka "new leader-1 not found in cache").
+RESTARTABLE_SESSION_MS = 2000
+DEFAULT_SESSION_MS = 9000
 
 
 def _free_port() -> int:
@@ -100,9 +107,10 @@ class Broker:
     and the process faults tests inject."""
 
     def __init__(self, home: Path, libs: Path, port: int, controller_port: int,
-                 flags: tuple[str, ...] = JVM_FLAGS):
+                 flags: tuple[str, ...] = JVM_FLAGS, restartable: bool = False):
         self.home, self.libs, self.port, self.controller_port = home, libs, port, controller_port
         self.flags = flags  # the broker's JVM (JVM_FLAGS or KAFKA_JVM_FLAGS)
+        self.session_ms = RESTARTABLE_SESSION_MS if restartable else DEFAULT_SESSION_MS
         self.data_dir = str(home / "data")
         self.servers = f"127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
@@ -118,6 +126,7 @@ class Broker:
         """Write the properties and format the log directory (once, before the first start)."""
         props = self.home / "server.properties"
         props.write_text(_SERVER_PROPERTIES.format(port=self.port, controller_port=self.controller_port,
+                                                   session_ms=self.session_ms,
                                                    data_dir=self.data_dir))
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode()[:22]
         # "--cluster-id=": an id may start with "-", which would read as an option
@@ -340,12 +349,15 @@ def cannot_start_broker() -> str | None:
 
 
 def start_broker(timeout: float = 120.0, jvm: tuple[str, ...] | None = None,
-                 flags: tuple[str, ...] = JVM_FLAGS) -> Broker:
+                 flags: tuple[str, ...] = JVM_FLAGS, restartable: bool = False) -> Broker:
     """Resolve the jars if needed, then format and start a broker on free loopback ports.
-    ``flags``: its JVM — the tests' quick one, or :data:`KAFKA_JVM_FLAGS` (benchmarks)."""
+    ``flags``: its JVM — the tests' quick one, or :data:`KAFKA_JVM_FLAGS` (benchmarks).
+    ``restartable``: the test will SIGKILL and restart it (a short broker session, see
+    :data:`RESTARTABLE_SESSION_MS`)."""
     libs = kafka_jars.resolve()
     for attempt in range(5):  # another process may take a port between the probe and the bind
-        broker = Broker(Path(tempfile.mkdtemp(prefix="epochal-kafka-")), libs, _free_port(), _free_port(), flags)
+        broker = Broker(Path(tempfile.mkdtemp(prefix="epochal-kafka-")), libs, _free_port(), _free_port(), flags,
+                        restartable)
         try:
             broker.format()
             broker.start(timeout, jvm)

@@ -53,7 +53,7 @@ def own_broker():
     why = cannot_start_broker()
     if why:
         pytest.skip(why)
-    broker = start_broker()
+    broker = start_broker(restartable=True)  # SIGKILLed and restarted below
     yield broker
     broker.stop()
 
