@@ -70,6 +70,9 @@ T, KG, ID, MATCHED, WSTART = "\x00t", "\x00kg", "\x00id", "\x00matched", "\x00w"
 HIDDEN = (T, KG, ID, MATCHED, WSTART, SEG, POS)
 _UTC = pa.timestamp("us", tz="UTC")
 _SIDES = ("left", "right")
+#: Arrow's join type of (outer left?, outer right?)
+ARROW_HOW = {(False, False): "inner", (True, False): "left outer", (False, True): "right outer",
+             (True, True): "full outer"}
 
 
 def _column(table, name: str):
@@ -189,7 +192,7 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
         out: list = []
         if self.spec.windowed:
             rows = self._windows_of(rows)
-        else:
+        elif self.spec.interval:  # (the temporal and session joins meet rows at the watermark)
             rows, out = self._probe(side, rows)
         n = rows.num_rows
         rows = rows.append_column(SEG, pa.array(np.full(n, UNWRITTEN, np.int64))).append_column(
@@ -365,8 +368,7 @@ class ColumnJoinOperator(_InputClocks, RuntimeOperator):
             pos, none = pa.array(np.arange(alone.num_rows)), pa.nulls(alone.num_rows, pa.int64())
             return [self._assemble((alone, None) if side == 0 else (None, alone),
                                    (pos, none) if side == 0 else (none, pos), windows=alone)]
-        how = {(False, False): "inner", (True, False): "left outer", (False, True): "right outer",
-               (True, True): "full outer"}[(outer_left, outer_right)]
+        how = ARROW_HOW[(outer_left, outer_right)]
         a = _ids(left, self.spec.keys[0], "k", "w", "i0", time=WSTART, positions=True)
         b = _ids(right, self.spec.keys[1], "k", "w", "i1", time=WSTART, positions=True)
         j = a.join(b, ["k", "w"], join_type=how)

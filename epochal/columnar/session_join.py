@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from epochal.columnar.joins import _UTC, T, ColumnJoinOperator, _column
+from epochal.columnar.joins import _UTC, ARROW_HOW, T, ColumnJoinOperator, _column
 from epochal.columnar.matching import key_codes
 
 __all__ = ["ColumnSessionJoinOperator", "sessions"]
@@ -59,10 +59,6 @@ def sessions(codes: np.ndarray, t: np.ndarray, gap: int) -> tuple[np.ndarray, np
 class ColumnSessionJoinOperator(ColumnJoinOperator):
     """The session window join of Arrow batches (module docstring)."""
 
-    def _probe(self, side: int, rows: pa.Table) -> tuple[pa.Table, list]:
-        """Nothing meets on arrival: a session's rows pair up when it fires."""
-        return rows, []
-
     def on_watermark(self, watermark: int) -> list:
         if watermark <= self.watermark:
             return []
@@ -74,13 +70,12 @@ class ColumnSessionJoinOperator(ColumnJoinOperator):
     def _fire(self, wm: int) -> list:
         spec = self.spec
         assert spec.gap is not None
-        present = [b for b in self.buffers if b is not None and b.num_rows]
+        present = [(side, b) for side, b in enumerate(self.buffers) if b is not None and b.num_rows]
         if not present:
             return []
         sizes = [b.num_rows if b is not None else 0 for b in self.buffers]
-        keys = [_column(b, spec.keys[side]) for side, b in enumerate(self.buffers) if b is not None and b.num_rows]
-        codes = np.concatenate(key_codes(*keys))
-        t = np.concatenate([_column(b, T).to_numpy() for b in present])
+        codes = np.concatenate(key_codes(*(_column(b, spec.keys[side]) for side, b in present)))
+        t = np.concatenate([_column(b, T).to_numpy() for _, b in present])
         of, starts, ends = sessions(codes, t, spec.gap)
         fired = ends - 1 <= wm
         later = ends[~fired]
@@ -106,8 +101,7 @@ class ColumnSessionJoinOperator(ColumnJoinOperator):
 
     def _join(self, rows: list, ids: list, starts: np.ndarray, ends: np.ndarray) -> list:
         """The fired sessions' output: their rows of both sides joined on the session."""
-        how = {(False, False): "inner", (True, False): "left outer", (False, True): "right outer",
-               (True, True): "full outer"}[self.spec.outer]
+        how = ARROW_HOW[self.spec.outer]
         a = pa.table({"s": pa.array(ids[0], pa.int64()), "i0": pa.array(np.arange(len(ids[0])), pa.int64())})
         b = pa.table({"s": pa.array(ids[1], pa.int64()), "i1": pa.array(np.arange(len(ids[1])), pa.int64())})
         j = a.join(b, ["s"], join_type=how)

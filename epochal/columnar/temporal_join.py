@@ -100,10 +100,6 @@ class ColumnTemporalJoinOperator(ColumnJoinOperator):
         self.pruned_rows = 0  # versions buffered after the last pruning
         self.prune_from = PRUNE_FROM
 
-    def _probe(self, side: int, rows: pa.Table) -> tuple[pa.Table, list]:
-        """Nothing meets on arrival: a probe meets its version when the watermark passes it."""
-        return rows, []
-
     def _on_time(self, side: int, batch: pa.RecordBatch) -> pa.Table | None:
         column = self.spec.deleted
         if side == 1 and column is not None:
