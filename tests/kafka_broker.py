@@ -272,7 +272,7 @@ class Broker:
         """Per partition: the last stable offset (``committed``) or the log end offset.
         Retriable errors are retried until ``timeout``: a partition just created is in the
         metadata a moment before its leader answers offset requests (NOT_LEADER_FOR_PARTITION)."""
-        from confluent_kafka import Consumer, KafkaException, TopicPartition
+        from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
         c = Consumer({"bootstrap.servers": self.servers, "group.id": f"ends-{uuid.uuid4().hex[:8]}",
                       "isolation.level": "read_committed" if committed else "read_uncommitted"})
@@ -285,7 +285,12 @@ class Broker:
                     try:
                         ends[p] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
                     except KafkaException as exc:
-                        if not exc.args[0].retriable() or time.monotonic() > deadline:
+                        err = exc.args[0]
+                        # librdkafka marks NOT_LEADER non-retriable here; for a new topic it is transient
+                        transient = err.retriable() or err.code() in (
+                            KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                            KafkaError.UNKNOWN_TOPIC_OR_PART)
+                        if not transient or time.monotonic() > deadline:
                             raise
                         time.sleep(0.05)
             return ends
