@@ -21,12 +21,14 @@ PARTITION_KEYS = 1000
 
 
 def load(servers: str, topic: str, rate: float, seconds: float, partitions: int, go,
-         commit_ms: float | None = None) -> None:
+         commit_ms: float | None = None, warmup: float = 0.0) -> None:
     """Produce ``rate`` records/s for ``seconds`` once ``go`` is set, paced in 1 ms ticks
     (every record due by now is produced at each tick; its value carries its due time's
     actual produce time). ``commit_ms``: in transactions, committed every ``commit_ms`` ms
     (the ``broker-transactional`` floor); a commit holds the ticks up, as it would a sink's
-    last hop, and records produced after it carry their own produce time."""
+    last hop, and records produced after it carry their own produce time. ``warmup``: the
+    same load runs that many seconds first, its records marked ``u:`` (:func:`read` counts
+    them apart), so the measured records find every process past its start-up."""
     from confluent_kafka import Producer
 
     transactional = commit_ms is not None
@@ -40,16 +42,21 @@ def load(servers: str, topic: str, rate: float, seconds: float, partitions: int,
     if transactional:
         producer.begin_transaction()
     last = time.monotonic()
-    total = int(rate * seconds)
+    warm = int(rate * warmup)
+    total = warm + int(rate * seconds)
     t0 = time.monotonic()
     i = 0
     while i < total:
         due = min(total, int((time.monotonic() - t0) * rate) + 1)
         while i < due:
             now_us = time.time_ns() // 1000
+            seq = i - warm  # the measured records' sequence numbers start at 0
             try:
-                producer.produce(topic, b"%d:%d" % (i, now_us), b"k%d" % (i % PARTITION_KEYS),
-                                 partition=i % partitions)
+                if seq < 0:
+                    producer.produce(topic, b"u:%d" % now_us, b"k%d" % (i % PARTITION_KEYS), partition=i % partitions)
+                else:
+                    producer.produce(topic, b"%d:%d" % (seq, now_us), b"k%d" % (seq % PARTITION_KEYS),
+                                     partition=seq % partitions)
             except BufferError:
                 producer.poll(0.001)
                 continue
@@ -94,7 +101,7 @@ def read(servers: str, topic: str, partitions: int, total: int, seen, results, t
     produced_at = [0] * total  # µs, per sequence number
     seen_at = [0] * total
     out_partition = bytearray(total)
-    dupes = 0
+    dupes = warmed = 0
     deadline = time.monotonic() + 600
     while len(lat) < total and time.monotonic() < deadline:
         for msg in c.consume(10000, 0.002):
@@ -102,6 +109,9 @@ def read(servers: str, topic: str, partitions: int, total: int, seen, results, t
                 continue
             now_us = time.time_ns() // 1000
             seq, _, stamp = msg.value().partition(b":")
+            if seq == b"u":  # the warm-up load (load(warmup=)): not measured
+                warmed += 1
+                continue
             if seq == b"w":
                 if not seen.is_set():
                     seen.set()
@@ -123,7 +133,7 @@ def read(servers: str, topic: str, partitions: int, total: int, seen, results, t
     def pct(q):
         return lat[max(0, min(len(lat) - 1, int(q / 100.0 * len(lat) + 0.999999) - 1))] if lat else None
 
-    results.put({"seen": len(lat), "duplicates": dupes, "missing": total - len(lat),
+    results.put({"seen": len(lat), "duplicates": dupes, "missing": total - len(lat), "warm_up_records_seen": warmed,
                  "latency_ms": {"p50": pct(50), "p99": pct(99), "p999": pct(99.9), "max": lat[-1] if lat else None},
                  **summary})
 

@@ -12,6 +12,7 @@ looked for in the topic when the writer began it itself."""
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import time
 
@@ -88,7 +89,6 @@ def test_stage_tracing_records_every_stage_of_every_committed_epoch(kafka_broker
     """``EPOCHAL_KAFKA_TRACE``: the job's processes write the fetch and per-epoch events that
     ``benchmarks/kafka_trace.py`` reads; every epoch that committed records has all of them,
     and the records the trace says were committed are the records of the topic."""
-    import json
 
     src, out = kafka_broker.create_topic(None, 1), kafka_broker.create_topic(None, 1)
     kafka_broker.produce(src, [f"r{i}" for i in range(200)], partition=0)
@@ -218,3 +218,38 @@ def test_a_commit_backlog_of_epochs_produced_at_commit_is_committed_in_one_trans
     assert joined == [[2, 3, 4]], f"the backlog was not committed together: {joined}"
     assert collections.Counter(kafka_broker.values(topic)) == collections.Counter(want)
     assert kafka_broker.open_transactions(topic) == {}
+
+
+def test_an_exactly_once_epoch_goes_to_the_broker_as_one_request_per_partition(kafka_broker):
+    """An epoch's records are invisible until it commits, so the exactly-once producers
+    linger (``writer.TRANSACTIONAL_LINGER_MS``) and the durability step's flush sends the
+    epoch at once. With librdkafka's 5 ms the producers sent a request per partition every
+    5 ms, filled the idempotent window of 5 in flight whenever the broker answered slower
+    than 25 ms, and their threads spun (issue 47). Ten writes 10 ms apart, then the seal:
+    the producer's statistics count one Produce request per partition, and the epoch
+    commits in full."""
+    topic = kafka_broker.create_topic(None, 2)
+    stats: list[dict] = []
+    sink = KafkaSink(kafka_broker.servers, topic, producers=1,
+                     config={"statistics.interval.ms": 5, "stats_cb": lambda s: stats.append(json.loads(s))})
+    writer = _writer(sink, "one-request")
+    writer.restore(None)
+    want = [f"r{i}-{j}" for i in range(10) for j in range(20)]
+    try:
+        for i in range(10):  # the epoch's records arrive over 100 ms, as a running task writes them
+            writer.write_many(want[i * 20:(i + 1) * 20])
+            time.sleep(0.01)
+        writer.snapshot(1)
+        writer.durability_job(1)()
+        producer = writer._slots[0]
+        stats.clear()
+        while not stats:  # served by poll: the counters as they stand after the flush
+            producer.poll(0.05)
+        latest = {s["name"]: s for s in stats}
+        produced = sum(b["req"].get("Produce", 0) for s in latest.values() for b in s["brokers"].values())
+        assert 1 <= produced <= 2, f"epoch 1 went to the broker in {produced} Produce requests (2 partitions)"
+        writer.notify_epoch_complete(1)
+        writer.wait_for_commits(60)
+    finally:
+        writer.release()
+    assert collections.Counter(kafka_broker.values(topic)) == collections.Counter(w.encode() for w in want)

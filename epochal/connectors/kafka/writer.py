@@ -26,6 +26,20 @@ log = logging.getLogger("epochal")
 COMMIT_DRAIN_S = 120.0
 #: seconds releasing the clients waits for the commits in flight (then leaves them to the next generation)
 RELEASE_DRAIN_S = 10.0
+#: ``linger.ms`` of the exactly-once sink's producers unless ``config`` sets it. Records are
+#: invisible until their epoch commits, so nothing gains from sending them before the seal:
+#: the durability step's ``flush()`` (and ``commit_transaction``, which flushes) sends what
+#: lingers at once, so an epoch goes as one request per partition (or per full batch). With
+#: librdkafka's 5 ms the producers sent a request per partition every 5 ms, filled the
+#: idempotent producer's window of 5 requests in flight whenever the broker answered slower
+#: than 25 ms, and its broker thread then spun (a wake-up due while the window is full): each
+#: task took up to 0.7 of a core and, on 2 cores, the p50 of 10 ms epochs at 10k records/s
+#: swung from 0.2 to 4.8 s between runs; with 1 s it was 42–116 ms in 7 runs
+#: (``benchmarks/results/kafka-eo-10k-variance.json``). Below ``message.timeout.ms``, as
+#: librdkafka requires.
+TRANSACTIONAL_LINGER_MS = 1000
+#: ``linger.ms`` of the at-least-once sink's producer: its records are visible once delivered
+PLAIN_LINGER_MS = 5
 #: seconds between marker refreshes of a subtask that commits nothing (Kafka expires the
 #: offsets of an empty group after ``offsets.retention.minutes``, 7 days by default)
 MARKER_REFRESH_S = 3600.0
@@ -48,7 +62,7 @@ class KafkaSinkWriter(Generations, TwoPhaseCommitSink):
         self._prefix = sink.prefix(ctx)
         self._base = dict(sink.config)
         self._base.setdefault("partitioner", "murmur2_random")  # keys land where Java clients put them
-        self._base.setdefault("linger.ms", 5)
+        self._base.setdefault("linger.ms", TRANSACTIONAL_LINGER_MS if self._transactional else PLAIN_LINGER_MS)
         self._started = False
         self._slots: list = [None] * sink.producers  # streaming producers, opened by _start (again on use after an abort)
         self._live: dict[int, int] = {}  # slot -> epoch of its open or sealed transaction (this writer)
