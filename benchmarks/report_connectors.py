@@ -38,8 +38,15 @@ def section_kafka(doc: dict) -> str:
             f"flushed at each barrier; `client`: confluent-kafka alone, consume → produce in one process; "
             f"`client-transactional`: the same committing offsets and records in a transaction every epoch; "
             f"latency only, no pipeline: `broker`, the reader reads the input topic, and `broker-transactional`, "
-            f"the producer commits its own transactions every epoch — the floor of an exactly-once last hop "
-            f"(Spark's own Kafka connector is not among pyspark's jars and no Maven repository is reachable).\n\n"
+            f"the producer commits its own transactions every epoch — the floor of an exactly-once last hop"
+            + (f"; the engines users would pick instead, on the same broker and input topic: `spark-rtm` (Spark "
+               f"Structured Streaming's Real-Time Mode with Spark's own Kafka connector, **at-least-once**), "
+               f"`pyflink` (PyFlink's Kafka connector, `EXACTLY_ONCE`, checkpoints every epoch)"
+               if any(r.get("mode") in ("spark-rtm", "pyflink", "spark-microbatch") for r in doc.get("latency", []))
+               else "")
+            + (f". The latency runs' first {doc['config']['warmup_seconds']:g} s of load are not measured "
+               f"(`--warmup-seconds`)" if doc["config"].get("warmup_seconds") else "")
+            + ".\n\n"
             + (f"Capacity on a backlog of {cfg['records']:,} records (100-byte values), {cfg['interval']:g} s epochs; "
                f"rate = output records / (last − first write time); median and range of {cfg['repetitions']} "
                f"interleaved repetitions, ratio to `client` per repetition; every exactly-once run's output "
