@@ -45,7 +45,11 @@ RECOVERY_BOUND_S = 60.0
 PAUSE_S = 2.5 * REQUEST_TIMEOUT_MS / 1000
 #: the hung-task test's transaction.timeout.ms (the broker checks every second, see kafka_broker.py)
 TRANSACTION_TIMEOUT_S = 3.0
-CLIENTS = {"request.timeout.ms": REQUEST_TIMEOUT_MS, "socket.timeout.ms": REQUEST_TIMEOUT_MS}
+#: ``linger.ms`` 5: the faults must land while a transaction holds records on the output's
+#: partitions; at the sink's own 1 s (writer.TRANSACTIONAL_LINGER_MS) an epoch's records reach
+#: the broker only from its seal's flush to its commit, a few ms per epoch, and a test waited
+#: 120 s without seeing one open
+CLIENTS = {"request.timeout.ms": REQUEST_TIMEOUT_MS, "socket.timeout.ms": REQUEST_TIMEOUT_MS, "linger.ms": 5}
 
 
 @pytest.fixture(scope="module")
