@@ -150,3 +150,39 @@ def test_newest_first_or_random_order_lets_the_extent_exceed_max_extent():
     assert max(run(stream, policy)[0]) < 20
     assert max(run(stream, policy, NewestFirst)[0]) >= 20
     assert max(run(stream, policy, RandomOrder)[0]) >= 20
+
+
+class NoMemory(EventualWindows):
+    """``background()`` without its remembered quiet pass: every call checks in full."""
+
+    def background(self):
+        self._quiet_ts = float("-inf")
+        return super().background()
+
+
+@PROPS
+@given(seed=st.integers(0, 10**6), hot=st.floats(0.6, 0.95), budget=st.floats(0.05, 0.5),
+       max_extent=st.none() | st.integers(5, 60))
+def test_remembering_a_quiet_pass_changes_no_choice(seed, hot, budget, max_extent):
+    """``background()`` runs after every tuple, so a pass that finds nothing due and nothing
+    affordable remembers until when that holds. The Gchecks it writes, tuple by tuple, are
+    those of a ``background()`` that checks everything every time (a clock of 0.25 units per
+    tuple: the budget's moment falls between tuples)."""
+    stream = skewed(seed, 300, hot)
+
+    def gchecks(operator):
+        clock = [0.0]
+        scheduler = CheckpointScheduler(ExtentPolicy(budget=budget, max_extent=max_extent), clock=lambda: clock[0])
+        op = operator(Tumbling(10), SumCount, closing="key", scheduler=scheduler, clock=lambda: clock[0])
+        out = []
+        for seq, (key, ts, value) in enumerate(stream):
+            clock[0] += 0.25
+            op.on_tuple(key, value, Position(ts, seq))
+            checks = op.background()
+            scheduler.charge(GCHECK_COST * len(checks), 0)
+            out.append([(f.window, tuple(f.t)) for f in checks])
+        return out
+
+    remembered = gchecks(EventualWindows)
+    assert any(remembered), "no Gcheck at all: the comparison shows nothing"
+    assert remembered == gchecks(NoMemory)

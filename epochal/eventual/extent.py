@@ -85,6 +85,18 @@ class CheckpointScheduler:
         """Clock seconds the budget still grants now (negative after an overdraft)."""
         return self.policy.budget * (self._clock() - self._start) - self.spent
 
+    def now(self) -> float:
+        """The scheduler's clock, now."""
+        return self._clock()
+
+    def affordable_at(self) -> float:
+        """The clock time from which the budget grants one more Gcheck at :meth:`cost`
+        (``inf`` with a budget of 0): until then ``allowance() < cost()``, as long as nothing
+        is charged."""
+        if self.policy.budget <= 0:
+            return float("inf")
+        return self._start + (self.spent + max(self.cost(), 1e-9)) / self.policy.budget
+
     def cost(self) -> float:
         """The expected cost of one Gcheck: the mean charged so far (1.0 before any)."""
         return self.spent / self.checkpoints if self.checkpoints else 1.0

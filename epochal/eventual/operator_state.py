@@ -164,6 +164,10 @@ class EventualWindows:
         self._tiebreak = itertools.count()
         self._tnow: Position | None = None
         self._filter: ReplayFilter | None = None
+        # background(): nothing is due before this input timestamp (the oldest footprint's
+        # max_extent; the oldest only moves later) nor affordable before this scheduler clock
+        self._quiet_ts: float = float("-inf")
+        self._quiet_clock: float = float("-inf")
         self.ignored = 0
         self.footprints = 0
 
@@ -343,14 +347,21 @@ class EventualWindows:
 
     def background(self) -> list[Footprint]:
         """The background path: the scheduler's choice of Gchecks, oldest τ2 first, charged
-        to its budget with the time they took by the clock."""
-        if self.scheduler is None or self._filter is not None or self._tnow is None or not self._open:
+        to its budget with the time they took by the clock. Called after every tuple, so a
+        pass that finds nothing due and nothing affordable remembers until when that holds
+        (the oldest footprint's due time — it only moves later — and the clock time the
+        budget next grants a Gcheck) and the calls before then return at once."""
+        t, s = self._tnow, self.scheduler
+        if t is not None and t.ts < self._quiet_ts and s.now() < self._quiet_clock:
+            return []  # what the checks below would answer, for one clock read
+        if s is None or self._filter is not None or t is None or not self._open:
             return []
-        s, oldest = self.scheduler, next(iter(self._open.values())).tau2.ts
-        if oldest >= self._tnow.ts:
+        oldest = next(iter(self._open.values())).tau2.ts
+        if oldest >= t.ts:
             return []  # every footprint is current
-        if ((s.policy.max_extent is None or self._tnow.ts - oldest < s.policy.max_extent)
-                and s.allowance() < max(s.cost(), 1e-9)):
+        due = float("inf") if s.policy.max_extent is None else oldest + s.policy.max_extent
+        if t.ts < due and s.allowance() < max(s.cost(), 1e-9):
+            self._quiet_ts, self._quiet_clock = due, s.affordable_at()
             return []  # nothing due, nothing affordable: what choose() would answer, without the scan
         started = self._clock()
         chosen = self.scheduler.choose(((wid, w.tau2.ts) for wid, w in self._by_footprint()), self._tnow.ts)
